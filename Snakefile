@@ -1,0 +1,26 @@
+# flashwatt: attention kernels measured for speed, correctness and energy.
+# One job per cell (results/cells/...), an aggregate, figures and a report.
+# `snakemake` runs the configured suite locally; `snakemake --profile slurm` on a cluster.
+from snakemake.utils import min_version
+
+min_version("9.0")
+
+
+configfile: "config/config.yaml"
+
+
+report: "workflow/report/workflow.rst"
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/cells.smk"
+include: "workflow/rules/aggregate.smk"
+include: "workflow/rules/plots.smk"
+
+
+rule all:
+    input:
+        summary=f"results/{SUITE}/summary.parquet",
+        flagged=f"results/{SUITE}/flagged.csv",
+        figures=figure_paths(SUITE),
+    default_target: True

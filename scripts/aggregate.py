@@ -1,0 +1,10 @@
+"""Snakemake entry point of rule `aggregate`: records -> summary.parquet/.csv + flagged.csv."""
+from flashwatt.aggregate import flagged, summarize, write_summary
+from flashwatt.records import atomic_write
+
+snakemake = globals()["snakemake"]  # injected by Snakemake's script directive
+frame = summarize(list(snakemake.input.records))
+write_summary(frame, snakemake.output.parquet, snakemake.output.csv)
+atomic_write(snakemake.output.flagged, lambda tmp: flagged(frame).to_csv(tmp, index=False, float_format="%.6g"))
+with open(snakemake.log[0], "w") as log:
+    log.write(frame["status"].value_counts().to_string() + "\n")

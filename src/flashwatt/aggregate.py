@@ -1,0 +1,131 @@
+"""All cell records of a run into one tidy table: one row per cell, every outcome kept."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from flashwatt.records import read_record
+
+# Columns every summary has, in this order, whatever the records hold.
+COLUMNS = [
+    "cell_id", "suite", "kernel", "variant", "precision", "seq_len", "batch", "heads", "head_dim",
+    "causal", "pass", "status", "reason",
+    "median_ms", "p10_ms", "p90_ms", "repeats", "tflops",
+    "rel_err", "tol", "grad_rel_err", "check_passed",
+    "peak_mem_gib", "workspace_gib",
+    "energy_per_call_j", "dynamic_energy_per_call_j", "avg_power_w", "peak_power_w", "idle_power_w",
+    "gflops_per_w", "energy_window_s", "energy_calls", "counter_vs_integral_pct", "energy_flags",
+    "clock_reasons", "temp_start_c", "temp_end_c", "energy_reason",
+    "device", "compute_capability", "host", "job_id", "git_commit", "git_dirty", "torch", "cuda",
+    "build_seconds", "duration_s", "record",
+]
+INT_COLUMNS = {"seq_len", "batch", "heads", "head_dim", "repeats", "energy_calls"}
+BOOL_COLUMNS = {"causal", "check_passed", "git_dirty"}
+STRING_COLUMNS = {
+    "cell_id", "suite", "kernel", "variant", "precision", "pass", "status", "reason", "energy_flags",
+    "clock_reasons", "energy_reason", "device", "compute_capability", "host", "job_id", "git_commit",
+    "torch", "cuda", "record",
+}
+
+
+def _get(record: dict, *keys, default=None):
+    value = record
+    for key in keys:
+        if not isinstance(value, dict) or key not in value:
+            return default
+        value = value[key]
+    return value
+
+
+def _joined(values) -> str | None:
+    if not values:
+        return None
+    if isinstance(values, dict):
+        values = [k for k, v in values.items() if v]
+    return ",".join(map(str, values)) or None
+
+
+def record_row(record: dict, path: str) -> dict:
+    cell = record.get("cell", {})
+    timing = record.get("timing") or {}
+    check = record.get("check") or {}
+    memory = record.get("memory") or {}
+    energy = record.get("energy") or {}
+    device = record.get("device") or {}
+    prov = record.get("provenance") or {}
+    gib = lambda b: None if b is None else b / 2**30  # noqa: E731
+    return {
+        **{k: cell.get(k) for k in ("cell_id", "suite", "kernel", "variant", "precision", "seq_len", "batch",
+                                    "heads", "head_dim", "causal", "pass")},
+        "status": record.get("status"),
+        "reason": record.get("reason"),
+        "median_ms": timing.get("median_ms"),
+        "p10_ms": timing.get("p10_ms"),
+        "p90_ms": timing.get("p90_ms"),
+        "repeats": timing.get("repeats"),
+        "tflops": timing.get("tflops"),
+        "rel_err": check.get("rel_err"),
+        "tol": check.get("tol"),
+        "grad_rel_err": check.get("grad_rel_err"),
+        "check_passed": check.get("passed"),
+        "peak_mem_gib": gib(memory.get("peak_bytes")),
+        "workspace_gib": gib(memory.get("workspace_bytes")),
+        "energy_per_call_j": energy.get("energy_per_call_j"),
+        "dynamic_energy_per_call_j": energy.get("dynamic_energy_per_call_j"),
+        "avg_power_w": energy.get("avg_power_w"),
+        "peak_power_w": energy.get("peak_power_w"),
+        "idle_power_w": energy.get("idle_power_w"),
+        "gflops_per_w": energy.get("gflops_per_w"),
+        "energy_window_s": energy.get("window_s"),
+        "energy_calls": energy.get("calls"),
+        "counter_vs_integral_pct": energy.get("counter_vs_integral_pct"),
+        "energy_flags": _joined(energy.get("flags")),
+        "clock_reasons": _joined(energy.get("clock_reasons_seen")),
+        "temp_start_c": energy.get("temp_start_c"),
+        "temp_end_c": energy.get("temp_end_c"),
+        "energy_reason": energy.get("reason"),
+        "device": device.get("name"),
+        "compute_capability": device.get("compute_capability"),
+        "host": prov.get("host"),
+        "job_id": prov.get("job_id"),
+        "git_commit": _get(prov, "git", "commit"),
+        "git_dirty": _get(prov, "git", "dirty"),
+        "torch": _get(prov, "software", "torch"),
+        "cuda": _get(prov, "software", "cuda"),
+        "build_seconds": _get(record, "build", "build_seconds"),
+        "duration_s": record.get("duration_s"),
+        "record": str(path),
+    }
+
+
+def summarize(paths: list[str | Path]) -> pd.DataFrame:
+    rows = [record_row(read_record(p), str(p)) for p in paths]
+    frame = pd.DataFrame(rows, columns=COLUMNS)
+    # Column types that do not depend on which cells happened to succeed.
+    for col in COLUMNS:
+        if col in INT_COLUMNS:
+            frame[col] = frame[col].astype("Int64")
+        elif col in BOOL_COLUMNS:
+            frame[col] = frame[col].astype("boolean")
+        elif col in STRING_COLUMNS:
+            frame[col] = frame[col].astype("string")
+        else:
+            frame[col] = pd.to_numeric(frame[col], errors="coerce").astype("float64")
+    return frame.sort_values(["kernel", "precision", "head_dim", "causal", "pass", "batch", "seq_len"],
+                             kind="stable").reset_index(drop=True)
+
+
+def write_summary(frame: pd.DataFrame, parquet: str | Path, csv: str | Path) -> None:
+    from flashwatt.records import atomic_write
+
+    atomic_write(parquet, lambda tmp: frame.to_parquet(tmp, index=False))
+    atomic_write(csv, lambda tmp: frame.to_csv(tmp, index=False, float_format="%.6g"))
+
+
+def flagged(frame: pd.DataFrame) -> pd.DataFrame:
+    """Cells a reader must not take at face value: not ok, or an energy window with a flag."""
+    mask = (frame["status"] != "ok") | frame["energy_flags"].notna()
+    cols = ["cell_id", "status", "reason", "energy_flags", "counter_vs_integral_pct", "clock_reasons",
+            "rel_err", "tol", "record"]
+    return frame.loc[mask, cols].reset_index(drop=True)

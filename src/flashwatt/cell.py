@@ -1,0 +1,150 @@
+"""A cell: one measurement, the single source every name and path is derived from.
+
+Snakemake wildcards, output paths, submitit job names, log files and summary rows all
+come from `Cell`; nothing else assembles them. `Cell.from_path(cell.path) == cell`
+holds for every valid cell, which is what lets `snakemake -f <file>` rerun exactly one.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+
+PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
+PASSES = ("fwd", "fwd_bwd")
+RESULTS_ROOT = "results/cells"
+# Every file of a cell, as Snakemake patterns over the cell's wildcards.
+RECORD_PATTERN = RESULTS_ROOT + "/{suite}/{kernel}/{precision}/{name}.json"
+TRACE_PATTERN = RESULTS_ROOT + "/{suite}/{kernel}/{precision}/{name}.trace.parquet"
+LOG_PATTERN = "results/logs/cells/{suite}/{kernel}/{precision}/{name}.log"
+# What each wildcard may match, so that Snakemake never mistakes one file for another.
+WILDCARD_CONSTRAINTS = {
+    "suite": "[a-z0-9_]+",
+    "kernel": "[a-z0-9_]+",
+    "precision": "|".join(PRECISIONS),
+    "name": r"L\d+-B\d+-H\d+-D\d+-(full|causal)-(fwd|fwd_bwd)(-[a-z0-9_]+)?",
+}
+
+# Name segment of a cell inside results/cells/<suite>/<kernel>/<precision>/.
+_NAME = re.compile(
+    r"^L(?P<seq_len>\d+)-B(?P<batch>\d+)-H(?P<heads>\d+)-D(?P<head_dim>\d+)"
+    r"-(?P<mask>full|causal)-(?P<pass_>fwd_bwd|fwd)(?:-(?P<variant>[a-z0-9_]+))?$"
+)
+_TOKEN = re.compile(r"^[a-z0-9_]+$")
+
+
+@dataclass(frozen=True, order=True)
+class Cell:
+    suite: str
+    kernel: str
+    precision: str
+    seq_len: int
+    batch: int
+    heads: int
+    head_dim: int
+    causal: bool = False
+    pass_: str = "fwd"
+    variant: str = ""  # kernel option, e.g. a tile configuration of the custom kernel
+
+    def __post_init__(self) -> None:
+        for key in ("suite", "kernel"):
+            if not _TOKEN.match(getattr(self, key)):
+                raise ValueError(f"cell {key}={getattr(self, key)!r}: use lower-case letters, digits, _")
+        if self.variant and not _TOKEN.match(self.variant):
+            raise ValueError(f"cell variant={self.variant!r}: use lower-case letters, digits, _")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"cell precision={self.precision!r}: allowed {', '.join(PRECISIONS)}")
+        if self.pass_ not in PASSES:
+            raise ValueError(f"cell pass={self.pass_!r}: allowed {', '.join(PASSES)}")
+        for key in ("seq_len", "batch", "heads", "head_dim"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"cell {key}={value!r}: must be a positive integer")
+
+    # ---- names -------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        mask = "causal" if self.causal else "full"
+        base = f"L{self.seq_len}-B{self.batch}-H{self.heads}-D{self.head_dim}-{mask}-{self.pass_}"
+        return f"{base}-{self.variant}" if self.variant else base
+
+    @property
+    def id(self) -> str:
+        return f"{self.suite}/{self.kernel}/{self.precision}/{self.name}"
+
+    @property
+    def path(self) -> str:
+        """The cell's result record, relative to the workflow directory."""
+        return RECORD_PATTERN.format(**self.wildcards)
+
+    @property
+    def log_path(self) -> str:
+        return LOG_PATTERN.format(**self.wildcards)
+
+    @property
+    def trace_path(self) -> str:
+        """Telemetry trace (Parquet) written next to the record."""
+        return TRACE_PATTERN.format(**self.wildcards)
+
+    @property
+    def job_name(self) -> str:
+        return "fw-" + self.id.replace("/", "-")
+
+    @property
+    def wildcards(self) -> dict[str, str]:
+        return {"suite": self.suite, "kernel": self.kernel, "precision": self.precision, "name": self.name}
+
+    @classmethod
+    def from_wildcards(cls, suite: str, kernel: str, precision: str, name: str) -> "Cell":
+        match = _NAME.match(name)
+        if not match:
+            raise ValueError(f"not a cell name: {name!r} (expected e.g. L1024-B16-H8-D64-full-fwd)")
+        g = match.groupdict()
+        return cls(
+            suite=suite,
+            kernel=kernel,
+            precision=precision,
+            seq_len=int(g["seq_len"]),
+            batch=int(g["batch"]),
+            heads=int(g["heads"]),
+            head_dim=int(g["head_dim"]),
+            causal=g["mask"] == "causal",
+            pass_=g["pass_"],
+            variant=g["variant"] or "",
+        )
+
+    @classmethod
+    def from_path(cls, path: str) -> "Cell":
+        parts = PurePosixPath(str(path)).parts
+        root = PurePosixPath(RESULTS_ROOT).parts
+        for i in range(len(parts) - len(root) - 3):
+            if parts[i : i + len(root)] == root:
+                suite, kernel, precision, leaf = parts[i + len(root) : i + len(root) + 4]
+                if not leaf.endswith(".json"):
+                    break
+                return cls.from_wildcards(suite, kernel, precision, leaf[: -len(".json")])
+        raise ValueError(f"not a cell result path: {path!r} (expected {RESULTS_ROOT}/<suite>/<kernel>/<precision>/<name>.json)")
+
+    # ---- arithmetic --------------------------------------------------------------
+    @property
+    def fwd_flops(self) -> float:
+        """4·B·H·L²·D for the two matmuls, halved for causal (flash-attention's convention)."""
+        flops = 4.0 * self.batch * self.heads * self.seq_len * self.seq_len * self.head_dim
+        return flops / 2 if self.causal else flops
+
+    @property
+    def flops(self) -> float:
+        """FLOPs of one call of this cell's pass: backward counts 2.5x forward."""
+        return self.fwd_flops * (3.5 if self.pass_ == "fwd_bwd" else 1.0)
+
+    @property
+    def tokens(self) -> int:
+        return self.batch * self.seq_len
+
+    def as_row(self) -> dict:
+        """Flat dict for records and summary tables (`pass` spelled as users read it)."""
+        row = dataclasses.asdict(self)
+        row["pass"] = row.pop("pass_")
+        row["cell_id"] = self.id
+        return row

@@ -1,0 +1,146 @@
+"""The configuration: validated once, then expanded into the suite's cell table.
+
+Validation happens before any job starts. A bad value stops the run with one message
+that names the key (as a path such as `suites.seed.grids[0].kernels[2]`) and what is
+allowed there, instead of jsonschema's page of schema dump.
+"""
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from flashwatt.cell import Cell
+from flashwatt.devices import visible_gpu_count
+
+SCHEMA = Path(__file__).resolve().parents[2] / "workflow" / "schemas" / "config.schema.yaml"
+
+
+class ConfigError(ValueError):
+    """A configuration problem, worded for the person who wrote the config."""
+
+
+def _key_path(parts) -> str:
+    out = ""
+    for part in parts:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(top level)"
+
+
+def _explain(error) -> str:
+    where = _key_path(error.absolute_path)
+    schema = error.schema
+    if error.validator == "additionalProperties":
+        allowed = ", ".join(sorted(schema.get("properties", {})))
+        unexpected = sorted(set(error.instance) - set(schema.get("properties", {})))
+        return f"config key {where}: unknown key(s) {', '.join(map(repr, unexpected))}; allowed: {allowed}"
+    if error.validator == "enum":
+        allowed = ", ".join(map(str, error.validator_value))
+        return f"config key {where}: {error.instance!r} is not allowed; allowed: {allowed}"
+    if error.validator in ("oneOf", "anyOf"):
+        choices = " or ".join("/".join(alt["required"]) for alt in error.validator_value)
+        exactly = "exactly one" if error.validator == "oneOf" else "at least one"
+        return f"config key {where}: give {exactly} of {choices}"
+    if error.validator == "propertyNames":
+        return f"config key {where}: name {error.instance!r} must use lower-case letters, digits and _"
+    return f"config key {where}: {error.message}"
+
+
+def validate_config(config: dict, schema_path: Path = SCHEMA) -> dict:
+    """Check `config` against the schema, fill defaults in place, return it."""
+    import jsonschema
+    from snakemake.utils import validate as snakemake_validate
+
+    schema = yaml.safe_load(Path(schema_path).read_text())
+    validator = jsonschema.Draft202012Validator(schema)
+    errors = sorted(validator.iter_errors(config), key=lambda e: list(e.absolute_path))
+    if errors:
+        raise ConfigError(_explain(jsonschema.exceptions.best_match(errors)))
+    # Snakemake's validator fills the schema's defaults in place.
+    snakemake_validate(config, str(schema_path), set_default=True)
+    for suite in config["suites"].values():
+        for grid in suite["grids"]:
+            grid.setdefault("causal", [False])
+            grid.setdefault("passes", ["fwd"])
+            grid.setdefault("variants", [""])
+    return config
+
+
+def load_config(path: str | Path = "config/config.yaml", overrides: dict | None = None) -> dict:
+    config = yaml.safe_load(Path(path).read_text()) or {}
+    config.update(overrides or {})
+    return validate_config(config)
+
+
+def resolve_suite(config: dict) -> str:
+    """`auto` means smoke without a visible CUDA device and seed with one."""
+    suite = config.get("suite", "auto")
+    if suite == "auto":
+        suite = "seed" if visible_gpu_count() > 0 else "smoke"
+    if suite not in config["suites"]:
+        allowed = ", ".join(["auto", *config["suites"]])
+        raise ConfigError(f"config key suite: unknown suite {suite!r}; allowed: {allowed}")
+    return suite
+
+
+def _grid_cells(suite: str, grid: dict, where: str) -> list[Cell]:
+    cells = []
+    batches = grid.get("batches")
+    heads = grid.get("heads")
+    for kernel, precision, L, D, causal, pass_, variant in itertools.product(
+        grid["kernels"], grid["precisions"], grid["seq_lens"], grid["head_dims"],
+        grid["causal"], grid["passes"], grid["variants"],
+    ):
+        if variant and kernel != "custom":
+            continue  # variants name launch configurations of the custom kernel only
+        if batches is None:
+            tokens = grid["tokens_per_batch"]
+            if tokens % L:
+                raise ConfigError(f"config key {where}.tokens_per_batch: {tokens} is not a multiple of seq_len {L}")
+            cell_batches = [tokens // L]
+        else:
+            cell_batches = batches
+        if heads is None:
+            if grid["model_dim"] % D:
+                raise ConfigError(f"config key {where}.model_dim: {grid['model_dim']} is not a multiple of head_dim {D}")
+            cell_heads = [grid["model_dim"] // D]
+        else:
+            cell_heads = heads
+        for B, H in itertools.product(cell_batches, cell_heads):
+            cells.append(Cell(suite, kernel, precision, L, B, H, D, causal, pass_, variant))
+    return cells
+
+
+def suite_cells(config: dict, suite: str | None = None) -> list[Cell]:
+    """The cell table of a suite, in a stable order, filtered by `config['filter']`."""
+    suite = suite or resolve_suite(config)
+    if suite not in config["suites"]:
+        raise ConfigError(f"config key suite: unknown suite {suite!r}; allowed: {', '.join(config['suites'])}")
+    cells: set[Cell] = set()
+    for i, grid in enumerate(config["suites"][suite]["grids"]):
+        cells.update(_grid_cells(suite, grid, f"suites.{suite}.grids[{i}]"))
+    ordered = sorted(cells)
+    query = (config.get("filter") or "").strip()
+    if query:
+        ordered = apply_filter(ordered, query)
+    return ordered
+
+
+def apply_filter(cells: list[Cell], query: str) -> list[Cell]:
+    import pandas as pd
+
+    table = pd.DataFrame([c.as_row() for c in cells])
+    try:
+        kept = table.query(query, engine="python")
+    except Exception as err:  # pandas raises many types for a bad expression
+        columns = ", ".join(c for c in table.columns if c not in ("suite", "cell_id"))
+        raise ConfigError(f"config key filter: cannot apply {query!r}: {err}; columns: {columns}") from err
+    keep = set(kept.index)
+    return [c for i, c in enumerate(cells) if i in keep]
+
+
+def measure_settings(config: dict, suite: str) -> dict[str, Any]:
+    """The measurement settings a suite's cells run with (recorded in every cell record)."""
+    return {**config["measure"], **config["suites"][suite].get("measure", {})}

@@ -1,0 +1,26 @@
+"""The one contract every attention backend implements.
+
+A kernel takes q, k, v of shape (batch, heads, seq_len, head_dim) on one device, in the
+cell's storage dtype, and returns the attention output of the same shape and dtype,
+softmax(q kᵀ / sqrt(head_dim)) v with the causal mask when the cell asks for it.
+`supports` answers before any work is done: None when the kernel can run the cell, or
+a sentence saying why not, which becomes the reason of a "skipped" record.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    import torch
+
+    from flashwatt.cell import Cell
+
+
+class Kernel(Protocol):
+    name: str
+    # Whether the kernel has a backward pass (fwd_bwd cells need one).
+    differentiable: bool
+
+    def supports(self, cell: "Cell", device: "torch.device") -> str | None: ...
+
+    def __call__(self, q: "torch.Tensor", k: "torch.Tensor", v: "torch.Tensor", cell: "Cell") -> "torch.Tensor": ...

@@ -1,0 +1,57 @@
+"""Where and with what a record was measured: host, job, software versions, code version."""
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import subprocess
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+import flashwatt
+from flashwatt.submit import current_job_info
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def utc_now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+def git_state(root: Path = REPO_ROOT) -> dict:
+    """Commit and dirty flag of the code that measured; None with a reason outside a checkout."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=20, check=True).stdout
+
+    try:
+        commit = git("rev-parse", "HEAD").strip()
+        dirty = bool(git("status", "--porcelain", "--untracked-files=no").strip())
+        return {"commit": commit, "dirty": dirty}
+    except (OSError, subprocess.SubprocessError) as err:
+        return {"commit": None, "dirty": None, "reason": f"git unavailable: {err}"}
+
+
+def software() -> dict:
+    import torch
+
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "flashwatt": flashwatt.__version__,
+        "platform": platform.platform(),
+        "executable": sys.executable,
+    }
+
+
+def provenance() -> dict:
+    return {
+        "host": socket.gethostname(),
+        **current_job_info(),
+        "slurm_partition": os.environ.get("SLURM_JOB_PARTITION"),
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "git": git_state(),
+        "software": software(),
+    }

@@ -1,0 +1,193 @@
+"""What a cell's job runs: one cell in, one record (plus its telemetry trace) out.
+
+Every outcome is a record: ok, incorrect (measured, but the check against float64
+failed), skipped (the kernel cannot run the cell, with the reason), oom, or error (with
+the traceback). The job never writes files; the submitting side writes the record once,
+atomically, so a requeued or killed job cannot leave half a result behind.
+"""
+from __future__ import annotations
+
+import time
+import traceback
+from dataclasses import dataclass, field
+
+from flashwatt.cell import Cell
+from flashwatt.provenance import provenance, utc_now
+
+SCHEMA_VERSION = 1
+STATUSES = ("ok", "incorrect", "skipped", "oom", "error", "job_failed")
+
+
+@dataclass
+class CellOutcome:
+    record: dict
+    trace: list[dict] = field(default_factory=list)
+
+
+def base_record(cell: Cell, settings: dict) -> dict:
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "cell": cell.as_row(),
+        "status": None,
+        "reason": None,
+        "settings": settings,
+        "started": utc_now(),
+    }
+
+
+def failed_job_record(cell: Cell, settings: dict, message: str, job_id: str | None) -> dict:
+    """The record for a job that died before it could return one (killed, node failure)."""
+    record = base_record(cell, settings)
+    record.update(status="job_failed", reason=message, provenance={"job_id": job_id}, finished=utc_now())
+    return record
+
+
+def _select_device():
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _device_identity(device, telemetry) -> dict:
+    import torch
+
+    if device.type != "cuda":
+        import platform
+
+        return {"type": "cpu", "name": platform.processor() or platform.machine()}
+    props = torch.cuda.get_device_properties(device)
+    ident = {
+        "type": "cuda",
+        "name": props.name,
+        "compute_capability": f"{props.major}.{props.minor}",
+        "multiprocessors": props.multi_processor_count,
+        "memory_bytes": props.total_memory,
+        "l2_bytes": getattr(props, "L2_cache_size", None),
+        "uuid": str(getattr(props, "uuid", "")) or None,
+    }
+    if telemetry.available:
+        ident["nvml"] = telemetry.identity()
+    return ident
+
+
+def _open_telemetry(device, settings: dict):
+    from flashwatt.telemetry import NullTelemetry, open_telemetry
+
+    if device.type != "cuda":
+        return NullTelemetry("no CUDA device: energy is measured on NVIDIA GPUs only")
+    if not settings.get("energy", True):
+        return NullTelemetry("energy measurement switched off (measure.energy: false)")
+    import torch
+
+    uuid = str(getattr(torch.cuda.get_device_properties(device), "uuid", ""))
+    return open_telemetry([uuid] if uuid else None)
+
+
+def run_cell(cell: Cell, settings: dict) -> CellOutcome:
+    """Measure one cell; never raises for a problem of the cell itself."""
+    record = base_record(cell, settings)
+    trace: list[dict] = []
+    t0 = time.perf_counter()
+    telemetry = None
+    try:
+        record["provenance"] = provenance()
+        import torch
+
+        from flashwatt import measure
+        from flashwatt.kernels import get_kernel
+        from flashwatt.kernels.sdpa import UnsupportedCell
+
+        device = _select_device()
+        telemetry = _open_telemetry(device, settings)
+        record["device"] = _device_identity(device, telemetry)
+        kernel = get_kernel(cell.kernel)
+        reason = kernel.supports(cell, device)
+        if reason is None and cell.pass_ == "fwd_bwd" and not kernel.differentiable:
+            reason = f"{cell.kernel} has no backward pass"
+        if reason is not None:
+            record.update(status="skipped", reason=reason)
+            return CellOutcome(record, trace)
+        try:
+            with measure.precision_mode(cell):
+                trace = _measure(cell, settings, device, kernel, telemetry, record)
+        except UnsupportedCell as err:
+            record.update(status="skipped", reason=str(err))
+        except Exception as err:
+            if not measure.is_oom(err):
+                raise
+            record.update(status="oom", reason=f"out of memory: {str(err).splitlines()[0]}")
+        finally:
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    except Exception as err:
+        record.update(status="error", reason=f"{type(err).__name__}: {err}", traceback=traceback.format_exc())
+    finally:
+        if telemetry is not None:
+            telemetry.close()
+        record["finished"] = utc_now()
+        record["duration_s"] = round(time.perf_counter() - t0, 3)
+    return CellOutcome(record, trace)
+
+
+def _measure(cell: Cell, settings: dict, device, kernel, telemetry, record: dict) -> list[dict]:
+    import torch
+
+    from flashwatt import measure
+    from flashwatt.energy import cooldown, gflops_per_watt, measure_energy
+
+    build = getattr(kernel, "build_info", None)
+    sets = measure.input_sets_needed(cell, device) if settings["rotate_inputs"] else 1
+    inputs = measure.make_inputs(cell, device, settings["seed"], sets)
+    record["memory"] = {"input_bytes_per_set": measure.input_bytes(cell), "input_sets": sets}
+
+    # Correctness first: a wrong kernel's speed is not a result.
+    check = measure.check_cell(kernel, cell, *inputs[0], settings["check_max_rows"], settings["seed"])
+    record["check"] = check.as_dict()
+    if build is not None:
+        record["build"] = build()
+
+    dout = None
+    if cell.pass_ == "fwd_bwd":
+        gen = torch.Generator(device=device).manual_seed(settings["seed"] + 2)
+        shape = (cell.batch, cell.heads, cell.seq_len, cell.head_dim)
+        dout = torch.randn(shape, generator=gen, device=device).to(measure.DTYPES[cell.precision])
+    call = measure.make_call(kernel, cell, inputs, dout)
+    grad = torch.enable_grad() if cell.pass_ == "fwd_bwd" else torch.no_grad()
+    with grad:
+        record["memory"].update(measure.peak_memory(call, device))
+        per_call_s = measure.warm_up(call, device, settings["warmup_ms"])
+        timing = measure.time_calls(call, device, per_call_s, settings)
+        timing["tflops"] = cell.flops / (timing["median_ms"] * 1e-3) / 1e12
+        timing["flops_per_call"] = cell.flops
+        record["timing"] = timing
+
+        trace: list[dict] = []
+        if telemetry.available:
+            cooldown(telemetry, max_temp_c=settings.get("cooldown_max_temp_c"), seconds=settings.get("cooldown_s") or None)
+            counter = iter(range(1 << 62))
+            window = measure_energy(
+                lambda: call(next(counter)),
+                lambda: torch.cuda.synchronize(device),
+                telemetry,
+                min_window_s=settings["energy_window_s"],
+                idle_settle_s=settings["idle_settle_s"],
+                idle_window_s=settings["idle_window_s"],
+                sampler_period_s=settings["sampler_period_s"],
+            )
+            energy = window.as_dict()
+            trace = energy.pop("trace", None) or []
+            if energy.get("energy_per_call_j"):
+                energy["gflops_per_w"] = gflops_per_watt(cell.flops, energy["energy_per_call_j"])
+            record["energy"] = energy
+        else:
+            record["energy"] = {"reason": telemetry.reason}
+    record["status"] = "ok" if check.passed else "incorrect"
+    if not check.passed:
+        record["reason"] = (
+            f"check against float64 failed: rel_err={check.rel_err:.3g} (tol {check.tol:g})"
+            + (f", grad rel_err={check.grad_rel_err:.3g} (tol {check.grad_tol:g})" if check.grad_tol else "")
+            + ("" if check.finite else ", non-finite output")
+        )
+    return trace

@@ -1,0 +1,31 @@
+# Configuration and the cell table: validated once, before any job starts.
+from snakemake.exceptions import WorkflowError
+
+from flashwatt.cell import WILDCARD_CONSTRAINTS
+from flashwatt.config import ConfigError, measure_settings, resolve_suite, suite_cells, validate_config
+from flashwatt.plots import FIGURES
+
+try:
+    validate_config(config)
+    SUITE = resolve_suite(config)
+    CELLS = {SUITE: suite_cells(config, SUITE)}
+except ConfigError as error:
+    raise WorkflowError(f"flashwatt: {error}") from None
+
+
+wildcard_constraints:
+    **WILDCARD_CONSTRAINTS,
+    figure="|".join(FIGURES),
+
+
+def cells_of(suite):
+    if suite not in CELLS:
+        try:
+            CELLS[suite] = suite_cells(config, suite)
+        except ConfigError as error:
+            raise WorkflowError(f"flashwatt: {error}") from None
+    return CELLS[suite]
+
+
+def figure_paths(suite):
+    return [f"figures/{suite}/{f.name}.{f.ext}" for f in FIGURES.values()]
