@@ -15,8 +15,9 @@ PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 PASSES = ("fwd", "fwd_bwd")
 RESULTS_ROOT = "results/cells"
 # Every file of a cell, as Snakemake patterns over the cell's wildcards.
-RECORD_PATTERN = RESULTS_ROOT + "/{suite}/{kernel}/{precision}/{name}.json"
-TRACE_PATTERN = RESULTS_ROOT + "/{suite}/{kernel}/{precision}/{name}.trace.parquet"
+RECORD_SUFFIX, TRACE_SUFFIX = ".json", ".trace.parquet"
+RECORD_PATTERN = RESULTS_ROOT + "/{suite}/{kernel}/{precision}/{name}" + RECORD_SUFFIX
+TRACE_PATTERN = RESULTS_ROOT + "/{suite}/{kernel}/{precision}/{name}" + TRACE_SUFFIX
 LOG_PATTERN = "results/logs/cells/{suite}/{kernel}/{precision}/{name}.log"
 # What each wildcard may match, so that Snakemake never mistakes one file for another.
 WILDCARD_CONSTRAINTS = {
@@ -121,10 +122,16 @@ class Cell:
         for i in range(len(parts) - len(root) - 3):
             if parts[i : i + len(root)] == root:
                 suite, kernel, precision, leaf = parts[i + len(root) : i + len(root) + 4]
-                if not leaf.endswith(".json"):
+                if not leaf.endswith(RECORD_SUFFIX):
                     break
-                return cls.from_wildcards(suite, kernel, precision, leaf[: -len(".json")])
+                return cls.from_wildcards(suite, kernel, precision, leaf[: -len(RECORD_SUFFIX)])
         raise ValueError(f"not a cell result path: {path!r} (expected {RESULTS_ROOT}/<suite>/<kernel>/<precision>/<name>.json)")
+
+    @staticmethod
+    def trace_of(record_path: str) -> str:
+        """The trace file beside a record, wherever the results folder was moved."""
+        Cell.from_path(record_path)  # refuse anything that is not a cell record
+        return str(record_path)[: -len(RECORD_SUFFIX)] + TRACE_SUFFIX
 
     # ---- arithmetic --------------------------------------------------------------
     @property

@@ -17,6 +17,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
+from flashwatt.cell import Cell  # noqa: E402
+
 # Dense fp16/bf16 matmul rate measured on the device kinds we test on (MEASUREMENT.md:
 # an 8192^3 bf16 product, 770-800 TFLOP/s on H100 and H200). Drawn as the ceiling line.
 MEASURED_PEAK_TFLOPS = {("H100", "bf16"): 790.0, ("H100", "fp16"): 790.0,
@@ -196,7 +198,7 @@ def power_trace(frame: pd.DataFrame, options: dict) -> plt.Figure:
     chosen = trace_cells(frame, options.get("trace_filter", ""))
     traces = []
     for _, row in chosen.iterrows():
-        path = Path(row["record"]).with_suffix("").with_suffix(".trace.parquet")
+        path = Path(Cell.trace_of(row["record"]))
         if path.exists():
             trace = pd.read_parquet(path)
             if len(trace) and "power_instant_w" in trace:

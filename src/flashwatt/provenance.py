@@ -29,6 +29,10 @@ def git_state(root: Path = REPO_ROOT) -> dict:
         dirty = bool(git("status", "--porcelain", "--untracked-files=no").strip())
         return {"commit": commit, "dirty": dirty}
     except (OSError, subprocess.SubprocessError) as err:
+        # A copy of the tree without .git (an export to a compute node) can name its commit.
+        exported = os.environ.get("FLASHWATT_SOURCE_COMMIT")
+        if exported:
+            return {"commit": exported, "dirty": None, "source": "FLASHWATT_SOURCE_COMMIT"}
         return {"commit": None, "dirty": None, "reason": f"git unavailable: {err}"}
 
 

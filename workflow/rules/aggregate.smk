@@ -22,5 +22,7 @@ rule aggregate:
     log:
         "results/logs/{suite}/aggregate.log",
     localrule: True
+    conda:
+        "../../envs/plot.yaml"
     script:
         "../../scripts/aggregate.py"

@@ -16,5 +16,7 @@ rule cell:
     resources:
         gpus=1,
         runtime=30,
+    conda:
+        "../../envs/flashwatt.yaml"
     script:
         "../../scripts/run_cell.py"

@@ -19,5 +19,7 @@ rule figure:
     wildcard_constraints:
         ext="png|pdf",
     localrule: True
+    conda:
+        "../../envs/plot.yaml"
     script:
         "../../scripts/figure.py"

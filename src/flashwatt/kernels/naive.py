@@ -13,11 +13,10 @@ class Naive:
     differentiable = True
 
     def supports(self, cell: Cell, device: torch.device) -> str | None:
-        if device.type == "cpu" and cell.precision in ("fp16", "bf16", "tf32"):
-            # CPU half-precision matmuls exist but measure an emulation path nobody deploys.
+        if device.type == "cpu" and cell.precision != "fp32":
+            # tf32 exists only on CUDA tensor cores, and CPU half-precision matmuls measure
+            # an emulation path nobody deploys.
             return f"naive on CPU runs fp32 only (cell asks for {cell.precision})"
-        if device.type == "cpu" and cell.precision == "tf32":
-            return "tf32 exists only on CUDA tensor cores"
         return None
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cell: Cell) -> torch.Tensor:

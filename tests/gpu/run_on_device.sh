@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# On a GPU machine, from a copy of the repository: the GPU tests, then suites through
+# the real workflow (local executor, real NVML), everything worth keeping copied to $OUT.
+#   tests/gpu/run_on_device.sh [pytest-targets|-] [snakemake --config items ...]
+# Python packages the machine lacks come as wheels in .whl/ (see README: GPU runs).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-$PWD/device-out}
+mkdir -p "$OUT"
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+fi
+export PYTHONPATH=$PWD/src:${PYTHONPATH:-} PYTHONUNBUFFERED=1 FLASHWATT_BUILD_CACHE=${FLASHWATT_BUILD_CACHE:-/tmp/flashwatt-build}
+nvidia-smi --query-gpu=name,driver_version,power.limit,clocks.max.sm --format=csv | tee "$OUT/device.txt"
+python3 -c "import torch, snakemake, submitit; print('torch', torch.__version__, 'cuda', torch.version.cuda)" | tee -a "$OUT/device.txt"
+
+tests=${1:--}; shift || true
+status=0
+if [ "$tests" != "-" ]; then
+  python3 -m pytest -q -m gpu -p no:cacheprovider $tests 2>&1 | tee "$OUT/gpu-tests.log" || status=1
+fi
+if [ "$#" -gt 0 ]; then
+  python3 -m flashwatt.cli run --cores 4 --config "$@" > "$OUT/snakemake.log" 2>&1 || status=1
+  tail -5 "$OUT/snakemake.log"
+  suite=$(python3 -m flashwatt.cli suite --config "$@")
+  tar czf "$OUT/results-$suite.tgz" results/"$suite" results/cells/"$suite" figures/"$suite" results/logs 2>/dev/null
+  python3 - "$suite" <<'PY'
+import sys, pandas as pd
+f = pd.read_parquet(f"results/{sys.argv[1]}/summary.parquet")
+cols = ["kernel", "precision", "seq_len", "batch", "heads", "head_dim", "causal", "status", "median_ms",
+        "tflops", "rel_err", "energy_per_call_j", "avg_power_w", "peak_power_w", "gflops_per_w",
+        "counter_vs_integral_pct", "clock_reasons"]
+pd.set_option("display.width", 250); pd.set_option("display.max_rows", 500)
+print(f[cols].to_string(index=False, float_format=lambda x: f"{x:.4g}"))
+PY
+fi
+exit $status

@@ -1,0 +1,84 @@
+"""Records of every outcome become one tidy row each; figures never crash on thin data."""
+import pandas as pd
+import pytest
+
+from flashwatt.aggregate import COLUMNS, flagged, summarize
+from flashwatt.cell import Cell
+from flashwatt.plots import FIGURES, draw
+from flashwatt.records import read_record, write_record
+from flashwatt.runner import base_record, failed_job_record
+
+
+def cell(kernel, L):
+    return Cell("smoke", kernel, "fp16", L, 2, 2, 16)
+
+
+def ok_record(kernel, L, ms, energy=True):
+    c = cell(kernel, L)
+    rec = base_record(c, {})
+    rec.update(status="ok", device={"name": "NVIDIA H200", "compute_capability": "9.0"},
+               provenance={"host": "h", "job_id": "12", "git": {"commit": "abc", "dirty": False}},
+               timing={"median_ms": ms, "p10_ms": ms * 0.9, "p90_ms": ms * 1.1, "repeats": 30,
+                       "tflops": c.flops / ms / 1e9},
+               check={"rel_err": 1e-3, "tol": 5e-3, "passed": True},
+               memory={"peak_bytes": 2**30, "workspace_bytes": 2**20})
+    if energy:
+        rec["energy"] = {"energy_per_call_j": ms * 0.7, "avg_power_w": 690.0, "peak_power_w": 710.0,
+                         "idle_power_w": 94.0, "gflops_per_w": 100.0, "window_s": 3.0, "calls": 3000,
+                         "counter_vs_integral_pct": 7.5, "flags": ["counter_vs_integral>5%"],
+                         "clock_reasons_seen": ["SwPowerCap"]}
+    return c, rec
+
+
+@pytest.fixture
+def records(tmp_path):
+    paths = []
+    for kernel, L, ms in [("naive", 32, 2.0), ("naive", 64, 4.0), ("sdpa_math", 32, 1.0), ("sdpa_math", 64, 1.5)]:
+        c, rec = ok_record(kernel, L, ms)
+        paths.append(tmp_path / c.path)
+        write_record(paths[-1], rec)
+    skipped = base_record(cell("sdpa_flash", 32), {})
+    skipped.update(status="skipped", reason="sdpa_flash needs a CUDA device")
+    oom = base_record(cell("naive", 128), {})
+    oom.update(status="oom", reason="out of memory: tried to allocate 80 GiB")
+    dead = failed_job_record(cell("sdpa_math", 128), {}, "slurm job 7 failed, state OUT_OF_MEMORY", "7")
+    for c, rec in [(cell("sdpa_flash", 32), skipped), (cell("naive", 128), oom), (cell("sdpa_math", 128), dead)]:
+        paths.append(tmp_path / c.path)
+        write_record(paths[-1], rec)
+    return paths
+
+
+def test_summary_has_one_row_per_cell_with_every_outcome(records):
+    frame = summarize(records)
+    assert list(frame.columns) == COLUMNS and len(frame) == 7
+    assert frame["status"].value_counts().to_dict() == {"ok": 4, "skipped": 1, "oom": 1, "job_failed": 1}
+    row = frame[(frame["kernel"] == "naive") & (frame["seq_len"] == 64)].iloc[0]
+    assert row["median_ms"] == 4.0 and row["peak_mem_gib"] == 1.0 and row["job_id"] == "12"
+    assert frame.loc[frame["status"] == "oom", "reason"].str.contains("out of memory").all()
+
+
+def test_flagged_lists_failures_and_flagged_windows(records):
+    table = flagged(summarize(records))
+    assert set(table["status"]) == {"ok", "skipped", "oom", "job_failed"}
+    assert (table.loc[table["status"] == "ok", "energy_flags"] == "counter_vs_integral>5%").all()
+
+
+def test_records_are_strict_json(tmp_path):
+    c, rec = ok_record("naive", 32, 1.0)
+    rec["check"]["rel_err"] = float("nan")
+    write_record(tmp_path / "r.json", rec)
+    assert read_record(tmp_path / "r.json")["check"]["rel_err"] is None
+    with pytest.raises(ValueError, match="cannot read cell record"):
+        (tmp_path / "bad.json").write_text("{")
+        read_record(tmp_path / "bad.json")
+
+
+@pytest.mark.parametrize("name", list(FIGURES))
+def test_every_figure_draws_full_and_empty_data(records, tmp_path, name):
+    frame = summarize(records)
+    for label, data in [("full", frame), ("failed_only", frame[frame["status"] != "ok"]), ("none", frame.iloc[:0])]:
+        summary = tmp_path / f"{label}.parquet"
+        data.to_parquet(summary)
+        out = tmp_path / f"{name}-{label}.{FIGURES[name].ext}"
+        draw(name, summary, out)
+        assert out.stat().st_size > 1000

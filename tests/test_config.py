@@ -1,0 +1,85 @@
+import copy
+
+import pytest
+import yaml
+
+from flashwatt.config import ConfigError, load_config, resolve_suite, suite_cells, validate_config
+
+BASE = yaml.safe_load(open("config/config.yaml"))
+
+
+def with_change(change):
+    config = copy.deepcopy(BASE)
+    change(config)
+    return config
+
+
+def grid(config, suite="smoke"):
+    return config["suites"][suite]["grids"][0]
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda c: grid(c)["kernels"].append("flashy"),
+     r"suites\.smoke\.grids\[0\]\.kernels\[2\]: 'flashy' is not allowed; allowed: naive, sdpa_math"),
+    (lambda c: grid(c).__setitem__("seq_lens", [0]), r"suites\.smoke\.grids\[0\]\.seq_lens\[0\]: 0 is less than the minimum of 1"),
+    (lambda c: grid(c).__setitem__("head_dims", [48]), r"head_dims\[0\]: 48 is not allowed; allowed: 16, 32, 64, 128, 256"),
+    (lambda c: grid(c).__setitem__("precisions", ["fp8"]), r"precisions\[0\]: 'fp8' is not allowed; allowed: fp32, tf32, fp16, bf16"),
+    (lambda c: c["measure"].__setitem__("warmup", 5), r"config key measure: unknown key\(s\) 'warmup'; allowed: .*warmup_ms"),
+    (lambda c: c.__setitem__("suit", "seed"), r"config key \(top level\): unknown key\(s\) 'suit'"),
+    (lambda c: grid(c).__setitem__("tokens_per_batch", 1024), r"give exactly one of batches or tokens_per_batch"),
+    (lambda c: c.__setitem__("executor", "pbs"), r"config key executor: 'pbs' is not allowed; allowed: local, slurm, inprocess"),
+])
+def test_bad_values_name_key_and_allowed_values(change, message):
+    with pytest.raises(ConfigError, match=message):
+        validate_config(with_change(change))
+
+
+def test_unknown_suite_names_the_allowed_ones():
+    config = validate_config(with_change(lambda c: c.__setitem__("suite", "seeed")))
+    with pytest.raises(ConfigError, match="config key suite: unknown suite 'seeed'; allowed: auto, smoke, seed, sweep"):
+        resolve_suite(config)
+
+
+def test_auto_suite_follows_visible_gpus(monkeypatch):
+    config = load_config()
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert resolve_suite(config) == "smoke"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    assert resolve_suite(config) == "seed"
+
+
+def test_defaults_are_filled():
+    config = load_config()
+    assert config["measure"]["energy_window_s"] == 3.0
+    assert grid(config)["variants"] == [""]
+
+
+def test_seed_suite_is_the_seed_study():
+    cells = suite_cells(load_config(), "seed")
+    assert {(c.batch, c.heads, c.head_dim) for c in cells} == {(16, 8, 64)}
+    assert {c.seq_len for c in cells} == {512, 1024}
+    assert {c.precision for c in cells} == {"fp32", "fp16", "bf16"}
+    assert len(cells) == 6 * 3 * 2
+
+
+def test_sweep_follows_flash_attention_convention():
+    cells = suite_cells(load_config(), "sweep")
+    convention = [c for c in cells if c.heads * c.head_dim == 2048]
+    assert convention and all(c.batch * c.seq_len == 16384 for c in convention)
+    assert {c.seq_len for c in cells} == {2**k for k in range(7, 15)}
+    assert {c.batch for c in cells if c.heads * c.head_dim == 512} == {16, 32, 64, 128}
+
+
+def test_filter_selects_a_slice_and_rejects_nonsense():
+    config = load_config(overrides={"filter": "kernel == 'naive' and seq_len >= 4096"})
+    cells = suite_cells(config, "sweep")
+    assert cells and all(c.kernel == "naive" and c.seq_len >= 4096 for c in cells)
+    bad = load_config(overrides={"filter": "kernal == 'naive'"})
+    with pytest.raises(ConfigError, match="config key filter"):
+        suite_cells(bad, "sweep")
+
+
+def test_tokens_per_batch_must_divide():
+    config = with_change(lambda c: c["suites"]["sweep"]["grids"][1].__setitem__("seq_lens", [3000]))
+    with pytest.raises(ConfigError, match=r"tokens_per_batch: 16384 is not a multiple of seq_len 3000"):
+        suite_cells(validate_config(config), "sweep")

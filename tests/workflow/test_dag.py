@@ -1,0 +1,42 @@
+"""The DAG of every suite builds, bad config stops it with one clear line, lint is clean."""
+import re
+
+import pytest
+
+from flashwatt.config import load_config, suite_cells
+
+from .conftest import REPO, snakemake
+
+pytestmark = pytest.mark.workflow
+
+
+@pytest.mark.parametrize("suite", ["smoke", "seed", "sweep"])
+def test_dry_run_of_every_suite(suite):
+    proc = snakemake(REPO, "-n", "--config", f"suite={suite}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    jobs = re.search(r"^cell\s+(\d+)$", proc.stdout, re.M)
+    expected = len(suite_cells(load_config(overrides={"suite": suite}), suite))
+    if jobs:  # a fresh checkout: every cell is still to run
+        assert int(jobs.group(1)) == expected
+
+
+def test_auto_without_gpu_is_smoke():
+    proc = snakemake(REPO, "-n")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "results/smoke/summary.parquet" in proc.stdout + proc.stderr or "Nothing to be done" in proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("config, message", [
+    (["suite=nope"], "flashwatt: config key suite: unknown suite 'nope'; allowed: auto, smoke, seed, sweep"),
+    (["executor=pbs"], "flashwatt: config key executor: 'pbs' is not allowed; allowed: local, slurm, inprocess"),
+    (["filter=kernal == 1"], "flashwatt: config key filter"),
+])
+def test_bad_config_stops_before_any_job(config, message):
+    proc = snakemake(REPO, "-n", "--config", *config)
+    assert proc.returncode != 0
+    assert message in proc.stderr + proc.stdout
+
+
+def test_lint_is_clean():
+    proc = snakemake(REPO, "--lint")
+    assert "Congratulations, your workflow is in a good condition!" in proc.stdout + proc.stderr, proc.stdout
