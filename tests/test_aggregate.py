@@ -26,7 +26,7 @@ def ok_record(kernel, L, ms, energy=True):
         rec["energy"] = {"energy_per_call_j": ms * 0.7, "avg_power_w": 690.0, "peak_power_w": 710.0,
                          "idle_power_w": 94.0, "gflops_per_w": 100.0, "window_s": 3.0, "calls": 3000,
                          "counter_vs_integral_pct": 7.5, "flags": ["counter_vs_integral>5%"],
-                         "clock_reasons_seen": ["SwPowerCap"]}
+                         "clock_reasons": ["SwPowerCap"]}
     return c, rec
 
 

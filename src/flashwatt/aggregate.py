@@ -46,6 +46,14 @@ def _joined(values) -> str | None:
     return ",".join(map(str, values)) or None
 
 
+def _reason_durations(energy: dict) -> str | None:
+    """Clock event reasons seen in the window with how long each was seen, e.g. 'SwPowerCap 3.0s'."""
+    seen = energy.get("clock_reasons") or []
+    durations = energy.get("clock_reasons_s") or {}
+    parts = [f"{name} {durations[name]:.1f}s" if durations.get(name) is not None else name for name in seen]
+    return ", ".join(parts) or None
+
+
 def record_row(record: dict, path: str) -> dict:
     cell = record.get("cell", {})
     timing = record.get("timing") or {}
@@ -81,7 +89,7 @@ def record_row(record: dict, path: str) -> dict:
         "energy_calls": energy.get("calls"),
         "counter_vs_integral_pct": energy.get("counter_vs_integral_pct"),
         "energy_flags": _joined(energy.get("flags")),
-        "clock_reasons": _joined(energy.get("clock_reasons_seen")),
+        "clock_reasons": _reason_durations(energy),
         "temp_start_c": energy.get("temp_start_c"),
         "temp_end_c": energy.get("temp_end_c"),
         "energy_reason": energy.get("reason"),

@@ -177,10 +177,9 @@ def _measure(cell: Cell, settings: dict, device, kernel, telemetry, record: dict
                 sampler_period_s=settings["sampler_period_s"],
             )
             energy = window.as_dict()
-            trace = energy.pop("trace", None) or []
-            if energy.get("energy_per_call_j"):
-                energy["gflops_per_w"] = gflops_per_watt(cell.flops, energy["energy_per_call_j"])
+            energy["gflops_per_w"] = gflops_per_watt(cell.flops, window.energy_per_call_j)
             record["energy"] = energy
+            trace = [dict(row) for row in window.trace]
         else:
             record["energy"] = {"reason": telemetry.reason}
     record["status"] = "ok" if check.passed else "incorrect"
