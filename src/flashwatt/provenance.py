@@ -41,8 +41,8 @@ def software() -> dict:
 
     return {
         "python": platform.python_version(),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
+        "torch": str(torch.__version__),
+        "cuda": str(torch.version.cuda) if torch.version.cuda else None,
         "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
         "flashwatt": flashwatt.__version__,
         "platform": platform.platform(),

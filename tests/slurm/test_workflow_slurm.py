@@ -1,0 +1,216 @@
+"""`snakemake --profile slurm` end to end on the real test cluster: the smoke suite, one
+cell rerun, a failed cell recorded, and interrupted runs that leave no job behind."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from flashwatt.cell import Cell
+from flashwatt.config import load_config, suite_cells
+
+pytestmark = [pytest.mark.slurm, pytest.mark.workflow, pytest.mark.usefixtures("slurm")]
+
+REPO = Path(__file__).resolve().parents[2]
+WORKFLOW_FILES = ["Snakefile", "workflow", "config", "scripts", "profiles", "envs", "kernels"]
+RUN_LIMIT_S = 600  # every Snakemake below runs under `timeout -s KILL`
+
+
+def copy_workflow(dest: Path) -> Path:
+    for name in WORKFLOW_FILES:
+        src = REPO / name
+        if src.is_dir():
+            shutil.copytree(src, dest / name, symlinks=True)
+        elif src.exists():
+            shutil.copy2(src, dest / name)
+    (dest / "slurm").symlink_to("profiles/slurm")  # what `--profile slurm` finds first
+    return dest
+
+
+def snakemake_cmd(*args: str) -> list[str]:
+    return ["timeout", "-s", "KILL", str(RUN_LIMIT_S), sys.executable, "-m", "snakemake", "--profile", "slurm",
+            "--config", "suite=smoke", *args]
+
+
+def run(workdir: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "FLASHWATT_POLL_S": "0.5"}
+    return subprocess.run(snakemake_cmd(*args), cwd=workdir, env=env, capture_output=True, text=True,
+                          timeout=RUN_LIMIT_S + 30)
+
+
+def sh(*cmd: str) -> str:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+
+
+def job_ids(workdir: Path) -> set[str]:
+    """Every Slurm job this working copy submitted, from the cells' logs."""
+    ids: set[str] = set()
+    for log in (workdir / "results/logs/cells").rglob("*.log"):
+        ids.update(re.findall(r"submitted slurm job (\d+)", log.read_text(errors="replace")))
+    return ids
+
+
+def in_queue(ids: set[str]) -> set[str]:
+    if not ids:
+        return set()
+    return set(sh("squeue", "-h", "-o", "%A", "-j", ",".join(sorted(ids))).split())
+
+
+def states(ids: set[str]) -> dict[str, str]:
+    out = sh("sacct", "-n", "-X", "-P", "-o", "JobID,State", "-j", ",".join(sorted(ids)))
+    return dict(line.split("|", 1) for line in out.splitlines() if line)
+
+
+def wait_until(predicate, timeout: float, what: str, step: float = 0.3):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(step)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def record(workdir: Path, cell: Cell) -> dict:
+    return json.loads((workdir / cell.path).read_text())
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    workdir = copy_workflow(tmp_path_factory.mktemp("slurm-smoke"))
+    started = time.monotonic()
+    proc = run(workdir)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-6000:]
+    print(f"[slurm] smoke suite through Slurm in {time.monotonic() - started:.0f} s")
+    report = run(workdir, "--report", "results/smoke/report.html")
+    assert report.returncode == 0, report.stderr[-3000:]
+    return workdir, suite_cells(load_config(workdir / "config/config.yaml"), "smoke")
+
+
+def test_smoke_suite_runs_every_cell_as_a_slurm_job(smoke):
+    workdir, cells = smoke
+    assert (workdir / "results/smoke/summary.parquet").stat().st_size > 0
+    assert (workdir / "results/smoke/report.html").stat().st_size > 0
+    ids = {}
+    for cell in cells:
+        rec = record(workdir, cell)
+        assert rec["status"] == "ok", (cell.id, rec.get("reason"))
+        assert rec["provenance"]["executor"] == "slurm"
+        ids[rec["provenance"]["job_id"]] = cell
+    assert len(ids) == len(cells) and all(str(j).isdigit() for j in ids)
+    final = states(set(ids))
+    for job_id, cell in sorted(ids.items(), key=lambda kv: int(kv[0])):
+        print(f"[slurm] job {job_id} {cell.job_name} {final.get(job_id)}")
+    assert set(final.values()) == {"COMPLETED"}
+
+
+def test_rerun_of_one_cell_submits_one_new_job(smoke):
+    workdir, cells = smoke
+    target = cells[2]
+    before = {c.path: (workdir / c.path).stat().st_mtime_ns for c in cells}
+    old_job = record(workdir, target)["provenance"]["job_id"]
+    proc = run(workdir, "-f", target.path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    changed = {c.path for c in cells if (workdir / c.path).stat().st_mtime_ns != before[c.path]}
+    assert changed == {target.path}
+    new_job = record(workdir, target)["provenance"]["job_id"]
+    print(f"[slurm] rerun {target.id}: job {old_job} -> {new_job}")
+    assert new_job != old_job and record(workdir, target)["status"] == "ok"
+
+
+def test_a_cell_whose_job_is_killed_is_recorded_and_the_run_goes_on(smoke):
+    workdir, cells = smoke
+    victim, survivor = cells[4], cells[5]
+    killed: list[str] = []
+
+    def kill_victim() -> None:  # scancel the victim's job as soon as it exists
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not killed:
+            found = sh("squeue", "-h", "-n", victim.job_name, "-o", "%A").split()
+            if found:
+                sh("scancel", *found)
+                killed.extend(found)
+            time.sleep(0.2)
+
+    thread = threading.Thread(target=kill_victim, daemon=True)
+    thread.start()
+    proc = run(workdir, "-f", victim.path, survivor.path)
+    thread.join(timeout=5)
+    assert killed, "the victim's job was never seen in squeue"
+    assert proc.returncode == 0, proc.stderr[-3000:]  # the failure is an outcome, not a crash
+    failed, ok = record(workdir, victim), record(workdir, survivor)
+    print(f"[slurm] job {killed[0]} {victim.job_name} {states(set(killed)).get(killed[0])} -> status {failed['status']}")
+    assert failed["status"] == "job_failed" and failed["provenance"]["job_id"] == killed[0]
+    assert "CANCELLED" in failed["reason"]
+    assert ok["status"] == "ok"
+
+
+def _start_forced_run(workdir: Path) -> subprocess.Popen:
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "FLASHWATT_POLL_S": "0.5"}
+    # Its own session, like a terminal's foreground job: a signal to the group reaches every cell.
+    return subprocess.Popen(snakemake_cmd("-F"), cwd=workdir, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+
+
+def _wait_for_running_job(workdir: Path) -> None:
+    wait_until(lambda: any(s == "RUNNING" for s in _queue_states(workdir)), 120, "a cell's job to run")
+
+
+def _queue_states(workdir: Path) -> list[str]:
+    ids = job_ids(workdir)
+    return sh("squeue", "-h", "-o", "%T", "-j", ",".join(sorted(ids))).split() if ids else []
+
+
+def _snakemake_pid(launcher: subprocess.Popen) -> int:
+    """The Snakemake process under `timeout`."""
+    children = sh("pgrep", "-P", str(launcher.pid)).split()
+    assert children, "Snakemake did not start"
+    return int(children[0])
+
+
+def test_ctrl_c_cancels_running_cells_and_leaves_nothing_in_squeue(tmp_path):
+    workdir = copy_workflow(tmp_path)
+    launcher = _start_forced_run(workdir)
+    try:
+        _wait_for_running_job(workdir)
+        os.killpg(launcher.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+        launcher.wait(timeout=240)  # Snakemake still runs the cells it had queued, then exits
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+    ids = job_ids(workdir)
+    wait_until(lambda: not in_queue(ids), 30, "the queue to drain")
+    final = states(ids)
+    print(f"[slurm] after Ctrl-C: {sorted(final.items(), key=lambda kv: int(kv[0]))}")
+    assert any(s.startswith("CANCELLED") for s in final.values())
+    assert launcher.returncode != 0
+
+
+def test_snakemake_killed_outright_leaves_nothing_in_squeue(tmp_path):
+    workdir = copy_workflow(tmp_path)
+    launcher = _start_forced_run(workdir)
+    try:
+        _wait_for_running_job(workdir)
+        os.kill(_snakemake_pid(launcher), signal.SIGKILL)  # OOM killer, kill -9: no chance to clean up
+        killed_at = time.monotonic()
+        ids = wait_until(lambda: job_ids(workdir), 5, "job ids")
+        wait_until(lambda: not _queue_states(workdir), 30, "the orphaned cells to cancel their jobs")
+        print(f"[slurm] queue empty {time.monotonic() - killed_at:.1f} s after Snakemake was killed")
+    finally:
+        time.sleep(2)
+        try:
+            os.killpg(launcher.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    logs = "".join(p.read_text(errors="replace") for p in (workdir / "results/logs/cells").rglob("*.log"))
+    assert "interrupted (Snakemake is gone)" in logs
+    assert not in_queue(job_ids(workdir) | ids)
