@@ -35,9 +35,12 @@ def test_window_arithmetic_at_nvml_update_period():
     w = _measure(gpus, load, min_window_s=1.0, idle_window_s=0.3, sampler_period_s=0.02)
     assert w.available and w.reason is None and w.n_gpus == 1
     assert w.edges_aligned
-    assert 1.0 <= w.window_s < 1.25  # checks often enough not to overshoot
-    assert 0 < w.calls <= load.n
-    assert w.time_per_call_s == pytest.approx(w.window_s / w.calls)
+    assert 1.0 <= w.sync_window_s < 1.25  # checks often enough not to overshoot
+    assert 0 < w.sync_calls <= w.calls <= load.n
+    assert w.time_per_call_s == pytest.approx(w.sync_window_s / w.sync_calls)
+    # the top-level window is the energy window: its numbers divide into each other
+    assert w.energy_per_call_j == pytest.approx(w.energy_j / w.calls)
+    assert w.avg_power_w == pytest.approx(w.energy_j / w.window_s)
     assert 0.0005 <= w.time_per_call_s < 0.005  # each fake call spins 0.5 ms
     assert w.idle_power_w == pytest.approx(100.0, rel=0.02)
     assert w.avg_power_w == pytest.approx(500.0, rel=0.01)
@@ -78,8 +81,8 @@ def test_skipping_idle_leaves_dynamic_energy_none():
 def test_max_calls_bounds_the_window():
     gpus = _gpus()
     w = _measure(gpus, FakeLoad(gpus, busy_w=400.0), max_calls=37, min_window_s=5.0)
-    assert w.calls == 37
-    assert w.window_s < 1.0
+    assert w.sync_calls == 37
+    assert w.sync_window_s < 1.0
 
 
 # ---- counter trouble -------------------------------------------------------------------------

@@ -59,8 +59,13 @@ class EnergyWindow:
     available: bool
     reason: str | None = None
     n_gpus: int = 0
+    # The energy window: from the counter update that opened it to the one that closed it
+    # (per GPU, averaged over GPUs), and the calls inside; energy_j / calls is per call.
     window_s: float | None = None
-    calls: int | None = None
+    calls: float | None = None
+    # The back-to-back loop between the two synchronisations (before edge alignment).
+    sync_window_s: float | None = None
+    sync_calls: int | None = None
     time_per_call_s: float | None = None
     energy_j: float | None = None
     avg_power_w: float | None = None
@@ -189,6 +194,11 @@ def _sum(values: Sequence[float | None]) -> float | None:
     if not values or any(v is None for v in values):
         return None
     return float(sum(values))
+
+
+def _mean(values: Sequence[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return sum(known) / len(known) if known else None
 
 
 def _max(values: Sequence[float | None]) -> float | None:
@@ -476,8 +486,10 @@ def measure_energy(
         available=True,
         reason=None,
         n_gpus=n,
-        window_s=window_s,
-        calls=calls,
+        window_s=_mean([g["window_s"] for g in per_gpu]),
+        calls=_mean([g["calls"] for g in per_gpu]),
+        sync_window_s=window_s,
+        sync_calls=calls,
         time_per_call_s=window_s / calls,
         energy_j=energy_j,
         avg_power_w=_sum([g["avg_power_w"] for g in per_gpu]),

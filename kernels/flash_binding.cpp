@@ -1,0 +1,144 @@
+// torch binding of the flashwatt attention forward kernels (flash_fwd.cu).
+//
+// Every check runs before the launch, so a refused input never reaches the GPU.
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/extension.h>
+
+#include <limits>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "flash_fwd.cuh"
+
+namespace {
+
+int dtype_code(const at::Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kHalf:
+      return flashwatt::kFp16;
+    case at::kBFloat16:
+      return flashwatt::kBf16;
+    case at::kFloat:
+      return flashwatt::kFp32;
+    default:
+      return -1;
+  }
+}
+
+void check_operand(const at::Tensor& t, const char* name, const at::Tensor& q) {
+  TORCH_CHECK(t.is_cuda(), "flashwatt custom: ", name, " must be a CUDA tensor (got ", t.device(), ")");
+  TORCH_CHECK(t.device() == q.device(), "flashwatt custom: ", name, " is on ", t.device(), " but q is on ", q.device());
+  TORCH_CHECK(t.scalar_type() == q.scalar_type(), "flashwatt custom: ", name, " has dtype ", t.scalar_type(),
+              " but q has ", q.scalar_type());
+  TORCH_CHECK(t.dim() == 4, "flashwatt custom: ", name, " must be 4-d (batch, heads, seq_len, head_dim), got ",
+              t.dim(), "-d");
+  TORCH_CHECK(t.stride(3) == 1, "flashwatt custom: ", name, " must have a contiguous last (head_dim) dimension");
+  const int align = t.scalar_type() == at::kFloat ? 4 : 16;
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % align == 0, "flashwatt custom: ", name,
+              " data pointer must be ", align, "-byte aligned");
+  if (t.scalar_type() != at::kFloat) {
+    for (int d = 0; d < 3; ++d)
+      TORCH_CHECK(t.stride(d) % 8 == 0, "flashwatt custom: ", name, " stride(", d,
+                  ") must be a multiple of 8 elements for 16-byte loads, got ", t.stride(d));
+  }
+  const int64_t span = (t.size(2) - 1) * t.stride(2) + t.size(3);
+  TORCH_CHECK(span < std::numeric_limits<int32_t>::max(), "flashwatt custom: ", name,
+              " rows of one head span more than 2^31 elements");
+}
+
+// Runs configuration (block_m, block_n, warps, stages) on (B, H, L, D)-shaped views
+// with any strides; writes out (same shape as q) and lse (B, H, Lq) float32 contiguous.
+void forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out, at::Tensor& lse,
+             bool causal, double scale, int64_t block_m, int64_t block_n, int64_t warps, int64_t stages,
+             int64_t grid_cap) {
+  check_operand(q, "q", q);
+  check_operand(k, "k", q);
+  check_operand(v, "v", q);
+  check_operand(out, "out", q);
+  const int dt = dtype_code(q);
+  TORCH_CHECK(dt >= 0, "flashwatt custom: dtype ", q.scalar_type(), " not supported (float16, bfloat16, float32)");
+  const int64_t B = q.size(0), H = q.size(1), Lq = q.size(2), D = q.size(3);
+  const int64_t Hkv = k.size(1), Lk = k.size(2);
+  TORCH_CHECK(k.sizes() == v.sizes(), "flashwatt custom: k ", k.sizes(), " and v ", v.sizes(), " differ in shape");
+  TORCH_CHECK(k.size(0) == B, "flashwatt custom: batch of k (", k.size(0), ") differs from q (", B, ")");
+  TORCH_CHECK(k.size(3) == D, "flashwatt custom: head_dim of k (", k.size(3), ") differs from q (", D, ")");
+  TORCH_CHECK(Hkv >= 1 && H % Hkv == 0, "flashwatt custom: q heads (", H, ") must be a multiple of k/v heads (",
+              Hkv, ")");
+  TORCH_CHECK(out.sizes() == q.sizes(), "flashwatt custom: out ", out.sizes(), " must match q ", q.sizes());
+  TORCH_CHECK(lse.is_cuda() && lse.device() == q.device() && lse.scalar_type() == at::kFloat &&
+                  lse.is_contiguous() && lse.dim() == 3 && lse.size(0) == B && lse.size(1) == H &&
+                  lse.size(2) == Lq,
+              "flashwatt custom: lse must be a contiguous float32 (B, H, Lq) tensor on q's device");
+  TORCH_CHECK(Lq >= 1 && Lk >= 1 && B >= 1 && H >= 1, "flashwatt custom: empty input");
+  TORCH_CHECK(B * H * ((Lq + 15) / 16) < std::numeric_limits<int32_t>::max(), "flashwatt custom: too many tiles");
+  const int index = flashwatt::fwd_find_config(dt, static_cast<int>(D), static_cast<int>(block_m),
+                                               static_cast<int>(block_n), static_cast<int>(warps),
+                                               static_cast<int>(stages));
+  TORCH_CHECK(index >= 0, "flashwatt custom: no compiled kernel for dtype ", q.scalar_type(), ", head_dim ", D,
+              ", block_m ", block_m, ", block_n ", block_n, ", warps ", warps, ", stages ", stages);
+
+  flashwatt::FwdParams p{};
+  p.q = q.data_ptr();
+  p.k = k.data_ptr();
+  p.v = v.data_ptr();
+  p.o = out.data_ptr();
+  p.lse = lse.data_ptr<float>();
+  p.q_sb = q.stride(0), p.q_sh = q.stride(1), p.q_sl = q.stride(2);
+  p.k_sb = k.stride(0), p.k_sh = k.stride(1), p.k_sl = k.stride(2);
+  p.v_sb = v.stride(0), p.v_sh = v.stride(1), p.v_sl = v.stride(2);
+  p.o_sb = out.stride(0), p.o_sh = out.stride(1), p.o_sl = out.stride(2);
+  p.batch = static_cast<int>(B);
+  p.heads = static_cast<int>(H);
+  p.kv_heads = static_cast<int>(Hkv);
+  p.len_q = static_cast<int>(Lq);
+  p.len_k = static_cast<int>(Lk);
+  p.head_dim = static_cast<int>(D);
+  p.scale = static_cast<float>(scale);
+  p.causal = causal ? 1 : 0;
+  p.grid_cap = grid_cap > 0 ? static_cast<int>(std::min<int64_t>(grid_cap, std::numeric_limits<int32_t>::max())) : 0;
+
+  const c10::cuda::CUDAGuard guard(q.device());
+  char err[512] = {0};
+  const int rc = flashwatt::fwd_launch(index, p, at::cuda::getCurrentCUDAStream().stream(), err, sizeof(err));
+  TORCH_CHECK(rc == 0, "flashwatt custom: ", err);
+}
+
+std::vector<std::vector<int64_t>> configs() {
+  std::vector<std::vector<int64_t>> rows;
+  for (int i = 0; i < flashwatt::fwd_num_configs(); ++i) {
+    const flashwatt::FwdConfig c = flashwatt::fwd_config(i);
+    rows.push_back({c.dtype, c.head_dim, c.block_m, c.block_n, c.warps, c.stages});
+  }
+  return rows;
+}
+
+// Facts of one compiled configuration on the current device: registers, local memory, occupancy.
+std::map<std::string, int64_t> kernel_info(int64_t dtype, int64_t head_dim, int64_t block_m, int64_t block_n,
+                                           int64_t warps, int64_t stages) {
+  const int index = flashwatt::fwd_find_config(static_cast<int>(dtype), static_cast<int>(head_dim),
+                                               static_cast<int>(block_m), static_cast<int>(block_n),
+                                               static_cast<int>(warps), static_cast<int>(stages));
+  TORCH_CHECK(index >= 0, "flashwatt custom: no such compiled configuration");
+  flashwatt::FwdKernelInfo info{};
+  char err[512] = {0};
+  TORCH_CHECK(flashwatt::fwd_kernel_info(index, &info, err, sizeof(err)) == 0, "flashwatt custom: ", err);
+  return {{"num_regs", info.num_regs},
+          {"local_bytes", info.local_bytes},
+          {"smem_bytes", info.smem_bytes},
+          {"max_ctas_per_sm", info.max_ctas_per_sm},
+          {"threads", info.threads}};
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "flashwatt attention forward kernels";
+  m.def("forward", &forward, "attention forward (q, k, v, out, lse, causal, scale, block_m, block_n, warps, stages, grid_cap)");
+  m.def("configs", &configs, "compiled configurations: [dtype, head_dim, block_m, block_n, warps, stages]");
+  m.def("kernel_info", &kernel_info, "registers, local bytes, shared memory and occupancy of one configuration");
+  m.attr("DTYPE_FP16") = static_cast<int>(flashwatt::kFp16);
+  m.attr("DTYPE_BF16") = static_cast<int>(flashwatt::kBf16);
+  m.attr("DTYPE_FP32") = static_cast<int>(flashwatt::kFp32);
+}

@@ -1,0 +1,671 @@
+// flashwatt attention forward: a FlashAttention-2 style kernel.
+//
+// fp16 / bf16 (tensor cores, sm_80+):
+//   one CTA owns a tile of block_m query rows; each warp owns 16*MT of them.
+//   K/V tiles of block_n rows stream through a `stages`-deep cp.async ring in
+//   XOR-swizzled shared memory. S = Q K^T and O += P V run on
+//   mma.sync.m16n8k16 with fp32 accumulators; operands come from ldmatrix
+//   (.trans for V). The S accumulator fragment is repacked in registers as the
+//   A operand of P V. Online softmax keeps the running max and sum per row in
+//   base-2 units (log2(e) folded into the scale, exp2f). O and the natural-log
+//   LSE are written once, O through shared memory as 16-byte stores.
+// fp32: a plain FFMA kernel with the same online softmax (exact fp32 path).
+//
+// Causal masking is top-left aligned (key j visible to query i iff j <= i),
+// tiles above the diagonal are skipped and only tiles that cross the diagonal
+// or the ragged end of the keys are masked.
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+
+#include "flash_fwd.cuh"
+
+namespace flashwatt {
+namespace {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// ---------------------------------------------------------------- PTX helpers
+
+__device__ __forceinline__ uint32_t smem_addr(const void* ptr) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
+}
+
+// 16-byte global -> shared copy; src_bytes == 0 writes zeros (rows past the end).
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// 2^x on the special-function unit, flushing denormal results to zero; used where the
+// result is rounded to 16 bits anyway (P of the tensor-core path).
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+template <typename T>
+struct TypeOps;
+
+template <>
+struct TypeOps<__half> {
+  __device__ __forceinline__ static void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  __device__ __forceinline__ static uint32_t pack(float lo, float hi) {
+    __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&h);
+  }
+};
+
+template <>
+struct TypeOps<__nv_bfloat16> {
+  __device__ __forceinline__ static void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  __device__ __forceinline__ static uint32_t pack(float lo, float hi) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&h);
+  }
+};
+
+// ------------------------------------------------------- tensor-core kernel
+
+template <int D, int BM, int BN, int NW, int ST>
+struct TcShape {
+  static constexpr int kThreads = NW * 32;
+  static constexpr int MT = BM / (16 * NW);  // 16-row m tiles per warp
+  static constexpr int NT = BN / 8;          // 8-column n tiles of S
+  static constexpr int DT = D / 8;           // 8-column n tiles of O
+  static constexpr int KD = D / 16;          // k steps of Q K^T
+  static constexpr int KN = BN / 16;         // k steps of P V
+  static constexpr int CH = D / 8;           // 16-byte chunks per smem row
+  // Keep Q's A fragments in registers when S, O and Q fit comfortably.
+  static constexpr bool kQInRegs = (MT * BN / 2 + MT * D / 2 + MT * D / 4) <= 192;
+  static constexpr int kSmemBytes = (BM + 2 * ST * BN) * (D * 2 + 16);
+  static constexpr bool kSkipRescale = D >= 128;
+  static_assert(BM % (16 * NW) == 0 && MT >= 1, "block_m must be a multiple of 16 * warps");
+  static_assert(BN % 16 == 0, "block_n must be a multiple of 16");
+  static_assert(D % 64 == 0, "head_dim must be a multiple of 64 for the swizzle");
+  static_assert(ST >= 2, "at least two K/V stages");
+  static_assert((BM * CH) % kThreads == 0 && (BN * CH) % kThreads == 0, "tile loads must divide evenly");
+};
+
+// Shared-memory tiles are row-major with each row padded by 16 bytes: the 8 row
+// addresses of one ldmatrix phase (and of one 16-byte cp.async phase) then fall in
+// 8 different 16-byte bank groups, and every fragment address is a per-lane base
+// plus a compile-time offset (no per-step address registers, unlike an XOR swizzle).
+template <int D>
+__host__ __device__ constexpr int row_bytes() {
+  return D * 2 + 16;
+}
+
+template <int D>
+__device__ __forceinline__ uint32_t tile_off(int row, int chunk) {
+  return static_cast<uint32_t>(row * row_bytes<D>() + chunk * 16);
+}
+
+// Copies ROWS rows of a [rows, D] tile starting at global row `row0` into padded smem.
+// Each thread moves the same 16-byte column chunk of rows r0, r0 + RSTEP, ...
+template <int ROWS, int D, int THREADS, typename T>
+__device__ __forceinline__ void load_tile(uint32_t dst, const T* __restrict__ src, int64_t row_stride, int row0,
+                                          int row_end, int tid) {
+  constexpr int CH = D / 8;
+  constexpr int RSTEP = THREADS / CH;
+  constexpr int ITERS = ROWS / RSTEP;
+  static_assert(THREADS % CH == 0 && ROWS % RSTEP == 0, "tile loads must divide evenly");
+  const int r0 = tid / CH;
+  const int c = tid % CH;
+  const T* g = src + static_cast<int64_t>(row0 + r0) * row_stride + c * 8;
+  const int64_t step = static_cast<int64_t>(RSTEP) * row_stride;
+  dst += tile_off<D>(r0, c);
+  int rows_left = row_end - row0 - r0;
+#pragma unroll
+  for (int it = 0; it < ITERS; ++it) {
+    const bool ok = rows_left > 0;
+    cp_async16(dst + it * RSTEP * row_bytes<D>(), ok ? g : src, ok ? 16 : 0);
+    g += step;
+    rows_left -= RSTEP;
+  }
+}
+
+template <typename T, int D, int BM, int BN, int NW, int ST>
+__global__ void __launch_bounds__(NW * 32, 1) flash_fwd_tc_kernel(const FwdParams p) {
+  using S = TcShape<D, BM, BN, NW, ST>;
+  using Ops = TypeOps<T>;
+  constexpr int MT = S::MT, NT = S::NT, DT = S::DT, KD = S::KD, KN = S::KN, CH = S::CH;
+  constexpr int THREADS = S::kThreads;
+  constexpr bool QREG = S::kQInRegs;
+
+  extern __shared__ __align__(128) unsigned char smem[];
+  const uint32_t sQ = smem_addr(smem);
+  constexpr uint32_t kKVStageBytes = BN * row_bytes<D>();
+  const uint32_t sK = sQ + BM * row_bytes<D>();
+  const uint32_t sV = sK + ST * kKVStageBytes;
+
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+  const int g = lane >> 2;  // row within an 8-row group of a fragment
+  const int t = lane & 3;   // column pair within a fragment
+
+  // Per-lane ldmatrix coordinates (row within the 16-row block, chunk offset).
+  const int a_row = (lane & 7) + ((lane >> 3) & 1) * 8;  // A operand (Q): matrices (r0,c0),(r8,c0),(r0,c8),(r8,c8)
+  const int a_chk = lane >> 4;
+  const int b_row = (lane & 7) + (lane >> 4) * 8;  // B operand from K: (n0,k0),(n0,k8),(n8,k0),(n8,k8)
+  const int b_chk = (lane >> 3) & 1;
+  const int v_row = (lane & 7) + ((lane >> 3) & 1) * 8;  // B operand from V (trans): (k0,d0),(k8,d0),(k0,d8),(k8,d8)
+  const int v_chk = lane >> 4;
+
+  const int warp_row0 = warp * 16 * MT;
+  const int num_mb = (p.len_q + BM - 1) / BM;
+  const int bh_count = p.batch * p.heads;
+  const int total = num_mb * bh_count;
+  const int group = p.heads / p.kv_heads;
+  const float scale_log2 = p.scale * kLog2e;
+
+#pragma unroll 1
+  for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
+    // Longest (for causal) query tiles first; all heads of one query tile are adjacent.
+    const int mb = num_mb - 1 - tile / bh_count;
+    const int bh = tile % bh_count;
+    const int b = bh / p.heads;
+    const int h = bh % p.heads;
+    const int hk = h / group;
+    const int m0 = mb * BM;
+
+    const T* __restrict__ gQ = static_cast<const T*>(p.q) + b * p.q_sb + h * p.q_sh;
+    const T* __restrict__ gK = static_cast<const T*>(p.k) + b * p.k_sb + hk * p.k_sh;
+    const T* __restrict__ gV = static_cast<const T*>(p.v) + b * p.v_sb + hk * p.v_sh;
+
+    const int kv_end = p.causal ? min(p.len_k, m0 + BM) : p.len_k;
+    const int n_tiles = (kv_end + BN - 1) / BN;
+
+    __syncthreads();  // the previous tile's readers of shared memory are done
+
+    load_tile<BM, D, THREADS>(sQ, gQ, p.q_sl, m0, p.len_q, tid);
+    cp_async_commit();
+#pragma unroll
+    for (int s = 0; s < ST - 1; ++s) {
+      if (s < n_tiles) {
+        load_tile<BN, D, THREADS>(sK + s * kKVStageBytes, gK, p.k_sl, s * BN, p.len_k, tid);
+        load_tile<BN, D, THREADS>(sV + s * kKVStageBytes, gV, p.v_sl, s * BN, p.len_k, tid);
+      }
+      cp_async_commit();
+    }
+
+    float o[MT][DT][4];
+    float row_max[MT][2];
+    float row_sum[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+      for (int dt = 0; dt < DT; ++dt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[mt][dt][e] = 0.f;
+      }
+      row_max[mt][0] = row_max[mt][1] = -INFINITY;
+      row_sum[mt][0] = row_sum[mt][1] = 0.f;
+    }
+    uint32_t qf[QREG ? MT : 1][QREG ? KD : 1][4];
+
+#pragma unroll 1
+    for (int j = 0; j < n_tiles; ++j) {
+      cp_async_wait<ST - 2>();
+      __syncthreads();  // tile j visible to all; slot (j-1)%ST free for refill
+      {
+        const int jn = j + ST - 1;
+        if (jn < n_tiles) {
+          const int slot = jn % ST;
+          load_tile<BN, D, THREADS>(sK + slot * kKVStageBytes, gK, p.k_sl, jn * BN, p.len_k, tid);
+          load_tile<BN, D, THREADS>(sV + slot * kKVStageBytes, gV, p.v_sl, jn * BN, p.len_k, tid);
+        }
+        cp_async_commit();
+      }
+      if constexpr (QREG) {
+        if (j == 0) {
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+            for (int kk = 0; kk < KD; ++kk)
+              ldmatrix_x4(qf[mt][kk], sQ + tile_off<D>(warp_row0 + mt * 16 + a_row, kk * 2 + a_chk));
+          }
+        }
+      }
+      const uint32_t sKs = sK + (j % ST) * kKVStageBytes;
+      const uint32_t sVs = sV + (j % ST) * kKVStageBytes;
+
+      // ---- S = Q K^T
+      float s[MT][NT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.f;
+        }
+      }
+#pragma unroll
+      for (int kk = 0; kk < KD; ++kk) {
+        uint32_t a[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          if constexpr (QREG) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) a[mt][e] = qf[mt][kk][e];
+          } else {
+            ldmatrix_x4(a[mt], sQ + tile_off<D>(warp_row0 + mt * 16 + a_row, kk * 2 + a_chk));
+          }
+        }
+#pragma unroll
+        for (int nn = 0; nn < NT / 2; ++nn) {
+          uint32_t bk[4];
+          ldmatrix_x4(bk, sKs + tile_off<D>(nn * 16 + b_row, kk * 2 + b_chk));
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            Ops::mma(s[mt][2 * nn], a[mt], bk[0], bk[1]);
+            Ops::mma(s[mt][2 * nn + 1], a[mt], bk[2], bk[3]);
+          }
+        }
+      }
+
+      // ---- mask the ragged end of the keys and the diagonal
+      const int n0 = j * BN;
+      if (n0 + BN > p.len_k || (p.causal && n0 + BN - 1 > m0)) {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int row = m0 + warp_row0 + mt * 16 + g + (e >> 1) * 8;
+              const int col = n0 + nt * 8 + 2 * t + (e & 1);
+              if (col >= p.len_k || (p.causal && col > row)) s[mt][nt][e] = -INFINITY;
+            }
+          }
+        }
+      }
+
+      // ---- online softmax (base 2)
+      float alpha[MT][2];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          float cur = -INFINITY;
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt) cur = fmaxf(cur, fmaxf(s[mt][nt][2 * r], s[mt][nt][2 * r + 1]));
+          cur = fmaxf(cur, __shfl_xor_sync(0xffffffffu, cur, 1));
+          cur = fmaxf(cur, __shfl_xor_sync(0xffffffffu, cur, 2));
+          const float m_old = row_max[mt][r];
+          const float m_new = fmaxf(m_old, cur * scale_log2);
+          const float m_sub = (m_new == -INFINITY) ? 0.f : m_new;  // a row with nothing visible yet
+          alpha[mt][r] = exp2_ftz(m_old - m_sub);
+          row_max[mt][r] = m_new;
+          float sum = 0.f;
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt) {
+            const float p0 = exp2_ftz(fmaf(s[mt][nt][2 * r], scale_log2, -m_sub));
+            const float p1 = exp2_ftz(fmaf(s[mt][nt][2 * r + 1], scale_log2, -m_sub));
+            s[mt][nt][2 * r] = p0;
+            s[mt][nt][2 * r + 1] = p1;
+            sum += p0 + p1;
+          }
+          row_sum[mt][r] = row_sum[mt][r] * alpha[mt][r] + sum;  // quad-partial; reduced at the end
+        }
+      }
+      // Rescale O only when some row of the warp saw a new maximum (alpha != 1): after
+      // the first tiles this is rare, and multiplying by 1 is exact, so skipping is too.
+      bool rescale = false;
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) rescale |= (alpha[mt][0] != 1.f) | (alpha[mt][1] != 1.f);
+      // At d64 the vote and branch cost more than the FMULs they save (measured), so
+      // that head dim always rescales.
+      if (!S::kSkipRescale || __any_sync(0xffffffffu, rescale)) {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+          for (int dt = 0; dt < DT; ++dt) {
+            o[mt][dt][0] *= alpha[mt][0];
+            o[mt][dt][1] *= alpha[mt][0];
+            o[mt][dt][2] *= alpha[mt][1];
+            o[mt][dt][3] *= alpha[mt][1];
+          }
+        }
+      }
+
+      // ---- O += P V, P taken straight from the S accumulators
+#pragma unroll
+      for (int kk = 0; kk < KN; ++kk) {
+        uint32_t pa[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          pa[mt][0] = Ops::pack(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+          pa[mt][1] = Ops::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+          pa[mt][2] = Ops::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+          pa[mt][3] = Ops::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+        }
+#pragma unroll
+        for (int dd = 0; dd < DT / 2; ++dd) {
+          uint32_t bv[4];
+          ldmatrix_x4_trans(bv, sVs + tile_off<D>(kk * 16 + v_row, dd * 2 + v_chk));
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            Ops::mma(o[mt][2 * dd], pa[mt], bv[0], bv[1]);
+            Ops::mma(o[mt][2 * dd + 1], pa[mt], bv[2], bv[3]);
+          }
+        }
+      }
+    }
+    cp_async_wait<0>();  // only empty groups can be pending here
+
+    // ---- epilogue: normalise, write LSE, stage O in this warp's own Q rows, store 16 B per lane
+    float* lse = p.lse + static_cast<int64_t>(b * p.heads + h) * p.len_q;
+    __syncwarp();
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float l = row_sum[mt][r];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        const float inv = l > 0.f ? 1.f / l : 0.f;
+        const int lrow = warp_row0 + mt * 16 + g + r * 8;
+        const int row = m0 + lrow;
+        if (t == 0 && row < p.len_q) lse[row] = l > 0.f ? (row_max[mt][r] + log2f(l)) * kLn2 : -INFINITY;
+#pragma unroll
+        for (int dt = 0; dt < DT; ++dt) {
+          const uint32_t packed = Ops::pack(o[mt][dt][2 * r] * inv, o[mt][dt][2 * r + 1] * inv);
+          const uint32_t addr = sQ + tile_off<D>(lrow, dt) + t * 4;
+          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(packed));
+        }
+      }
+    }
+    __syncwarp();
+    T* gO = static_cast<T*>(p.o) + b * p.o_sb + h * p.o_sh;
+    constexpr int WROWS = 16 * MT;
+#pragma unroll
+    for (int it = 0; it < WROWS * CH / 32; ++it) {
+      const int idx = lane + it * 32;
+      const int r = idx / CH;
+      const int c = idx % CH;
+      const int row = m0 + warp_row0 + r;
+      uint4 val;
+      asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                   : "=r"(val.x), "=r"(val.y), "=r"(val.z), "=r"(val.w)
+                   : "r"(sQ + tile_off<D>(warp_row0 + r, c)));
+      if (row < p.len_q) *reinterpret_cast<uint4*>(gO + static_cast<int64_t>(row) * p.o_sl + c * 8) = val;
+    }
+  }
+}
+
+// ------------------------------------------------------------- fp32 kernel
+
+constexpr int kF32BM = 64;
+constexpr int kF32BN = 32;
+constexpr int kF32Threads = 256;  // 4 threads per query row
+
+template <int D>
+struct F32Shape {
+  static constexpr int kSmemFloats = kF32BM * (D + 1) + kF32BN * (D + 1) + kF32BN * D + kF32BM * (kF32BN + 1);
+  static constexpr int kSmemBytes = kSmemFloats * 4;
+};
+
+template <int D>
+__global__ void __launch_bounds__(kF32Threads, 1) flash_fwd_f32_kernel(const FwdParams p) {
+  constexpr int BM = kF32BM, BN = kF32BN, DP = D + 1, PP = BN + 1;
+  constexpr int NC = BN / 4;  // score columns per thread
+  constexpr int OC = D / 4;   // output columns per thread
+  extern __shared__ __align__(16) float fsm[];
+  float* sQ = fsm;
+  float* sK = sQ + BM * DP;
+  float* sV = sK + BN * DP;
+  float* sP = sV + BN * D;
+
+  const int tid = threadIdx.x;
+  const int r = tid >> 2;
+  const int c = tid & 3;
+  const int num_mb = (p.len_q + BM - 1) / BM;
+  const int bh_count = p.batch * p.heads;
+  const int total = num_mb * bh_count;
+  const int group = p.heads / p.kv_heads;
+  const float scale_log2 = p.scale * kLog2e;
+
+#pragma unroll 1
+  for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
+    const int mb = num_mb - 1 - tile / bh_count;
+    const int bh = tile % bh_count;
+    const int b = bh / p.heads;
+    const int h = bh % p.heads;
+    const int hk = h / group;
+    const int m0 = mb * BM;
+    const float* gQ = static_cast<const float*>(p.q) + b * p.q_sb + h * p.q_sh;
+    const float* gK = static_cast<const float*>(p.k) + b * p.k_sb + hk * p.k_sh;
+    const float* gV = static_cast<const float*>(p.v) + b * p.v_sb + hk * p.v_sh;
+    const int kv_end = p.causal ? min(p.len_k, m0 + BM) : p.len_k;
+    const int n_tiles = (kv_end + BN - 1) / BN;
+
+    __syncthreads();
+    for (int idx = tid; idx < BM * D; idx += kF32Threads) {
+      const int rr = idx / D, d = idx % D;
+      const int row = m0 + rr;
+      sQ[rr * DP + d] = row < p.len_q ? gQ[static_cast<int64_t>(row) * p.q_sl + d] : 0.f;
+    }
+    float o[OC];
+#pragma unroll
+    for (int i = 0; i < OC; ++i) o[i] = 0.f;
+    float m_run = -INFINITY, l_run = 0.f;
+    const int row = m0 + r;
+
+#pragma unroll 1
+    for (int j = 0; j < n_tiles; ++j) {
+      const int n0 = j * BN;
+      __syncthreads();
+      for (int idx = tid; idx < BN * D; idx += kF32Threads) {
+        const int rr = idx / D, d = idx % D;
+        const int key = n0 + rr;
+        const bool ok = key < p.len_k;
+        sK[rr * DP + d] = ok ? gK[static_cast<int64_t>(key) * p.k_sl + d] : 0.f;
+        sV[rr * D + d] = ok ? gV[static_cast<int64_t>(key) * p.v_sl + d] : 0.f;
+      }
+      __syncthreads();
+      float s[NC];
+#pragma unroll
+      for (int i = 0; i < NC; ++i) s[i] = 0.f;
+#pragma unroll 8
+      for (int d = 0; d < D; ++d) {
+        const float qd = sQ[r * DP + d];
+#pragma unroll
+        for (int i = 0; i < NC; ++i) s[i] = fmaf(qd, sK[(c + 4 * i) * DP + d], s[i]);
+      }
+      float cur = -INFINITY;
+#pragma unroll
+      for (int i = 0; i < NC; ++i) {
+        const int col = n0 + c + 4 * i;
+        if (col >= p.len_k || (p.causal && col > row)) s[i] = -INFINITY;
+        cur = fmaxf(cur, s[i]);
+      }
+      cur = fmaxf(cur, __shfl_xor_sync(0xffffffffu, cur, 1));
+      cur = fmaxf(cur, __shfl_xor_sync(0xffffffffu, cur, 2));
+      const float m_new = fmaxf(m_run, cur * scale_log2);
+      const float m_sub = (m_new == -INFINITY) ? 0.f : m_new;
+      const float alpha = exp2f(m_run - m_sub);
+      m_run = m_new;
+      float sum = 0.f;
+#pragma unroll
+      for (int i = 0; i < NC; ++i) {
+        const float pv = exp2f(fmaf(s[i], scale_log2, -m_sub));
+        sum += pv;
+        sP[r * PP + c + 4 * i] = pv;
+      }
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      l_run = l_run * alpha + sum;
+#pragma unroll
+      for (int i = 0; i < OC; ++i) o[i] *= alpha;
+      __syncwarp();  // the 4 threads of a row are in one warp
+#pragma unroll 4
+      for (int jj = 0; jj < BN; ++jj) {
+        const float pj = sP[r * PP + jj];
+#pragma unroll
+        for (int i = 0; i < OC; ++i) o[i] = fmaf(pj, sV[jj * D + c + 4 * i], o[i]);
+      }
+    }
+    if (row < p.len_q) {
+      const float inv = l_run > 0.f ? 1.f / l_run : 0.f;
+      float* gO = static_cast<float*>(p.o) + b * p.o_sb + h * p.o_sh + static_cast<int64_t>(row) * p.o_sl;
+#pragma unroll
+      for (int i = 0; i < OC; ++i) gO[c + 4 * i] = o[i] * inv;
+      if (c == 0)
+        p.lse[static_cast<int64_t>(b * p.heads + h) * p.len_q + row] =
+            l_run > 0.f ? (m_run + log2f(l_run)) * kLn2 : -INFINITY;
+    }
+  }
+}
+
+// ------------------------------------------------------------ config table
+
+using KernelFn = void (*)(const FwdParams);
+
+struct Entry {
+  FwdConfig cfg;
+  KernelFn fn;
+  int smem;
+  int threads;
+};
+
+template <typename T, int D, int BM, int BN, int NW, int ST>
+constexpr Entry tc_entry(int dtype) {
+  return Entry{FwdConfig{dtype, D, BM, BN, NW, ST}, &flash_fwd_tc_kernel<T, D, BM, BN, NW, ST>,
+               TcShape<D, BM, BN, NW, ST>::kSmemBytes, NW * 32};
+}
+
+template <int D>
+constexpr Entry f32_entry() {
+  return Entry{FwdConfig{kFp32, D, kF32BM, kF32BN, kF32Threads / 32, 1}, &flash_fwd_f32_kernel<D>,
+               F32Shape<D>::kSmemBytes, kF32Threads};
+}
+
+// The named variants of src/flashwatt/kernels/custom.py map onto these rows.
+#define FLASHWATT_TC_CONFIGS(T, DT)                                                                \
+  tc_entry<T, 64, 128, 64, 4, 2>(DT), tc_entry<T, 64, 128, 64, 4, 3>(DT), tc_entry<T, 64, 64, 64, 4, 2>(DT),  \
+      tc_entry<T, 64, 128, 64, 8, 2>(DT), tc_entry<T, 128, 128, 32, 4, 2>(DT), tc_entry<T, 128, 128, 32, 4, 3>(DT),         \
+      tc_entry<T, 128, 128, 48, 4, 2>(DT),                                                                   \
+      tc_entry<T, 128, 128, 64, 8, 2>(DT), tc_entry<T, 128, 64, 64, 4, 2>(DT),                              \
+      tc_entry<T, 256, 64, 32, 4, 2>(DT), tc_entry<T, 256, 64, 64, 4, 2>(DT)
+
+const Entry kEntries[] = {
+    FLASHWATT_TC_CONFIGS(__half, kFp16),
+    FLASHWATT_TC_CONFIGS(__nv_bfloat16, kBf16),
+    f32_entry<64>(),
+    f32_entry<128>(),
+    f32_entry<256>(),
+};
+constexpr int kNumEntries = sizeof(kEntries) / sizeof(kEntries[0]);
+
+int report(char* err, size_t errlen, const char* what, cudaError_t code) {
+  if (err && errlen) snprintf(err, errlen, "%s: %s", what, cudaGetErrorString(code));
+  return static_cast<int>(code) ? static_cast<int>(code) : 1;
+}
+
+}  // namespace
+
+int fwd_num_configs() { return kNumEntries; }
+
+FwdConfig fwd_config(int index) { return kEntries[index].cfg; }
+
+int fwd_find_config(int dtype, int head_dim, int block_m, int block_n, int warps, int stages) {
+  for (int i = 0; i < kNumEntries; ++i) {
+    const FwdConfig& c = kEntries[i].cfg;
+    if (c.dtype == dtype && c.head_dim == head_dim && c.block_m == block_m && c.block_n == block_n &&
+        c.warps == warps && c.stages == stages)
+      return i;
+  }
+  return -1;
+}
+
+int fwd_launch(int index, const FwdParams& params, void* stream, char* err, size_t errlen) {
+  if (index < 0 || index >= kNumEntries) {
+    if (err && errlen) snprintf(err, errlen, "no compiled configuration with index %d", index);
+    return 1;
+  }
+  const Entry& e = kEntries[index];
+  int device = 0;
+  cudaError_t st = cudaGetDevice(&device);
+  if (st != cudaSuccess) return report(err, errlen, "cudaGetDevice", st);
+  // Raising the dynamic shared-memory limit is per device; remember which devices are done.
+  static unsigned long long configured[kNumEntries] = {};
+  const unsigned long long bit = 1ull << (device & 63);
+  if (!(configured[index] & bit)) {
+    st = cudaFuncSetAttribute(e.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, e.smem);
+    if (st != cudaSuccess) return report(err, errlen, "cudaFuncSetAttribute(max dynamic shared memory)", st);
+    configured[index] |= bit;
+  }
+  const long long tiles =
+      static_cast<long long>((params.len_q + e.cfg.block_m - 1) / e.cfg.block_m) * params.batch * params.heads;
+  long long grid = tiles;
+  if (params.grid_cap > 0 && grid > params.grid_cap) grid = params.grid_cap;
+  if (grid > 0x7fffffffLL) grid = 0x7fffffffLL;
+  if (grid <= 0) return 0;
+  e.fn<<<static_cast<unsigned>(grid), e.threads, e.smem, static_cast<cudaStream_t>(stream)>>>(params);
+  st = cudaGetLastError();
+  if (st != cudaSuccess) return report(err, errlen, "kernel launch", st);
+  return 0;
+}
+
+int fwd_kernel_info(int index, FwdKernelInfo* info, char* err, size_t errlen) {
+  if (index < 0 || index >= kNumEntries) {
+    if (err && errlen) snprintf(err, errlen, "no compiled configuration with index %d", index);
+    return 1;
+  }
+  const Entry& e = kEntries[index];
+  cudaFuncAttributes attr;
+  cudaError_t st = cudaFuncGetAttributes(&attr, e.fn);
+  if (st != cudaSuccess) return report(err, errlen, "cudaFuncGetAttributes", st);
+  st = cudaFuncSetAttribute(e.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, e.smem);
+  if (st != cudaSuccess) return report(err, errlen, "cudaFuncSetAttribute(max dynamic shared memory)", st);
+  int blocks = 0;
+  st = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, e.fn, e.threads, e.smem);
+  if (st != cudaSuccess) return report(err, errlen, "cudaOccupancyMaxActiveBlocksPerMultiprocessor", st);
+  info->num_regs = attr.numRegs;
+  info->local_bytes = static_cast<int>(attr.localSizeBytes);
+  info->smem_bytes = e.smem;
+  info->max_ctas_per_sm = blocks;
+  info->threads = e.threads;
+  return 0;
+}
+
+}  // namespace flashwatt

@@ -1,0 +1,63 @@
+// Plain C++ launch API of the flashwatt attention forward kernels.
+//
+// This header is included by flash_fwd.cu (compiled by nvcc) and by
+// flash_binding.cpp (compiled by the host compiler with torch). It names no
+// CUDA or torch type, so the kernels can be compiled and inspected without torch.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace flashwatt {
+
+enum FwdDtype : int { kFp16 = 0, kBf16 = 1, kFp32 = 2 };
+
+// All strides are in elements. The last dimension (head_dim) must be contiguous.
+struct FwdParams {
+  const void* q;
+  const void* k;
+  const void* v;
+  void* o;
+  float* lse;  // (batch, heads, len_q), contiguous, natural-log LSE
+  int64_t q_sb, q_sh, q_sl;
+  int64_t k_sb, k_sh, k_sl;
+  int64_t v_sb, v_sh, v_sl;
+  int64_t o_sb, o_sh, o_sl;
+  int batch, heads, kv_heads, len_q, len_k, head_dim;
+  float scale;  // softmax scale applied to q.k
+  int causal;   // top-left aligned: key j is visible to query i iff j <= i
+  int grid_cap; // 0: one CTA per (q tile, batch, head); > 0: persistent grid of at most this many CTAs
+};
+
+// One compiled tile configuration.
+struct FwdConfig {
+  int dtype;
+  int head_dim;
+  int block_m;  // query rows per CTA
+  int block_n;  // key/value rows per shared-memory tile
+  int warps;    // warps per CTA
+  int stages;   // K/V shared-memory pipeline depth
+};
+
+struct FwdKernelInfo {
+  int num_regs;
+  int local_bytes;       // stack frame / spill space per thread
+  int smem_bytes;        // dynamic shared memory per CTA
+  int max_ctas_per_sm;   // occupancy limit from registers and shared memory
+  int threads;
+};
+
+int fwd_num_configs();
+FwdConfig fwd_config(int index);
+
+// Returns the index of the compiled configuration, or -1 when none matches.
+int fwd_find_config(int dtype, int head_dim, int block_m, int block_n, int warps, int stages);
+
+// Launches configuration `index` on `stream` (a cudaStream_t). Returns 0 on success;
+// otherwise writes a message into err (errlen bytes) and returns non-zero.
+int fwd_launch(int index, const FwdParams& params, void* stream, char* err, size_t errlen);
+
+// Register, local-memory and occupancy facts of configuration `index` on the current device.
+int fwd_kernel_info(int index, FwdKernelInfo* info, char* err, size_t errlen);
+
+}  // namespace flashwatt

@@ -1,0 +1,259 @@
+"""flashwatt's own FlashAttention-2 style forward kernel (kernels/flash_fwd.cu).
+
+fp16/bf16 run on tensor cores (mma.sync, fp32 accumulation); fp32 runs an exact FFMA
+path. Head dims 64, 128 and 256; causal (top-left aligned, as torch's is_causal) and
+full masks; any sequence length; (B, H, L, D) and (B, L, H, D) layouts through strides;
+grouped-query attention (q heads a multiple of k/v heads). Forward only.
+
+A *variant* names the launch configuration, the knobs a power-aware scheduler turns:
+    <tile>[_sm<N> | _ctas<N>]
+where <tile> is one of TILES (rows of Q per CTA, K/V rows per tile, warps, pipeline
+stages), `_sm<N>` runs a persistent grid of N CTAs per multiprocessor and `_ctas<N>` a
+persistent grid of at most N CTAs in total. The tile may be left out ("sm1", "ctas64")
+to keep the default tile; "" is the default tile with one CTA per query tile.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from flashwatt.cell import Cell
+
+HEAD_DIMS = (64, 128, 256)
+PRECISIONS = ("fp16", "bf16", "fp32")
+
+
+@dataclass(frozen=True)
+class Tile:
+    block_m: int
+    block_n: int
+    warps: int
+    stages: int
+    head_dims: tuple[int, ...]
+    precisions: tuple[str, ...]
+    description: str
+
+    def as_dict(self) -> dict:
+        return {
+            "block_m": self.block_m,
+            "block_n": self.block_n,
+            "warps": self.warps,
+            "stages": self.stages,
+            "head_dims": list(self.head_dims),
+            "precisions": list(self.precisions),
+            "description": self.description,
+        }
+
+
+_HALF = ("fp16", "bf16")
+TILES: dict[str, Tile] = {
+    "m128_n64_w4_s2": Tile(128, 64, 4, 2, (64,), _HALF, "128 q rows, 64-row K/V tiles, 4 warps x 32 rows, 2 stages (d64 default)"),
+    "m128_n64_w4_s3": Tile(128, 64, 4, 3, (64,), _HALF, "as m128_n64_w4_s2 with a 3-stage K/V pipeline"),
+    "m64_n64_w4_s2": Tile(64, 64, 4, 2, (64, 128, 256), _HALF, "64 q rows, 4 warps x 16 rows, 2 stages: small CTAs, more per SM"),
+    "m128_n64_w8_s2": Tile(128, 64, 8, 2, (64, 128), _HALF, "128 q rows, 8 warps x 16 rows, 2 stages"),
+    "m128_n32_w4_s2": Tile(128, 32, 4, 2, (128,), _HALF, "128 q rows, 32-row K/V tiles, 4 warps x 32 rows"),
+    "m128_n32_w4_s3": Tile(128, 32, 4, 3, (128,), _HALF, "as m128_n32_w4_s2 with a 3-stage K/V pipeline"),
+    "m128_n48_w4_s2": Tile(128, 48, 4, 2, (128,), _HALF, "128 q rows, 48-row K/V tiles, 4 warps x 32 rows (d128 default)"),
+    "m64_n32_w4_s2": Tile(64, 32, 4, 2, (256,), _HALF, "64 q rows, 32-row K/V tiles, 4 warps x 16 rows (d256 default)"),
+    "f32": Tile(64, 32, 8, 1, (64, 128, 256), ("fp32",), "exact fp32 FFMA path: 64 q rows, 32-row K/V tiles, 256 threads"),
+}
+
+DEFAULT_TILE = {
+    ("fp16", 64): "m128_n64_w4_s2",
+    ("bf16", 64): "m128_n64_w4_s2",
+    ("fp16", 128): "m128_n48_w4_s2",
+    ("bf16", 128): "m128_n48_w4_s2",
+    ("fp16", 256): "m64_n32_w4_s2",
+    ("bf16", 256): "m64_n32_w4_s2",
+    ("fp32", 64): "f32",
+    ("fp32", 128): "f32",
+    ("fp32", 256): "f32",
+}
+
+# Every name the config and the records may use (grammar above; these are the listed ones).
+VARIANTS: dict[str, dict] = {"": {"description": "default tile for the head dim and precision, one CTA per query tile"}}
+VARIANTS.update({name: tile.as_dict() for name, tile in TILES.items()})
+VARIANTS.update(
+    {
+        "sm1": {"description": "default tile, persistent grid of 1 CTA per SM", "ctas_per_sm": 1},
+        "sm2": {"description": "default tile, persistent grid of 2 CTAs per SM", "ctas_per_sm": 2},
+        "ctas66": {"description": "default tile, at most 66 CTAs (half an H100/H200 at 1 per SM)", "max_ctas": 66},
+    }
+)
+
+_CAP = re.compile(r"(?:(?P<tile>[a-z0-9_]+)_)?(?:sm(?P<sm>\d+)|ctas(?P<ctas>\d+))")
+
+
+@dataclass(frozen=True)
+class Launch:
+    tile_name: str
+    tile: Tile
+    ctas_per_sm: int  # 0: not capped per SM
+    max_ctas: int  # 0: not capped
+
+
+def parse_variant(variant: str, precision: str, head_dim: int) -> Launch:
+    """The launch a variant names for this precision and head dim; ValueError with a reason if none."""
+    variant = variant or ""
+    match = _CAP.fullmatch(variant)
+    tile_name = (match.group("tile") or "") if match else variant
+    if not tile_name:
+        key = (precision, head_dim)
+        if key not in DEFAULT_TILE:
+            raise ValueError(f"custom kernel has no default for precision {precision} and head_dim {head_dim}")
+        tile_name = DEFAULT_TILE[key]
+    tile = TILES.get(tile_name)
+    if tile is None:
+        raise ValueError(f"unknown custom variant {variant!r}: tile {tile_name!r} not in {', '.join(TILES)}")
+    if head_dim not in tile.head_dims:
+        raise ValueError(f"custom variant {variant!r} is built for head_dim {tile.head_dims}, not {head_dim}")
+    if precision not in tile.precisions:
+        raise ValueError(f"custom variant {variant!r} runs {'/'.join(tile.precisions)}, not {precision}")
+    sm = int(match.group("sm") or 0) if match else 0
+    ctas = int(match.group("ctas") or 0) if match else 0
+    if match and sm < 1 and ctas < 1:
+        raise ValueError(f"custom variant {variant!r}: CTA caps must be at least 1")
+    return Launch(tile_name, tile, sm, ctas)
+
+
+def _precision_of(dtype) -> str:
+    import torch
+
+    return {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}.get(dtype, str(dtype))
+
+
+def _check_inputs(q, k, v) -> None:
+    import torch
+
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"custom kernel: {name} must be a torch.Tensor")
+        if t.device.type != "cuda":
+            raise ValueError(f"custom kernel: {name} must be on a CUDA device (is on {t.device})")
+        if t.dim() != 4:
+            raise ValueError(f"custom kernel: {name} must be 4-d, got shape {tuple(t.shape)}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"custom kernel: q, k, v on different devices ({q.device}, {k.device}, {v.device})")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"custom kernel: q, k, v dtypes differ ({q.dtype}, {k.dtype}, {v.dtype})")
+    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise ValueError(f"custom kernel: dtype {q.dtype} not supported (float16, bfloat16, float32)")
+    if torch.cuda.get_device_capability(q.device) < (8, 0):
+        raise ValueError("custom kernel: needs compute capability 8.0 or newer")
+    B, H, L, D = q.shape
+    if D not in HEAD_DIMS:
+        raise ValueError(f"custom kernel: head_dim {D} not supported ({', '.join(map(str, HEAD_DIMS))})")
+    if k.shape != v.shape:
+        raise ValueError(f"custom kernel: k {tuple(k.shape)} and v {tuple(v.shape)} differ in shape")
+    if k.shape[0] != B or k.shape[3] != D:
+        raise ValueError(f"custom kernel: k/v {tuple(k.shape)} do not match q {tuple(q.shape)} in batch or head_dim")
+    if k.shape[1] < 1 or H % k.shape[1]:
+        raise ValueError(f"custom kernel: q heads ({H}) must be a multiple of k/v heads ({k.shape[1]})")
+    if min(B, H, L, k.shape[2]) < 1:
+        raise ValueError("custom kernel: empty input")
+
+
+def _kernel_ready(t):
+    """A view the kernel can read with 16-byte loads; a contiguous copy only if it cannot."""
+    elem = t.element_size()
+    ok = t.stride(3) == 1 and t.data_ptr() % 16 == 0 and all((t.stride(d) * elem) % 16 == 0 for d in range(3))
+    return t if ok else t.contiguous()
+
+
+_SM_COUNT: dict[int, int] = {}
+
+
+def flash_forward(q, k, v, causal: bool, variant: str = "", layout: str = "bhld", *, out=None, scale: float | None = None):
+    """Attention forward; returns (out, lse).
+
+    layout "bhld": q (B, H, Lq, D), k/v (B, Hkv, Lk, D); "blhd": q (B, Lq, H, D), k/v
+    (B, Lk, Hkv, D). Any strides with a contiguous head_dim. out (optional) must have q's
+    shape and dtype; it is written in place. lse is float32 (B, H, Lq), natural log.
+    Every check runs before the launch.
+    """
+    import torch
+
+    from flashwatt.build import load_extension
+
+    if layout not in ("bhld", "blhd"):
+        raise ValueError(f"custom kernel: layout {layout!r} not in ('bhld', 'blhd')")
+    if layout == "blhd":
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            if not isinstance(t, torch.Tensor) or t.dim() != 4:
+                raise ValueError(f"custom kernel: {name} must be a 4-d tensor")
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        if out is not None:
+            out = out.transpose(1, 2)
+    _check_inputs(q, k, v)
+    B, H, L, D = q.shape
+    launch = parse_variant(variant, _precision_of(q.dtype), D)
+    if out is None:
+        if layout == "blhd" or (q.stride(1) < q.stride(2)):
+            out = torch.empty((B, L, H, D), dtype=q.dtype, device=q.device).transpose(1, 2)
+        else:
+            out = torch.empty((B, H, L, D), dtype=q.dtype, device=q.device)
+    elif out.shape != q.shape or out.dtype != q.dtype or out.device != q.device:
+        raise ValueError(f"custom kernel: out {tuple(out.shape)} {out.dtype} must match q {tuple(q.shape)} {q.dtype}")
+    target = out
+    out_k = _kernel_ready(out)
+    lse = torch.empty((B, H, L), dtype=torch.float32, device=q.device)
+    q_k, k_k, v_k = _kernel_ready(q), _kernel_ready(k), _kernel_ready(v)
+    grid_cap = launch.max_ctas
+    if launch.ctas_per_sm:
+        index = q.device.index if q.device.index is not None else torch.cuda.current_device()
+        if index not in _SM_COUNT:
+            _SM_COUNT[index] = torch.cuda.get_device_properties(index).multi_processor_count
+        per_sm = launch.ctas_per_sm * _SM_COUNT[index]
+        grid_cap = min(grid_cap, per_sm) if grid_cap else per_sm
+    t = launch.tile
+    ext = load_extension()
+    ext.forward(
+        q_k, k_k, v_k, out_k, lse, bool(causal), float(scale if scale is not None else 1.0 / math.sqrt(D)),
+        t.block_m, t.block_n, t.warps, t.stages, int(grid_cap),
+    )
+    if out_k is not target:
+        target.copy_(out_k)
+    return (target.transpose(1, 2) if layout == "blhd" else target), lse
+
+
+def kernel_info(precision: str, head_dim: int, variant: str = "") -> dict:
+    """Registers, local memory, shared memory and occupancy of the variant's kernel (needs a GPU)."""
+    from flashwatt.build import load_extension
+
+    launch = parse_variant(variant, precision, head_dim)
+    ext = load_extension()
+    code = {"fp16": ext.DTYPE_FP16, "bf16": ext.DTYPE_BF16, "fp32": ext.DTYPE_FP32}[precision]
+    t = launch.tile
+    info = dict(ext.kernel_info(code, head_dim, t.block_m, t.block_n, t.warps, t.stages))
+    info.update(tile=launch.tile_name, ctas_per_sm_cap=launch.ctas_per_sm, max_ctas=launch.max_ctas)
+    return info
+
+
+class Custom:
+    name = "custom"
+    differentiable = False
+
+    def supports(self, cell: Cell, device) -> str | None:
+        if getattr(device, "type", str(device)) != "cuda":
+            return f"custom needs a CUDA device (running on {getattr(device, 'type', device)})"
+        import torch
+
+        cap = torch.cuda.get_device_capability(device)
+        if cap < (8, 0):
+            return f"custom needs compute capability 8.0 or newer (device has {cap[0]}.{cap[1]})"
+        if cell.head_dim not in HEAD_DIMS:
+            return f"custom supports head_dim {', '.join(map(str, HEAD_DIMS))} (cell asks for {cell.head_dim})"
+        if cell.pass_ != "fwd":
+            return "custom has no backward pass yet (forward only)"
+        if cell.precision not in PRECISIONS:
+            return f"custom runs {', '.join(PRECISIONS)}; the tf32 tensor-core path is not implemented (cell asks for {cell.precision})"
+        try:
+            parse_variant(cell.variant, cell.precision, cell.head_dim)
+        except ValueError as err:
+            return str(err)
+        return None
+
+    def __call__(self, q, k, v, cell: Cell):
+        out, _ = flash_forward(q, k, v, cell.causal, cell.variant)
+        return out

@@ -1,0 +1,117 @@
+"""Forward TFLOP/s of the custom kernel next to PyTorch's flash (FA2) and cuDNN SDPA backends.
+
+    python -m flashwatt.kernels.custom_bench [--out bench.csv] [--variants] [--dtypes bf16,fp16]
+
+Shapes: the flash-attention convention (16k tokens per batch, H*D = 2048, (B, L) from
+(32, 512) to (1, 16384), D in {64, 128}) plus the seed shape (B=16, H=8, L=1024, D=64),
+causal and not. All backends run in the same process, interleaved per shape.
+Time: triton.testing.do_bench median after its warm-up; FLOPs = 4*B*H*L^2*D, halved for causal.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import sys
+
+SHAPES = [(32, 512), (16, 1024), (8, 2048), (4, 4096), (2, 8192), (1, 16384)]
+SEED = (16, 8, 1024, 64)
+
+
+def _bench(fn, rep_ms: int) -> float:
+    from triton.testing import do_bench
+
+    return float(do_bench(fn, warmup=max(10, rep_ms // 4), rep=rep_ms, return_mode="median"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", help="CSV path for the measurements")
+    ap.add_argument("--dtypes", default="bf16,fp16")
+    ap.add_argument("--head-dims", default="64,128")
+    ap.add_argument("--variants", action="store_true", help="also time every custom tile variant")
+    ap.add_argument("--rep-ms", type=int, default=60, help="do_bench measuring time per point")
+    args = ap.parse_args(argv)
+
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from flashwatt.build import build_info, load_extension
+    from flashwatt.kernels.custom import TILES, flash_forward
+
+    dev = torch.device("cuda")
+    name = torch.cuda.get_device_name(dev)
+    load_extension()
+    info = build_info()
+    print(f"device: {name}  torch {torch.__version__}  CUDA {torch.version.cuda}  build {info}", flush=True)
+
+    dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16}
+    cases = []
+    for D in (int(x) for x in args.head_dims.split(",")):
+        for B, L in SHAPES:
+            cases.append((B, 2048 // D, L, D))
+    if SEED not in cases:
+        cases.insert(0, SEED)
+
+    def sdpa(backend):
+        def run(q, k, v, causal):
+            with sdpa_kernel([backend]):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        return run
+
+    backends = {
+        "custom": lambda q, k, v, causal: flash_forward(q, k, v, causal)[0],
+        "sdpa_flash": sdpa(SDPBackend.FLASH_ATTENTION),
+        "sdpa_cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
+    }
+    rows = []
+    header = f"{'dtype':5} {'B':>3} {'H':>3} {'L':>6} {'D':>4} {'mask':6} {'custom':>8} {'flash':>8} {'cudnn':>8} {'cust/fl':>8}"
+    print(header)
+    print("-" * len(header), flush=True)
+    for dname in args.dtypes.split(","):
+        dt = dtypes[dname]
+        for B, H, L, D in cases:
+            for causal in (False, True):
+                g = torch.Generator(device="cuda").manual_seed(B * 131 + L + D)
+                q, k, v = (torch.randn((B, H, L, D), generator=g, device=dev, dtype=torch.float32).to(dt) for _ in range(3))
+                flops = 4.0 * B * H * L * L * D / (2 if causal else 1)
+                result = {}
+                runs = dict(backends)
+                if args.variants:
+                    for tname, tile in TILES.items():
+                        if D in tile.head_dims and dname in tile.precisions:
+                            runs[f"custom:{tname}"] = (lambda tn: lambda q, k, v, c: flash_forward(q, k, v, c, tn)[0])(tname)
+                for kname, fn in runs.items():
+                    try:
+                        fn(q, k, v, causal)
+                        torch.cuda.synchronize()
+                        ms = _bench(lambda: fn(q, k, v, causal), args.rep_ms)
+                        tf = flops / ms / 1e9
+                    except Exception as err:  # a backend refusing a shape is a result, not a crash
+                        print(f"  {kname} failed on {dname} {B}x{H}x{L}x{D} causal={causal}: {str(err).splitlines()[0][:160]}", file=sys.stderr)
+                        ms, tf = math.nan, math.nan
+                    result[kname] = tf
+                    kernel, _, variant = kname.partition(":")
+                    rows.append(dict(device=name, dtype=dname, batch=B, heads=H, seq_len=L, head_dim=D, causal=causal,
+                                     kernel=kernel, variant=variant, ms=round(ms, 5), tflops=round(tf, 2)))
+                ratio = result["custom"] / result["sdpa_flash"] if result["sdpa_flash"] else math.nan
+                line = (f"{dname:5} {B:>3} {H:>3} {L:>6} {D:>4} {'causal' if causal else 'full':6} "
+                        f"{result['custom']:8.1f} {result['sdpa_flash']:8.1f} {result['sdpa_cudnn']:8.1f} {ratio:8.3f}")
+                if args.variants:
+                    best = max(((v, n) for n, v in result.items() if n.startswith("custom:") and v == v), default=None)
+                    if best:
+                        line += f"   best tile {best[1][7:]} {best[0]:.1f}"
+                print(line, flush=True)
+                del q, k, v
+    if args.out:
+        with open(args.out, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+        print(f"wrote {len(rows)} rows to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

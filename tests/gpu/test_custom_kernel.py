@@ -1,0 +1,272 @@
+"""Correctness of the custom attention forward against a float64 reference.
+
+Error measure: ||out - ref|| / ||ref|| over the whole tensor (and the same for the LSE).
+Bounds: fp32 1e-5 (exact FFMA path), fp16 5e-3, bf16 1e-2 (inputs are rounded to the
+storage type before the reference sees them, so the bound covers the kernel's own
+rounding of P to 16 bits and of the output). NaN or inf anywhere fails.
+Outputs are NaN-filled before each launch so an unwritten element cannot pass.
+"""
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import zlib
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from flashwatt.cell import Cell  # noqa: E402
+from flashwatt.kernels.custom import TILES, VARIANTS, Custom, flash_forward, kernel_info, parse_variant  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+TOL = {"fp32": 1e-5, "fp16": 5e-3, "bf16": 1e-2}
+REPO = Path(__file__).resolve().parents[2]
+
+
+def make(shape, dtype, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return torch.randn(shape, generator=g, device="cuda", dtype=torch.float32).to(dtype)
+
+
+def reference(q, k, v, causal, scale=None):
+    """float64 attention on (B, H, L, D) views, k/v heads repeated for grouped queries."""
+    q64, k64, v64 = q.double(), k.double(), v.double()
+    group = q.shape[1] // k.shape[1]
+    if group > 1:
+        k64 = k64.repeat_interleave(group, dim=1)
+        v64 = v64.repeat_interleave(group, dim=1)
+    scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    s = torch.matmul(q64, k64.transpose(-2, -1)) * scale
+    if causal:
+        lq, lk = s.shape[-2], s.shape[-1]
+        mask = torch.ones(lq, lk, dtype=torch.bool, device=s.device).triu_(1)
+        s = s.masked_fill(mask, float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    return torch.matmul(torch.softmax(s, dim=-1), v64), lse
+
+
+def rel_err(x, ref):
+    assert torch.isfinite(x).all(), "non-finite values in the kernel's output"
+    return ((x.double() - ref).norm() / ref.norm().clamp_min(1e-300)).item()
+
+
+def check(q, k, v, causal, precision, variant="", layout="bhld"):
+    """Runs the kernel on NaN-poisoned output and compares out and lse with float64."""
+    out = torch.full_like(q, float("nan"))
+    got, lse = flash_forward(q, k, v, causal, variant, layout=layout, out=out)
+    assert got.data_ptr() == out.data_ptr()
+    if layout == "blhd":
+        ref, ref_lse = reference(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal)
+        ref = ref.transpose(1, 2)
+    else:
+        ref, ref_lse = reference(q, k, v, causal)
+    e_out = rel_err(got, ref)
+    e_lse = rel_err(lse, ref_lse)
+    tol = TOL[precision]
+    assert e_out <= tol, f"output rel err {e_out:.3e} > {tol:.0e}"
+    assert e_lse <= tol, f"lse rel err {e_lse:.3e} > {tol:.0e}"
+    return e_out, e_lse
+
+
+def qkv(B, H, L, D, dtype, seed, Hkv=None, Lk=None):
+    Hkv = Hkv or H
+    Lk = Lk or L
+    return make((B, H, L, D), dtype, seed), make((B, Hkv, Lk, D), dtype, seed + 1), make((B, Hkv, Lk, D), dtype, seed + 2)
+
+
+# ---------------------------------------------------------------- the matrix
+
+@pytest.mark.parametrize("L", [1, 7, 64, 127, 1000, 4097])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("D", [64, 128, 256])
+@pytest.mark.parametrize("precision", ["fp16", "bf16", "fp32"])
+def test_matrix(precision, D, causal, L):
+    B, H = (1, 2) if L > 1000 else (2, 3)
+    seed = zlib.crc32(f"{precision}-{D}-{causal}-{L}".encode()) % 100_000
+    check(*qkv(B, H, L, D, DTYPES[precision], seed), causal, precision)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("precision", ["fp16", "bf16", "fp32"])
+def test_seed_shape(precision, causal):
+    check(*qkv(16, 8, 1024, 64, DTYPES[precision], 11), causal, precision)
+
+
+# ---------------------------------------------------------------- layouts and GQA
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("precision", ["fp16", "bf16", "fp32"])
+@pytest.mark.parametrize("D", [64, 128])
+def test_blhd_layout(precision, D, causal):
+    dt = DTYPES[precision]
+    B, L, H = 2, 333, 4
+    q, k, v = make((B, L, H, D), dt, 5), make((B, L, H, D), dt, 6), make((B, L, H, D), dt, 7)
+    check(q, k, v, causal, precision, layout="blhd")
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16", "fp32"])
+def test_strided_views(precision):
+    """(B, H, L, D)-shaped views of (B, L, H, D) storage, and q a slice of a packed qkv."""
+    dt = DTYPES[precision]
+    B, L, H, D = 2, 515, 4, 64
+    packed = make((B, L, 3, H, D), dt, 21)
+    q, k, v = (packed[:, :, i].transpose(1, 2) for i in range(3))
+    assert not q.is_contiguous()
+    check(q, k, v, True, precision)
+    check(q, k, v, False, precision)
+
+
+@pytest.mark.parametrize("Hkv", [1, 2, 4])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("precision", ["fp16", "bf16", "fp32"])
+def test_gqa(precision, causal, Hkv):
+    check(*qkv(2, 8, 777, 128, DTYPES[precision], 31 + Hkv, Hkv=Hkv), causal, precision)
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16", "fp32"])
+def test_cross_lengths(precision):
+    """Lq != Lk (non-causal and top-left causal)."""
+    for lq, lk in ((100, 700), (700, 100)):
+        check(*qkv(2, 2, lq, 64, DTYPES[precision], 41, Lk=lk), False, precision)
+        check(*qkv(2, 2, lq, 64, DTYPES[precision], 43, Lk=lk), True, precision)
+
+
+# ---------------------------------------------------------------- variants
+
+def _variant_cases():
+    cases = []
+    for name, tile in TILES.items():
+        for D in tile.head_dims:
+            for precision in tile.precisions:
+                cases.append((name, D, precision))
+    for name in VARIANTS:
+        if name not in TILES:
+            for D, precision in ((64, "bf16"), (128, "fp16"), (64, "fp32")):
+                cases.append((name, D, precision))
+    cases += [("m128_n64_w4_s2_sm1", 64, "fp16"), ("m64_n64_w4_s2_ctas3", 256, "bf16"), ("f32_sm1", 128, "fp32"),
+              ("m128_n32_w4_s2_ctas1", 128, "bf16")]
+    return cases
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("variant,D,precision", _variant_cases())
+def test_variant(variant, D, precision, causal):
+    parse_variant(variant, precision, D)
+    check(*qkv(2, 4, 1000, D, DTYPES[precision], 51), causal, precision, variant=variant)
+
+
+def test_many_ctas_per_sm():
+    """Thousands of CTAs (many waves per SM), causal and not, bf16 d128 and fp16 d64."""
+    check(*qkv(8, 16, 2048, 128, torch.bfloat16, 61), True, "bf16")
+    check(*qkv(8, 16, 2048, 128, torch.bfloat16, 62), False, "bf16")
+    check(*qkv(32, 16, 512, 64, torch.float16, 63), False, "fp16")
+
+
+def test_compiled_kernels_have_no_local_memory():
+    for name, tile in TILES.items():
+        for D in tile.head_dims:
+            for precision in tile.precisions:
+                info = kernel_info(precision, D, name)
+                assert info["local_bytes"] == 0, f"{name} d{D} {precision}: {info}"
+                assert info["max_ctas_per_sm"] >= 1, f"{name} d{D} {precision}: does not fit on an SM: {info}"
+
+
+def test_build_info():
+    from flashwatt.build import build_info
+
+    info = build_info()
+    assert set(info) >= {"build_key", "build_dir", "built_now", "build_seconds", "load_seconds", "arch"}
+    major, minor = torch.cuda.get_device_capability()
+    assert info["arch"] == f"sm_{major}{minor}"
+    assert (Path(info["build_dir"]) / "COMPLETE").exists()
+
+
+# ---------------------------------------------------------------- adapter
+
+def test_adapter_call_and_supports():
+    kern = Custom()
+    dev = torch.device("cuda")
+    cell = Cell(suite="t", kernel="custom", precision="bf16", seq_len=256, batch=2, heads=4, head_dim=64, causal=True)
+    assert kern.supports(cell, dev) is None
+    q, k, v = qkv(2, 4, 256, 64, torch.bfloat16, 71)
+    ref, _ = reference(q, k, v, True)
+    assert rel_err(kern(q, k, v, cell), ref) <= TOL["bf16"]
+    import dataclasses
+
+    assert "backward" in kern.supports(dataclasses.replace(cell, pass_="fwd_bwd"), dev)
+    assert "head_dim" in kern.supports(dataclasses.replace(cell, head_dim=96), dev)
+    assert "tf32" in kern.supports(dataclasses.replace(cell, precision="tf32"), dev)
+    assert "variant" in kern.supports(dataclasses.replace(cell, variant="nosuch"), dev)
+    assert "CUDA" in kern.supports(cell, torch.device("cpu"))
+
+
+# ---------------------------------------------------------------- refusals before launch
+
+def test_refusals():
+    q, k, v = qkv(1, 2, 64, 64, torch.float16, 81)
+    with pytest.raises(ValueError, match="CUDA"):
+        flash_forward(q.cpu(), k.cpu(), v.cpu(), False)
+    with pytest.raises(ValueError, match="dtype"):
+        flash_forward(q.double(), k.double(), v.double(), False)
+    with pytest.raises(ValueError, match="dtypes differ"):
+        flash_forward(q, k.float(), v, False)
+    with pytest.raises(ValueError, match="head_dim"):
+        flash_forward(q[..., :48], k[..., :48], v[..., :48], False)
+    with pytest.raises(ValueError, match="differ in shape"):
+        flash_forward(q, k, v[:, :, :32], False)
+    with pytest.raises(ValueError, match="multiple"):
+        q3, k3, v3 = qkv(1, 3, 64, 64, torch.float16, 82, Hkv=2)
+        flash_forward(q3, k3, v3, False)
+    with pytest.raises(ValueError, match="4-d"):
+        flash_forward(q[0], k[0], v[0], False)
+    with pytest.raises(ValueError, match="variant"):
+        flash_forward(q, k, v, False, variant="nosuch")
+    with pytest.raises(ValueError, match="head_dim"):
+        flash_forward(q, k, v, False, variant="m128_n32_w4_s2")
+    with pytest.raises(ValueError, match="out"):
+        flash_forward(q, k, v, False, out=torch.empty_like(q[:, :1]))
+    torch.cuda.synchronize()
+
+
+# ---------------------------------------------------------------- memory checker (last: slowest)
+
+_SANITIZER_SCRIPT = textwrap.dedent(
+    """
+    import torch
+    from flashwatt.kernels.custom import flash_forward
+    for dtype, D, variant in ((torch.float16, 64, ""), (torch.bfloat16, 128, "m64_n64_w4_s2_sm1"), (torch.float32, 64, "")):
+        for causal in (False, True):
+            q = torch.randn(1, 2, 77, D, device="cuda", dtype=dtype)
+            k = torch.randn(1, 1, 77, D, device="cuda", dtype=dtype)
+            v = torch.randn(1, 1, 77, D, device="cuda", dtype=dtype)
+            out, lse = flash_forward(q, k, v, causal, variant)
+            torch.cuda.synchronize()
+    print("SANITIZER_SCRIPT_DONE")
+    """
+)
+
+
+def test_compute_sanitizer_memcheck():
+    from flashwatt.build import load_extension
+
+    load_extension()  # build outside the sanitizer (same cache, inherited env)
+    tool = shutil.which("compute-sanitizer") or "/usr/local/cuda/bin/compute-sanitizer"
+    if not Path(tool).exists():
+        pytest.fail("compute-sanitizer not found on PATH nor in /usr/local/cuda/bin")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), env.get("PYTHONPATH", "")])
+    proc = subprocess.run(
+        [tool, "--tool", "memcheck", "--error-exitcode", "3", sys.executable, "-c", _SANITIZER_SCRIPT],
+        capture_output=True, text=True, env=env, timeout=600,
+    )
+    text = proc.stdout + proc.stderr
+    assert "SANITIZER_SCRIPT_DONE" in text, text[-4000:]
+    assert proc.returncode == 0 and "ERROR SUMMARY: 0 errors" in text, text[-4000:]
