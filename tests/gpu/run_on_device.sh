@@ -21,9 +21,9 @@ if [ "$tests" != "-" ]; then
   python3 -m pytest -q -m gpu -p no:cacheprovider $tests 2>&1 | tee "$OUT/gpu-tests.log" || status=1
 fi
 if [ "$#" -gt 0 ]; then
-  python3 -m flashwatt.cli run --cores 4 --config "$@" > "$OUT/snakemake.log" 2>&1 || status=1
+  python3 -m flashwatt.cli run --cores 4 "$@" > "$OUT/snakemake.log" 2>&1 || status=1
   tail -5 "$OUT/snakemake.log"
-  suite=$(python3 -m flashwatt.cli suite --config "$@")
+  suite=$(sed -n 's/^flashwatt: suite \([a-z0-9_]*\),.*/\1/p' "$OUT/snakemake.log")
   tar czf "$OUT/results-$suite.tgz" results/"$suite" results/cells/"$suite" figures/"$suite" results/logs 2>/dev/null
   python3 - "$suite" <<'PY'
 import sys, pandas as pd
