@@ -21,9 +21,11 @@ if [ "$tests" != "-" ]; then
   python3 -m pytest -q -m gpu -p no:cacheprovider $tests 2>&1 | tee "$OUT/gpu-tests.log" || status=1
 fi
 if [ "$#" -gt 0 ]; then
-  python3 -m flashwatt.cli run --cores 4 "$@" > "$OUT/snakemake.log" 2>&1 || status=1
+  timeout -s INT -k 30 "${FLASHWATT_RUN_LIMIT_S:-540}" python3 -m flashwatt.cli run --cores 4 "$@" \
+    > "$OUT/snakemake.log" 2>&1 || status=1
   tail -5 "$OUT/snakemake.log"
   suite=$(sed -n 's/^flashwatt: suite \([a-z0-9_]*\),.*/\1/p' "$OUT/snakemake.log")
+  suite=${suite:-unknown}
   tar czf "$OUT/results-$suite.tgz" results/"$suite" results/cells/"$suite" figures/"$suite" results/logs 2>/dev/null
   python3 - "$suite" <<'PY'
 import sys, pandas as pd
@@ -33,6 +35,19 @@ cols = ["kernel", "precision", "seq_len", "batch", "heads", "head_dim", "causal"
         "counter_vs_integral_pct", "clock_reasons"]
 pd.set_option("display.width", 250); pd.set_option("display.max_rows", 500)
 print(f[cols].to_string(index=False, float_format=lambda x: f"{x:.4g}"))
+PY
+fi
+if [ -n "${FLASHWATT_REPEAT:-}" ]; then
+  for i in 1 2 3; do
+    python3 -m snakemake --cores 1 -q -f "$FLASHWATT_REPEAT" >> "$OUT/repeat.log" 2>&1 || status=1
+    cp "$FLASHWATT_REPEAT" "$OUT/repeat-$i.json"
+  done
+  python3 - "$OUT" <<'PY'
+import json, sys
+for i in (1, 2, 3):
+    r = json.load(open(f"{sys.argv[1]}/repeat-{i}.json")); e = r["energy"]
+    print(f"repeat {i}: {r['timing']['median_ms']:.4f} ms, {e['energy_per_call_j']*1e3:.2f} mJ/call, "
+          f"{e['avg_power_w']:.0f} W avg, {e['peak_power_w']:.0f} W peak, window {e['window_s']:.2f} s")
 PY
 fi
 exit $status
