@@ -57,10 +57,15 @@ def test_summary_has_one_row_per_cell_with_every_outcome(records):
     assert frame.loc[frame["status"] == "oom", "reason"].str.contains("out of memory").all()
 
 
-def test_flagged_lists_failures_and_flagged_windows(records):
+def test_flagged_lists_failures_and_doubtful_windows(records, tmp_path):
     table = flagged(summarize(records))
     assert set(table["status"]) == {"ok", "skipped", "oom", "job_failed"}
     assert (table.loc[table["status"] == "ok", "energy_flags"] == "counter_vs_integral>5%").all()
+    # a window at the power cap is the card's normal state, not a reason for doubt
+    c, rec = ok_record("naive", 256, 1.0)
+    rec["energy"]["flags"] = ["power_capped"]
+    write_record(tmp_path / c.path, rec)
+    assert c.id not in set(flagged(summarize([tmp_path / c.path]))["cell_id"])
 
 
 def test_records_are_strict_json(tmp_path):

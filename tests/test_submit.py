@@ -9,7 +9,8 @@ import time
 import cloudpickle
 import pytest
 
-from flashwatt.submit import JobFailed, gpu_slots, run_job, slurm_parameters, visible_gpus
+from flashwatt.devices import visible_gpu_ids
+from flashwatt.submit import JobFailed, gpu_slots, run_job, slurm_parameters
 
 # The job functions below live in this test module, which a job's subprocess cannot
 # import; pickle them by value instead.
@@ -162,7 +163,7 @@ def test_one_slot_runs_jobs_one_after_the_other():
 @pytest.mark.parametrize("devices", ["3,5", "GPU-8f2a,MIG-77c1"])
 def test_each_gpu_takes_one_job_and_the_job_sees_only_it(monkeypatch, devices):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", devices)
-    assert visible_gpus() == devices.split(",")
+    assert visible_gpu_ids() == devices.split(",")
     first, second = _run_concurrently("g1", "g2", sleep_s=1.5)
     assert _overlap(first, second)  # two GPUs, two jobs at once
     assert sorted([first["cuda"], second["cuda"]]) == sorted(devices.split(","))

@@ -72,6 +72,8 @@ from submitit.core.utils import FailedJobError, UncompletedJobError
 
 from filelock import FileLock, Timeout
 
+from flashwatt.devices import visible_gpu_ids
+
 EXECUTORS = ("local", "slurm", "inprocess")
 DEFAULT_TIMEOUT_MIN = 60
 DEFAULT_SLOT_DIR = "results/.slots"
@@ -248,27 +250,6 @@ class _Call(submitit.helpers.Checkpointable):
 
 # ---- GPU slots (local executor) -----------------------------------------------------------
 
-def visible_gpus() -> list[str]:
-    """GPUs this process may use, as CUDA_VISIBLE_DEVICES entries, found without torch."""
-    env = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if env is not None:
-        entries = [e.strip() for e in env.split(",") if e.strip()]
-        # CUDA stops at the first invalid entry (e.g. -1 hides every GPU)
-        valid = []
-        for e in entries:
-            if e.lstrip("-").isdigit() and int(e) < 0:
-                break
-            valid.append(e)
-        return valid
-    if shutil.which("nvidia-smi") is None:
-        return []
-    try:
-        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30, check=True).stdout
-    except (subprocess.SubprocessError, OSError):
-        return []
-    return [str(i) for i, line in enumerate(l for l in out.splitlines() if l.startswith("GPU "))]
-
-
 def _slot_dir() -> Path:
     return Path(os.environ.get("FLASHWATT_SLOT_DIR", DEFAULT_SLOT_DIR))
 
@@ -280,7 +261,7 @@ def gpu_slots(count: int = 1, poll_s: float = 0.5) -> Iterator[list[str]]:
     Yields [] when the machine has no GPU. Slots are taken all at once or not at all,
     so two multi-GPU jobs never deadlock holding half each.
     """
-    gpus = visible_gpus()
+    gpus = visible_gpu_ids()
     names = gpus or ["cpu"]
     count = max(1, count) if gpus else 1
     if count > len(names):

@@ -1,7 +1,5 @@
 """One cell at a time through the job function on a real GPU with real NVML."""
 import pytest
-import torch
-
 from flashwatt.cell import Cell
 from flashwatt.config import load_config, measure_settings
 from flashwatt.runner import run_cell
@@ -14,11 +12,6 @@ SETTINGS = {**measure_settings(load_config(), "seed"), "energy_window_s": 2.0, "
 def cell(kernel, precision="bf16", **kw):
     base = dict(suite="seed", kernel=kernel, precision=precision, seq_len=1024, batch=16, heads=8, head_dim=64)
     return Cell(**{**base, **kw})
-
-
-@pytest.fixture(autouse=True)
-def needs_gpu():
-    assert torch.cuda.is_available(), "GPU tests need a CUDA device"
 
 
 def test_ok_cell_has_checked_timing_and_counter_energy():
