@@ -46,3 +46,12 @@ def fast_wait(monkeypatch):
     """Poll the result file and sacct often: test jobs last seconds, not hours."""
     monkeypatch.setenv("FLASHWATT_POLL_S", "0.2")
     monkeypatch.setenv("FLASHWATT_STATUS_INTERVAL_S", "2")
+
+
+def pytest_terminal_summary(terminalreporter):
+    from support import CI_LINES
+
+    if CI_LINES:
+        terminalreporter.section("Slurm jobs of this run")
+        for line in CI_LINES:
+            terminalreporter.write_line(line)

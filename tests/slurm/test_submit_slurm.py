@@ -15,6 +15,8 @@ from pathlib import Path
 import cloudpickle
 import pytest
 
+from support import ci_log, wait_until
+
 from flashwatt.submit import JobFailed, run_job
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm", "fast_wait")]
@@ -40,22 +42,12 @@ def queued(job_id: str) -> str:
     return sh("squeue", "-h", "-j", job_id, "-o", "%T") if job_id else ""
 
 
-def wait_until(predicate, timeout: float, what: str, step: float = 0.2):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(step)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-
-
 def ci_line(job_id: str, note: str = "") -> None:
     """One line per job for the CI log, from the controller's record (sacct fills in late)."""
     final_state(job_id)
     fields = dict(kv.split("=", 1) for kv in sh("scontrol", "show", "job", "-o", job_id).split() if "=" in kv)
     gpus = re.search(r"gres/gpu=(\d+)", fields.get("TRES", ""))
-    print(f"[slurm] job {job_id} name={fields.get('JobName')} partition={fields.get('Partition')}"
+    ci_log(f"[slurm] job {job_id} name={fields.get('JobName')} partition={fields.get('Partition')}"
           f" state={fields.get('JobState')} exit={fields.get('ExitCode')} restarts={fields.get('Restarts')}"
           f" gpus={gpus.group(1) if gpus else 0}{'  ' + note if note else ''}")
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -15,25 +14,14 @@ from pathlib import Path
 
 import pytest
 
+from support import ci_log, copy_workflow, wait_until
+
 from flashwatt.cell import Cell
 from flashwatt.config import load_config, suite_cells
 
 pytestmark = [pytest.mark.slurm, pytest.mark.workflow, pytest.mark.usefixtures("slurm")]
 
-REPO = Path(__file__).resolve().parents[2]
-WORKFLOW_FILES = ["Snakefile", "workflow", "config", "scripts", "profiles", "envs", "kernels"]
 RUN_LIMIT_S = 600  # every Snakemake below runs under `timeout -s KILL`
-
-
-def copy_workflow(dest: Path) -> Path:
-    for name in WORKFLOW_FILES:
-        src = REPO / name
-        if src.is_dir():
-            shutil.copytree(src, dest / name, symlinks=True)
-        elif src.exists():
-            shutil.copy2(src, dest / name)
-    (dest / "slurm").symlink_to("profiles/slurm")  # what `--profile slurm` finds first
-    return dest
 
 
 def snakemake_cmd(*args: str) -> list[str]:
@@ -70,16 +58,6 @@ def states(ids: set[str]) -> dict[str, str]:
     return dict(line.split("|", 1) for line in out.splitlines() if line)
 
 
-def wait_until(predicate, timeout: float, what: str, step: float = 0.3):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(step)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-
-
 def record(workdir: Path, cell: Cell) -> dict:
     return json.loads((workdir / cell.path).read_text())
 
@@ -90,7 +68,7 @@ def smoke(tmp_path_factory):
     started = time.monotonic()
     proc = run(workdir)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-6000:]
-    print(f"[slurm] smoke suite through Slurm in {time.monotonic() - started:.0f} s")
+    ci_log(f"[slurm] smoke suite through Slurm in {time.monotonic() - started:.0f} s")
     report = run(workdir, "--report", "results/smoke/report.html")
     assert report.returncode == 0, report.stderr[-3000:]
     return workdir, suite_cells(load_config(workdir / "config/config.yaml"), "smoke")
@@ -109,7 +87,7 @@ def test_smoke_suite_runs_every_cell_as_a_slurm_job(smoke):
     assert len(ids) == len(cells) and all(str(j).isdigit() for j in ids)
     final = states(set(ids))
     for job_id, cell in sorted(ids.items(), key=lambda kv: int(kv[0])):
-        print(f"[slurm] job {job_id} {cell.job_name} {final.get(job_id)}")
+        ci_log(f"[slurm] job {job_id} {cell.job_name} {final.get(job_id)}")
     assert set(final.values()) == {"COMPLETED"}
 
 
@@ -123,7 +101,7 @@ def test_rerun_of_one_cell_submits_one_new_job(smoke):
     changed = {c.path for c in cells if (workdir / c.path).stat().st_mtime_ns != before[c.path]}
     assert changed == {target.path}
     new_job = record(workdir, target)["provenance"]["job_id"]
-    print(f"[slurm] rerun {target.id}: job {old_job} -> {new_job}")
+    ci_log(f"[slurm] rerun {target.id}: job {old_job} -> {new_job}")
     assert new_job != old_job and record(workdir, target)["status"] == "ok"
 
 
@@ -148,7 +126,7 @@ def test_a_cell_whose_job_is_killed_is_recorded_and_the_run_goes_on(smoke):
     assert killed, "the victim's job was never seen in squeue"
     assert proc.returncode == 0, proc.stderr[-3000:]  # the failure is an outcome, not a crash
     failed, ok = record(workdir, victim), record(workdir, survivor)
-    print(f"[slurm] job {killed[0]} {victim.job_name} {states(set(killed)).get(killed[0])} -> status {failed['status']}")
+    ci_log(f"[slurm] job {killed[0]} {victim.job_name} {states(set(killed)).get(killed[0])} -> status {failed['status']}")
     assert failed["status"] == "job_failed" and failed["provenance"]["job_id"] == killed[0]
     assert "CANCELLED" in failed["reason"]
     assert ok["status"] == "ok"
@@ -190,7 +168,7 @@ def test_ctrl_c_cancels_running_cells_and_leaves_nothing_in_squeue(tmp_path):
     ids = job_ids(workdir)
     wait_until(lambda: not in_queue(ids), 30, "the queue to drain")
     final = states(ids)
-    print(f"[slurm] after Ctrl-C: {sorted(final.items(), key=lambda kv: int(kv[0]))}")
+    ci_log(f"[slurm] after Ctrl-C: {sorted(final.items(), key=lambda kv: int(kv[0]))}")
     assert any(s.startswith("CANCELLED") for s in final.values())
     assert launcher.returncode != 0
 
@@ -204,7 +182,7 @@ def test_snakemake_killed_outright_leaves_nothing_in_squeue(tmp_path):
         killed_at = time.monotonic()
         ids = wait_until(lambda: job_ids(workdir), 5, "job ids")
         wait_until(lambda: not _queue_states(workdir), 30, "the orphaned cells to cancel their jobs")
-        print(f"[slurm] queue empty {time.monotonic() - killed_at:.1f} s after Snakemake was killed")
+        ci_log(f"[slurm] queue empty {time.monotonic() - killed_at:.1f} s after Snakemake was killed")
     finally:
         time.sleep(2)
         try:

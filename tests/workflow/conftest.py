@@ -1,24 +1,11 @@
 """A copy of the workflow in a temporary folder, and a way to run Snakemake in it."""
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[2]
-WORKFLOW_FILES = ["Snakefile", "workflow", "config", "scripts", "profiles", "envs", "kernels"]
-
-
-def copy_workflow(dest: Path) -> Path:
-    for name in WORKFLOW_FILES:
-        src = REPO / name
-        if src.is_dir():
-            shutil.copytree(src, dest / name, symlinks=True)
-        elif src.exists():
-            shutil.copy2(src, dest / name)
-    return dest
+from support import REPO, copy_workflow
 
 
 @pytest.fixture

@@ -1,5 +1,6 @@
 """The smoke suite for real: submitit's local executor, summary, figures, report; then one cell again."""
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +11,8 @@ import pytest
 from flashwatt.config import load_config, suite_cells
 from flashwatt.plots import FIGURES
 
+from support import copy_workflow
+
 from .conftest import snakemake
 
 pytestmark = pytest.mark.workflow
@@ -17,14 +20,10 @@ pytestmark = pytest.mark.workflow
 
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory):
-    from .conftest import copy_workflow
-
     workdir = copy_workflow(tmp_path_factory.mktemp("smoke"))
-    env_cpu = {"CUDA_VISIBLE_DEVICES": ""}
-    import os
-
     proc = subprocess.run([sys.executable, "-m", "flashwatt.cli", "run", "--cores", "2", "--config", "suite=smoke"],
-                          cwd=workdir, env={**os.environ, **env_cpu}, capture_output=True, text=True, timeout=900)
+                          cwd=workdir, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""}, capture_output=True, text=True,
+                          timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return workdir, proc
 

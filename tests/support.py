@@ -1,0 +1,42 @@
+"""Helpers shared by the test folders (on sys.path through pytest's `pythonpath`)."""
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+WORKFLOW_FILES = ["Snakefile", "workflow", "config", "scripts", "profiles", "envs", "kernels", "slurm"]
+
+
+def copy_workflow(dest: Path) -> Path:
+    """The files a user runs Snakemake with, copied into `dest` (./slurm stays a link)."""
+    for name in WORKFLOW_FILES:
+        src = REPO / name
+        if src.is_symlink():
+            (dest / name).symlink_to(src.readlink())
+        elif src.is_dir():
+            shutil.copytree(src, dest / name, symlinks=True)
+        elif src.exists():
+            shutil.copy2(src, dest / name)
+    return dest
+
+
+def wait_until(predicate, timeout: float, what: str, step: float = 0.2):
+    """Poll `predicate` until it returns something truthy; fail naming `what` after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(step)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+# Lines for the CI log (job ids, states), printed in the terminal summary by
+# tests/slurm/conftest.py: pytest captures what tests print, CI must still show these.
+CI_LINES: list[str] = []
+
+
+def ci_log(line: str) -> None:
+    CI_LINES.append(line)
