@@ -51,3 +51,20 @@ def test_causal_differs_from_full():
     causal = get_kernel("naive")(q, k, v, cell("naive", causal=True))
     assert relative_error(causal, reference_attention(q, k, v, False)) > 1e-2
     assert torch.allclose(full[..., -1, :], causal[..., -1, :], atol=1e-6)  # last row sees every key
+
+
+def test_kernel_details_are_recorded_and_their_failure_is_not_fatal():
+    from flashwatt.runner import kernel_details
+
+    class Described:
+        def describe(self, cell):
+            return {"build": {"build_key": "abc", "build_seconds": 28.7}, "launch": {"tile": "m128_n64_w4_s2"}}
+
+    class Broken:
+        def describe(self, cell):
+            raise RuntimeError("no GPU")
+
+    c = cell("custom")
+    assert kernel_details(Described(), c)["build"]["build_seconds"] == 28.7
+    assert kernel_details(Broken(), c) == {"kernel_details_error": "RuntimeError: no GPU"}
+    assert kernel_details(get_kernel("naive"), c) == {}

@@ -131,13 +131,23 @@ def run_cell(cell: Cell, settings: dict) -> CellOutcome:
     return CellOutcome(record, trace)
 
 
+def kernel_details(kernel, cell: Cell) -> dict:
+    """What the kernel's optional `describe` says of this cell (build, launch); a failure is recorded."""
+    describe = getattr(kernel, "describe", None)
+    if describe is None:
+        return {}
+    try:
+        return dict(describe(cell))
+    except Exception as err:  # a missing detail must not cost the measurement
+        return {"kernel_details_error": f"{type(err).__name__}: {err}"}
+
+
 def _measure(cell: Cell, settings: dict, device, kernel, telemetry, record: dict) -> list[dict]:
     import torch
 
     from flashwatt import measure
     from flashwatt.energy import cooldown, gflops_per_watt, measure_energy
 
-    build = getattr(kernel, "build_info", None)
     sets = measure.input_sets_needed(cell, device) if settings["rotate_inputs"] else 1
     inputs = measure.make_inputs(cell, device, settings["seed"], sets)
     record["memory"] = {"input_bytes_per_set": measure.input_bytes(cell), "input_sets": sets}
@@ -145,8 +155,7 @@ def _measure(cell: Cell, settings: dict, device, kernel, telemetry, record: dict
     # Correctness first: a wrong kernel's speed is not a result.
     check = measure.check_cell(kernel, cell, *inputs[0], settings["check_max_rows"], settings["seed"])
     record["check"] = check.as_dict()
-    if build is not None:
-        record["build"] = build()
+    record.update(kernel_details(kernel, cell))
 
     dout = None
     if cell.pass_ == "fwd_bwd":

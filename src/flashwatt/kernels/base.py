@@ -5,6 +5,10 @@ cell's storage dtype, and returns the attention output of the same shape and dty
 softmax(q kᵀ / sqrt(head_dim)) v with the causal mask when the cell asks for it.
 `supports` answers before any work is done: None when the kernel can run the cell, or
 a sentence saying why not, which becomes the reason of a "skipped" record.
+
+A kernel may also define `describe(cell) -> dict` (called after its first successful
+run) for facts the record should carry: for a compiled kernel its build (key, seconds)
+and the launch configuration the cell's variant resolved to.
 """
 from __future__ import annotations
 

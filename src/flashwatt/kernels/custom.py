@@ -257,3 +257,9 @@ class Custom:
     def __call__(self, q, k, v, cell: Cell):
         out, _ = flash_forward(q, k, v, cell.causal, cell.variant)
         return out
+
+    def describe(self, cell: Cell) -> dict:
+        """The build (key, build and load seconds) and the launch the cell's variant resolved to."""
+        from flashwatt.build import build_info
+
+        return {"build": build_info(), "launch": kernel_info(cell.precision, cell.head_dim, cell.variant)}
