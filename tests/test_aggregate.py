@@ -1,4 +1,6 @@
 """Records of every outcome become one tidy row each; figures never crash on thin data."""
+import os
+
 import pandas as pd
 import pytest
 
@@ -66,6 +68,15 @@ def test_flagged_lists_failures_and_doubtful_windows(records, tmp_path):
     rec["energy"]["flags"] = ["power_capped"]
     write_record(tmp_path / c.path, rec)
     assert c.id not in set(flagged(summarize([tmp_path / c.path]))["cell_id"])
+
+
+def test_records_follow_the_umask(tmp_path):
+    old = os.umask(0o022)
+    try:
+        write_record(tmp_path / "r.json", {"status": "ok"})
+    finally:
+        os.umask(old)
+    assert (tmp_path / "r.json").stat().st_mode & 0o777 == 0o644
 
 
 def test_records_are_strict_json(tmp_path):

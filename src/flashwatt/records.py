@@ -21,6 +21,12 @@ def _clean(value):
     return value
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write(path: str | Path, write) -> None:
     """Write through a temporary file in the same folder, then rename: never half a file."""
     path = Path(path)
@@ -29,6 +35,8 @@ def atomic_write(path: str | Path, write) -> None:
     os.close(fd)
     try:
         write(tmp)
+        # mkstemp creates 0600; results are shared like any file the user writes
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
