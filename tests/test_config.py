@@ -83,3 +83,14 @@ def test_tokens_per_batch_must_divide():
     config = with_change(lambda c: c["suites"]["sweep"]["grids"][1].__setitem__("seq_lens", [3000]))
     with pytest.raises(ConfigError, match=r"tokens_per_batch: 16384 is not a multiple of seq_len 3000"):
         suite_cells(validate_config(config), "sweep")
+
+
+def test_schema_enums_match_the_code():
+    from flashwatt.cell import PASSES, PRECISIONS
+    from flashwatt.config import SCHEMA
+    from flashwatt.kernels import KERNEL_NAMES
+
+    grid = yaml.safe_load(SCHEMA.read_text())["properties"]["suites"]["additionalProperties"]["properties"]["grids"]["items"]["properties"]
+    assert tuple(grid["kernels"]["items"]["enum"]) == KERNEL_NAMES
+    assert tuple(grid["precisions"]["items"]["enum"]) == PRECISIONS
+    assert tuple(grid["passes"]["items"]["enum"]) == PASSES
