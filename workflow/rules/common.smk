@@ -8,6 +8,7 @@ from flashwatt.plots import FIGURES
 try:
     validate_config(config)
     SUITE = resolve_suite(config)
+    config["suite"] = SUITE  # what ran, for the report (auto is resolved once, here)
     CELLS = {SUITE: suite_cells(config, SUITE)}
 except ConfigError as error:
     raise WorkflowError(f"flashwatt: {error}") from None
