@@ -98,3 +98,10 @@ def test_every_figure_draws_full_and_empty_data(records, tmp_path, name):
         out = tmp_path / f"{name}-{label}.{FIGURES[name].ext}"
         draw(name, summary, out)
         assert out.stat().st_size > 1000
+
+
+def test_bad_trace_filter_names_the_config_key(records, tmp_path):
+    summary = tmp_path / "s.parquet"
+    summarize(records).to_parquet(summary)
+    with pytest.raises(ValueError, match="config key trace_filter"):
+        draw("power_trace", summary, tmp_path / "t.png", {"trace_filter": "kernal == 'naive'"})

@@ -227,7 +227,10 @@ def trace_cells(frame: pd.DataFrame, query: str = "", limit: int = 6) -> pd.Data
     """Cells whose power trace is drawn: a query over the summary, or each kernel's hungriest cell."""
     data = frame[frame["status"] == "ok"]
     if query:
-        return data.query(query, engine="python").head(limit)
+        try:
+            return data.query(query, engine="python").head(limit)
+        except Exception as err:  # pandas raises many types for a bad expression
+            raise ValueError(f"config key trace_filter: cannot apply {query!r} to the summary: {err}") from err
     data = data[data["peak_power_w"].notna()]
     if data.empty:
         return data
