@@ -19,20 +19,22 @@ RECORD_SUFFIX, TRACE_SUFFIX = ".json", ".trace.parquet"
 RECORD_PATTERN = RESULTS_ROOT + "/{suite}/{kernel}/{precision}/{name}" + RECORD_SUFFIX
 TRACE_PATTERN = RESULTS_ROOT + "/{suite}/{kernel}/{precision}/{name}" + TRACE_SUFFIX
 LOG_PATTERN = "results/logs/cells/{suite}/{kernel}/{precision}/{name}.log"
-# What each wildcard may match, so that Snakemake never mistakes one file for another.
-WILDCARD_CONSTRAINTS = {
-    "suite": "[a-z0-9_]+",
-    "kernel": "[a-z0-9_]+",
-    "precision": "|".join(PRECISIONS),
-    "name": r"L\d+-B\d+-H\d+-D\d+-(full|causal)-(fwd|fwd_bwd)(-[a-z0-9_]+)?",
-}
-
+_TOKEN_RE = "[a-z0-9_]+"
 # Name segment of a cell inside results/cells/<suite>/<kernel>/<precision>/.
-_NAME = re.compile(
-    r"^L(?P<seq_len>\d+)-B(?P<batch>\d+)-H(?P<heads>\d+)-D(?P<head_dim>\d+)"
-    r"-(?P<mask>full|causal)-(?P<pass_>fwd_bwd|fwd)(?:-(?P<variant>[a-z0-9_]+))?$"
+_NAME_RE = (
+    r"L(?P<seq_len>\d+)-B(?P<batch>\d+)-H(?P<heads>\d+)-D(?P<head_dim>\d+)"
+    r"-(?P<mask>full|causal)-(?P<pass_>fwd_bwd|fwd)(?:-(?P<variant>" + _TOKEN_RE + "))?"
 )
-_TOKEN = re.compile(r"^[a-z0-9_]+$")
+_NAME = re.compile(f"^{_NAME_RE}$")
+# What each wildcard may match, so that Snakemake never mistakes one file for another
+# (the name pattern above, without its group names).
+WILDCARD_CONSTRAINTS = {
+    "suite": _TOKEN_RE,
+    "kernel": _TOKEN_RE,
+    "precision": "|".join(PRECISIONS),
+    "name": re.sub(r"\?P<\w+>", "", _NAME_RE),
+}
+_TOKEN = re.compile(f"^{_TOKEN_RE}$")
 
 
 @dataclass(frozen=True, order=True)
