@@ -97,7 +97,7 @@ def run_cell(cell: Cell, settings: dict) -> CellOutcome:
 
         from flashwatt import measure
         from flashwatt.kernels import get_kernel
-        from flashwatt.kernels.sdpa import UnsupportedCell
+        from flashwatt.kernels.base import UnsupportedCell
 
         device = _select_device()
         telemetry = _open_telemetry(device, settings)

@@ -20,6 +20,10 @@ if TYPE_CHECKING:
     from flashwatt.cell import Cell
 
 
+class UnsupportedCell(RuntimeError):
+    """Raised by a kernel at call time when its backend refuses the inputs (a "skipped" record)."""
+
+
 class Kernel(Protocol):
     name: str
     # Whether the kernel has a backward pass (fwd_bwd cells need one).

@@ -14,10 +14,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from flashwatt.cell import Cell
-
-
-class UnsupportedCell(RuntimeError):
-    """Raised by a kernel at call time when the backend refuses the inputs."""
+from flashwatt.kernels.base import UnsupportedCell
 
 
 class ForcedSdpa:
