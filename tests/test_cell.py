@@ -52,7 +52,7 @@ def test_bad_paths_are_refused(bad):
 
 @pytest.mark.parametrize("kw, word", [
     ({"seq_len": 0}, "seq_len"), ({"batch": -1}, "batch"), ({"precision": "fp64"}, "precision"),
-    ({"pass_": "bwd"}, "pass"), ({"kernel": "Naive"}, "kernel"), ({"variant": "a-b"}, "variant"),
+    ({"pass_": "bwd"}, "pass"), ({"kernel": "Naive"}, "kernel"), ({"kernel": "flashy"}, "kernel='flashy': allowed naive"), ({"variant": "a-b"}, "variant"),
 ])
 def test_invalid_cells_name_the_field(kw, word):
     with pytest.raises(ValueError, match=word):

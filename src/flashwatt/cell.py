@@ -11,6 +11,8 @@ import re
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
+from flashwatt.kernels import KERNEL_NAMES
+
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 PASSES = ("fwd", "fwd_bwd")
 RESULTS_ROOT = "results/cells"
@@ -56,6 +58,8 @@ class Cell:
                 raise ValueError(f"cell {key}={getattr(self, key)!r}: use lower-case letters, digits, _")
         if self.variant and not _TOKEN.match(self.variant):
             raise ValueError(f"cell variant={self.variant!r}: use lower-case letters, digits, _")
+        if self.kernel not in KERNEL_NAMES:
+            raise ValueError(f"cell kernel={self.kernel!r}: allowed {', '.join(KERNEL_NAMES)}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"cell precision={self.precision!r}: allowed {', '.join(PRECISIONS)}")
         if self.pass_ not in PASSES:
