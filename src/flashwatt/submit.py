@@ -299,6 +299,9 @@ _IN_FLIGHT_LOCK = threading.Lock()
 
 
 def _cancel(job: Any) -> None:
+    if isinstance(job, submitit.SlurmJob):
+        _scancel(job.job_id)
+        return
     try:
         job.cancel(check=False)
     except Exception:  # the job may already be gone; nothing else to do
@@ -309,6 +312,21 @@ def _cancel(job: Any) -> None:
             process.wait(timeout=10)
         except subprocess.TimeoutExpired:
             process.kill()
+
+
+def _scancel(job_id: str, attempts: int = 3) -> None:
+    """scancel in a session of its own. The signal that triggers a cancel often reaches the
+    whole process group twice (the terminal's, then `timeout` or srun forwarding it, or a
+    second Ctrl-C): an scancel in that group would be killed before it reached slurmctld."""
+    for attempt in range(attempts):
+        try:
+            done = subprocess.run(["scancel", str(job_id)], start_new_session=True, capture_output=True,
+                                  text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if done.returncode == 0 or "Invalid job id" in done.stderr:  # cancelled, or already gone
+            return
+        time.sleep(0.5 * (attempt + 1))  # slurmctld busy: try again
 
 
 @atexit.register
@@ -330,12 +348,18 @@ def _cancel_on_signal(holder: dict[str, Any]) -> Iterator[None]:
     previous = {s: signal.getsignal(s) for s in signals}
 
     def handler(signum: int, frame: Any) -> None:
-        for s, h in previous.items():
-            signal.signal(s, h)
+        # Ignore repeats while cancelling: a second SIGINT raised inside subprocess.run
+        # would kill the scancel it is waiting for.
+        for s in previous:
+            signal.signal(s, signal.SIG_IGN)
         job = holder.get("job")
-        if job is not None:
-            holder["cancelled"] = signal.Signals(signum).name
-            _cancel(job)
+        try:
+            if job is not None:
+                holder["cancelled"] = signal.Signals(signum).name
+                _cancel(job)
+        finally:
+            for s, h in previous.items():
+                signal.signal(s, h)
         if signum == signal.SIGINT:
             raise KeyboardInterrupt
         raise SystemExit(128 + signum)
