@@ -48,11 +48,11 @@ void check_operand(const at::Tensor& t, const char* name, const at::Tensor& q) {
               " rows of one head span more than 2^31 elements");
 }
 
-// Runs configuration (block_m, block_n, warps, stages) on (B, H, L, D)-shaped views
+// Runs configuration (mma, block_m, block_n, warps, stages) on (B, H, L, D)-shaped views
 // with any strides; writes out (same shape as q) and lse (B, H, Lq) float32 contiguous.
 void forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out, at::Tensor& lse,
-             bool causal, double scale, int64_t block_m, int64_t block_n, int64_t warps, int64_t stages,
-             int64_t grid_cap) {
+             bool causal, double scale, int64_t mma, int64_t block_m, int64_t block_n, int64_t warps,
+             int64_t stages, int64_t grid_cap) {
   check_operand(q, "q", q);
   check_operand(k, "k", q);
   check_operand(v, "v", q);
@@ -73,11 +73,12 @@ void forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::
               "flashwatt custom: lse must be a contiguous float32 (B, H, Lq) tensor on q's device");
   TORCH_CHECK(Lq >= 1 && Lk >= 1 && B >= 1 && H >= 1, "flashwatt custom: empty input");
   TORCH_CHECK(B * H * ((Lq + 15) / 16) < std::numeric_limits<int32_t>::max(), "flashwatt custom: too many tiles");
-  const int index = flashwatt::fwd_find_config(dt, static_cast<int>(D), static_cast<int>(block_m),
-                                               static_cast<int>(block_n), static_cast<int>(warps),
-                                               static_cast<int>(stages));
-  TORCH_CHECK(index >= 0, "flashwatt custom: no compiled kernel for dtype ", q.scalar_type(), ", head_dim ", D,
-              ", block_m ", block_m, ", block_n ", block_n, ", warps ", warps, ", stages ", stages);
+  const int index = flashwatt::fwd_find_config(static_cast<int>(mma), dt, static_cast<int>(D),
+                                               static_cast<int>(block_m), static_cast<int>(block_n),
+                                               static_cast<int>(warps), static_cast<int>(stages));
+  TORCH_CHECK(index >= 0, "flashwatt custom: no compiled kernel for ", mma == flashwatt::kWgmma ? "wgmma" : "mma.sync",
+              ", dtype ", q.scalar_type(), ", head_dim ", D, ", block_m ", block_m, ", block_n ", block_n, ", warps ",
+              warps, ", stages ", stages, mma == flashwatt::kWgmma ? " (wgmma needs an sm_90a build)" : "");
 
   flashwatt::FwdParams p{};
   p.q = q.data_ptr();
@@ -109,15 +110,15 @@ std::vector<std::vector<int64_t>> configs() {
   std::vector<std::vector<int64_t>> rows;
   for (int i = 0; i < flashwatt::fwd_num_configs(); ++i) {
     const flashwatt::FwdConfig c = flashwatt::fwd_config(i);
-    rows.push_back({c.dtype, c.head_dim, c.block_m, c.block_n, c.warps, c.stages});
+    rows.push_back({c.mma, c.dtype, c.head_dim, c.block_m, c.block_n, c.warps, c.stages});
   }
   return rows;
 }
 
 // Facts of one compiled configuration on the current device: registers, local memory, occupancy.
-std::map<std::string, int64_t> kernel_info(int64_t dtype, int64_t head_dim, int64_t block_m, int64_t block_n,
-                                           int64_t warps, int64_t stages) {
-  const int index = flashwatt::fwd_find_config(static_cast<int>(dtype), static_cast<int>(head_dim),
+std::map<std::string, int64_t> kernel_info(int64_t mma, int64_t dtype, int64_t head_dim, int64_t block_m,
+                                           int64_t block_n, int64_t warps, int64_t stages) {
+  const int index = flashwatt::fwd_find_config(static_cast<int>(mma), static_cast<int>(dtype), static_cast<int>(head_dim),
                                                static_cast<int>(block_m), static_cast<int>(block_n),
                                                static_cast<int>(warps), static_cast<int>(stages));
   TORCH_CHECK(index >= 0, "flashwatt custom: no such compiled configuration");
@@ -135,10 +136,12 @@ std::map<std::string, int64_t> kernel_info(int64_t dtype, int64_t head_dim, int6
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "flashwatt attention forward kernels";
-  m.def("forward", &forward, "attention forward (q, k, v, out, lse, causal, scale, block_m, block_n, warps, stages, grid_cap)");
-  m.def("configs", &configs, "compiled configurations: [dtype, head_dim, block_m, block_n, warps, stages]");
+  m.def("forward", &forward, "attention forward (q, k, v, out, lse, causal, scale, mma, block_m, block_n, warps, stages, grid_cap)");
+  m.def("configs", &configs, "compiled configurations: [mma, dtype, head_dim, block_m, block_n, warps, stages]");
   m.def("kernel_info", &kernel_info, "registers, local bytes, shared memory and occupancy of one configuration");
   m.attr("DTYPE_FP16") = static_cast<int>(flashwatt::kFp16);
   m.attr("DTYPE_BF16") = static_cast<int>(flashwatt::kBf16);
   m.attr("DTYPE_FP32") = static_cast<int>(flashwatt::kFp32);
+  m.attr("MMA_SYNC") = static_cast<int>(flashwatt::kMmaSync);
+  m.attr("MMA_WGMMA") = static_cast<int>(flashwatt::kWgmma);
 }

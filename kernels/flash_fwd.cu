@@ -24,83 +24,13 @@
 #include <cstdio>
 
 #include "flash_fwd.cuh"
+#include "ptx.cuh"
+#if defined(FLASHWATT_WGMMA)
+#include "flash_fwd_wgmma.cuh"
+#endif
 
 namespace flashwatt {
 namespace {
-
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
-
-// ---------------------------------------------------------------- PTX helpers
-
-__device__ __forceinline__ uint32_t smem_addr(const void* ptr) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
-}
-
-// 16-byte global -> shared copy; src_bytes == 0 writes zeros (rows past the end).
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
-}
-
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
-// 2^x on the special-function unit, flushing denormal results to zero; used where the
-// result is rounded to 16 bits anyway (P of the tensor-core path).
-__device__ __forceinline__ float exp2_ftz(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
-template <typename T>
-struct TypeOps;
-
-template <>
-struct TypeOps<__half> {
-  __device__ __forceinline__ static void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-  __device__ __forceinline__ static uint32_t pack(float lo, float hi) {
-    __half2 h = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&h);
-  }
-};
-
-template <>
-struct TypeOps<__nv_bfloat16> {
-  __device__ __forceinline__ static void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-  __device__ __forceinline__ static uint32_t pack(float lo, float hi) {
-    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&h);
-  }
-};
 
 // ------------------------------------------------------- tensor-core kernel
 
@@ -569,13 +499,22 @@ struct Entry {
 
 template <typename T, int D, int BM, int BN, int NW, int ST>
 constexpr Entry tc_entry(int dtype) {
-  return Entry{FwdConfig{dtype, D, BM, BN, NW, ST}, &flash_fwd_tc_kernel<T, D, BM, BN, NW, ST>,
+  return Entry{FwdConfig{kMmaSync, dtype, D, BM, BN, NW, ST}, &flash_fwd_tc_kernel<T, D, BM, BN, NW, ST>,
                TcShape<D, BM, BN, NW, ST>::kSmemBytes, NW * 32};
 }
 
+#if defined(FLASHWATT_WGMMA)
+template <typename T, int D, int BN, int NWG, int ST>
+constexpr Entry wg_entry(int dtype) {
+  using S = WgShape<D, BN, NWG, ST>;
+  return Entry{FwdConfig{kWgmma, dtype, D, S::BM, BN, NWG * 4, ST}, &flash_fwd_wgmma_kernel<T, D, BN, NWG, ST>,
+               S::kSmemBytes, S::kThreads};
+}
+#endif
+
 template <int D>
 constexpr Entry f32_entry() {
-  return Entry{FwdConfig{kFp32, D, kF32BM, kF32BN, kF32Threads / 32, 1}, &flash_fwd_f32_kernel<D>,
+  return Entry{FwdConfig{kMmaSync, kFp32, D, kF32BM, kF32BN, kF32Threads / 32, 1}, &flash_fwd_f32_kernel<D>,
                F32Shape<D>::kSmemBytes, kF32Threads};
 }
 
@@ -587,12 +526,22 @@ constexpr Entry f32_entry() {
       tc_entry<T, 128, 128, 64, 8, 2>(DT), tc_entry<T, 128, 64, 64, 4, 2>(DT),                              \
       tc_entry<T, 256, 64, 32, 4, 2>(DT), tc_entry<T, 256, 64, 64, 4, 2>(DT)
 
+// Hopper (sm_90a builds): wgmma tiles, rows of Q = 64 per warpgroup.
+#define FLASHWATT_WGMMA_CONFIGS(T, DT)                                                                     \
+  wg_entry<T, 64, 128, 2, 2>(DT), wg_entry<T, 64, 128, 2, 3>(DT), wg_entry<T, 64, 64, 2, 3>(DT),          \
+      wg_entry<T, 128, 128, 2, 2>(DT), wg_entry<T, 128, 128, 2, 3>(DT), wg_entry<T, 128, 64, 2, 3>(DT),  \
+      wg_entry<T, 128, 64, 3, 2>(DT)
+
 const Entry kEntries[] = {
     FLASHWATT_TC_CONFIGS(__half, kFp16),
     FLASHWATT_TC_CONFIGS(__nv_bfloat16, kBf16),
     f32_entry<64>(),
     f32_entry<128>(),
     f32_entry<256>(),
+#if defined(FLASHWATT_WGMMA)
+    FLASHWATT_WGMMA_CONFIGS(__half, kFp16),
+    FLASHWATT_WGMMA_CONFIGS(__nv_bfloat16, kBf16),
+#endif
 };
 constexpr int kNumEntries = sizeof(kEntries) / sizeof(kEntries[0]);
 
@@ -607,10 +556,10 @@ int fwd_num_configs() { return kNumEntries; }
 
 FwdConfig fwd_config(int index) { return kEntries[index].cfg; }
 
-int fwd_find_config(int dtype, int head_dim, int block_m, int block_n, int warps, int stages) {
+int fwd_find_config(int mma, int dtype, int head_dim, int block_m, int block_n, int warps, int stages) {
   for (int i = 0; i < kNumEntries; ++i) {
     const FwdConfig& c = kEntries[i].cfg;
-    if (c.dtype == dtype && c.head_dim == head_dim && c.block_m == block_m && c.block_n == block_n &&
+    if (c.mma == mma && c.dtype == dtype && c.head_dim == head_dim && c.block_m == block_m && c.block_n == block_n &&
         c.warps == warps && c.stages == stages)
       return i;
   }

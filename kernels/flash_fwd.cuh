@@ -29,13 +29,17 @@ struct FwdParams {
   int grid_cap; // 0: one CTA per (q tile, batch, head); > 0: persistent grid of at most this many CTAs
 };
 
+// Which tensor-core instruction a configuration is built on.
+enum FwdMma : int { kMmaSync = 0, kWgmma = 1 };
+
 // One compiled tile configuration.
 struct FwdConfig {
+  int mma;      // FwdMma: mma.sync (sm_80+) or wgmma (sm_90a builds only)
   int dtype;
   int head_dim;
   int block_m;  // query rows per CTA
   int block_n;  // key/value rows per shared-memory tile
-  int warps;    // warps per CTA
+  int warps;    // warps per CTA (wgmma: 4 per warpgroup)
   int stages;   // K/V shared-memory pipeline depth
 };
 
@@ -51,7 +55,7 @@ int fwd_num_configs();
 FwdConfig fwd_config(int index);
 
 // Returns the index of the compiled configuration, or -1 when none matches.
-int fwd_find_config(int dtype, int head_dim, int block_m, int block_n, int warps, int stages);
+int fwd_find_config(int mma, int dtype, int head_dim, int block_m, int block_n, int warps, int stages);
 
 // Launches configuration `index` on `stream` (a cudaStream_t). Returns 0 on success;
 // otherwise writes a message into err (errlen bytes) and returns non-zero.

@@ -1,5 +1,6 @@
-"""Compiles kernels/flash_fwd.cu with nvcc for sm_80 and sm_90 (no GPU, no torch needed) and
-checks ptxas's resource report: no register spills and no stack frame in any kernel."""
+"""Compiles kernels/flash_fwd.cu with nvcc for sm_80, sm_90 and sm_90a with the wgmma kernels
+(no GPU, no torch needed) and checks ptxas's resource report: no register spills and no stack
+frame in any kernel, and no wgmma that ptxas had to serialise."""
 from __future__ import annotations
 
 import re
@@ -37,30 +38,50 @@ def parse_ptxas(report: str) -> dict[str, dict[str, int]]:
     return kernels
 
 
-@pytest.fixture(scope="module", params=["80", "90"])
+# The flags flashwatt.build uses for each capability (sm_90a: Hopper, with the wgmma kernels).
+ARCH_FLAGS = {
+    "80": ["-gencode=arch=compute_80,code=sm_80"],
+    "90": ["-gencode=arch=compute_90,code=sm_90"],
+    "90a": ["-gencode=arch=compute_90a,code=sm_90a", "-DFLASHWATT_WGMMA"],
+}
+# ptxas notes that a wgmma pipeline was serialised or needed an injected fence (C7514,
+# C7515, ..., C7519, C7520): each one costs the overlap the Hopper kernel is built for.
+_WGMMA_SERIALISED = re.compile(r"\((C75(?:0\d|1\d|2\d))\)[^\n]*(?:wgmma|GMMA|warpgroup)[^\n]*")
+
+
+@pytest.fixture(scope="module", params=sorted(ARCH_FLAGS))
 def ptxas_report(request, tmp_path_factory):
     arch = request.param
     out = tmp_path_factory.mktemp(f"sm{arch}") / "flash_fwd.o"
     cmd = [
-        _nvcc(), "-O3", "-std=c++17", f"-gencode=arch=compute_{arch},code=sm_{arch}",
+        _nvcc(), "-O3", "-std=c++17", *ARCH_FLAGS[arch],
         "-Xptxas", "-v", "-c", str(KERNELS / "flash_fwd.cu"), "-o", str(out),
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     assert proc.returncode == 0, f"nvcc failed for sm_{arch}:\n{proc.stdout}\n{proc.stderr}"
-    return arch, parse_ptxas(proc.stdout + proc.stderr)
+    report = proc.stdout + proc.stderr
+    return arch, parse_ptxas(report), report
 
 
 def test_all_kernels_compiled(ptxas_report):
-    arch, kernels = ptxas_report
+    arch, kernels, _ = ptxas_report
     tc = [k for k in kernels if "flash_fwd_tc_kernel" in k]
     f32 = [k for k in kernels if "flash_fwd_f32_kernel" in k]
-    # 11 tile configurations x 2 half types, 3 head dims of fp32.
+    wg = [k for k in kernels if "flash_fwd_wgmma_kernel" in k]
+    # 11 tile configurations x 2 half types, 3 head dims of fp32; 7 wgmma tiles x 2 half types.
     assert len(tc) == 22, f"sm_{arch}: expected 22 tensor-core kernels, found {len(tc)}"
     assert len(f32) == 3, f"sm_{arch}: expected 3 fp32 kernels, found {len(f32)}"
+    assert len(wg) == (14 if arch == "90a" else 0), f"sm_{arch}: found {len(wg)} wgmma kernels"
+
+
+def test_wgmma_never_serialised(ptxas_report):
+    arch, _, report = ptxas_report
+    found = [m.group(0) for m in _WGMMA_SERIALISED.finditer(report)]
+    assert not found, f"sm_{arch}: ptxas serialised wgmma:\n" + "\n".join(found[:4])
 
 
 def test_no_spills_no_stack(ptxas_report):
-    arch, kernels = ptxas_report
+    arch, kernels, _ = ptxas_report
     bad = {
         name: info
         for name, info in kernels.items()
@@ -70,11 +91,11 @@ def test_no_spills_no_stack(ptxas_report):
 
 
 def test_registers_fit(ptxas_report):
-    arch, kernels = ptxas_report
+    arch, kernels, _ = ptxas_report
     for name, info in kernels.items():
         assert 0 < info["regs"] <= 255, f"sm_{arch}: {name} uses {info['regs']} registers"
 
 
 def test_header_is_torch_free():
-    text = (KERNELS / "flash_fwd.cu").read_text() + (KERNELS / "flash_fwd.cuh").read_text()
-    assert "torch" not in re.sub(r"//.*", "", text), "flash_fwd.cu/.cuh must not include torch headers"
+    text = "".join(p.read_text() for p in sorted(KERNELS.glob("*.cu*")))
+    assert "torch" not in re.sub(r"//.*", "", text), "the .cu/.cuh kernel sources must not include torch headers"

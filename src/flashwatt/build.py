@@ -53,8 +53,11 @@ def cache_root() -> Path:
 
 def _arch(capability: tuple[int, int]) -> tuple[str, list[str]]:
     major, minor = capability
+    if (major, minor) == (9, 0):
+        # Hopper: the wgmma kernels need the architecture-specific target, and the macro
+        # puts them in the launch table (kernels/flash_fwd.cu).
+        return "sm_90a", ["-gencode=arch=compute_90a,code=sm_90a", "-DFLASHWATT_WGMMA"]
     name = f"sm_{major}{minor}"
-    # No Hopper-only instruction (wgmma, setmaxnreg) is used, so plain sm_90 on Hopper.
     return name, [f"-gencode=arch=compute_{major}{minor},code=sm_{major}{minor}"]
 
 

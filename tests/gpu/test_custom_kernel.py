@@ -22,13 +22,18 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from flashwatt.cell import Cell  # noqa: E402
-from flashwatt.kernels.custom import TILES, VARIANTS, Custom, flash_forward, kernel_info, parse_variant  # noqa: E402
+from flashwatt.kernels.custom import (  # noqa: E402
+    DEFAULT_TILE, TILES, VARIANTS, WGMMA, WGMMA_CAPABILITY, WGMMA_DEFAULT_TILE, Custom, flash_forward, kernel_info,
+    parse_variant,
+)
 
 pytestmark = pytest.mark.gpu
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 TOL = {"fp32": 1e-5, "fp16": 5e-3, "bf16": 1e-2}
 REPO = Path(__file__).resolve().parents[2]
+CAPABILITY = torch.cuda.get_device_capability() if torch.cuda.is_available() else None
+HOPPER = CAPABILITY == WGMMA_CAPABILITY
 
 
 def make(shape, dtype, seed):
@@ -89,15 +94,37 @@ def qkv(B, H, L, D, dtype, seed, Hkv=None, Lk=None):
 @pytest.mark.parametrize("D", [64, 128, 256])
 @pytest.mark.parametrize("precision", ["fp16", "bf16", "fp32"])
 def test_matrix(precision, D, causal, L):
+    """The default launch: on Hopper the wgmma kernel for fp16/bf16 d64/d128."""
     B, H = (1, 2) if L > 1000 else (2, 3)
     seed = zlib.crc32(f"{precision}-{D}-{causal}-{L}".encode()) % 100_000
     check(*qkv(B, H, L, D, DTYPES[precision], seed), causal, precision)
 
 
+@pytest.mark.parametrize("L", [1, 7, 64, 127, 1000, 4097])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("precision", ["fp16", "bf16", "fp32"])
-def test_seed_shape(precision, causal):
-    check(*qkv(16, 8, 1024, 64, DTYPES[precision], 11), causal, precision)
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+@pytest.mark.parametrize("path", ["mma.sync", WGMMA])
+def test_matrix_both_paths(path, precision, D, causal, L):
+    """The same cases on the mma.sync default tile and on the wgmma tile (Hopper; elsewhere
+    the wgmma tile must be refused with the reason)."""
+    variant = DEFAULT_TILE[(precision, D)] if path == "mma.sync" else "wgmma_m128_n128_s2"
+    B, H = (1, 2) if L > 1000 else (2, 3)
+    seed = zlib.crc32(f"{path}-{precision}-{D}-{causal}-{L}".encode()) % 100_000
+    args = qkv(B, H, L, D, DTYPES[precision], seed)
+    if path == WGMMA and not HOPPER:
+        with pytest.raises(ValueError, match="wgmma"):
+            flash_forward(*args, causal, variant)
+        return
+    check(*args, causal, precision, variant=variant)
+
+
+def test_default_launch_on_this_device():
+    """Hopper's default is the wgmma tile where WGMMA_DEFAULT_TILE names one; elsewhere mma.sync."""
+    for precision, D in ((p, d) for p in ("fp16", "bf16") for d in (64, 128)):
+        info = kernel_info(precision, D)
+        hopper_tile = WGMMA_DEFAULT_TILE.get((precision, D)) if HOPPER else None
+        assert info["tile"] == (hopper_tile or DEFAULT_TILE[(precision, D)]), (precision, D, info)
 
 
 # ---------------------------------------------------------------- layouts and GQA
@@ -152,15 +179,24 @@ def _variant_cases():
             for D, precision in ((64, "bf16"), (128, "fp16"), (64, "fp32")):
                 cases.append((name, D, precision))
     cases += [("m128_n64_w4_s2_sm1", 64, "fp16"), ("m64_n64_w4_s2_ctas3", 256, "bf16"), ("f32_sm1", 128, "fp32"),
-              ("m128_n32_w4_s2_ctas1", 128, "bf16")]
+              ("m128_n32_w4_s2_ctas1", 128, "bf16"), ("wgmma_m128_n128_s2_sm1", 128, "bf16"),
+              ("wgmma_m128_n64_s3_ctas5", 64, "fp16")]
     return cases
+
+
+def _needs_hopper(variant: str, precision: str, D: int) -> bool:
+    return parse_variant(variant, precision, D).tile.mma == WGMMA
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("variant,D,precision", _variant_cases())
 def test_variant(variant, D, precision, causal):
-    parse_variant(variant, precision, D)
-    check(*qkv(2, 4, 1000, D, DTYPES[precision], 51), causal, precision, variant=variant)
+    args = qkv(2, 4, 1000, D, DTYPES[precision], 51)
+    if _needs_hopper(variant, precision, D) and not HOPPER:
+        with pytest.raises(ValueError, match="wgmma"):
+            flash_forward(*args, causal, variant)
+        return
+    check(*args, causal, precision, variant=variant)
 
 
 def test_many_ctas_per_sm():
@@ -168,12 +204,17 @@ def test_many_ctas_per_sm():
     check(*qkv(8, 16, 2048, 128, torch.bfloat16, 61), True, "bf16")
     check(*qkv(8, 16, 2048, 128, torch.bfloat16, 62), False, "bf16")
     check(*qkv(32, 16, 512, 64, torch.float16, 63), False, "fp16")
+    if HOPPER:
+        check(*qkv(8, 16, 2048, 128, torch.bfloat16, 64), True, "bf16", variant="wgmma_m128_n128_s2")
+        check(*qkv(32, 16, 512, 64, torch.float16, 65), False, "fp16", variant="wgmma_m128_n128_s2")
 
 
 def test_compiled_kernels_have_no_local_memory():
     for name, tile in TILES.items():
         for D in tile.head_dims:
             for precision in tile.precisions:
+                if tile.mma == WGMMA and not HOPPER:
+                    continue  # not compiled for this device: test_variant checks the refusal
                 info = kernel_info(precision, D, name)
                 assert info["local_bytes"] == 0, f"{name} d{D} {precision}: {info}"
                 assert info["max_ctas_per_sm"] >= 1, f"{name} d{D} {precision}: does not fit on an SM: {info}"
@@ -185,7 +226,7 @@ def test_build_info():
     info = build_info()
     assert set(info) >= {"build_key", "build_dir", "built_now", "build_seconds", "load_seconds", "arch"}
     major, minor = torch.cuda.get_device_capability()
-    assert info["arch"] == f"sm_{major}{minor}"
+    assert info["arch"] == ("sm_90a" if HOPPER else f"sm_{major}{minor}")
     assert (Path(info["build_dir"]) / "COMPLETE").exists()
 
 
@@ -242,7 +283,11 @@ _SANITIZER_SCRIPT = textwrap.dedent(
     """
     import torch
     from flashwatt.kernels.custom import flash_forward
-    for dtype, D, variant in ((torch.float16, 64, ""), (torch.bfloat16, 128, "m64_n64_w4_s2_sm1"), (torch.float32, 64, "")):
+    hopper = torch.cuda.get_device_capability() == (9, 0)
+    cases = [(torch.float16, 64, ""), (torch.bfloat16, 128, "m64_n64_w4_s2_sm1"), (torch.float32, 64, "")]
+    if hopper:
+        cases += [(torch.bfloat16, 128, "wgmma_m128_n128_s2"), (torch.float16, 64, "wgmma_m128_n64_s3_sm1")]
+    for dtype, D, variant in cases:
         for causal in (False, True):
             q = torch.randn(1, 2, 77, D, device="cuda", dtype=dtype)
             k = torch.randn(1, 1, 77, D, device="cuda", dtype=dtype)

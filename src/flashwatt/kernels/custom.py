@@ -1,14 +1,16 @@
-"""flashwatt's own FlashAttention-2 style forward kernel (kernels/flash_fwd.cu).
+"""flashwatt's own FlashAttention forward kernels (kernels/flash_fwd.cu).
 
-fp16/bf16 run on tensor cores (mma.sync, fp32 accumulation); fp32 runs an exact FFMA
-path. Head dims 64, 128 and 256; causal (top-left aligned, as torch's is_causal) and
+fp16/bf16 run on tensor cores with fp32 accumulation through mma.sync (FlashAttention-2
+style); on Hopper (compute capability 9.0, an sm_90a build) the `wgmma_` tiles run a
+wgmma kernel with the softmax overlapped with the P V product
+(kernels/flash_fwd_wgmma.cuh). fp32 runs an exact FFMA path. Head dims 64, 128 and 256; causal (top-left aligned, as torch's is_causal) and
 full masks; any sequence length; (B, H, L, D) and (B, L, H, D) layouts through strides;
 grouped-query attention (q heads a multiple of k/v heads). Forward only.
 
 A *variant* names the launch configuration, the knobs a power-aware scheduler turns:
     <tile>[_sm<N> | _ctas<N>]
 where <tile> is one of TILES (rows of Q per CTA, K/V rows per tile, warps, pipeline
-stages), `_sm<N>` runs a persistent grid of N CTAs per multiprocessor and `_ctas<N>` a
+stages; `wgmma_` tiles need Hopper), `_sm<N>` runs a persistent grid of N CTAs per multiprocessor and `_ctas<N>` a
 persistent grid of at most N CTAs in total. The tile may be left out ("sm1", "ctas64")
 to keep the default tile; "" is the default tile with one CTA per query tile.
 """
@@ -24,6 +26,11 @@ HEAD_DIMS = (64, 128, 256)
 PRECISIONS = ("fp16", "bf16", "fp32")
 
 
+MMA_SYNC, WGMMA = "mma.sync", "wgmma"
+# wgmma kernels are built only for compute capability 9.0 (sm_90a); see flashwatt.build.
+WGMMA_CAPABILITY = (9, 0)
+
+
 @dataclass(frozen=True)
 class Tile:
     block_m: int
@@ -33,9 +40,11 @@ class Tile:
     head_dims: tuple[int, ...]
     precisions: tuple[str, ...]
     description: str
+    mma: str = MMA_SYNC
 
     def as_dict(self) -> dict:
         return {
+            "mma": self.mma,
             "block_m": self.block_m,
             "block_n": self.block_n,
             "warps": self.warps,
@@ -57,6 +66,11 @@ TILES: dict[str, Tile] = {
     "m128_n48_w4_s2": Tile(128, 48, 4, 2, (128,), _HALF, "128 q rows, 48-row K/V tiles, 4 warps x 32 rows (d128 default)"),
     "m64_n32_w4_s2": Tile(64, 32, 4, 2, (256,), _HALF, "64 q rows, 32-row K/V tiles, 4 warps x 16 rows (d256 default)"),
     "f32": Tile(64, 32, 8, 1, (64, 128, 256), ("fp32",), "exact fp32 FFMA path: 64 q rows, 32-row K/V tiles, 256 threads"),
+    # Hopper: 64 q rows per warpgroup of 4 warps.
+    "wgmma_m128_n128_s2": Tile(128, 128, 8, 2, (64, 128), _HALF, "wgmma, 2 warpgroups x 64 q rows, 128-row K/V tiles, 2 stages", WGMMA),
+    "wgmma_m128_n128_s3": Tile(128, 128, 8, 3, (64, 128), _HALF, "as wgmma_m128_n128_s2 with a 3-stage K/V pipeline", WGMMA),
+    "wgmma_m128_n64_s3": Tile(128, 64, 8, 3, (64, 128), _HALF, "wgmma, 2 warpgroups x 64 q rows, 64-row K/V tiles, 3 stages", WGMMA),
+    "wgmma_m192_n64_s2": Tile(192, 64, 12, 2, (128,), _HALF, "wgmma, 3 warpgroups x 64 q rows, 64-row K/V tiles, 2 stages", WGMMA),
 }
 
 DEFAULT_TILE = {
@@ -70,6 +84,10 @@ DEFAULT_TILE = {
     ("fp32", 128): "f32",
     ("fp32", 256): "f32",
 }
+
+# Defaults on Hopper, where they differ from DEFAULT_TILE. Empty: the wgmma tiles are
+# named variants only until their GPU tests and benchmark have been run (kernels/NOTES.md, v4).
+WGMMA_DEFAULT_TILE: dict[tuple[str, int], str] = {}
 
 # Every name the config and the records may use (grammar above; these are the listed ones).
 VARIANTS: dict[str, dict] = {"": {"description": "default tile for the head dim and precision, one CTA per query tile"}}
@@ -93,19 +111,24 @@ class Launch:
     max_ctas: int  # 0: not capped
 
 
-def parse_variant(variant: str, precision: str, head_dim: int) -> Launch:
-    """The launch a variant names for this precision and head dim; ValueError with a reason if none."""
+def parse_variant(variant: str, precision: str, head_dim: int, capability: tuple[int, int] | None = None) -> Launch:
+    """The launch a variant names for this precision and head dim on a device of this compute
+    capability (None: mma.sync defaults, no wgmma check); ValueError with a reason if none."""
     variant = variant or ""
     match = _CAP.fullmatch(variant)
     tile_name = (match.group("tile") or "") if match else variant
+    wgmma = capability is not None and tuple(capability) == WGMMA_CAPABILITY
     if not tile_name:
         key = (precision, head_dim)
         if key not in DEFAULT_TILE:
             raise ValueError(f"custom kernel has no default for precision {precision} and head_dim {head_dim}")
-        tile_name = DEFAULT_TILE[key]
+        tile_name = WGMMA_DEFAULT_TILE.get(key, DEFAULT_TILE[key]) if wgmma else DEFAULT_TILE[key]
     tile = TILES.get(tile_name)
     if tile is None:
         raise ValueError(f"unknown custom variant {variant!r}: tile {tile_name!r} not in {', '.join(TILES)}")
+    if tile.mma == WGMMA and capability is not None and not wgmma:
+        cap = ".".join(map(str, capability))
+        raise ValueError(f"custom variant {variant!r} uses wgmma, built only for compute capability 9.0 (device has {cap})")
     if head_dim not in tile.head_dims:
         raise ValueError(f"custom variant {variant!r} is built for head_dim {tile.head_dims}, not {head_dim}")
     if precision not in tile.precisions:
@@ -187,7 +210,7 @@ def flash_forward(q, k, v, causal: bool, variant: str = "", layout: str = "bhld"
             out = out.transpose(1, 2)
     _check_inputs(q, k, v)
     B, H, L, D = q.shape
-    launch = parse_variant(variant, _precision_of(q.dtype), D)
+    launch = parse_variant(variant, _precision_of(q.dtype), D, torch.cuda.get_device_capability(q.device))
     if out is None:
         if layout == "blhd" or (q.stride(1) < q.stride(2)):
             out = torch.empty((B, L, H, D), dtype=q.dtype, device=q.device).transpose(1, 2)
@@ -210,23 +233,30 @@ def flash_forward(q, k, v, causal: bool, variant: str = "", layout: str = "bhld"
     ext = load_extension()
     ext.forward(
         q_k, k_k, v_k, out_k, lse, bool(causal), float(scale if scale is not None else 1.0 / math.sqrt(D)),
-        t.block_m, t.block_n, t.warps, t.stages, int(grid_cap),
+        _mma_code(ext, t), t.block_m, t.block_n, t.warps, t.stages, int(grid_cap),
     )
     if out_k is not target:
         target.copy_(out_k)
     return (target.transpose(1, 2) if layout == "blhd" else target), lse
 
 
+def _mma_code(ext, tile: Tile) -> int:
+    return ext.MMA_WGMMA if tile.mma == WGMMA else ext.MMA_SYNC
+
+
 def kernel_info(precision: str, head_dim: int, variant: str = "") -> dict:
-    """Registers, local memory, shared memory and occupancy of the variant's kernel (needs a GPU)."""
+    """Registers, local memory, shared memory and occupancy of the variant's kernel on the
+    current device (needs a GPU)."""
+    import torch
+
     from flashwatt.build import load_extension
 
-    launch = parse_variant(variant, precision, head_dim)
+    launch = parse_variant(variant, precision, head_dim, torch.cuda.get_device_capability())
     ext = load_extension()
     code = {"fp16": ext.DTYPE_FP16, "bf16": ext.DTYPE_BF16, "fp32": ext.DTYPE_FP32}[precision]
     t = launch.tile
-    info = dict(ext.kernel_info(code, head_dim, t.block_m, t.block_n, t.warps, t.stages))
-    info.update(tile=launch.tile_name, ctas_per_sm_cap=launch.ctas_per_sm, max_ctas=launch.max_ctas)
+    info = dict(ext.kernel_info(_mma_code(ext, t), code, head_dim, t.block_m, t.block_n, t.warps, t.stages))
+    info.update(tile=launch.tile_name, mma=t.mma, ctas_per_sm_cap=launch.ctas_per_sm, max_ctas=launch.max_ctas)
     return info
 
 
@@ -249,7 +279,7 @@ class Custom:
         if cell.precision not in PRECISIONS:
             return f"custom runs {', '.join(PRECISIONS)}; the tf32 tensor-core path is not implemented (cell asks for {cell.precision})"
         try:
-            parse_variant(cell.variant, cell.precision, cell.head_dim)
+            parse_variant(cell.variant, cell.precision, cell.head_dim, cap)
         except ValueError as err:
             return str(err)
         return None

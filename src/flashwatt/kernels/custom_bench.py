@@ -6,6 +6,10 @@ Shapes: the flash-attention convention (16k tokens per batch, H*D = 2048, (B, L)
 (32, 512) to (1, 16384), D in {64, 128}) plus the seed shape (B=16, H=8, L=1024, D=64),
 causal and not. All backends run in the same process, interleaved per shape.
 Time: triton.testing.do_bench median after its warm-up; FLOPs = 4*B*H*L^2*D, halved for causal.
+`custom` is the default launch for the device; on Hopper every wgmma tile that fits the
+shape runs beside it (`custom:<tile>`, the best one printed). Every custom output is checked against
+sdpa_flash's (||a - b|| / ||b|| within the precision's bound) before it is timed; a
+failed check is printed and recorded, and its time is not reported.
 """
 from __future__ import annotations
 
@@ -38,7 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from flashwatt.build import build_info, load_extension
-    from flashwatt.kernels.custom import TILES, flash_forward
+    from flashwatt.kernels.custom import TILES, WGMMA, WGMMA_CAPABILITY, flash_forward
+    from flashwatt.measure import TOLERANCE
 
     dev = torch.device("cuda")
     name = torch.cuda.get_device_name(dev)
@@ -60,13 +65,15 @@ def main(argv: list[str] | None = None) -> int:
                 return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
         return run
 
+    hopper = torch.cuda.get_device_capability(dev) == WGMMA_CAPABILITY
     backends = {
+        "sdpa_flash": sdpa(SDPBackend.FLASH_ATTENTION),  # first: the reference output of the checks
         "custom": lambda q, k, v, causal: flash_forward(q, k, v, causal)[0],
-        "sdpa_flash": sdpa(SDPBackend.FLASH_ATTENTION),
         "sdpa_cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
     }
     rows = []
-    header = f"{'dtype':5} {'B':>3} {'H':>3} {'L':>6} {'D':>4} {'mask':6} {'custom':>8} {'flash':>8} {'cudnn':>8} {'cust/fl':>8}"
+    header = (f"{'dtype':5} {'B':>3} {'H':>3} {'L':>6} {'D':>4} {'mask':6} {'custom':>8} {'flash':>8} {'cudnn':>8} "
+              f"{'cust/fl':>8} {'cust/cu':>8}" + (f" {'wgmma':>8} {'wg/fl':>6} {'wg/cu':>6}" if hopper else ""))
     print(header)
     print("-" * len(header), flush=True)
     for dname in args.dtypes.split(","):
@@ -78,26 +85,42 @@ def main(argv: list[str] | None = None) -> int:
                 flops = 4.0 * B * H * L * L * D / (2 if causal else 1)
                 result = {}
                 runs = dict(backends)
-                if args.variants:
-                    for tname, tile in TILES.items():
-                        if D in tile.head_dims and dname in tile.precisions:
-                            runs[f"custom:{tname}"] = (lambda tn: lambda q, k, v, c: flash_forward(q, k, v, c, tn)[0])(tname)
+                for tname, tile in TILES.items():
+                    if D in tile.head_dims and dname in tile.precisions and (args.variants or (hopper and tile.mma == WGMMA)):
+                        runs[f"custom:{tname}"] = (lambda tn: lambda q, k, v, c: flash_forward(q, k, v, c, tn)[0])(tname)
+                reference = None
                 for kname, fn in runs.items():
+                    err_vs_flash = math.nan
                     try:
-                        fn(q, k, v, causal)
+                        out = fn(q, k, v, causal)
                         torch.cuda.synchronize()
+                        if kname == "sdpa_flash":
+                            reference = out.float()
+                        elif kname.startswith("custom"):
+                            if reference is None:
+                                raise RuntimeError("no sdpa_flash output to check it against: not timed")
+                            err_vs_flash = ((out.float() - reference).norm() / reference.norm()).item()
+                            if not err_vs_flash <= TOLERANCE[dname]:
+                                raise RuntimeError(f"output differs from sdpa_flash by {err_vs_flash:.2e} (> {TOLERANCE[dname]:.0e})")
+                        del out
                         ms = _bench(lambda: fn(q, k, v, causal), args.rep_ms)
                         tf = flops / ms / 1e9
-                    except Exception as err:  # a backend refusing a shape is a result, not a crash
+                    except Exception as err:  # a refused shape or a failed check is a result, not a crash
                         print(f"  {kname} failed on {dname} {B}x{H}x{L}x{D} causal={causal}: {str(err).splitlines()[0][:160]}", file=sys.stderr)
                         ms, tf = math.nan, math.nan
                     result[kname] = tf
                     kernel, _, variant = kname.partition(":")
                     rows.append(dict(device=name, dtype=dname, batch=B, heads=H, seq_len=L, head_dim=D, causal=causal,
-                                     kernel=kernel, variant=variant, ms=round(ms, 5), tflops=round(tf, 2)))
+                                     kernel=kernel, variant=variant, ms=round(ms, 5), tflops=round(tf, 2),
+                                     rel_err_vs_flash=err_vs_flash))
                 ratio = result["custom"] / result["sdpa_flash"] if result["sdpa_flash"] else math.nan
+                ratio_cu = result["custom"] / result["sdpa_cudnn"] if result["sdpa_cudnn"] else math.nan
                 line = (f"{dname:5} {B:>3} {H:>3} {L:>6} {D:>4} {'causal' if causal else 'full':6} "
-                        f"{result['custom']:8.1f} {result['sdpa_flash']:8.1f} {result['sdpa_cudnn']:8.1f} {ratio:8.3f}")
+                        f"{result['custom']:8.1f} {result['sdpa_flash']:8.1f} {result['sdpa_cudnn']:8.1f} {ratio:8.3f} "
+                        f"{ratio_cu:8.3f}")
+                if hopper:
+                    wg = max((v for n, v in result.items() if n.startswith("custom:wgmma") and v == v), default=math.nan)
+                    line += f" {wg:8.1f} {wg / result['sdpa_flash']:6.3f} {wg / result['sdpa_cudnn']:6.3f}"
                 if args.variants:
                     best = max(((v, n) for n, v in result.items() if n.startswith("custom:") and v == v), default=None)
                     if best:

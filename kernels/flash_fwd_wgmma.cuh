@@ -1,0 +1,303 @@
+// flashwatt attention forward on Hopper (sm_90a): wgmma.
+//
+// One CTA owns 64*NWG query rows, one warpgroup (4 warps) per 64 of them. K and V
+// tiles of BN rows stream through ST-deep cp.async rings. Shared-memory tiles use the
+// wgmma 128-byte swizzle: a [rows, D] tile is D/64 column blocks of [rows, 64]; row r of
+// a block sits at r*128 bytes and its 16-byte chunk c at position c ^ (r % 8).
+//   S = Q K^T   wgmma, A (Q) and B (K) from shared memory, both K-major.
+//   O += P V    wgmma, A (P) from registers: the S accumulators rounded to 16 bits are
+//               already in the A-fragment layout; B (V) from shared memory, N-major.
+// Software pipelining as in FlashAttention-3: S_j = Q K_j^T is issued together with
+// O += P_{j-1} V_{j-1}, and the softmax of S_j runs while that P V is in flight.
+// Online softmax in base 2 with log2(e) folded into the scale, as the mma.sync kernel.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "flash_fwd.cuh"
+#include "ptx.cuh"
+#include "wgmma.cuh"
+
+namespace flashwatt {
+namespace {
+
+template <int D, int BN, int NWG, int ST>
+struct WgShape {
+  static constexpr int BM = 64 * NWG;
+  static constexpr int kThreads = 128 * NWG;
+  static constexpr int kQBytes = BM * D * 2;
+  static constexpr int kTileBytes = BN * D * 2;  // one K or V stage
+  // + 1 KB: the dynamic shared-memory base is rounded up to the 1 KB swizzle atom.
+  static constexpr int kSmemBytes = kQBytes + 2 * ST * kTileBytes + 1024;
+  static constexpr int SN = BN / 2;  // S accumulator registers per thread
+  static constexpr int ON = D / 2;   // O accumulator registers per thread
+  static_assert(D == 64 || D == 128, "wgmma kernel: head_dim 64 or 128");
+  static_assert(BN == 64 || BN == 128, "wgmma kernel: block_n 64 or 128");
+  static_assert(ST >= 2, "wgmma kernel: at least two stages");
+};
+
+// Byte offset of 16-byte chunk c (of D/8 per row) of row r in a swizzled [ROWS, D] tile.
+template <int ROWS>
+__device__ __forceinline__ uint32_t sw128_off(int r, int c) {
+  return static_cast<uint32_t>((c >> 3) * ROWS * 128 + r * 128 + (((c & 7) ^ (r & 7)) << 4));
+}
+
+// Copies rows [row0, row0 + ROWS) of a [rows, D] global tile into a swizzled smem tile;
+// rows at or past row_end are zero-filled. Each thread moves the same 16-byte column
+// chunk of rows r0, r0 + RSTEP, ...; RSTEP is a multiple of 8, so the swizzle of
+// every row a thread touches is the same and each address is a base plus an immediate.
+template <int ROWS, int D, int THREADS, typename T>
+__device__ __forceinline__ void load_tile_sw128(uint32_t dst, const T* __restrict__ src, int64_t row_stride,
+                                                int row0, int row_end, int tid) {
+  constexpr int CH = D / 8;
+  constexpr int RSTEP = THREADS / CH;
+  constexpr int ITERS = (ROWS + RSTEP - 1) / RSTEP;
+  static_assert(THREADS % CH == 0 && RSTEP % 8 == 0, "tile loads: rows per step must be a multiple of 8");
+  const int r0 = tid / CH;
+  const int c = tid % CH;
+  const T* g = src + static_cast<int64_t>(row0 + r0) * row_stride + c * 8;
+  const int64_t step = static_cast<int64_t>(RSTEP) * row_stride;
+  const uint32_t d0 = dst + sw128_off<ROWS>(r0, c);
+  int rows_left = row_end - row0 - r0;
+#pragma unroll
+  for (int it = 0; it < ITERS; ++it) {
+    if (ROWS % RSTEP == 0 || r0 + it * RSTEP < ROWS) {
+      const bool ok = rows_left > 0;
+      cp_async16(d0 + it * RSTEP * 128, ok ? g : src, ok ? 16 : 0);
+    }
+    g += step;
+    rows_left -= RSTEP;
+  }
+}
+
+template <typename T, int D, int BN, int NWG, int ST>
+__global__ void __launch_bounds__(NWG * 128, 1) flash_fwd_wgmma_kernel(const FwdParams p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using S = WgShape<D, BN, NWG, ST>;
+  using Ops = TypeOps<T>;
+  constexpr int BM = S::BM, THREADS = S::kThreads, SN = S::SN, ON = S::ON;
+  constexpr int KD = D / 16;   // k steps of Q K^T
+  constexpr int KN = BN / 16;  // k steps of P V
+  constexpr int CH = D / 8;    // 16-byte chunks per row
+
+  extern __shared__ unsigned char smem[];
+  const uint32_t sQ = (smem_addr(smem) + 1023u) & ~1023u;
+  const uint32_t sK = sQ + S::kQBytes;
+  const uint32_t sV = sK + ST * S::kTileBytes;
+
+  const int tid = threadIdx.x;
+  const int wg = tid >> 7;           // warpgroup: query rows wg*64 .. wg*64+63
+  const int wl = (tid >> 5) & 3;     // warp within the warpgroup: 16 of those rows
+  const int lane = tid & 31;
+  const int g = lane >> 2;           // row within an 8-row group of a fragment
+  const int t = lane & 3;            // column pair within a fragment
+  const int warp_row0 = wg * 64 + wl * 16;
+
+  const int num_mb = (p.len_q + BM - 1) / BM;
+  const int bh_count = p.batch * p.heads;
+  const int total = num_mb * bh_count;
+  const int group = p.heads / p.kv_heads;
+  const float scale_log2 = p.scale * kLog2e;
+
+  // Descriptor addresses: Q rows of this warpgroup; k step kk is column block kk/4 at
+  // byte kk%4 * 32 of the swizzled row (the hardware applies the XOR to the address).
+  const uint32_t q_base = sQ + wg * 64 * 128;
+
+#pragma unroll 1
+  for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
+    // Longest (for causal) query tiles first; all heads of one query tile are adjacent.
+    const int mb = num_mb - 1 - tile / bh_count;
+    const int bh = tile % bh_count;
+    const int b = bh / p.heads;
+    const int h = bh % p.heads;
+    const int hk = h / group;
+    const int m0 = mb * BM;
+
+    const T* __restrict__ gQ = static_cast<const T*>(p.q) + b * p.q_sb + h * p.q_sh;
+    const T* __restrict__ gK = static_cast<const T*>(p.k) + b * p.k_sb + hk * p.k_sh;
+    const T* __restrict__ gV = static_cast<const T*>(p.v) + b * p.v_sb + hk * p.v_sh;
+
+    const int kv_end = p.causal ? min(p.len_k, m0 + BM) : p.len_k;
+    const int n_tiles = (kv_end + BN - 1) / BN;
+
+    __syncthreads();  // the previous tile's readers of shared memory are done
+
+    // Group i of the prologue holds K_i and V_{i-1}; iteration j adds K_{j+ST-1} and
+    // V_{j+ST-2}. Iteration j reads K_j and V_{j-1}, both in the group issued ST-1
+    // groups before its own, so it waits until at most ST-2 groups are pending.
+    load_tile_sw128<BM, D, THREADS>(sQ, gQ, p.q_sl, m0, p.len_q, tid);
+#pragma unroll
+    for (int i = 0; i < ST - 1; ++i) {
+      if (i < n_tiles) load_tile_sw128<BN, D, THREADS>(sK + i * S::kTileBytes, gK, p.k_sl, i * BN, p.len_k, tid);
+      if (i >= 1 && i - 1 < n_tiles)
+        load_tile_sw128<BN, D, THREADS>(sV + (i - 1) * S::kTileBytes, gV, p.v_sl, (i - 1) * BN, p.len_k, tid);
+      cp_async_commit();
+    }
+
+    float o[ON];
+#pragma unroll
+    for (int i = 0; i < ON; ++i) o[i] = 0.f;
+    float row_max[2] = {-INFINITY, -INFINITY};
+    float row_sum[2] = {0.f, 0.f};
+    float s[SN];
+    uint32_t pf[KN][4];
+
+    // Iteration j: wait for K_j and V_{j-1}, publish them, refill the freed slots.
+    auto next_tile = [&](int j) {
+      cp_async_wait<ST - 2>();
+      fence_proxy_async_smem();
+      __syncthreads();  // K_j, V_{j-1} visible to all; the slots refilled below are free
+      const int jk = j + ST - 1;
+      const int jv = j + ST - 2;
+      if (jk < n_tiles)
+        load_tile_sw128<BN, D, THREADS>(sK + (jk % ST) * S::kTileBytes, gK, p.k_sl, jk * BN, p.len_k, tid);
+      if (jv < n_tiles)
+        load_tile_sw128<BN, D, THREADS>(sV + (jv % ST) * S::kTileBytes, gV, p.v_sl, jv * BN, p.len_k, tid);
+      cp_async_commit();
+    };
+    auto issue_s = [&](int j) {  // S_j = Q K_j^T
+      const uint32_t k_base = sK + (j % ST) * S::kTileBytes;
+#pragma unroll
+      for (int kk = 0; kk < KD; ++kk) {
+        const uint32_t off = (kk & 3) * 32;
+        const uint64_t da = wgmma_desc_sw128(q_base + (kk >> 2) * BM * 128 + off, 16, 1024);
+        const uint64_t db = wgmma_desc_sw128(k_base + (kk >> 2) * BN * 128 + off, 16, 1024);
+        wgmma_ss(s, da, db, kk > 0 ? 1 : 0, T{});
+      }
+      wgmma_commit();
+    };
+    auto issue_pv = [&](int j) {  // O += P_j V_j
+      const uint32_t v_base = sV + (j % ST) * S::kTileBytes;
+#pragma unroll
+      for (int kk = 0; kk < KN; ++kk)
+        wgmma_rs(o, pf[kk], wgmma_desc_sw128(v_base + kk * 16 * 128, BN * 128, 1024), 1, T{});
+      wgmma_commit();
+    };
+    // Masks S_j, updates the running max and sum, turns S_j into unnormalised P in place
+    // (fp32) and returns the factor that rescales what O held before this tile.
+    auto softmax = [&](int j, float (&alpha)[2]) {
+      const int n0 = j * BN;
+      if (n0 + BN > p.len_k || (p.causal && n0 + BN - 1 > m0 + warp_row0)) {
+#pragma unroll
+        for (int i = 0; i < SN; ++i) {
+          const int row = m0 + warp_row0 + g + ((i >> 1) & 1) * 8;
+          const int col = n0 + (i >> 2) * 8 + 2 * t + (i & 1);
+          if (col >= p.len_k || (p.causal && col > row)) s[i] = -INFINITY;
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float cur = -INFINITY;
+#pragma unroll
+        for (int nt = 0; nt < BN / 8; ++nt) cur = fmaxf(cur, fmaxf(s[4 * nt + 2 * r], s[4 * nt + 2 * r + 1]));
+        cur = fmaxf(cur, __shfl_xor_sync(0xffffffffu, cur, 1));
+        cur = fmaxf(cur, __shfl_xor_sync(0xffffffffu, cur, 2));
+        const float m_old = row_max[r];
+        const float m_new = fmaxf(m_old, cur * scale_log2);
+        const float m_sub = (m_new == -INFINITY) ? 0.f : m_new;  // a row with nothing visible yet
+        alpha[r] = exp2_ftz(m_old - m_sub);
+        row_max[r] = m_new;
+        float sum = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < BN / 8; ++nt) {
+          const float p0 = exp2_ftz(fmaf(s[4 * nt + 2 * r], scale_log2, -m_sub));
+          const float p1 = exp2_ftz(fmaf(s[4 * nt + 2 * r + 1], scale_log2, -m_sub));
+          s[4 * nt + 2 * r] = p0;
+          s[4 * nt + 2 * r + 1] = p1;
+          sum += p0 + p1;
+        }
+        row_sum[r] = row_sum[r] * alpha[r] + sum;  // quad-partial; reduced at the end
+      }
+    };
+    auto pack_p = [&]() {  // the S accumulator layout is the A-fragment layout of P V
+#pragma unroll
+      for (int kk = 0; kk < KN; ++kk) {
+        pf[kk][0] = Ops::pack(s[8 * kk + 0], s[8 * kk + 1]);
+        pf[kk][1] = Ops::pack(s[8 * kk + 2], s[8 * kk + 3]);
+        pf[kk][2] = Ops::pack(s[8 * kk + 4], s[8 * kk + 5]);
+        pf[kk][3] = Ops::pack(s[8 * kk + 6], s[8 * kk + 7]);
+      }
+    };
+
+    // Tile 0 alone (no P V in flight yet), so that the loop body has no wgmma in a branch:
+    // ptxas serialises wgmma it cannot track across branches.
+    {
+      float alpha[2];
+      next_tile(0);
+      wgmma_fence();
+      issue_s(0);
+      wgmma_wait<0>();
+      fence_regs(s);
+      softmax(0, alpha);
+      pack_p();
+    }
+#pragma unroll 1
+    for (int j = 1; j < n_tiles; ++j) {
+      float alpha[2];
+      next_tile(j);
+      wgmma_fence();
+      issue_s(j);
+      issue_pv(j - 1);
+      wgmma_wait<1>();  // S_j is done; P_{j-1} V_{j-1} may still run
+      fence_regs(s);
+      softmax(j, alpha);
+      wgmma_wait<0>();  // P_{j-1} V_{j-1} is done: O and P may be touched again
+      fence_regs(o);
+#pragma unroll
+      for (int i = 0; i < ON; ++i) o[i] *= alpha[(i >> 1) & 1];
+      pack_p();
+    }
+
+    // ---- O += P V of the last tile
+    cp_async_wait<0>();  // V of the last tile (and only empty groups after it)
+    fence_proxy_async_smem();
+    __syncthreads();
+    wgmma_fence();
+    issue_pv(n_tiles - 1);
+    wgmma_wait<0>();
+    fence_regs(o);
+
+    // ---- epilogue: normalise, write LSE, stage O in this warp's own Q rows, store 16 B per lane
+    float* lse = p.lse + static_cast<int64_t>(b * p.heads + h) * p.len_q;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float l = row_sum[r];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      const float inv = l > 0.f ? 1.f / l : 0.f;
+      const int lrow = warp_row0 + g + r * 8;
+      const int row = m0 + lrow;
+      if (t == 0 && row < p.len_q) lse[row] = l > 0.f ? (row_max[r] + log2f(l)) * kLn2 : -INFINITY;
+#pragma unroll
+      for (int dt = 0; dt < D / 8; ++dt) {
+        const uint32_t packed = Ops::pack(o[4 * dt + 2 * r] * inv, o[4 * dt + 2 * r + 1] * inv);
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sQ + sw128_off<BM>(lrow, dt) + t * 4), "r"(packed));
+      }
+    }
+    __syncwarp();
+    T* gO = static_cast<T*>(p.o) + b * p.o_sb + h * p.o_sh;
+#pragma unroll
+    for (int it = 0; it < 16 * CH / 32; ++it) {
+      const int idx = lane + it * 32;
+      const int r = idx / CH;
+      const int c = idx % CH;
+      const int row = m0 + warp_row0 + r;
+      uint4 val;
+      asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                   : "=r"(val.x), "=r"(val.y), "=r"(val.z), "=r"(val.w)
+                   : "r"(sQ + sw128_off<BM>(warp_row0 + r, c)));
+      if (row < p.len_q) *reinterpret_cast<uint4*>(gO + static_cast<int64_t>(row) * p.o_sl + c * 8) = val;
+    }
+  }
+#else
+  __trap();  // built without sm_90a: never launched (the launch table only lists it for sm_90a builds)
+#endif
+}
+
+}  // namespace
+}  // namespace flashwatt

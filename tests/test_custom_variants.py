@@ -1,0 +1,59 @@
+"""Resolution of the custom kernel's named variants (pure Python: no GPU needed)."""
+from __future__ import annotations
+
+import pytest
+
+from flashwatt.kernels.custom import DEFAULT_TILE, TILES, VARIANTS, WGMMA, WGMMA_DEFAULT_TILE, parse_variant
+
+HOPPER, AMPERE, ADA = (9, 0), (8, 0), (8, 9)
+
+
+@pytest.mark.parametrize("precision,D", [("fp16", 64), ("bf16", 64), ("fp16", 128), ("bf16", 128)])
+def test_defaults_per_capability(precision, D):
+    hopper = parse_variant("", precision, D, HOPPER)
+    assert hopper.tile_name == WGMMA_DEFAULT_TILE.get((precision, D), DEFAULT_TILE[(precision, D)])
+    for cap in (AMPERE, ADA, None):
+        launch = parse_variant("", precision, D, cap)
+        assert launch.tile.mma == "mma.sync" and launch.tile_name == DEFAULT_TILE[(precision, D)]
+
+
+def test_hopper_defaults_name_wgmma_tiles_that_fit():
+    for (precision, D), name in WGMMA_DEFAULT_TILE.items():
+        tile = TILES[name]
+        assert tile.mma == WGMMA and D in tile.head_dims and precision in tile.precisions
+
+
+def test_paths_without_wgmma_keep_their_default_on_hopper():
+    assert parse_variant("", "fp32", 64, HOPPER).tile_name == "f32"
+    assert parse_variant("", "bf16", 256, HOPPER).tile_name == DEFAULT_TILE[("bf16", 256)]
+
+
+def test_wgmma_tile_is_refused_off_hopper_with_the_reason():
+    with pytest.raises(ValueError, match=r"wgmma.*9\.0.*8\.9"):
+        parse_variant("wgmma_m128_n128_s2", "bf16", 128, ADA)
+    assert parse_variant("wgmma_m128_n128_s2", "bf16", 128, HOPPER).tile.block_n == 128
+
+
+def test_caps_combine_with_a_wgmma_tile_and_with_the_hopper_default():
+    launch = parse_variant("wgmma_m128_n64_s3_sm1", "fp16", 64, HOPPER)
+    assert (launch.tile_name, launch.ctas_per_sm, launch.max_ctas) == ("wgmma_m128_n64_s3", 1, 0)
+    launch = parse_variant("ctas66", "bf16", 128, HOPPER)
+    assert launch.tile_name == WGMMA_DEFAULT_TILE.get(("bf16", 128), DEFAULT_TILE[("bf16", 128)])
+    assert launch.max_ctas == 66
+
+
+def test_wgmma_tiles_are_consistent_with_the_compiled_shapes():
+    for name, tile in TILES.items():
+        if tile.mma == WGMMA:
+            assert name in VARIANTS and VARIANTS[name]["mma"] == WGMMA
+            assert tile.block_m % 64 == 0 and tile.warps == 4 * tile.block_m // 64, name
+            assert set(tile.head_dims) <= {64, 128} and tile.precisions == ("fp16", "bf16"), name
+
+
+def test_refusals_name_the_problem():
+    with pytest.raises(ValueError, match="unknown custom variant"):
+        parse_variant("wgmma_m999", "bf16", 64, HOPPER)
+    with pytest.raises(ValueError, match="head_dim"):
+        parse_variant("wgmma_m192_n64_s2", "bf16", 64, HOPPER)
+    with pytest.raises(ValueError, match="fp32"):
+        parse_variant("wgmma_m128_n128_s2", "fp32", 64, HOPPER)
