@@ -31,6 +31,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Any, Callable
 
 KERNEL_DIR = Path(__file__).resolve().parents[2] / "kernels"
 SOURCES = ("flash_fwd.cu", "flash_binding.cpp")
@@ -130,13 +131,66 @@ def _compile(tmp: Path, name: str, arch_flags: list[str]):
         os.close(saved_err)
 
 
+def build_once(root: Path, key: str, compile_into: Callable[[Path], Any], describe: dict, what: str):
+    """Builds `root/key` once across every process that asks for it (module docstring).
+
+    `compile_into(tmp)` builds into the private directory `tmp`, writing its log to
+    tmp/build.log, and returns what it built. Returns (what it built or None when another
+    process had built it, built_now, build seconds, seconds waited for the lock).
+    """
+    from filelock import FileLock, Timeout
+
+    final = root / key
+    if (final / _MARKER).exists():
+        return None, False, 0.0, 0.0
+    t0 = time.perf_counter()
+    lock = FileLock(str(root / f"{key}.lock"))
+    try:
+        lock.acquire(timeout=_LOCK_TIMEOUT_S)
+    except Timeout as err:
+        raise BuildError(f"waited {_LOCK_TIMEOUT_S:.0f} s for the build lock {root / f'{key}.lock'}") from err
+    lock_wait_s = time.perf_counter() - t0
+    try:
+        if (final / _MARKER).exists():  # built by the process that held the lock before us
+            return None, False, 0.0, lock_wait_s
+        # Leftovers of builds that were killed: nobody else builds while we hold the lock.
+        for stale in root.glob(f"{key}.tmp-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        if final.exists():
+            shutil.rmtree(final)
+        tmp = root / f"{key}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        tmp.mkdir()
+        t1 = time.perf_counter()
+        try:
+            built = compile_into(tmp)
+        except Exception as err:
+            failed = root / f"{key}.failed"
+            shutil.rmtree(failed, ignore_errors=True)
+            os.replace(tmp, failed)
+            raise BuildError(
+                f"building {what} failed ({type(err).__name__}); full compiler output: {failed / _LOG}"
+            ) from None
+        build_s = time.perf_counter() - t1
+        marker = {
+            "build_key": key,
+            **describe,
+            "build_seconds": build_s,
+            "sources": [p.name for p in _source_files()],
+            "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
+        (tmp / _MARKER).write_text(json.dumps(marker, indent=2))
+        os.replace(tmp, final)
+        return built, True, build_s, lock_wait_s
+    finally:
+        lock.release()
+
+
 def load_extension():
     """The compiled kernel module for the current GPU, built at first use on a node."""
     global _MODULE, _INFO
     if _MODULE is not None:
         return _MODULE
     import torch
-    from filelock import FileLock, Timeout
 
     if not torch.cuda.is_available():
         raise BuildError("the custom kernels need a CUDA device; torch.cuda.is_available() is False")
@@ -149,58 +203,15 @@ def load_extension():
     root = cache_root()
     root.mkdir(parents=True, exist_ok=True)
     final = root / key
-    built_now = False
-    build_s = 0.0
-    lock_wait_s = 0.0
-
-    if not (final / _MARKER).exists():
-        t0 = time.perf_counter()
-        lock = FileLock(str(root / f"{key}.lock"))
-        try:
-            lock.acquire(timeout=_LOCK_TIMEOUT_S)
-        except Timeout as err:
-            raise BuildError(f"waited {_LOCK_TIMEOUT_S:.0f} s for the build lock {root / f'{key}.lock'}") from err
-        lock_wait_s = time.perf_counter() - t0
-        try:
-            if not (final / _MARKER).exists():
-                # Leftovers of builds that were killed: nobody else builds while we hold the lock.
-                for stale in root.glob(f"{key}.tmp-*"):
-                    shutil.rmtree(stale, ignore_errors=True)
-                if final.exists():
-                    shutil.rmtree(final)
-                tmp = root / f"{key}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-                tmp.mkdir()
-                t1 = time.perf_counter()
-                try:
-                    module = _compile(tmp, name, arch_flags)
-                except Exception as err:
-                    failed = root / f"{key}.failed"
-                    shutil.rmtree(failed, ignore_errors=True)
-                    os.replace(tmp, failed)
-                    raise BuildError(
-                        f"building the custom CUDA kernels for {arch} failed ({type(err).__name__}); "
-                        f"full compiler output: {failed / _LOG}"
-                    ) from None
-                build_s = time.perf_counter() - t1
-                (tmp / _MARKER).write_text(
-                    json.dumps(
-                        {
-                            "build_key": key,
-                            "arch": arch,
-                            "build_seconds": build_s,
-                            "torch": torch.__version__,
-                            "cuda": torch.version.cuda,
-                            "sources": [p.name for p in _source_files()],
-                            "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                        },
-                        indent=2,
-                    )
-                )
-                os.replace(tmp, final)
-                built_now = True
-                _MODULE = module
-        finally:
-            lock.release()
+    module, built_now, build_s, lock_wait_s = build_once(
+        root,
+        key,
+        lambda tmp: _compile(tmp, name, arch_flags),
+        describe={"arch": arch, "torch": torch.__version__, "cuda": torch.version.cuda},
+        what=f"the custom CUDA kernels for {arch}",
+    )
+    if module is not None:
+        _MODULE = module
 
     t2 = time.perf_counter()
     if _MODULE is None:
