@@ -28,6 +28,9 @@ def grid(config, suite="smoke"):
     (lambda c: c.__setitem__("suit", "seed"), r"config key \(top level\): unknown key\(s\) 'suit'"),
     (lambda c: grid(c).__setitem__("tokens_per_batch", 1024), r"give exactly one of batches or tokens_per_batch"),
     (lambda c: c.__setitem__("executor", "pbs"), r"config key executor: 'pbs' is not allowed; allowed: local, slurm, inprocess"),
+    (lambda c: grid(c).__setitem__("variants", ["", "wgmma_m128_n128"]),
+     r"suites\.smoke\.grids\[0\]\.variants\[1\]: unknown custom variant 'wgmma_m128_n128'; allowed: .*wgmma_m128_n128_s2"),
+    (lambda c: grid(c).__setitem__("variants", ["sm0"]), r"variants\[0\]: custom variant 'sm0': CTA caps must be at least 1"),
 ])
 def test_bad_values_name_key_and_allowed_values(change, message):
     with pytest.raises(ConfigError, match=message):

@@ -14,6 +14,7 @@ import yaml
 
 from flashwatt.cell import Cell
 from flashwatt.devices import visible_gpu_count
+from flashwatt.kernels.custom import check_variant_name
 
 SCHEMA = Path(__file__).resolve().parents[2] / "workflow" / "schemas" / "config.schema.yaml"
 
@@ -60,11 +61,16 @@ def validate_config(config: dict, schema_path: Path = SCHEMA) -> dict:
         raise ConfigError(_explain(jsonschema.exceptions.best_match(errors)))
     # Snakemake's validator fills the schema's defaults in place.
     snakemake_validate(config, str(schema_path), set_default=True)
-    for suite in config["suites"].values():
-        for grid in suite["grids"]:
+    for name, suite in config["suites"].items():
+        for i, grid in enumerate(suite["grids"]):
             grid.setdefault("causal", [False])
             grid.setdefault("passes", ["fwd"])
             grid.setdefault("variants", [""])
+            for j, variant in enumerate(grid["variants"]):
+                try:
+                    check_variant_name(variant)
+                except ValueError as err:
+                    raise ConfigError(f"config key suites.{name}.grids[{i}].variants[{j}]: {err}") from None
     return config
 
 

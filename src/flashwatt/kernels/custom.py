@@ -140,6 +140,18 @@ def parse_variant(variant: str, precision: str, head_dim: int, capability: tuple
     return Launch(tile_name, tile, sm, ctas)
 
 
+def check_variant_name(variant: str) -> None:
+    """ValueError naming the problem when `variant` follows no form of the grammar above;
+    whether it fits a cell's precision, head dim and device is decided per cell."""
+    match = _CAP.fullmatch(variant or "")
+    tile_name = (match.group("tile") or "") if match else (variant or "")
+    if tile_name and tile_name not in TILES:
+        forms = ", ".join([*TILES, "<tile>_sm<N>", "<tile>_ctas<N>", "sm<N>", "ctas<N>"])
+        raise ValueError(f"unknown custom variant {variant!r}; allowed: \"\" (the default), {forms}")
+    if match and int(match.group("sm") or match.group("ctas")) < 1:
+        raise ValueError(f"custom variant {variant!r}: CTA caps must be at least 1")
+
+
 def _precision_of(dtype) -> str:
     import torch
 
