@@ -8,7 +8,9 @@
 //   O += P V    wgmma, A (P) from registers: the S accumulators rounded to 16 bits are
 //               already in the A-fragment layout; B (V) from shared memory, N-major.
 // Software pipelining as in FlashAttention-3: S_j = Q K_j^T is issued together with
-// O += P_{j-1} V_{j-1}, and the softmax of S_j runs while that P V is in flight.
+// O += P_{j-1} V_{j-1}, so that the softmax of S_j can run while that P V is in flight.
+// (ptxas 13.0 schedules the final wait ahead of the exponentials, kernels/NOTES.md v4:
+// the tensor cores are then kept busy by the other warpgroup's wgmma instead.)
 // Online softmax in base 2 with log2(e) folded into the scale, as the mma.sync kernel.
 #pragma once
 
