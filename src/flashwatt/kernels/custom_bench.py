@@ -10,6 +10,10 @@ Time: triton.testing.do_bench median after its warm-up; FLOPs = 4*B*H*L^2*D, hal
 shape runs beside it (`custom:<tile>`, the best one printed). Every custom output is checked against
 sdpa_flash's (||a - b|| / ||b|| within the precision's bound) before it is timed; a
 failed check is printed and recorded, and its time is not reported.
+--pipeline-timing adds, for custom, sdpa_flash and sdpa_cudnn, the pipeline's own timing of
+the same shape in the same process (the kernel adapter the cells use, input sets rotated
+past L2, one CUDA event pair per call, median; flashwatt.measure), so that the two methods
+can be compared on one card at one time.
 """
 from __future__ import annotations
 
@@ -35,6 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--head-dims", default="64,128")
     ap.add_argument("--variants", action="store_true", help="also time every custom tile variant")
     ap.add_argument("--rep-ms", type=int, default=60, help="do_bench measuring time per point")
+    ap.add_argument("--pipeline-timing", action="store_true",
+                    help="also time custom, sdpa_flash and sdpa_cudnn the way the pipeline's cells do")
     args = ap.parse_args(argv)
 
     import torch
@@ -113,6 +119,14 @@ def main(argv: list[str] | None = None) -> int:
                     rows.append(dict(device=name, dtype=dname, batch=B, heads=H, seq_len=L, head_dim=D, causal=causal,
                                      kernel=kernel, variant=variant, ms=round(ms, 5), tflops=round(tf, 2),
                                      rel_err_vs_flash=err_vs_flash))
+                if args.pipeline_timing:
+                    for kname in ("sdpa_flash", "custom", "sdpa_cudnn"):
+                        ms = _pipeline_ms(kname, dname, B, H, L, D, causal) if result[kname] == result[kname] else math.nan
+                        tf = flops / ms / 1e9
+                        result[f"pipeline:{kname}"] = tf
+                        rows.append(dict(device=name, dtype=dname, batch=B, heads=H, seq_len=L, head_dim=D,
+                                         causal=causal, kernel=kname, variant="pipeline_timing", ms=round(ms, 5),
+                                         tflops=round(tf, 2), rel_err_vs_flash=math.nan))
                 ratio = result["custom"] / result["sdpa_flash"] if result["sdpa_flash"] else math.nan
                 ratio_cu = result["custom"] / result["sdpa_cudnn"] if result["sdpa_cudnn"] else math.nan
                 line = (f"{dname:5} {B:>3} {H:>3} {L:>6} {D:>4} {'causal' if causal else 'full':6} "
@@ -121,6 +135,9 @@ def main(argv: list[str] | None = None) -> int:
                 if hopper:
                     wg = max((v for n, v in result.items() if n.startswith("custom:wgmma") and v == v), default=math.nan)
                     line += f" {wg:8.1f} {wg / result['sdpa_flash']:6.3f} {wg / result['sdpa_cudnn']:6.3f}"
+                if args.pipeline_timing:
+                    pf, pc = result["pipeline:sdpa_flash"], result["pipeline:custom"]
+                    line += f"   pipeline: custom {pc:.1f} flash {pf:.1f} ratio {pc / pf:.3f}"
                 if args.variants:
                     best = max(((v, n) for n, v in result.items() if n.startswith("custom:") and v == v), default=None)
                     if best:
@@ -134,6 +151,26 @@ def main(argv: list[str] | None = None) -> int:
             writer.writerows(rows)
         print(f"wrote {len(rows)} rows to {args.out}")
     return 0
+
+
+def _pipeline_ms(kname: str, precision: str, B: int, H: int, L: int, D: int, causal: bool) -> float:
+    """Median ms of one call as a pipeline cell times it (default measure settings)."""
+    import torch
+
+    from flashwatt import measure
+    from flashwatt.cell import Cell
+    from flashwatt.kernels import get_kernel
+
+    dev = torch.device("cuda")
+    cell = Cell("bench", kname, precision, L, B, H, D, causal)
+    kernel = get_kernel(kname)
+    inputs = measure.make_inputs(cell, dev, 0, measure.input_sets_needed(cell, dev))
+    call = measure.make_call(kernel, cell, inputs)
+    with torch.no_grad():
+        per_call_s = measure.warm_up(call, dev, 200)
+        timing = measure.time_calls(call, dev, per_call_s, {"min_time_ms": 500, "min_repeats": 30, "max_repeats": 2000})
+    del inputs, call
+    return timing["median_ms"]
 
 
 if __name__ == "__main__":
