@@ -27,7 +27,23 @@ int dtype_code(const at::Tensor& t) {
   }
 }
 
-void check_operand(const at::Tensor& t, const char* name, const at::Tensor& q) {
+const char* math_name(int64_t math) {
+  switch (math) {
+    case flashwatt::kMmaSync:
+      return "mma.sync";
+    case flashwatt::kWgmma:
+      return "wgmma";
+    case flashwatt::kFfma:
+      return "ffma";
+    case flashwatt::kMmaTf32:
+      return "mma.sync.tf32";
+    default:
+      return "unknown";
+  }
+}
+
+// align16: the kernel reads and writes 16 bytes at a time (every kernel but the fp32 FFMA one).
+void check_operand(const at::Tensor& t, const char* name, const at::Tensor& q, bool align16) {
   TORCH_CHECK(t.is_cuda(), "flashwatt custom: ", name, " must be a CUDA tensor (got ", t.device(), ")");
   TORCH_CHECK(t.device() == q.device(), "flashwatt custom: ", name, " is on ", t.device(), " but q is on ", q.device());
   TORCH_CHECK(t.scalar_type() == q.scalar_type(), "flashwatt custom: ", name, " has dtype ", t.scalar_type(),
@@ -35,28 +51,30 @@ void check_operand(const at::Tensor& t, const char* name, const at::Tensor& q) {
   TORCH_CHECK(t.dim() == 4, "flashwatt custom: ", name, " must be 4-d (batch, heads, seq_len, head_dim), got ",
               t.dim(), "-d");
   TORCH_CHECK(t.stride(3) == 1, "flashwatt custom: ", name, " must have a contiguous last (head_dim) dimension");
-  const int align = t.scalar_type() == at::kFloat ? 4 : 16;
+  const int align = align16 ? 16 : 4;
   TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % align == 0, "flashwatt custom: ", name,
               " data pointer must be ", align, "-byte aligned");
-  if (t.scalar_type() != at::kFloat) {
+  if (align16) {
+    const int64_t per16 = 16 / t.element_size();
     for (int d = 0; d < 3; ++d)
-      TORCH_CHECK(t.stride(d) % 8 == 0, "flashwatt custom: ", name, " stride(", d,
-                  ") must be a multiple of 8 elements for 16-byte loads, got ", t.stride(d));
+      TORCH_CHECK(t.stride(d) % per16 == 0, "flashwatt custom: ", name, " stride(", d, ") must be a multiple of ",
+                  per16, " elements for 16-byte loads, got ", t.stride(d));
   }
   const int64_t span = (t.size(2) - 1) * t.stride(2) + t.size(3);
   TORCH_CHECK(span < std::numeric_limits<int32_t>::max(), "flashwatt custom: ", name,
               " rows of one head span more than 2^31 elements");
 }
 
-// Runs configuration (mma, block_m, block_n, warps, stages) on (B, H, L, D)-shaped views
+// Runs configuration (math, block_m, block_n, warps, stages) on (B, H, L, D)-shaped views
 // with any strides; writes out (same shape as q) and lse (B, H, Lq) float32 contiguous.
 void forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out, at::Tensor& lse,
-             bool causal, double scale, int64_t mma, int64_t block_m, int64_t block_n, int64_t warps,
+             bool causal, double scale, int64_t math, int64_t block_m, int64_t block_n, int64_t warps,
              int64_t stages, int64_t grid_cap) {
-  check_operand(q, "q", q);
-  check_operand(k, "k", q);
-  check_operand(v, "v", q);
-  check_operand(out, "out", q);
+  const bool align16 = math != flashwatt::kFfma;
+  check_operand(q, "q", q, align16);
+  check_operand(k, "k", q, align16);
+  check_operand(v, "v", q, align16);
+  check_operand(out, "out", q, align16);
   const int dt = dtype_code(q);
   TORCH_CHECK(dt >= 0, "flashwatt custom: dtype ", q.scalar_type(), " not supported (float16, bfloat16, float32)");
   const int64_t B = q.size(0), H = q.size(1), Lq = q.size(2), D = q.size(3);
@@ -73,12 +91,12 @@ void forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::
               "flashwatt custom: lse must be a contiguous float32 (B, H, Lq) tensor on q's device");
   TORCH_CHECK(Lq >= 1 && Lk >= 1 && B >= 1 && H >= 1, "flashwatt custom: empty input");
   TORCH_CHECK(B * H * ((Lq + 15) / 16) < std::numeric_limits<int32_t>::max(), "flashwatt custom: too many tiles");
-  const int index = flashwatt::fwd_find_config(static_cast<int>(mma), dt, static_cast<int>(D),
+  const int index = flashwatt::fwd_find_config(static_cast<int>(math), dt, static_cast<int>(D),
                                                static_cast<int>(block_m), static_cast<int>(block_n),
                                                static_cast<int>(warps), static_cast<int>(stages));
-  TORCH_CHECK(index >= 0, "flashwatt custom: no compiled kernel for ", mma == flashwatt::kWgmma ? "wgmma" : "mma.sync",
-              ", dtype ", q.scalar_type(), ", head_dim ", D, ", block_m ", block_m, ", block_n ", block_n, ", warps ",
-              warps, ", stages ", stages, mma == flashwatt::kWgmma ? " (wgmma needs an sm_90a build)" : "");
+  TORCH_CHECK(index >= 0, "flashwatt custom: no compiled kernel for math ", math_name(math), ", dtype ",
+              q.scalar_type(), ", head_dim ", D, ", block_m ", block_m, ", block_n ", block_n, ", warps ", warps,
+              ", stages ", stages, math == flashwatt::kWgmma ? " (wgmma needs an sm_90a build)" : "");
 
   flashwatt::FwdParams p{};
   p.q = q.data_ptr();
@@ -110,15 +128,15 @@ std::vector<std::vector<int64_t>> configs() {
   std::vector<std::vector<int64_t>> rows;
   for (int i = 0; i < flashwatt::fwd_num_configs(); ++i) {
     const flashwatt::FwdConfig c = flashwatt::fwd_config(i);
-    rows.push_back({c.mma, c.dtype, c.head_dim, c.block_m, c.block_n, c.warps, c.stages});
+    rows.push_back({c.math, c.dtype, c.head_dim, c.block_m, c.block_n, c.warps, c.stages});
   }
   return rows;
 }
 
 // Facts of one compiled configuration on the current device: registers, local memory, occupancy.
-std::map<std::string, int64_t> kernel_info(int64_t mma, int64_t dtype, int64_t head_dim, int64_t block_m,
+std::map<std::string, int64_t> kernel_info(int64_t math, int64_t dtype, int64_t head_dim, int64_t block_m,
                                            int64_t block_n, int64_t warps, int64_t stages) {
-  const int index = flashwatt::fwd_find_config(static_cast<int>(mma), static_cast<int>(dtype), static_cast<int>(head_dim),
+  const int index = flashwatt::fwd_find_config(static_cast<int>(math), static_cast<int>(dtype), static_cast<int>(head_dim),
                                                static_cast<int>(block_m), static_cast<int>(block_n),
                                                static_cast<int>(warps), static_cast<int>(stages));
   TORCH_CHECK(index >= 0, "flashwatt custom: no such compiled configuration");
@@ -136,12 +154,14 @@ std::map<std::string, int64_t> kernel_info(int64_t mma, int64_t dtype, int64_t h
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "flashwatt attention forward kernels";
-  m.def("forward", &forward, "attention forward (q, k, v, out, lse, causal, scale, mma, block_m, block_n, warps, stages, grid_cap)");
-  m.def("configs", &configs, "compiled configurations: [mma, dtype, head_dim, block_m, block_n, warps, stages]");
+  m.def("forward", &forward, "attention forward (q, k, v, out, lse, causal, scale, math, block_m, block_n, warps, stages, grid_cap)");
+  m.def("configs", &configs, "compiled configurations: [math, dtype, head_dim, block_m, block_n, warps, stages]");
   m.def("kernel_info", &kernel_info, "registers, local bytes, shared memory and occupancy of one configuration");
   m.attr("DTYPE_FP16") = static_cast<int>(flashwatt::kFp16);
   m.attr("DTYPE_BF16") = static_cast<int>(flashwatt::kBf16);
   m.attr("DTYPE_FP32") = static_cast<int>(flashwatt::kFp32);
-  m.attr("MMA_SYNC") = static_cast<int>(flashwatt::kMmaSync);
-  m.attr("MMA_WGMMA") = static_cast<int>(flashwatt::kWgmma);
+  m.attr("MATH_MMA_SYNC") = static_cast<int>(flashwatt::kMmaSync);
+  m.attr("MATH_WGMMA") = static_cast<int>(flashwatt::kWgmma);
+  m.attr("MATH_FFMA") = static_cast<int>(flashwatt::kFfma);
+  m.attr("MATH_MMA_TF32") = static_cast<int>(flashwatt::kMmaTf32);
 }

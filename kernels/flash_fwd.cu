@@ -9,7 +9,8 @@
 //   A operand of P V. Online softmax keeps the running max and sum per row in
 //   base-2 units (log2(e) folded into the scale, exp2f). O and the natural-log
 //   LSE are written once, O through shared memory as 16-byte stores.
-// fp32: a plain FFMA kernel with the same online softmax (exact fp32 path).
+// fp32: a plain FFMA kernel with the same online softmax (exact fp32 path); the
+// opt-in tf32 precision runs fp32 inputs on tensor cores (flash_fwd_tf32.cuh).
 //
 // Causal masking is top-left aligned (key j visible to query i iff j <= i),
 // tiles above the diagonal are skipped and only tiles that cross the diagonal
@@ -24,6 +25,7 @@
 #include <cstdio>
 
 #include "flash_fwd.cuh"
+#include "flash_fwd_tf32.cuh"
 #include "ptx.cuh"
 #if defined(FLASHWATT_WGMMA)
 #include "flash_fwd_wgmma.cuh"
@@ -514,8 +516,14 @@ constexpr Entry wg_entry(int dtype) {
 
 template <int D>
 constexpr Entry f32_entry() {
-  return Entry{FwdConfig{kMmaSync, kFp32, D, kF32BM, kF32BN, kF32Threads / 32, 1}, &flash_fwd_f32_kernel<D>,
+  return Entry{FwdConfig{kFfma, kFp32, D, kF32BM, kF32BN, kF32Threads / 32, 1}, &flash_fwd_f32_kernel<D>,
                F32Shape<D>::kSmemBytes, kF32Threads};
+}
+
+template <int D>
+constexpr Entry tf32_entry() {
+  return Entry{FwdConfig{kMmaTf32, kFp32, D, kT32BM, kT32BN, kT32Threads / 32, 2}, &flash_fwd_tf32_kernel<D>,
+               T32Shape<D>::kSmemBytes, kT32Threads};
 }
 
 // The named variants of src/flashwatt/kernels/custom.py map onto these rows.
@@ -538,6 +546,8 @@ const Entry kEntries[] = {
     f32_entry<64>(),
     f32_entry<128>(),
     f32_entry<256>(),
+    tf32_entry<64>(),
+    tf32_entry<128>(),  // d256 would need 128 O registers per thread on top: it spills
 #if defined(FLASHWATT_WGMMA)
     FLASHWATT_WGMMA_CONFIGS(__half, kFp16),
     FLASHWATT_WGMMA_CONFIGS(__nv_bfloat16, kBf16),
@@ -556,10 +566,10 @@ int fwd_num_configs() { return kNumEntries; }
 
 FwdConfig fwd_config(int index) { return kEntries[index].cfg; }
 
-int fwd_find_config(int mma, int dtype, int head_dim, int block_m, int block_n, int warps, int stages) {
+int fwd_find_config(int math, int dtype, int head_dim, int block_m, int block_n, int warps, int stages) {
   for (int i = 0; i < kNumEntries; ++i) {
     const FwdConfig& c = kEntries[i].cfg;
-    if (c.mma == mma && c.dtype == dtype && c.head_dim == head_dim && c.block_m == block_m && c.block_n == block_n &&
+    if (c.math == math && c.dtype == dtype && c.head_dim == head_dim && c.block_m == block_m && c.block_n == block_n &&
         c.warps == warps && c.stages == stages)
       return i;
   }

@@ -29,12 +29,17 @@ struct FwdParams {
   int grid_cap; // 0: one CTA per (q tile, batch, head); > 0: persistent grid of at most this many CTAs
 };
 
-// Which tensor-core instruction a configuration is built on.
-enum FwdMma : int { kMmaSync = 0, kWgmma = 1 };
+// The instructions a configuration computes with.
+enum FwdMath : int {
+  kMmaSync = 0,  // fp16/bf16 tensor cores, mma.sync m16n8k16 (sm_80+)
+  kWgmma = 1,    // fp16/bf16 tensor cores, wgmma (sm_90a builds only)
+  kFfma = 2,     // fp32 inputs, exact fp32 FFMA
+  kMmaTf32 = 3,  // fp32 inputs rounded to tf32, mma.sync m16n8k8 (the opt-in tf32 precision)
+};
 
 // One compiled tile configuration.
 struct FwdConfig {
-  int mma;      // FwdMma: mma.sync (sm_80+) or wgmma (sm_90a builds only)
+  int math;     // FwdMath
   int dtype;
   int head_dim;
   int block_m;  // query rows per CTA
@@ -55,7 +60,7 @@ int fwd_num_configs();
 FwdConfig fwd_config(int index);
 
 // Returns the index of the compiled configuration, or -1 when none matches.
-int fwd_find_config(int mma, int dtype, int head_dim, int block_m, int block_n, int warps, int stages);
+int fwd_find_config(int math, int dtype, int head_dim, int block_m, int block_n, int warps, int stages);
 
 // Launches configuration `index` on `stream` (a cudaStream_t). Returns 0 on success;
 // otherwise writes a message into err (errlen bytes) and returns non-zero.

@@ -28,6 +28,17 @@ def test_paths_without_wgmma_keep_their_default_on_hopper():
     assert parse_variant("", "bf16", 256, HOPPER).tile_name == DEFAULT_TILE[("bf16", 256)]
 
 
+def test_fp32_is_exact_and_tf32_is_its_own_opt_in_tile():
+    assert parse_variant("", "fp32", 128, AMPERE).tile.mma == "ffma"
+    assert parse_variant("", "tf32", 128, AMPERE).tile.mma == "mma.sync.tf32"
+    with pytest.raises(ValueError, match="runs tf32, not fp32"):
+        parse_variant("tf32", "fp32", 64, AMPERE)
+    with pytest.raises(ValueError, match="runs fp32, not tf32"):
+        parse_variant("f32", "tf32", 64, AMPERE)
+    with pytest.raises(ValueError, match="no default for precision tf32 and head_dim 256"):
+        parse_variant("", "tf32", 256, AMPERE)
+
+
 def test_wgmma_tile_is_refused_off_hopper_with_the_reason():
     with pytest.raises(ValueError, match=r"wgmma.*9\.0.*8\.9"):
         parse_variant("wgmma_m128_n128_s2", "bf16", 128, ADA)

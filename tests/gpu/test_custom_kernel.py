@@ -1,7 +1,8 @@
 """Correctness of the custom attention forward against a float64 reference.
 
 Error measure: ||out - ref|| / ||ref|| over the whole tensor (and the same for the LSE).
-Bounds: fp32 1e-5 (exact FFMA path), fp16 5e-3, bf16 1e-2 (inputs are rounded to the
+Bounds: fp32 1e-5 (exact FFMA path), tf32 2e-3 (fp32 inputs that the kernel rounds to
+tf32, against the unrounded inputs), fp16 5e-3, bf16 1e-2 (inputs are rounded to the
 storage type before the reference sees them, so the bound covers the kernel's own
 rounding of P to 16 bits and of the output). NaN or inf anywhere fails.
 Outputs are NaN-filled before each launch so an unwritten element cannot pass.
@@ -29,8 +30,8 @@ from flashwatt.kernels.custom import (  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
-DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-TOL = {"fp32": 1e-5, "fp16": 5e-3, "bf16": 1e-2}
+DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+TOL = {"fp32": 1e-5, "tf32": 2e-3, "fp16": 5e-3, "bf16": 1e-2}
 REPO = Path(__file__).resolve().parents[2]
 CAPABILITY = torch.cuda.get_device_capability() if torch.cuda.is_available() else None
 HOPPER = CAPABILITY == WGMMA_CAPABILITY
@@ -66,7 +67,7 @@ def rel_err(x, ref):
 def check(q, k, v, causal, precision, variant="", layout="bhld"):
     """Runs the kernel on NaN-poisoned output and compares out and lse with float64."""
     out = torch.full_like(q, float("nan"))
-    got, lse = flash_forward(q, k, v, causal, variant, layout=layout, out=out)
+    got, lse = flash_forward(q, k, v, causal, variant, layout=layout, out=out, precision=precision)
     assert got.data_ptr() == out.data_ptr()
     if layout == "blhd":
         ref, ref_lse = reference(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal)
@@ -92,9 +93,14 @@ def qkv(B, H, L, D, dtype, seed, Hkv=None, Lk=None):
 @pytest.mark.parametrize("L", [1, 7, 64, 127, 1000, 4097])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("D", [64, 128, 256])
-@pytest.mark.parametrize("precision", ["fp16", "bf16", "fp32"])
+@pytest.mark.parametrize("precision", ["fp16", "bf16", "fp32", "tf32"])
 def test_matrix(precision, D, causal, L):
-    """The default launch: on Hopper the wgmma kernel for fp16/bf16 d64/d128."""
+    """The default launch of each precision and head dim (tf32: d64 and d128)."""
+    if precision == "tf32" and D == 256:
+        q, k, v = qkv(1, 1, 8, D, torch.float32, 1)
+        with pytest.raises(ValueError, match="no default for precision tf32 and head_dim 256"):
+            flash_forward(q, k, v, causal, precision="tf32")
+        return
     B, H = (1, 2) if L > 1000 else (2, 3)
     seed = zlib.crc32(f"{precision}-{D}-{causal}-{L}".encode()) % 100_000
     check(*qkv(B, H, L, D, DTYPES[precision], seed), causal, precision)
@@ -130,7 +136,7 @@ def test_default_launch_on_this_device():
 # ---------------------------------------------------------------- layouts and GQA
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("precision", ["fp16", "bf16", "fp32"])
+@pytest.mark.parametrize("precision", ["fp16", "bf16", "fp32", "tf32"])
 @pytest.mark.parametrize("D", [64, 128])
 def test_blhd_layout(precision, D, causal):
     dt = DTYPES[precision]
@@ -139,7 +145,7 @@ def test_blhd_layout(precision, D, causal):
     check(q, k, v, causal, precision, layout="blhd")
 
 
-@pytest.mark.parametrize("precision", ["fp16", "bf16", "fp32"])
+@pytest.mark.parametrize("precision", ["fp16", "bf16", "fp32", "tf32"])
 def test_strided_views(precision):
     """(B, H, L, D)-shaped views of (B, L, H, D) storage, and q a slice of a packed qkv."""
     dt = DTYPES[precision]
@@ -153,7 +159,7 @@ def test_strided_views(precision):
 
 @pytest.mark.parametrize("Hkv", [1, 2, 4])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("precision", ["fp16", "bf16", "fp32"])
+@pytest.mark.parametrize("precision", ["fp16", "bf16", "fp32", "tf32"])
 def test_gqa(precision, causal, Hkv):
     check(*qkv(2, 8, 777, 128, DTYPES[precision], 31 + Hkv, Hkv=Hkv), causal, precision)
 
@@ -244,7 +250,13 @@ def test_adapter_call_and_supports():
 
     assert "backward" in kern.supports(dataclasses.replace(cell, pass_="fwd_bwd"), dev)
     assert "head_dim" in kern.supports(dataclasses.replace(cell, head_dim=96), dev)
-    assert "tf32" in kern.supports(dataclasses.replace(cell, precision="tf32"), dev)
+    tf32 = dataclasses.replace(cell, precision="tf32")
+    assert kern.supports(tf32, dev) is None
+    q32, k32, v32 = qkv(2, 4, 256, 64, torch.float32, 72)
+    ref32, _ = reference(q32, k32, v32, True)
+    err = rel_err(kern(q32, k32, v32, tf32), ref32)
+    assert 1e-6 < err <= TOL["tf32"], f"tf32 cell: rel err {err:.2e} (0 would mean it ran exact fp32)"
+    assert "tf32" in kern.supports(dataclasses.replace(tf32, head_dim=256), dev)
     assert "variant" in kern.supports(dataclasses.replace(cell, variant="nosuch"), dev)
     assert "CUDA" in kern.supports(cell, torch.device("cpu"))
 
@@ -274,6 +286,8 @@ def test_refusals():
         flash_forward(q, k, v, False, variant="m128_n32_w4_s2")
     with pytest.raises(ValueError, match="out"):
         flash_forward(q, k, v, False, out=torch.empty_like(q[:, :1]))
+    with pytest.raises(ValueError, match="tf32 takes float32"):
+        flash_forward(q, k, v, False, precision="tf32")
     torch.cuda.synchronize()
 
 
@@ -284,15 +298,16 @@ _SANITIZER_SCRIPT = textwrap.dedent(
     import torch
     from flashwatt.kernels.custom import flash_forward
     hopper = torch.cuda.get_device_capability() == (9, 0)
-    cases = [(torch.float16, 64, ""), (torch.bfloat16, 128, "m64_n64_w4_s2_sm1"), (torch.float32, 64, "")]
+    cases = [(torch.float16, 64, "", None), (torch.bfloat16, 128, "m64_n64_w4_s2_sm1", None),
+             (torch.float32, 64, "", None), (torch.float32, 128, "", "tf32")]
     if hopper:
-        cases += [(torch.bfloat16, 128, "wgmma_m128_n128_s2"), (torch.float16, 64, "wgmma_m128_n64_s3_sm1")]
-    for dtype, D, variant in cases:
+        cases += [(torch.bfloat16, 128, "wgmma_m128_n128_s2", None), (torch.float16, 64, "wgmma_m128_n64_s3_sm1", None)]
+    for dtype, D, variant, precision in cases:
         for causal in (False, True):
             q = torch.randn(1, 2, 77, D, device="cuda", dtype=dtype)
             k = torch.randn(1, 1, 77, D, device="cuda", dtype=dtype)
             v = torch.randn(1, 1, 77, D, device="cuda", dtype=dtype)
-            out, lse = flash_forward(q, k, v, causal, variant)
+            out, lse = flash_forward(q, k, v, causal, variant, precision=precision)
             torch.cuda.synchronize()
     print("SANITIZER_SCRIPT_DONE")
     """

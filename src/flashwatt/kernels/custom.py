@@ -3,7 +3,8 @@
 fp16/bf16 run on tensor cores with fp32 accumulation through mma.sync (FlashAttention-2
 style); on Hopper (compute capability 9.0, an sm_90a build) the `wgmma_` tiles run a
 wgmma kernel with the softmax overlapped with the P V product
-(kernels/flash_fwd_wgmma.cuh). fp32 runs an exact FFMA path. Head dims 64, 128 and 256; causal (top-left aligned, as torch's is_causal) and
+(kernels/flash_fwd_wgmma.cuh). fp32 runs an exact FFMA path; the opt-in tf32 precision
+runs fp32 inputs on tensor cores, rounded to tf32 (kernels/flash_fwd_tf32.cuh, d64/d128). Head dims 64, 128 and 256; causal (top-left aligned, as torch's is_causal) and
 full masks; any sequence length; (B, H, L, D) and (B, L, H, D) layouts through strides;
 grouped-query attention (q heads a multiple of k/v heads). Forward only.
 
@@ -23,10 +24,11 @@ from dataclasses import dataclass
 from flashwatt.cell import Cell
 
 HEAD_DIMS = (64, 128, 256)
-PRECISIONS = ("fp16", "bf16", "fp32")
+PRECISIONS = ("fp16", "bf16", "fp32", "tf32")
 
 
-MMA_SYNC, WGMMA = "mma.sync", "wgmma"
+# The instructions a tile computes with (FwdMath in kernels/flash_fwd.cuh).
+MMA_SYNC, WGMMA, FFMA, MMA_TF32 = "mma.sync", "wgmma", "ffma", "mma.sync.tf32"
 # wgmma kernels are built only for compute capability 9.0 (sm_90a); see flashwatt.build.
 WGMMA_CAPABILITY = (9, 0)
 
@@ -65,7 +67,8 @@ TILES: dict[str, Tile] = {
     "m128_n32_w4_s3": Tile(128, 32, 4, 3, (128,), _HALF, "as m128_n32_w4_s2 with a 3-stage K/V pipeline"),
     "m128_n48_w4_s2": Tile(128, 48, 4, 2, (128,), _HALF, "128 q rows, 48-row K/V tiles, 4 warps x 32 rows (d128 default)"),
     "m64_n32_w4_s2": Tile(64, 32, 4, 2, (256,), _HALF, "64 q rows, 32-row K/V tiles, 4 warps x 16 rows (d256 default)"),
-    "f32": Tile(64, 32, 8, 1, (64, 128, 256), ("fp32",), "exact fp32 FFMA path: 64 q rows, 32-row K/V tiles, 256 threads"),
+    "f32": Tile(64, 32, 8, 1, (64, 128, 256), ("fp32",), "exact fp32 FFMA path: 64 q rows, 32-row K/V tiles, 256 threads", FFMA),
+    "tf32": Tile(64, 32, 4, 2, (64, 128), ("tf32",), "fp32 inputs rounded to tf32 on mma.sync m16n8k8: 64 q rows, 32-row K/V tiles, 4 warps, 2 stages", MMA_TF32),
     # Hopper: 64 q rows per warpgroup of 4 warps.
     "wgmma_m128_n128_s2": Tile(128, 128, 8, 2, (64, 128), _HALF, "wgmma, 2 warpgroups x 64 q rows, 128-row K/V tiles, 2 stages", WGMMA),
     "wgmma_m128_n128_s3": Tile(128, 128, 8, 3, (64, 128), _HALF, "as wgmma_m128_n128_s2 with a 3-stage K/V pipeline", WGMMA),
@@ -83,6 +86,8 @@ DEFAULT_TILE = {
     ("fp32", 64): "f32",
     ("fp32", 128): "f32",
     ("fp32", 256): "f32",
+    ("tf32", 64): "tf32",
+    ("tf32", 128): "tf32",
 }
 
 # Defaults on Hopper, where they differ from DEFAULT_TILE. Empty: the wgmma tiles are
@@ -152,10 +157,16 @@ def check_variant_name(variant: str) -> None:
         raise ValueError(f"custom variant {variant!r}: CTA caps must be at least 1")
 
 
-def _precision_of(dtype) -> str:
+def _precision_of(dtype, precision: str | None) -> str:
+    """The cell precision these inputs run at: their dtype's, or tf32 asked for on float32."""
     import torch
 
-    return {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}.get(dtype, str(dtype))
+    natural = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}.get(dtype, str(dtype))
+    if precision is None or precision == natural:
+        return natural
+    if precision == "tf32" and dtype == torch.float32:
+        return "tf32"
+    raise ValueError(f"custom kernel: precision {precision!r} does not run {dtype} inputs (tf32 takes float32)")
 
 
 def _check_inputs(q, k, v) -> None:
@@ -199,9 +210,12 @@ def _kernel_ready(t):
 _SM_COUNT: dict[int, int] = {}
 
 
-def flash_forward(q, k, v, causal: bool, variant: str = "", layout: str = "bhld", *, out=None, scale: float | None = None):
+def flash_forward(q, k, v, causal: bool, variant: str = "", layout: str = "bhld", *, out=None, scale: float | None = None,
+                  precision: str | None = None):
     """Attention forward; returns (out, lse).
 
+    precision: None runs the inputs' own (fp16, bf16, exact fp32); "tf32" runs float32
+    inputs on tensor cores, rounded to tf32.
     layout "bhld": q (B, H, Lq, D), k/v (B, Hkv, Lk, D); "blhd": q (B, Lq, H, D), k/v
     (B, Lk, Hkv, D). Any strides with a contiguous head_dim. out (optional) must have q's
     shape and dtype; it is written in place. lse is float32 (B, H, Lq), natural log.
@@ -222,7 +236,7 @@ def flash_forward(q, k, v, causal: bool, variant: str = "", layout: str = "bhld"
             out = out.transpose(1, 2)
     _check_inputs(q, k, v)
     B, H, L, D = q.shape
-    launch = parse_variant(variant, _precision_of(q.dtype), D, torch.cuda.get_device_capability(q.device))
+    launch = parse_variant(variant, _precision_of(q.dtype, precision), D, torch.cuda.get_device_capability(q.device))
     if out is None:
         if layout == "blhd" or (q.stride(1) < q.stride(2)):
             out = torch.empty((B, L, H, D), dtype=q.dtype, device=q.device).transpose(1, 2)
@@ -253,7 +267,7 @@ def flash_forward(q, k, v, causal: bool, variant: str = "", layout: str = "bhld"
 
 
 def _mma_code(ext, tile: Tile) -> int:
-    return ext.MMA_WGMMA if tile.mma == WGMMA else ext.MMA_SYNC
+    return {MMA_SYNC: ext.MATH_MMA_SYNC, WGMMA: ext.MATH_WGMMA, FFMA: ext.MATH_FFMA, MMA_TF32: ext.MATH_MMA_TF32}[tile.mma]
 
 
 def kernel_info(precision: str, head_dim: int, variant: str = "") -> dict:
@@ -265,7 +279,7 @@ def kernel_info(precision: str, head_dim: int, variant: str = "") -> dict:
 
     launch = parse_variant(variant, precision, head_dim, torch.cuda.get_device_capability())
     ext = load_extension()
-    code = {"fp16": ext.DTYPE_FP16, "bf16": ext.DTYPE_BF16, "fp32": ext.DTYPE_FP32}[precision]
+    code = {"fp16": ext.DTYPE_FP16, "bf16": ext.DTYPE_BF16, "fp32": ext.DTYPE_FP32, "tf32": ext.DTYPE_FP32}[precision]
     t = launch.tile
     info = dict(ext.kernel_info(_mma_code(ext, t), code, head_dim, t.block_m, t.block_n, t.warps, t.stages))
     info.update(tile=launch.tile_name, mma=t.mma, ctas_per_sm_cap=launch.ctas_per_sm, max_ctas=launch.max_ctas)
@@ -289,7 +303,7 @@ class Custom:
         if cell.pass_ != "fwd":
             return "custom has no backward pass yet (forward only)"
         if cell.precision not in PRECISIONS:
-            return f"custom runs {', '.join(PRECISIONS)}; the tf32 tensor-core path is not implemented (cell asks for {cell.precision})"
+            return f"custom runs {', '.join(PRECISIONS)} (cell asks for {cell.precision})"
         try:
             parse_variant(cell.variant, cell.precision, cell.head_dim, cap)
         except ValueError as err:
@@ -297,7 +311,7 @@ class Custom:
         return None
 
     def __call__(self, q, k, v, cell: Cell):
-        out, _ = flash_forward(q, k, v, cell.causal, cell.variant)
+        out, _ = flash_forward(q, k, v, cell.causal, cell.variant, precision=cell.precision)
         return out
 
     def describe(self, cell: Cell) -> dict:
