@@ -17,6 +17,7 @@ to keep the default tile; "" is the default tile with one CTA per query tile.
 """
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass
@@ -116,6 +117,7 @@ class Launch:
     max_ctas: int  # 0: not capped
 
 
+@functools.lru_cache(maxsize=512)  # on every call's host path: short kernels are launch-bound
 def parse_variant(variant: str, precision: str, head_dim: int, capability: tuple[int, int] | None = None) -> Launch:
     """The launch a variant names for this precision and head dim on a device of this compute
     capability (None: mma.sync defaults, no wgmma check); ValueError with a reason if none."""
@@ -185,7 +187,7 @@ def _check_inputs(q, k, v) -> None:
         raise ValueError(f"custom kernel: q, k, v dtypes differ ({q.dtype}, {k.dtype}, {v.dtype})")
     if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         raise ValueError(f"custom kernel: dtype {q.dtype} not supported (float16, bfloat16, float32)")
-    if torch.cuda.get_device_capability(q.device) < (8, 0):
+    if _capability(q.device) < (8, 0):
         raise ValueError("custom kernel: needs compute capability 8.0 or newer")
     B, H, L, D = q.shape
     if D not in HEAD_DIMS:
@@ -208,6 +210,16 @@ def _kernel_ready(t):
 
 
 _SM_COUNT: dict[int, int] = {}
+_CAPABILITY: dict[int, tuple[int, int]] = {}
+
+
+def _capability(device) -> tuple[int, int]:
+    import torch
+
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _CAPABILITY:
+        _CAPABILITY[index] = tuple(torch.cuda.get_device_capability(index))
+    return _CAPABILITY[index]
 
 
 def flash_forward(q, k, v, causal: bool, variant: str = "", layout: str = "bhld", *, out=None, scale: float | None = None,
@@ -236,7 +248,7 @@ def flash_forward(q, k, v, causal: bool, variant: str = "", layout: str = "bhld"
             out = out.transpose(1, 2)
     _check_inputs(q, k, v)
     B, H, L, D = q.shape
-    launch = parse_variant(variant, _precision_of(q.dtype, precision), D, torch.cuda.get_device_capability(q.device))
+    launch = parse_variant(variant, _precision_of(q.dtype, precision), D, _capability(q.device))
     if out is None:
         if layout == "blhd" or (q.stride(1) < q.stride(2)):
             out = torch.empty((B, L, H, D), dtype=q.dtype, device=q.device).transpose(1, 2)
