@@ -27,6 +27,7 @@
 #include "flash_fwd.cuh"
 #include "flash_fwd_tf32.cuh"
 #include "ptx.cuh"
+#include "tile_schedule.cuh"
 #if defined(FLASHWATT_WGMMA)
 #include "flash_fwd_wgmma.cuh"
 #endif
@@ -123,28 +124,16 @@ __global__ void __launch_bounds__(NW * 32, 1) flash_fwd_tc_kernel(const FwdParam
   const int v_chk = lane >> 4;
 
   const int warp_row0 = warp * 16 * MT;
-  const int num_mb = (p.len_q + BM - 1) / BM;
-  const int bh_count = p.batch * p.heads;
-  const int total = num_mb * bh_count;
-  const int group = p.heads / p.kv_heads;
+  const TileGrid<BM, BN> grid(p);
   const float scale_log2 = p.scale * kLog2e;
 
 #pragma unroll 1
-  for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
-    // Longest (for causal) query tiles first; all heads of one query tile are adjacent.
-    const int mb = num_mb - 1 - tile / bh_count;
-    const int bh = tile % bh_count;
-    const int b = bh / p.heads;
-    const int h = bh % p.heads;
-    const int hk = h / group;
-    const int m0 = mb * BM;
-
-    const T* __restrict__ gQ = static_cast<const T*>(p.q) + b * p.q_sb + h * p.q_sh;
-    const T* __restrict__ gK = static_cast<const T*>(p.k) + b * p.k_sb + hk * p.k_sh;
-    const T* __restrict__ gV = static_cast<const T*>(p.v) + b * p.v_sb + hk * p.v_sh;
-
-    const int kv_end = p.causal ? min(p.len_k, m0 + BM) : p.len_k;
-    const int n_tiles = (kv_end + BN - 1) / BN;
+  for (int tile = blockIdx.x; tile < grid.total; tile += gridDim.x) {
+    const TileWork<T> w = grid.template work<T>(p, tile);
+    const int b = w.b, h = w.h, m0 = w.m0, n_tiles = w.n_tiles;
+    const T* __restrict__ gQ = w.q;
+    const T* __restrict__ gK = w.k;
+    const T* __restrict__ gV = w.v;
 
     __syncthreads();  // the previous tile's readers of shared memory are done
 
@@ -390,25 +379,14 @@ __global__ void __launch_bounds__(kF32Threads, 1) flash_fwd_f32_kernel(const Fwd
   const int tid = threadIdx.x;
   const int r = tid >> 2;
   const int c = tid & 3;
-  const int num_mb = (p.len_q + BM - 1) / BM;
-  const int bh_count = p.batch * p.heads;
-  const int total = num_mb * bh_count;
-  const int group = p.heads / p.kv_heads;
+  const TileGrid<BM, BN> grid(p);
   const float scale_log2 = p.scale * kLog2e;
 
 #pragma unroll 1
-  for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
-    const int mb = num_mb - 1 - tile / bh_count;
-    const int bh = tile % bh_count;
-    const int b = bh / p.heads;
-    const int h = bh % p.heads;
-    const int hk = h / group;
-    const int m0 = mb * BM;
-    const float* gQ = static_cast<const float*>(p.q) + b * p.q_sb + h * p.q_sh;
-    const float* gK = static_cast<const float*>(p.k) + b * p.k_sb + hk * p.k_sh;
-    const float* gV = static_cast<const float*>(p.v) + b * p.v_sb + hk * p.v_sh;
-    const int kv_end = p.causal ? min(p.len_k, m0 + BM) : p.len_k;
-    const int n_tiles = (kv_end + BN - 1) / BN;
+  for (int tile = blockIdx.x; tile < grid.total; tile += gridDim.x) {
+    const TileWork<float> w = grid.template work<float>(p, tile);
+    const int b = w.b, h = w.h, m0 = w.m0, n_tiles = w.n_tiles;
+    const float *gQ = w.q, *gK = w.k, *gV = w.v;
 
     __syncthreads();
     for (int idx = tid; idx < BM * D; idx += kF32Threads) {

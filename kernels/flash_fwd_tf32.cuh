@@ -20,6 +20,7 @@
 
 #include "flash_fwd.cuh"
 #include "ptx.cuh"
+#include "tile_schedule.cuh"
 
 namespace flashwatt {
 namespace {
@@ -76,25 +77,14 @@ __global__ void __launch_bounds__(kT32Threads, 1) flash_fwd_tf32_kernel(const Fw
   const int t = lane & 3;
   const int warp_row0 = warp * 16;
 
-  const int num_mb = (p.len_q + BM - 1) / BM;
-  const int bh_count = p.batch * p.heads;
-  const int total = num_mb * bh_count;
-  const int group = p.heads / p.kv_heads;
+  const TileGrid<BM, BN> grid(p);
   const float scale_log2 = p.scale * kLog2e;
 
 #pragma unroll 1
-  for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
-    const int mb = num_mb - 1 - tile / bh_count;  // longest (causal) query tiles first
-    const int bh = tile % bh_count;
-    const int b = bh / p.heads;
-    const int h = bh % p.heads;
-    const int hk = h / group;
-    const int m0 = mb * BM;
-    const float* gQ = static_cast<const float*>(p.q) + b * p.q_sb + h * p.q_sh;
-    const float* gK = static_cast<const float*>(p.k) + b * p.k_sb + hk * p.k_sh;
-    const float* gV = static_cast<const float*>(p.v) + b * p.v_sb + hk * p.v_sh;
-    const int kv_end = p.causal ? min(p.len_k, m0 + BM) : p.len_k;
-    const int n_tiles = (kv_end + BN - 1) / BN;
+  for (int tile = blockIdx.x; tile < grid.total; tile += gridDim.x) {
+    const TileWork<float> w = grid.template work<float>(p, tile);
+    const int b = w.b, h = w.h, m0 = w.m0, n_tiles = w.n_tiles;
+    const float *gQ = w.q, *gK = w.k, *gV = w.v;
 
     __syncthreads();  // the previous tile's readers of shared memory are done
     load_tile_f32<BM, D, THREADS>(sQ, gQ, p.q_sl, m0, p.len_q, tid);

@@ -23,6 +23,7 @@
 
 #include "flash_fwd.cuh"
 #include "ptx.cuh"
+#include "tile_schedule.cuh"
 #include "wgmma.cuh"
 
 namespace flashwatt {
@@ -100,10 +101,7 @@ __global__ void __launch_bounds__(NWG * 128, 1) flash_fwd_wgmma_kernel(const Fwd
   const int t = lane & 3;            // column pair within a fragment
   const int warp_row0 = wg * 64 + wl * 16;
 
-  const int num_mb = (p.len_q + BM - 1) / BM;
-  const int bh_count = p.batch * p.heads;
-  const int total = num_mb * bh_count;
-  const int group = p.heads / p.kv_heads;
+  const TileGrid<BM, BN> grid(p);
   const float scale_log2 = p.scale * kLog2e;
 
   // Descriptor addresses: Q rows of this warpgroup; k step kk is column block kk/4 at
@@ -111,21 +109,12 @@ __global__ void __launch_bounds__(NWG * 128, 1) flash_fwd_wgmma_kernel(const Fwd
   const uint32_t q_base = sQ + wg * 64 * 128;
 
 #pragma unroll 1
-  for (int tile = blockIdx.x; tile < total; tile += gridDim.x) {
-    // Longest (for causal) query tiles first; all heads of one query tile are adjacent.
-    const int mb = num_mb - 1 - tile / bh_count;
-    const int bh = tile % bh_count;
-    const int b = bh / p.heads;
-    const int h = bh % p.heads;
-    const int hk = h / group;
-    const int m0 = mb * BM;
-
-    const T* __restrict__ gQ = static_cast<const T*>(p.q) + b * p.q_sb + h * p.q_sh;
-    const T* __restrict__ gK = static_cast<const T*>(p.k) + b * p.k_sb + hk * p.k_sh;
-    const T* __restrict__ gV = static_cast<const T*>(p.v) + b * p.v_sb + hk * p.v_sh;
-
-    const int kv_end = p.causal ? min(p.len_k, m0 + BM) : p.len_k;
-    const int n_tiles = (kv_end + BN - 1) / BN;
+  for (int tile = blockIdx.x; tile < grid.total; tile += gridDim.x) {
+    const TileWork<T> w = grid.template work<T>(p, tile);
+    const int b = w.b, h = w.h, m0 = w.m0, n_tiles = w.n_tiles;
+    const T* __restrict__ gQ = w.q;
+    const T* __restrict__ gK = w.k;
+    const T* __restrict__ gV = w.v;
 
     __syncthreads();  // the previous tile's readers of shared memory are done
 
