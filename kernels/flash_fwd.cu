@@ -26,6 +26,7 @@
 
 #include "flash_fwd.cuh"
 #include "flash_fwd_tf32.cuh"
+#include "online_softmax.cuh"
 #include "ptx.cuh"
 #include "tile_schedule.cuh"
 #if defined(FLASHWATT_WGMMA)
@@ -245,28 +246,9 @@ __global__ void __launch_bounds__(NW * 32, 1) flash_fwd_tc_kernel(const FwdParam
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          float cur = -INFINITY;
-#pragma unroll
-          for (int nt = 0; nt < NT; ++nt) cur = fmaxf(cur, fmaxf(s[mt][nt][2 * r], s[mt][nt][2 * r + 1]));
-          cur = fmaxf(cur, __shfl_xor_sync(0xffffffffu, cur, 1));
-          cur = fmaxf(cur, __shfl_xor_sync(0xffffffffu, cur, 2));
-          const float m_old = row_max[mt][r];
-          const float m_new = fmaxf(m_old, cur * scale_log2);
-          const float m_sub = (m_new == -INFINITY) ? 0.f : m_new;  // a row with nothing visible yet
-          alpha[mt][r] = exp2_ftz(m_old - m_sub);
-          row_max[mt][r] = m_new;
-          float sum = 0.f;
-#pragma unroll
-          for (int nt = 0; nt < NT; ++nt) {
-            const float p0 = exp2_ftz(fmaf(s[mt][nt][2 * r], scale_log2, -m_sub));
-            const float p1 = exp2_ftz(fmaf(s[mt][nt][2 * r + 1], scale_log2, -m_sub));
-            s[mt][nt][2 * r] = p0;
-            s[mt][nt][2 * r + 1] = p1;
-            sum += p0 + p1;
-          }
-          row_sum[mt][r] = row_sum[mt][r] * alpha[mt][r] + sum;  // quad-partial; reduced at the end
-        }
+        for (int r = 0; r < 2; ++r)
+          alpha[mt][r] = online_softmax_row<NT>([&](int nt, int e) -> float& { return s[mt][nt][2 * r + e]; },
+                                                row_max[mt][r], row_sum[mt][r], scale_log2);
       }
       // Rescale O only when some row of the warp saw a new maximum (alpha != 1): after
       // the first tiles this is rare, and multiplying by 1 is exact, so skipping is too.
@@ -320,13 +302,11 @@ __global__ void __launch_bounds__(NW * 32, 1) flash_fwd_tc_kernel(const FwdParam
     for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        float l = row_sum[mt][r];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        const float l = quad_sum(row_sum[mt][r]);
         const float inv = l > 0.f ? 1.f / l : 0.f;
         const int lrow = warp_row0 + mt * 16 + g + r * 8;
         const int row = m0 + lrow;
-        if (t == 0 && row < p.len_q) lse[row] = l > 0.f ? (row_max[mt][r] + log2f(l)) * kLn2 : -INFINITY;
+        if (t == 0 && row < p.len_q) lse[row] = row_lse(row_max[mt][r], l);
 #pragma unroll
         for (int dt = 0; dt < DT; ++dt) {
           const uint32_t packed = Ops::pack(o[mt][dt][2 * r] * inv, o[mt][dt][2 * r + 1] * inv);

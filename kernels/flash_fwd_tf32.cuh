@@ -19,6 +19,7 @@
 #include <cstdint>
 
 #include "flash_fwd.cuh"
+#include "online_softmax.cuh"
 #include "ptx.cuh"
 #include "tile_schedule.cuh"
 
@@ -149,28 +150,9 @@ __global__ void __launch_bounds__(kT32Threads, 1) flash_fwd_tf32_kernel(const Fw
       // ---- online softmax (base 2); P is rounded to tf32, so exp2_ftz is exact enough
       float alpha[2];
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        float cur = -INFINITY;
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) cur = fmaxf(cur, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
-        cur = fmaxf(cur, __shfl_xor_sync(0xffffffffu, cur, 1));
-        cur = fmaxf(cur, __shfl_xor_sync(0xffffffffu, cur, 2));
-        const float m_old = row_max[r];
-        const float m_new = fmaxf(m_old, cur * scale_log2);
-        const float m_sub = (m_new == -INFINITY) ? 0.f : m_new;  // a row with nothing visible yet
-        alpha[r] = exp2_ftz(m_old - m_sub);
-        row_max[r] = m_new;
-        float sum = 0.f;
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-          const float p0 = exp2_ftz(fmaf(s[nt][2 * r], scale_log2, -m_sub));
-          const float p1 = exp2_ftz(fmaf(s[nt][2 * r + 1], scale_log2, -m_sub));
-          s[nt][2 * r] = p0;
-          s[nt][2 * r + 1] = p1;
-          sum += p0 + p1;
-        }
-        row_sum[r] = row_sum[r] * alpha[r] + sum;  // quad-partial; reduced at the end
-      }
+      for (int r = 0; r < 2; ++r)
+        alpha[r] = online_softmax_row<NT>([&](int nt, int e) -> float& { return s[nt][2 * r + e]; }, row_max[r],
+                                          row_sum[r], scale_log2);
 #pragma unroll
       for (int dt = 0; dt < DT; ++dt) {
         o[dt][0] *= alpha[0];
@@ -198,13 +180,11 @@ __global__ void __launch_bounds__(kT32Threads, 1) flash_fwd_tf32_kernel(const Fw
     float* gO = static_cast<float*>(p.o) + b * p.o_sb + h * p.o_sh;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      float l = row_sum[r];
-      l += __shfl_xor_sync(0xffffffffu, l, 1);
-      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      const float l = quad_sum(row_sum[r]);
       const float inv = l > 0.f ? 1.f / l : 0.f;
       const int row = m0 + warp_row0 + g + r * 8;
       if (row >= p.len_q) continue;
-      if (t == 0) lse[row] = l > 0.f ? (row_max[r] + log2f(l)) * kLn2 : -INFINITY;
+      if (t == 0) lse[row] = row_lse(row_max[r], l);
       float* orow = gO + static_cast<int64_t>(row) * p.o_sl;
 #pragma unroll
       for (int dt = 0; dt < DT; ++dt)

@@ -22,6 +22,7 @@
 #include <cstdint>
 
 #include "flash_fwd.cuh"
+#include "online_softmax.cuh"
 #include "ptx.cuh"
 #include "tile_schedule.cuh"
 #include "wgmma.cuh"
@@ -182,28 +183,9 @@ __global__ void __launch_bounds__(NWG * 128, 1) flash_fwd_wgmma_kernel(const Fwd
         }
       }
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        float cur = -INFINITY;
-#pragma unroll
-        for (int nt = 0; nt < BN / 8; ++nt) cur = fmaxf(cur, fmaxf(s[4 * nt + 2 * r], s[4 * nt + 2 * r + 1]));
-        cur = fmaxf(cur, __shfl_xor_sync(0xffffffffu, cur, 1));
-        cur = fmaxf(cur, __shfl_xor_sync(0xffffffffu, cur, 2));
-        const float m_old = row_max[r];
-        const float m_new = fmaxf(m_old, cur * scale_log2);
-        const float m_sub = (m_new == -INFINITY) ? 0.f : m_new;  // a row with nothing visible yet
-        alpha[r] = exp2_ftz(m_old - m_sub);
-        row_max[r] = m_new;
-        float sum = 0.f;
-#pragma unroll
-        for (int nt = 0; nt < BN / 8; ++nt) {
-          const float p0 = exp2_ftz(fmaf(s[4 * nt + 2 * r], scale_log2, -m_sub));
-          const float p1 = exp2_ftz(fmaf(s[4 * nt + 2 * r + 1], scale_log2, -m_sub));
-          s[4 * nt + 2 * r] = p0;
-          s[4 * nt + 2 * r + 1] = p1;
-          sum += p0 + p1;
-        }
-        row_sum[r] = row_sum[r] * alpha[r] + sum;  // quad-partial; reduced at the end
-      }
+      for (int r = 0; r < 2; ++r)
+        alpha[r] = online_softmax_row<BN / 8>([&](int nt, int e) -> float& { return s[4 * nt + 2 * r + e]; },
+                                              row_max[r], row_sum[r], scale_log2);
     };
     auto pack_p = [&]() {  // the S accumulator layout is the A-fragment layout of P V
 #pragma unroll
@@ -257,13 +239,11 @@ __global__ void __launch_bounds__(NWG * 128, 1) flash_fwd_wgmma_kernel(const Fwd
     float* lse = p.lse + static_cast<int64_t>(b * p.heads + h) * p.len_q;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      float l = row_sum[r];
-      l += __shfl_xor_sync(0xffffffffu, l, 1);
-      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      const float l = quad_sum(row_sum[r]);
       const float inv = l > 0.f ? 1.f / l : 0.f;
       const int lrow = warp_row0 + g + r * 8;
       const int row = m0 + lrow;
-      if (t == 0 && row < p.len_q) lse[row] = l > 0.f ? (row_max[r] + log2f(l)) * kLn2 : -INFINITY;
+      if (t == 0 && row < p.len_q) lse[row] = row_lse(row_max[r], l);
 #pragma unroll
       for (int dt = 0; dt < D / 8; ++dt) {
         const uint32_t packed = Ops::pack(o[4 * dt + 2 * r] * inv, o[4 * dt + 2 * r + 1] * inv);
