@@ -13,7 +13,9 @@ failed check is printed and recorded, and its time is not reported.
 --pipeline-timing adds, for custom, sdpa_flash and sdpa_cudnn, the pipeline's own timing of
 the same shape in the same process (the kernel adapter the cells use, input sets rotated
 past L2, one CUDA event pair per call, median; flashwatt.measure), so that the two methods
-can be compared on one card at one time.
+can be compared on one card at one time. --graph-timing adds a third: the same calls
+captured in a CUDA graph and replayed, which takes the host's launch cost out of short
+kernels.
 """
 from __future__ import annotations
 
@@ -41,6 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rep-ms", type=int, default=60, help="do_bench measuring time per point")
     ap.add_argument("--pipeline-timing", action="store_true",
                     help="also time custom, sdpa_flash and sdpa_cudnn the way the pipeline's cells do")
+    ap.add_argument("--graph-timing", action="store_true",
+                    help="also time custom, sdpa_flash and sdpa_cudnn as CUDA-graph replays")
     args = ap.parse_args(argv)
 
     import torch
@@ -119,13 +123,20 @@ def main(argv: list[str] | None = None) -> int:
                     rows.append(dict(device=name, dtype=dname, batch=B, heads=H, seq_len=L, head_dim=D, causal=causal,
                                      kernel=kernel, variant=variant, ms=round(ms, 5), tflops=round(tf, 2),
                                      rel_err_vs_flash=err_vs_flash))
-                if args.pipeline_timing:
+                methods = [m for m, on in (("pipeline", args.pipeline_timing), ("graph", args.graph_timing)) if on]
+                for method in methods:
                     for kname in ("sdpa_flash", "custom", "sdpa_cudnn"):
-                        ms = _pipeline_ms(kname, dname, B, H, L, D, causal) if result[kname] == result[kname] else math.nan
+                        ms = math.nan
+                        if result[kname] == result[kname]:  # timed (and, for custom, checked) above
+                            try:
+                                ms = _method_ms(method, kname, dname, B, H, L, D, causal)
+                            except Exception as err:  # e.g. a backend that cannot be captured in a graph
+                                print(f"  {method} timing of {kname} failed: {str(err).splitlines()[0][:160]}",
+                                      file=sys.stderr)
                         tf = flops / ms / 1e9
-                        result[f"pipeline:{kname}"] = tf
+                        result[f"{method}:{kname}"] = tf
                         rows.append(dict(device=name, dtype=dname, batch=B, heads=H, seq_len=L, head_dim=D,
-                                         causal=causal, kernel=kname, variant="pipeline_timing", ms=round(ms, 5),
+                                         causal=causal, kernel=kname, variant=f"{method}_timing", ms=round(ms, 5),
                                          tflops=round(tf, 2), rel_err_vs_flash=math.nan))
                 ratio = result["custom"] / result["sdpa_flash"] if result["sdpa_flash"] else math.nan
                 ratio_cu = result["custom"] / result["sdpa_cudnn"] if result["sdpa_cudnn"] else math.nan
@@ -135,9 +146,9 @@ def main(argv: list[str] | None = None) -> int:
                 if hopper:
                     wg = max((v for n, v in result.items() if n.startswith("custom:wgmma") and v == v), default=math.nan)
                     line += f" {wg:8.1f} {wg / result['sdpa_flash']:6.3f} {wg / result['sdpa_cudnn']:6.3f}"
-                if args.pipeline_timing:
-                    pf, pc = result["pipeline:sdpa_flash"], result["pipeline:custom"]
-                    line += f"   pipeline: custom {pc:.1f} flash {pf:.1f} ratio {pc / pf:.3f}"
+                for method in methods:
+                    pf, pc = result[f"{method}:sdpa_flash"], result[f"{method}:custom"]
+                    line += f"   {method}: custom {pc:.1f} flash {pf:.1f} ratio {pc / pf:.3f}"
                 if args.variants:
                     best = max(((v, n) for n, v in result.items() if n.startswith("custom:") and v == v), default=None)
                     if best:
@@ -153,8 +164,12 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _pipeline_ms(kname: str, precision: str, B: int, H: int, L: int, D: int, causal: bool) -> float:
-    """Median ms of one call as a pipeline cell times it (default measure settings)."""
+def _method_ms(method: str, kname: str, precision: str, B: int, H: int, L: int, D: int, causal: bool) -> float:
+    """Median ms of one call through the kernel adapter the cells use, input sets rotated past L2.
+    pipeline: one CUDA event pair per call (flashwatt.measure, default settings);
+    graph: 20 calls captured in a CUDA graph, each replay timed, per-call median."""
+    import statistics
+
     import torch
 
     from flashwatt import measure
@@ -168,9 +183,33 @@ def _pipeline_ms(kname: str, precision: str, B: int, H: int, L: int, D: int, cau
     call = measure.make_call(kernel, cell, inputs)
     with torch.no_grad():
         per_call_s = measure.warm_up(call, dev, 200)
-        timing = measure.time_calls(call, dev, per_call_s, {"min_time_ms": 500, "min_repeats": 30, "max_repeats": 2000})
-    del inputs, call
-    return timing["median_ms"]
+        if method == "pipeline":
+            timing = measure.time_calls(call, dev, per_call_s, {"min_time_ms": 500, "min_repeats": 30, "max_repeats": 2000})
+            return timing["median_ms"]
+        calls = 20
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # allocations the capture will reuse
+            for i in range(3):
+                call(i)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for i in range(calls):
+                call(i)
+        graph.replay()
+        torch.cuda.synchronize()
+        replays = max(5, min(200, int(0.5 / max(per_call_s * calls, 1e-6))))
+        times = []
+        for _ in range(replays):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / calls)
+        del graph
+        return statistics.median(times)
 
 
 if __name__ == "__main__":
