@@ -408,8 +408,7 @@ __global__ void __launch_bounds__(kF32Threads, 1) flash_fwd_f32_kernel(const Fwd
         if (col >= p.len_k || (p.causal && col > row)) s[i] = -INFINITY;
         cur = fmaxf(cur, s[i]);
       }
-      cur = fmaxf(cur, __shfl_xor_sync(0xffffffffu, cur, 1));
-      cur = fmaxf(cur, __shfl_xor_sync(0xffffffffu, cur, 2));
+      cur = quad_max(cur);
       const float m_new = fmaxf(m_run, cur * scale_log2);
       const float m_sub = (m_new == -INFINITY) ? 0.f : m_new;
       const float alpha = exp2f(m_run - m_sub);
@@ -421,9 +420,7 @@ __global__ void __launch_bounds__(kF32Threads, 1) flash_fwd_f32_kernel(const Fwd
         sum += pv;
         sP[r * PP + c + 4 * i] = pv;
       }
-      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      l_run = l_run * alpha + sum;
+      l_run = l_run * alpha + quad_sum(sum);
 #pragma unroll
       for (int i = 0; i < OC; ++i) o[i] *= alpha;
       __syncwarp();  // the 4 threads of a row are in one warp
@@ -440,8 +437,7 @@ __global__ void __launch_bounds__(kF32Threads, 1) flash_fwd_f32_kernel(const Fwd
 #pragma unroll
       for (int i = 0; i < OC; ++i) gO[c + 4 * i] = o[i] * inv;
       if (c == 0)
-        p.lse[static_cast<int64_t>(b * p.heads + h) * p.len_q + row] =
-            l_run > 0.f ? (m_run + log2f(l_run)) * kLn2 : -INFINITY;
+        p.lse[static_cast<int64_t>(b * p.heads + h) * p.len_q + row] = row_lse(m_run, l_run);
     }
   }
 }

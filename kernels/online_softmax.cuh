@@ -1,4 +1,5 @@
-// The online softmax step shared by the tensor-core attention kernels.
+// The online softmax step shared by the tensor-core attention kernels, and the quad
+// reductions and row epilogue that the fp32 kernel shares with them.
 //
 // A query row's scores are spread over the 4 threads of a quad (lanes 4g .. 4g+3), each
 // holding NT pairs of adjacent columns. Work is in base 2: log2(e) is folded into the
@@ -18,13 +19,24 @@ namespace {
 // the running max and the thread's partial sum, replaces the scores by unnormalised P,
 // and returns alpha, the factor that rescales what O held before this tile. A row with
 // nothing visible yet (all -inf) keeps P = 0 instead of NaN.
+// The maximum and the sum over the quad that shares a row.
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  x += __shfl_xor_sync(0xffffffffu, x, 2);
+  return x;
+}
+
 template <int NT, typename At>
 __device__ __forceinline__ float online_softmax_row(At&& at, float& row_max, float& row_sum, float scale_log2) {
   float cur = -INFINITY;
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) cur = fmaxf(cur, fmaxf(at(nt, 0), at(nt, 1)));
-  cur = fmaxf(cur, __shfl_xor_sync(0xffffffffu, cur, 1));
-  cur = fmaxf(cur, __shfl_xor_sync(0xffffffffu, cur, 2));
+  cur = quad_max(cur);
   const float m_old = row_max;
   const float m_new = fmaxf(m_old, cur * scale_log2);
   const float m_sub = (m_new == -INFINITY) ? 0.f : m_new;
@@ -41,13 +53,6 @@ __device__ __forceinline__ float online_softmax_row(At&& at, float& row_max, flo
   }
   row_sum = row_sum * alpha + sum;  // this thread's part; quad_sum() at the end
   return alpha;
-}
-
-// The sum over the quad that shares a row.
-__device__ __forceinline__ float quad_sum(float x) {
-  x += __shfl_xor_sync(0xffffffffu, x, 1);
-  x += __shfl_xor_sync(0xffffffffu, x, 2);
-  return x;
 }
 
 // Natural-log LSE of a row from its running max (base-2 units) and its sum.

@@ -40,15 +40,6 @@ __device__ __forceinline__ void fence_regs(float (&r)[N]) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
 }
 
-template <int N>
-__device__ __forceinline__ void fence_regs(uint32_t (&r)[N][4]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(r[i][e])::"memory");
-  }
-}
-
 // Orders this thread's generic-proxy shared-memory writes (cp.async, st.shared) before
 // later reads by the tensor cores' async proxy; needed before the barrier that publishes them.
 __device__ __forceinline__ void fence_proxy_async_smem() {
