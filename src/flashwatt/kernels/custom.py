@@ -214,8 +214,10 @@ _CAPABILITY: dict[int, tuple[int, int]] = {}
 
 
 def _capability(device) -> tuple[int, int]:
+    """Compute capability of a CUDA device (index None: the current one), looked up once."""
     import torch
 
+    device = torch.device(device)
     index = device.index if device.index is not None else torch.cuda.current_device()
     if index not in _CAPABILITY:
         _CAPABILITY[index] = tuple(torch.cuda.get_device_capability(index))
@@ -289,7 +291,7 @@ def kernel_info(precision: str, head_dim: int, variant: str = "") -> dict:
 
     from flashwatt.build import load_extension
 
-    launch = parse_variant(variant, precision, head_dim, torch.cuda.get_device_capability())
+    launch = parse_variant(variant, precision, head_dim, _capability(torch.device("cuda")))
     ext = load_extension()
     code = {"fp16": ext.DTYPE_FP16, "bf16": ext.DTYPE_BF16, "fp32": ext.DTYPE_FP32, "tf32": ext.DTYPE_FP32}[precision]
     t = launch.tile
@@ -305,9 +307,7 @@ class Custom:
     def supports(self, cell: Cell, device) -> str | None:
         if getattr(device, "type", str(device)) != "cuda":
             return f"custom needs a CUDA device (running on {getattr(device, 'type', device)})"
-        import torch
-
-        cap = torch.cuda.get_device_capability(device)
+        cap = _capability(device)
         if cap < (8, 0):
             return f"custom needs compute capability 8.0 or newer (device has {cap[0]}.{cap[1]})"
         if cell.head_dim not in HEAD_DIMS:
