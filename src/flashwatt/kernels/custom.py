@@ -117,22 +117,40 @@ class Launch:
     max_ctas: int  # 0: not capped
 
 
+def _split_variant(variant: str) -> tuple[str, int, int]:
+    """(tile name or "" for the default, CTAs per SM cap, total CTA cap) by the grammar in the
+    module docstring; ValueError naming the problem when `variant` follows none of its forms."""
+    variant = variant or ""
+    match = _CAP.fullmatch(variant)
+    tile_name = (match.group("tile") or "") if match else variant
+    if tile_name and tile_name not in TILES:
+        forms = ", ".join([*TILES, "<tile>_sm<N>", "<tile>_ctas<N>", "sm<N>", "ctas<N>"])
+        raise ValueError(f"unknown custom variant {variant!r}; allowed: \"\" (the default), {forms}")
+    sm = int(match.group("sm") or 0) if match else 0
+    ctas = int(match.group("ctas") or 0) if match else 0
+    if match and sm < 1 and ctas < 1:
+        raise ValueError(f"custom variant {variant!r}: CTA caps must be at least 1")
+    return tile_name, sm, ctas
+
+
+def check_variant_name(variant: str) -> None:
+    """The config-time check: the name follows the grammar; whether it fits a cell's
+    precision, head dim and device is decided per cell by parse_variant."""
+    _split_variant(variant)
+
+
 @functools.lru_cache(maxsize=512)  # on every call's host path: short kernels are launch-bound
 def parse_variant(variant: str, precision: str, head_dim: int, capability: tuple[int, int] | None = None) -> Launch:
     """The launch a variant names for this precision and head dim on a device of this compute
     capability (None: mma.sync defaults, no wgmma check); ValueError with a reason if none."""
-    variant = variant or ""
-    match = _CAP.fullmatch(variant)
-    tile_name = (match.group("tile") or "") if match else variant
+    tile_name, sm, ctas = _split_variant(variant)
     wgmma = capability is not None and tuple(capability) == WGMMA_CAPABILITY
     if not tile_name:
         key = (precision, head_dim)
         if key not in DEFAULT_TILE:
             raise ValueError(f"custom kernel has no default for precision {precision} and head_dim {head_dim}")
         tile_name = WGMMA_DEFAULT_TILE.get(key, DEFAULT_TILE[key]) if wgmma else DEFAULT_TILE[key]
-    tile = TILES.get(tile_name)
-    if tile is None:
-        raise ValueError(f"unknown custom variant {variant!r}: tile {tile_name!r} not in {', '.join(TILES)}")
+    tile = TILES[tile_name]
     if tile.mma == WGMMA and capability is not None and not wgmma:
         cap = ".".join(map(str, capability))
         raise ValueError(f"custom variant {variant!r} uses wgmma, built only for compute capability 9.0 (device has {cap})")
@@ -140,23 +158,7 @@ def parse_variant(variant: str, precision: str, head_dim: int, capability: tuple
         raise ValueError(f"custom variant {variant!r} is built for head_dim {tile.head_dims}, not {head_dim}")
     if precision not in tile.precisions:
         raise ValueError(f"custom variant {variant!r} runs {'/'.join(tile.precisions)}, not {precision}")
-    sm = int(match.group("sm") or 0) if match else 0
-    ctas = int(match.group("ctas") or 0) if match else 0
-    if match and sm < 1 and ctas < 1:
-        raise ValueError(f"custom variant {variant!r}: CTA caps must be at least 1")
     return Launch(tile_name, tile, sm, ctas)
-
-
-def check_variant_name(variant: str) -> None:
-    """ValueError naming the problem when `variant` follows no form of the grammar above;
-    whether it fits a cell's precision, head dim and device is decided per cell."""
-    match = _CAP.fullmatch(variant or "")
-    tile_name = (match.group("tile") or "") if match else (variant or "")
-    if tile_name and tile_name not in TILES:
-        forms = ", ".join([*TILES, "<tile>_sm<N>", "<tile>_ctas<N>", "sm<N>", "ctas<N>"])
-        raise ValueError(f"unknown custom variant {variant!r}; allowed: \"\" (the default), {forms}")
-    if match and int(match.group("sm") or match.group("ctas")) < 1:
-        raise ValueError(f"custom variant {variant!r}: CTA caps must be at least 1")
 
 
 def _precision_of(dtype, precision: str | None) -> str:
