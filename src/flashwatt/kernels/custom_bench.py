@@ -39,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", help="CSV path for the measurements")
     ap.add_argument("--dtypes", default="bf16,fp16")
     ap.add_argument("--head-dims", default="64,128")
+    ap.add_argument("--max-seq-len", type=int, default=16384, help="leave out the shapes with longer sequences")
     ap.add_argument("--variants", action="store_true", help="also time every custom tile variant")
     ap.add_argument("--rep-ms", type=int, default=60, help="do_bench measuring time per point")
     ap.add_argument("--pipeline-timing", action="store_true",
@@ -65,8 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     cases = []
     for D in (int(x) for x in args.head_dims.split(",")):
         for B, L in SHAPES:
-            cases.append((B, 2048 // D, L, D))
-    if SEED not in cases:
+            if L <= args.max_seq_len:
+                cases.append((B, 2048 // D, L, D))
+    if SEED not in cases and SEED[2] <= args.max_seq_len:
         cases.insert(0, SEED)
 
     def sdpa(backend):
@@ -82,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         "sdpa_cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
     }
     rows = []
+    failed_checks = 0
     header = (f"{'dtype':5} {'B':>3} {'H':>3} {'L':>6} {'D':>4} {'mask':6} {'custom':>8} {'flash':>8} {'cudnn':>8} "
               f"{'cust/fl':>8} {'cust/cu':>8}" + (f" {'wgmma':>8} {'wg/fl':>6} {'wg/cu':>6}" if hopper else ""))
     print(header)
@@ -110,12 +113,14 @@ def main(argv: list[str] | None = None) -> int:
                             if reference is None:
                                 raise RuntimeError("no sdpa_flash output to check it against: not timed")
                             err_vs_flash = ((out.float() - reference).norm() / reference.norm()).item()
-                            if not err_vs_flash <= TOLERANCE[dname]:
-                                raise RuntimeError(f"output differs from sdpa_flash by {err_vs_flash:.2e} (> {TOLERANCE[dname]:.0e})")
+                            tol = TOLERANCE[dname]["fwd"]
+                            if not err_vs_flash <= tol:
+                                raise RuntimeError(f"output differs from sdpa_flash by {err_vs_flash:.2e} (> {tol:.0e})")
                         del out
                         ms = _bench(lambda: fn(q, k, v, causal), args.rep_ms)
                         tf = flops / ms / 1e9
                     except Exception as err:  # a refused shape or a failed check is a result, not a crash
+                        failed_checks += kname.startswith("custom")
                         print(f"  {kname} failed on {dname} {B}x{H}x{L}x{D} causal={causal}: {str(err).splitlines()[0][:160]}", file=sys.stderr)
                         ms, tf = math.nan, math.nan
                     result[kname] = tf
@@ -161,7 +166,9 @@ def main(argv: list[str] | None = None) -> int:
             writer.writeheader()
             writer.writerows(rows)
         print(f"wrote {len(rows)} rows to {args.out}")
-    return 0
+    if failed_checks:
+        print(f"{failed_checks} custom runs failed (above): their times are not reported", file=sys.stderr)
+    return 1 if failed_checks else 0
 
 
 def _method_ms(method: str, kname: str, precision: str, B: int, H: int, L: int, D: int, causal: bool) -> float:
