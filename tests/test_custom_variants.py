@@ -11,7 +11,7 @@ HOPPER, AMPERE, ADA = (9, 0), (8, 0), (8, 9)
 @pytest.mark.parametrize("precision,D", [("fp16", 64), ("bf16", 64), ("fp16", 128), ("bf16", 128)])
 def test_defaults_per_capability(precision, D):
     hopper = parse_variant("", precision, D, HOPPER)
-    assert hopper.tile_name == WGMMA_DEFAULT_TILE.get((precision, D), DEFAULT_TILE[(precision, D)])
+    assert hopper.tile_name == WGMMA_DEFAULT_TILE[(precision, D)] and hopper.tile.mma == WGMMA
     for cap in (AMPERE, ADA, None):
         launch = parse_variant("", precision, D, cap)
         assert launch.tile.mma == "mma.sync" and launch.tile_name == DEFAULT_TILE[(precision, D)]

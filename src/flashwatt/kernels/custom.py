@@ -91,9 +91,14 @@ DEFAULT_TILE = {
     ("tf32", 128): "tf32",
 }
 
-# Defaults on Hopper, where they differ from DEFAULT_TILE. Empty: the wgmma tiles are
-# named variants only until their GPU tests and benchmark have been run (kernels/NOTES.md, v4).
-WGMMA_DEFAULT_TILE: dict[tuple[str, int], str] = {}
+# Defaults on Hopper, where they differ from DEFAULT_TILE: the wgmma tile that was fastest
+# over the flash-attention shapes (L 512..16384) on an H100 (kernels/NOTES.md, v4).
+WGMMA_DEFAULT_TILE: dict[tuple[str, int], str] = {
+    ("fp16", 64): "wgmma_m128_n128_s2",
+    ("bf16", 64): "wgmma_m128_n128_s2",
+    ("fp16", 128): "wgmma_m128_n128_s3",
+    ("bf16", 128): "wgmma_m128_n128_s3",
+}
 
 # Every name the config and the records may use (grammar above; these are the listed ones).
 VARIANTS: dict[str, dict] = {"": {"description": "default tile for the head dim and precision, one CTA per query tile"}}
