@@ -26,7 +26,7 @@ def ok_record(kernel, L, ms, energy=True):
                memory={"peak_bytes": 2**30, "workspace_bytes": 2**20})
     if energy:
         rec["energy"] = {"energy_per_call_j": ms * 0.7, "avg_power_w": 690.0, "peak_power_w": 710.0,
-                         "idle_power_w": 94.0, "gflops_per_w": 100.0, "window_s": 3.0, "calls": 3000,
+                         "idle_power_w": 94.0, "gflops_per_w": 100.0, "window_s": 3.0, "calls": 3000.5,
                          "counter_vs_integral_pct": 7.5, "flags": ["counter_vs_integral>5%"],
                          "clock_reasons": ["SwPowerCap"]}
     return c, rec
@@ -56,6 +56,7 @@ def test_summary_has_one_row_per_cell_with_every_outcome(records):
     assert frame["status"].value_counts().to_dict() == {"ok": 4, "skipped": 1, "oom": 1, "job_failed": 1}
     row = frame[(frame["kernel"] == "naive") & (frame["seq_len"] == 64)].iloc[0]
     assert row["median_ms"] == 4.0 and row["peak_mem_gib"] == 1.0 and row["job_id"] == "12"
+    assert row["energy_calls"] == 3000.5  # the window ends inside a batch: calls are interpolated
     assert frame.loc[frame["status"] == "oom", "reason"].str.contains("out of memory").all()
 
 

@@ -20,7 +20,8 @@ COLUMNS = [
     "device", "compute_capability", "host", "job_id", "git_commit", "git_dirty", "torch", "cuda",
     "build_seconds", "duration_s", "record",
 ]
-INT_COLUMNS = {"seq_len", "batch", "heads", "head_dim", "repeats", "energy_calls"}
+# energy_calls is fractional: the window ends inside a batch of calls (flashwatt.energy).
+INT_COLUMNS = {"seq_len", "batch", "heads", "head_dim", "repeats"}
 BOOL_COLUMNS = {"causal", "check_passed", "git_dirty"}
 STRING_COLUMNS = {
     "cell_id", "suite", "kernel", "variant", "precision", "pass", "status", "reason", "energy_flags",
