@@ -69,7 +69,7 @@ void check_operand(const at::Tensor& t, const char* name, const at::Tensor& q, b
 // with any strides; writes out (same shape as q) and lse (B, H, Lq) float32 contiguous.
 void forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out, at::Tensor& lse,
              bool causal, double scale, int64_t math, int64_t block_m, int64_t block_n, int64_t warps,
-             int64_t stages, int64_t grid_cap) {
+             int64_t stages, int64_t schedule, int64_t grid_cap) {
   const bool align16 = math != flashwatt::kFfma;
   check_operand(q, "q", q, align16);
   check_operand(k, "k", q, align16);
@@ -93,10 +93,11 @@ void forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::
   TORCH_CHECK(B * H * ((Lq + 15) / 16) < std::numeric_limits<int32_t>::max(), "flashwatt custom: too many tiles");
   const int index = flashwatt::fwd_find_config(static_cast<int>(math), dt, static_cast<int>(D),
                                                static_cast<int>(block_m), static_cast<int>(block_n),
-                                               static_cast<int>(warps), static_cast<int>(stages));
+                                               static_cast<int>(warps), static_cast<int>(stages),
+                                               static_cast<int>(schedule));
   TORCH_CHECK(index >= 0, "flashwatt custom: no compiled kernel for math ", math_name(math), ", dtype ",
               q.scalar_type(), ", head_dim ", D, ", block_m ", block_m, ", block_n ", block_n, ", warps ", warps,
-              ", stages ", stages, math == flashwatt::kWgmma ? " (wgmma needs an sm_90a build)" : "");
+              ", stages ", stages, ", schedule ", schedule, math == flashwatt::kWgmma ? " (wgmma needs an sm_90a build)" : "");
 
   flashwatt::FwdParams p{};
   p.q = q.data_ptr();
@@ -128,17 +129,18 @@ std::vector<std::vector<int64_t>> configs() {
   std::vector<std::vector<int64_t>> rows;
   for (int i = 0; i < flashwatt::fwd_num_configs(); ++i) {
     const flashwatt::FwdConfig c = flashwatt::fwd_config(i);
-    rows.push_back({c.math, c.dtype, c.head_dim, c.block_m, c.block_n, c.warps, c.stages});
+    rows.push_back({c.math, c.dtype, c.head_dim, c.block_m, c.block_n, c.warps, c.stages, c.schedule});
   }
   return rows;
 }
 
 // Facts of one compiled configuration on the current device: registers, local memory, occupancy.
 std::map<std::string, int64_t> kernel_info(int64_t math, int64_t dtype, int64_t head_dim, int64_t block_m,
-                                           int64_t block_n, int64_t warps, int64_t stages) {
+                                           int64_t block_n, int64_t warps, int64_t stages, int64_t schedule) {
   const int index = flashwatt::fwd_find_config(static_cast<int>(math), static_cast<int>(dtype), static_cast<int>(head_dim),
                                                static_cast<int>(block_m), static_cast<int>(block_n),
-                                               static_cast<int>(warps), static_cast<int>(stages));
+                                               static_cast<int>(warps), static_cast<int>(stages),
+                                               static_cast<int>(schedule));
   TORCH_CHECK(index >= 0, "flashwatt custom: no such compiled configuration");
   flashwatt::FwdKernelInfo info{};
   char err[512] = {0};
@@ -154,8 +156,9 @@ std::map<std::string, int64_t> kernel_info(int64_t math, int64_t dtype, int64_t 
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "flashwatt attention forward kernels";
-  m.def("forward", &forward, "attention forward (q, k, v, out, lse, causal, scale, math, block_m, block_n, warps, stages, grid_cap)");
-  m.def("configs", &configs, "compiled configurations: [math, dtype, head_dim, block_m, block_n, warps, stages]");
+  m.def("forward", &forward,
+        "attention forward (q, k, v, out, lse, causal, scale, math, block_m, block_n, warps, stages, schedule, grid_cap)");
+  m.def("configs", &configs, "compiled configurations: [math, dtype, head_dim, block_m, block_n, warps, stages, schedule]");
   m.def("kernel_info", &kernel_info, "registers, local bytes, shared memory and occupancy of one configuration");
   m.attr("DTYPE_FP16") = static_cast<int>(flashwatt::kFp16);
   m.attr("DTYPE_BF16") = static_cast<int>(flashwatt::kBf16);
@@ -164,4 +167,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("MATH_WGMMA") = static_cast<int>(flashwatt::kWgmma);
   m.attr("MATH_FFMA") = static_cast<int>(flashwatt::kFfma);
   m.attr("MATH_MMA_TF32") = static_cast<int>(flashwatt::kMmaTf32);
+  m.attr("SCHEDULE_LOCKSTEP") = static_cast<int>(flashwatt::kLockstep);
+  m.attr("SCHEDULE_PING_PONG") = static_cast<int>(flashwatt::kPingPong);
 }

@@ -455,28 +455,29 @@ struct Entry {
 
 template <typename T, int D, int BM, int BN, int NW, int ST>
 constexpr Entry tc_entry(int dtype) {
-  return Entry{FwdConfig{kMmaSync, dtype, D, BM, BN, NW, ST}, &flash_fwd_tc_kernel<T, D, BM, BN, NW, ST>,
+  return Entry{FwdConfig{kMmaSync, dtype, D, BM, BN, NW, ST, kLockstep}, &flash_fwd_tc_kernel<T, D, BM, BN, NW, ST>,
                TcShape<D, BM, BN, NW, ST>::kSmemBytes, NW * 32};
 }
 
 #if defined(FLASHWATT_WGMMA)
-template <typename T, int D, int BN, int NWG, int ST>
+template <typename T, int D, int BN, int NWG, int ST, bool PP>
 constexpr Entry wg_entry(int dtype) {
-  using S = WgShape<D, BN, NWG, ST>;
-  return Entry{FwdConfig{kWgmma, dtype, D, S::BM, BN, NWG * 4, ST}, &flash_fwd_wgmma_kernel<T, D, BN, NWG, ST>,
+  using S = WgShape<D, BN, NWG, ST, PP>;
+  return Entry{FwdConfig{kWgmma, dtype, D, S::BM, BN, NWG * 4, ST, PP ? kPingPong : kLockstep},
+               &flash_fwd_wgmma_kernel<T, D, BN, NWG, ST, PP>,
                S::kSmemBytes, S::kThreads};
 }
 #endif
 
 template <int D>
 constexpr Entry f32_entry() {
-  return Entry{FwdConfig{kFfma, kFp32, D, kF32BM, kF32BN, kF32Threads / 32, 1}, &flash_fwd_f32_kernel<D>,
+  return Entry{FwdConfig{kFfma, kFp32, D, kF32BM, kF32BN, kF32Threads / 32, 1, kLockstep}, &flash_fwd_f32_kernel<D>,
                F32Shape<D>::kSmemBytes, kF32Threads};
 }
 
 template <int D>
 constexpr Entry tf32_entry() {
-  return Entry{FwdConfig{kMmaTf32, kFp32, D, kT32BM, kT32BN, kT32Threads / 32, 2}, &flash_fwd_tf32_kernel<D>,
+  return Entry{FwdConfig{kMmaTf32, kFp32, D, kT32BM, kT32BN, kT32Threads / 32, 2, kLockstep}, &flash_fwd_tf32_kernel<D>,
                T32Shape<D>::kSmemBytes, kT32Threads};
 }
 
@@ -488,11 +489,14 @@ constexpr Entry tf32_entry() {
       tc_entry<T, 128, 128, 64, 8, 2>(DT), tc_entry<T, 128, 64, 64, 4, 2>(DT),                              \
       tc_entry<T, 256, 64, 32, 4, 2>(DT), tc_entry<T, 256, 64, 64, 4, 2>(DT)
 
-// Hopper (sm_90a builds): wgmma tiles, rows of Q = 64 per warpgroup.
-#define FLASHWATT_WGMMA_CONFIGS(T, DT)                                                                     \
-  wg_entry<T, 64, 128, 2, 2>(DT), wg_entry<T, 64, 128, 2, 3>(DT), wg_entry<T, 64, 64, 2, 3>(DT),          \
-      wg_entry<T, 128, 128, 2, 2>(DT), wg_entry<T, 128, 128, 2, 3>(DT), wg_entry<T, 128, 64, 2, 3>(DT),  \
-      wg_entry<T, 128, 64, 3, 2>(DT)
+// Hopper (sm_90a builds): wgmma tiles, rows of Q = 64 per warpgroup; lockstep, then ping-pong.
+#define FLASHWATT_WGMMA_CONFIGS(T, DT)                                                                      \
+  wg_entry<T, 64, 128, 2, 2, false>(DT), wg_entry<T, 64, 128, 2, 3, false>(DT),                             \
+      wg_entry<T, 64, 64, 2, 3, false>(DT), wg_entry<T, 128, 128, 2, 2, false>(DT),                         \
+      wg_entry<T, 128, 128, 2, 3, false>(DT), wg_entry<T, 128, 64, 2, 3, false>(DT),                        \
+      wg_entry<T, 128, 64, 3, 2, false>(DT), wg_entry<T, 64, 128, 2, 3, true>(DT),                          \
+      wg_entry<T, 64, 128, 2, 4, true>(DT), wg_entry<T, 128, 128, 2, 3, true>(DT),                          \
+      wg_entry<T, 128, 64, 2, 4, true>(DT)
 
 const Entry kEntries[] = {
     FLASHWATT_TC_CONFIGS(__half, kFp16),
@@ -520,11 +524,11 @@ int fwd_num_configs() { return kNumEntries; }
 
 FwdConfig fwd_config(int index) { return kEntries[index].cfg; }
 
-int fwd_find_config(int math, int dtype, int head_dim, int block_m, int block_n, int warps, int stages) {
+int fwd_find_config(int math, int dtype, int head_dim, int block_m, int block_n, int warps, int stages, int schedule) {
   for (int i = 0; i < kNumEntries; ++i) {
     const FwdConfig& c = kEntries[i].cfg;
     if (c.math == math && c.dtype == dtype && c.head_dim == head_dim && c.block_m == block_m && c.block_n == block_n &&
-        c.warps == warps && c.stages == stages)
+        c.warps == warps && c.stages == stages && c.schedule == schedule)
       return i;
   }
   return -1;

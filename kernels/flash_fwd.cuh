@@ -37,6 +37,12 @@ enum FwdMath : int {
   kMmaTf32 = 3,  // fp32 inputs rounded to tf32, mma.sync m16n8k8 (the opt-in tf32 precision)
 };
 
+// How the warpgroups of a wgmma CTA are scheduled (kernels/flash_fwd_wgmma.cuh).
+enum FwdSchedule : int {
+  kLockstep = 0,  // all warpgroups issue their wgmma after the same barrier (every non-wgmma kernel too)
+  kPingPong = 1,  // odd warpgroups half an iteration behind: softmax of one under the other's wgmma
+};
+
 // One compiled tile configuration.
 struct FwdConfig {
   int math;     // FwdMath
@@ -46,6 +52,7 @@ struct FwdConfig {
   int block_n;  // key/value rows per shared-memory tile
   int warps;    // warps per CTA (wgmma: 4 per warpgroup)
   int stages;   // K/V shared-memory pipeline depth
+  int schedule; // FwdSchedule
 };
 
 struct FwdKernelInfo {
@@ -60,7 +67,7 @@ int fwd_num_configs();
 FwdConfig fwd_config(int index);
 
 // Returns the index of the compiled configuration, or -1 when none matches.
-int fwd_find_config(int math, int dtype, int head_dim, int block_m, int block_n, int warps, int stages);
+int fwd_find_config(int math, int dtype, int head_dim, int block_m, int block_n, int warps, int stages, int schedule);
 
 // Launches configuration `index` on `stream` (a cudaStream_t). Returns 0 on success;
 // otherwise writes a message into err (errlen bytes) and returns non-zero.

@@ -11,6 +11,16 @@
 // O += P_{j-1} V_{j-1}, so that the softmax of S_j can run while that P V is in flight.
 // (ptxas 13.0 schedules the final wait ahead of the exponentials, kernels/NOTES.md v4:
 // the tensor cores are then kept busy by the other warpgroup's wgmma instead.)
+// Two schedules of the warpgroups (PP):
+//   lockstep   every warpgroup issues its wgmma right after the barrier that publishes
+//              K_j, V_{j-1}; all then run their softmax at the same time, while the
+//              tensor cores wait.
+//   ping-pong  odd warpgroups run half an iteration behind: they issue tile j's wgmma
+//              after finishing tile j-1's softmax, and wait for it after the next
+//              barrier. Their softmax runs under the even warpgroups' wgmma and the
+//              other way round (FlashAttention-3's ping-pong, here from the phase shift
+//              alone). A lagging warpgroup reads a K/V slot one barrier longer, so the
+//              ring prefetches one tile less for the same stages.
 // Online softmax in base 2 with log2(e) folded into the scale, as the mma.sync kernel.
 #pragma once
 
@@ -20,6 +30,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "flash_fwd.cuh"
 #include "online_softmax.cuh"
@@ -30,7 +41,7 @@
 namespace flashwatt {
 namespace {
 
-template <int D, int BN, int NWG, int ST>
+template <int D, int BN, int NWG, int ST, bool PP>
 struct WgShape {
   static constexpr int BM = 64 * NWG;
   static constexpr int kThreads = 128 * NWG;
@@ -42,7 +53,9 @@ struct WgShape {
   static constexpr int ON = D / 2;   // O accumulator registers per thread
   static_assert(D == 64 || D == 128, "wgmma kernel: head_dim 64 or 128");
   static_assert(BN == 64 || BN == 128, "wgmma kernel: block_n 64 or 128");
-  static_assert(ST >= 2, "wgmma kernel: at least two stages");
+  static_assert(ST >= (PP ? 3 : 2), "wgmma kernel: at least two stages, three for ping-pong");
+  // K/V tiles loaded ahead of the one being published (module comment).
+  static constexpr int kAhead = PP ? ST - 2 : ST - 1;
 };
 
 // Byte offset of 16-byte chunk c (of D/8 per row) of row r in a swizzled [ROWS, D] tile.
@@ -79,12 +92,12 @@ __device__ __forceinline__ void load_tile_sw128(uint32_t dst, const T* __restric
   }
 }
 
-template <typename T, int D, int BN, int NWG, int ST>
+template <typename T, int D, int BN, int NWG, int ST, bool PP>
 __global__ void __launch_bounds__(NWG * 128, 1) flash_fwd_wgmma_kernel(const FwdParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using S = WgShape<D, BN, NWG, ST>;
+  using S = WgShape<D, BN, NWG, ST, PP>;
   using Ops = TypeOps<T>;
-  constexpr int BM = S::BM, THREADS = S::kThreads, SN = S::SN, ON = S::ON;
+  constexpr int BM = S::BM, THREADS = S::kThreads, SN = S::SN, ON = S::ON, AHEAD = S::kAhead;
   constexpr int KD = D / 16;   // k steps of Q K^T
   constexpr int KN = BN / 16;  // k steps of P V
   constexpr int CH = D / 8;    // 16-byte chunks per row
@@ -101,6 +114,7 @@ __global__ void __launch_bounds__(NWG * 128, 1) flash_fwd_wgmma_kernel(const Fwd
   const int g = lane >> 2;           // row within an 8-row group of a fragment
   const int t = lane & 3;            // column pair within a fragment
   const int warp_row0 = wg * 64 + wl * 16;
+  const bool lagging = PP && (wg & 1);  // warpgroup-uniform
 
   const TileGrid<BM, BN> grid(p);
   const float scale_log2 = p.scale * kLog2e;
@@ -119,15 +133,18 @@ __global__ void __launch_bounds__(NWG * 128, 1) flash_fwd_wgmma_kernel(const Fwd
 
     __syncthreads();  // the previous tile's readers of shared memory are done
 
-    // Group i of the prologue holds K_i and V_{i-1}; iteration j adds K_{j+ST-1} and
-    // V_{j+ST-2}. Iteration j reads K_j and V_{j-1}, both in the group issued ST-1
-    // groups before its own, so it waits until at most ST-2 groups are pending.
+    // Group i holds K_i and V_{i-1}. The prologue issues groups 0 .. AHEAD-1; the barrier
+    // B_j that publishes group j (K_j, V_{j-1}) then issues group j + AHEAD into the slots
+    // that every warpgroup has finished reading. Loads are not guarded by branches: rows
+    // at or past kv_rows are zero-filled without a global read, so a lagging warpgroup
+    // can pass a barrier between its wgmma and the wait for it (a branch there would make
+    // ptxas wait for the wgmma first).
+    const int kv_rows = min(p.len_k, n_tiles * BN);
     load_tile_sw128<BM, D, THREADS>(sQ, gQ, p.q_sl, m0, p.len_q, tid);
 #pragma unroll
-    for (int i = 0; i < ST - 1; ++i) {
-      if (i < n_tiles) load_tile_sw128<BN, D, THREADS>(sK + i * S::kTileBytes, gK, p.k_sl, i * BN, p.len_k, tid);
-      if (i >= 1 && i - 1 < n_tiles)
-        load_tile_sw128<BN, D, THREADS>(sV + (i - 1) * S::kTileBytes, gV, p.v_sl, (i - 1) * BN, p.len_k, tid);
+    for (int i = 0; i < AHEAD; ++i) {
+      load_tile_sw128<BN, D, THREADS>(sK + i * S::kTileBytes, gK, p.k_sl, i * BN, kv_rows, tid);
+      if (i >= 1) load_tile_sw128<BN, D, THREADS>(sV + (i - 1) * S::kTileBytes, gV, p.v_sl, (i - 1) * BN, kv_rows, tid);
       cp_async_commit();
     }
 
@@ -139,17 +156,14 @@ __global__ void __launch_bounds__(NWG * 128, 1) flash_fwd_wgmma_kernel(const Fwd
     float s[SN];
     uint32_t pf[KN][4];
 
-    // Iteration j: wait for K_j and V_{j-1}, publish them, refill the freed slots.
+    // Barrier B_j: wait for group j (K_j, V_{j-1}), publish it, refill the freed slots.
     auto next_tile = [&](int j) {
-      cp_async_wait<ST - 2>();
+      cp_async_wait<AHEAD - 1>();
       fence_proxy_async_smem();
       __syncthreads();  // K_j, V_{j-1} visible to all; the slots refilled below are free
-      const int jk = j + ST - 1;
-      const int jv = j + ST - 2;
-      if (jk < n_tiles)
-        load_tile_sw128<BN, D, THREADS>(sK + (jk % ST) * S::kTileBytes, gK, p.k_sl, jk * BN, p.len_k, tid);
-      if (jv < n_tiles)
-        load_tile_sw128<BN, D, THREADS>(sV + (jv % ST) * S::kTileBytes, gV, p.v_sl, jv * BN, p.len_k, tid);
+      const int jk = j + AHEAD;
+      load_tile_sw128<BN, D, THREADS>(sK + (jk % ST) * S::kTileBytes, gK, p.k_sl, jk * BN, kv_rows, tid);
+      load_tile_sw128<BN, D, THREADS>(sV + ((jk - 1) % ST) * S::kTileBytes, gV, p.v_sl, (jk - 1) * BN, kv_rows, tid);
       cp_async_commit();
     };
     auto issue_s = [&](int j) {  // S_j = Q K_j^T
@@ -170,11 +184,13 @@ __global__ void __launch_bounds__(NWG * 128, 1) flash_fwd_wgmma_kernel(const Fwd
         wgmma_rs(o, pf[kk], wgmma_desc_sw128(v_base + kk * 16 * 128, BN * 128, 1024), 1, T{});
       wgmma_commit();
     };
-    // Masks S_j, updates the running max and sum, turns S_j into unnormalised P in place
-    // (fp32) and returns the factor that rescales what O held before this tile.
-    auto softmax = [&](int j, float (&alpha)[2]) {
+    // Masks S_j (where kMask), updates the running max and sum, turns S_j into
+    // unnormalised P in place (fp32) and returns the factor that rescales what O held
+    // before this tile.
+    auto softmax = [&](int j, float (&alpha)[2], auto mask) {
+      constexpr bool kMask = decltype(mask)::value;
       const int n0 = j * BN;
-      if (n0 + BN > p.len_k || (p.causal && n0 + BN - 1 > m0 + warp_row0)) {
+      if (kMask && (n0 + BN > p.len_k || (p.causal && n0 + BN - 1 > m0 + warp_row0))) {
 #pragma unroll
         for (int i = 0; i < SN; ++i) {
           const int row = m0 + warp_row0 + g + ((i >> 1) & 1) * 8;
@@ -199,41 +215,67 @@ __global__ void __launch_bounds__(NWG * 128, 1) flash_fwd_wgmma_kernel(const Fwd
 
     // Tile 0 alone (no P V in flight yet), so that the loop body has no wgmma in a branch:
     // ptxas serialises wgmma it cannot track across branches.
-    {
+    auto first = [&](bool lag) {
       float alpha[2];
       next_tile(0);
       wgmma_fence();
       issue_s(0);
+      if (lag) next_tile(1);  // the lagging warpgroup waits for S_0 after B_1
       wgmma_wait<0>();
       fence_regs(s);
-      softmax(0, alpha);
+      softmax(0, alpha, std::true_type{});
       pack_p();
-    }
-#pragma unroll 1
-    for (int j = 1; j < n_tiles; ++j) {
+    };
+    // Iteration j >= 1: S_j is issued with P_{j-1} V_{j-1}, and its softmax runs while
+    // that P V is in flight. Only while no branch lies between the two waits: ptxas waits
+    // for every wgmma at a branch it cannot see through, so the tiles that need no mask
+    // for any row of this CTA (all K rows present, all at or left of the diagonal) run in
+    // a loop of their own without the mask's branch. A leading warpgroup passes B_j
+    // before its wgmma, a lagging one B_{j+1} after them.
+    auto step = [&](int j, auto mask, bool lag) {
       float alpha[2];
-      next_tile(j);
+      if (!lag) next_tile(j);
       wgmma_fence();
       issue_s(j);
       issue_pv(j - 1);
+      if (lag) next_tile(j + 1);
       wgmma_wait<1>();  // S_j is done; P_{j-1} V_{j-1} may still run
       fence_regs(s);
-      softmax(j, alpha);
+      softmax(j, alpha, mask);
       wgmma_wait<0>();  // P_{j-1} V_{j-1} is done: O and P may be touched again
       fence_regs(o);
+      fence_regs(pf);
 #pragma unroll
       for (int i = 0; i < ON; ++i) o[i] *= alpha[(i >> 1) & 1];
       pack_p();
-    }
+    };
+    const int n_clean = min(n_tiles, p.causal ? min(p.len_k, m0 + 1) / BN : p.len_k / BN);
+    // Each role runs its own copy of the loops (role is warpgroup-uniform and constant, so
+    // no branch lies inside a loop). Both pass B_0 .. B_n: n_tiles + 1 barriers.
+    auto tiles = [&](auto lag_tag) {
+      constexpr bool lag = decltype(lag_tag)::value;
+      first(lag);
+#pragma unroll 1
+      for (int j = 1; j < n_clean; ++j) step(j, std::false_type{}, lag);
+#pragma unroll 1
+      for (int j = max(1, n_clean); j < n_tiles; ++j) step(j, std::true_type{}, lag);
+      if (!lag) {  // B_n: V of the last tile; the lagging warpgroup passed it in its last step
+        cp_async_wait<0>();
+        fence_proxy_async_smem();
+        __syncthreads();
+      }
+    };
+    if (lagging)
+      tiles(std::true_type{});
+    else
+      tiles(std::false_type{});
 
     // ---- O += P V of the last tile
-    cp_async_wait<0>();  // V of the last tile (and only empty groups after it)
-    fence_proxy_async_smem();
-    __syncthreads();
     wgmma_fence();
     issue_pv(n_tiles - 1);
     wgmma_wait<0>();
     fence_regs(o);
+    cp_async_wait<0>();  // the lagging warpgroup's zero-fill group issued at B_n, before the slots are reused
 
     // ---- epilogue: normalise, write LSE, stage O in this warp's own Q rows, store 16 B per lane
     float* lse = p.lse + static_cast<int64_t>(b * p.heads + h) * p.len_q;

@@ -15,10 +15,6 @@
 namespace flashwatt {
 namespace {
 
-// One row of one K/V tile: `at(nt, e)` is this thread's score e (0, 1) of pair nt. Updates
-// the running max and the thread's partial sum, replaces the scores by unnormalised P,
-// and returns alpha, the factor that rescales what O held before this tile. A row with
-// nothing visible yet (all -inf) keeps P = 0 instead of NaN.
 // The maximum and the sum over the quad that shares a row.
 __device__ __forceinline__ float quad_max(float x) {
   x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
@@ -31,6 +27,10 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x;
 }
 
+// One row of one K/V tile: `at(nt, e)` is this thread's score e (0, 1) of pair nt. Updates
+// the running max and the thread's partial sum, replaces the scores by unnormalised P,
+// and returns alpha, the factor that rescales what O held before this tile. A row with
+// nothing visible yet (all -inf) keeps P = 0 instead of NaN.
 template <int NT, typename At>
 __device__ __forceinline__ float online_softmax_row(At&& at, float& row_max, float& row_sum, float scale_log2) {
   float cur = -INFINITY;

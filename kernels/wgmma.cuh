@@ -40,6 +40,17 @@ __device__ __forceinline__ void fence_regs(float (&r)[N]) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
 }
 
+// The register A operand of an in-flight wgmma_rs: its registers are read by the tensor
+// cores until the wait, so they must stay allocated to it. Without this, the compiler sees
+// them dead after the issue, reuses them in the code that follows, and ptxas then has to
+// wait for the wgmma before that code (here: before the softmax it should overlap).
+template <int N>
+__device__ __forceinline__ void fence_regs(uint32_t (&r)[N][4]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+    asm volatile("" : "+r"(r[i][0]), "+r"(r[i][1]), "+r"(r[i][2]), "+r"(r[i][3])::"memory");
+}
+
 // Orders this thread's generic-proxy shared-memory writes (cp.async, st.shared) before
 // later reads by the tensor cores' async proxy; needed before the barrier that publishes them.
 __device__ __forceinline__ void fence_proxy_async_smem() {

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from flashwatt.kernels.custom import DEFAULT_TILE, TILES, VARIANTS, WGMMA, WGMMA_DEFAULT_TILE, parse_variant
+from flashwatt.kernels.custom import (
+    DEFAULT_TILE, LOCKSTEP, PING_PONG, TILES, VARIANTS, WGMMA, WGMMA_DEFAULT_TILE, parse_variant,
+)
 
 HOPPER, AMPERE, ADA = (9, 0), (8, 0), (8, 9)
 
@@ -68,3 +70,14 @@ def test_refusals_name_the_problem():
         parse_variant("wgmma_m192_n64_s2", "bf16", 64, HOPPER)
     with pytest.raises(ValueError, match="fp32"):
         parse_variant("wgmma_m128_n128_s2", "fp32", 64, HOPPER)
+
+
+def test_ping_pong_tiles_have_what_the_lagging_warpgroup_needs():
+    """kernels/flash_fwd_wgmma.cuh: a second warpgroup to lag, and a K/V stage more than
+    lockstep needs (the static_assert in WgShape)."""
+    schedules = {tile.schedule for tile in TILES.values()}
+    assert schedules == {LOCKSTEP, PING_PONG}
+    for name, tile in TILES.items():
+        if tile.schedule == PING_PONG:
+            assert tile.mma == WGMMA and tile.block_m // 64 >= 2 and tile.stages >= 3, name
+            assert VARIANTS[name]["schedule"] == PING_PONG

@@ -110,15 +110,16 @@ def test_matrix(precision, D, causal, L):
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
-@pytest.mark.parametrize("path", ["mma.sync", WGMMA])
-def test_matrix_both_paths(path, precision, D, causal, L):
-    """The same cases on the mma.sync default tile and on the wgmma tile (Hopper; elsewhere
-    the wgmma tile must be refused with the reason)."""
-    variant = DEFAULT_TILE[(precision, D)] if path == "mma.sync" else "wgmma_m128_n128_s2"
+@pytest.mark.parametrize("path", ["mma.sync", "wgmma.lockstep", "wgmma.ping-pong"])
+def test_matrix_all_paths(path, precision, D, causal, L):
+    """The same cases on the mma.sync default tile and on a wgmma tile of each schedule
+    (Hopper; elsewhere the wgmma tiles must be refused with the reason)."""
+    variant = {"mma.sync": DEFAULT_TILE[(precision, D)], "wgmma.lockstep": "wgmma_m128_n128_s2",
+               "wgmma.ping-pong": "wgmma_pp_m128_n128_s3"}[path]
     B, H = (1, 2) if L > 1000 else (2, 3)
     seed = zlib.crc32(f"{path}-{precision}-{D}-{causal}-{L}".encode()) % 100_000
     args = qkv(B, H, L, D, DTYPES[precision], seed)
-    if path == WGMMA and not HOPPER:
+    if path.startswith(WGMMA) and not HOPPER:
         with pytest.raises(ValueError, match="wgmma"):
             flash_forward(*args, causal, variant)
         return
@@ -213,6 +214,8 @@ def test_many_ctas_per_sm():
     if HOPPER:
         check(*qkv(8, 16, 2048, 128, torch.bfloat16, 64), True, "bf16", variant="wgmma_m128_n128_s2")
         check(*qkv(32, 16, 512, 64, torch.float16, 65), False, "fp16", variant="wgmma_m128_n128_s2")
+        check(*qkv(8, 16, 2048, 128, torch.bfloat16, 66), True, "bf16", variant="wgmma_pp_m128_n64_s4")
+        check(*qkv(32, 16, 512, 64, torch.float16, 67), False, "fp16", variant="wgmma_pp_m128_n128_s4_sm1")
 
 
 def test_compiled_kernels_have_no_local_memory():
@@ -301,7 +304,8 @@ _SANITIZER_SCRIPT = textwrap.dedent(
     cases = [(torch.float16, 64, "", None), (torch.bfloat16, 128, "m64_n64_w4_s2_sm1", None),
              (torch.float32, 64, "", None), (torch.float32, 128, "", "tf32")]
     if hopper:
-        cases += [(torch.bfloat16, 128, "wgmma_m128_n128_s2", None), (torch.float16, 64, "wgmma_m128_n64_s3_sm1", None)]
+        cases += [(torch.bfloat16, 128, "wgmma_m128_n128_s2", None), (torch.float16, 64, "wgmma_m128_n64_s3_sm1", None),
+                  (torch.bfloat16, 128, "wgmma_pp_m128_n64_s4", None), (torch.float16, 64, "wgmma_pp_m128_n128_s3_sm1", None)]
     for dtype, D, variant, precision in cases:
         for causal in (False, True):
             q = torch.randn(1, 2, 77, D, device="cuda", dtype=dtype)

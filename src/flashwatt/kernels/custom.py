@@ -32,6 +32,9 @@ PRECISIONS = ("fp16", "bf16", "fp32", "tf32")
 MMA_SYNC, WGMMA, FFMA, MMA_TF32 = "mma.sync", "wgmma", "ffma", "mma.sync.tf32"
 # wgmma kernels are built only for compute capability 9.0 (sm_90a); see flashwatt.build.
 WGMMA_CAPABILITY = (9, 0)
+# How a wgmma CTA's warpgroups share the tensor cores (FwdSchedule, kernels/flash_fwd_wgmma.cuh):
+# all after the same barrier, or odd warpgroups half an iteration behind (ping-pong).
+LOCKSTEP, PING_PONG = "lockstep", "ping-pong"
 
 
 @dataclass(frozen=True)
@@ -44,10 +47,12 @@ class Tile:
     precisions: tuple[str, ...]
     description: str
     mma: str = MMA_SYNC
+    schedule: str = LOCKSTEP
 
     def as_dict(self) -> dict:
         return {
             "mma": self.mma,
+            "schedule": self.schedule,
             "block_m": self.block_m,
             "block_n": self.block_n,
             "warps": self.warps,
@@ -75,6 +80,11 @@ TILES: dict[str, Tile] = {
     "wgmma_m128_n128_s3": Tile(128, 128, 8, 3, (64, 128), _HALF, "as wgmma_m128_n128_s2 with a 3-stage K/V pipeline", WGMMA),
     "wgmma_m128_n64_s3": Tile(128, 64, 8, 3, (64, 128), _HALF, "wgmma, 2 warpgroups x 64 q rows, 64-row K/V tiles, 3 stages", WGMMA),
     "wgmma_m192_n64_s2": Tile(192, 64, 12, 2, (128,), _HALF, "wgmma, 3 warpgroups x 64 q rows, 64-row K/V tiles, 2 stages", WGMMA),
+    # Ping-pong: the second warpgroup half an iteration behind the first. A stage more for
+    # the same prefetch depth (the lagging warpgroup holds its K/V slots one barrier longer).
+    "wgmma_pp_m128_n128_s3": Tile(128, 128, 8, 3, (64, 128), _HALF, "wgmma ping-pong, 2 warpgroups x 64 q rows, 128-row K/V tiles, 3 stages", WGMMA, PING_PONG),
+    "wgmma_pp_m128_n128_s4": Tile(128, 128, 8, 4, (64,), _HALF, "as wgmma_pp_m128_n128_s3 with 4 stages", WGMMA, PING_PONG),
+    "wgmma_pp_m128_n64_s4": Tile(128, 64, 8, 4, (128,), _HALF, "wgmma ping-pong, 2 warpgroups x 64 q rows, 64-row K/V tiles, 4 stages", WGMMA, PING_PONG),
 }
 
 DEFAULT_TILE = {
@@ -280,7 +290,7 @@ def flash_forward(q, k, v, causal: bool, variant: str = "", layout: str = "bhld"
     ext = load_extension()
     ext.forward(
         q_k, k_k, v_k, out_k, lse, bool(causal), float(scale if scale is not None else 1.0 / math.sqrt(D)),
-        _mma_code(ext, t), t.block_m, t.block_n, t.warps, t.stages, int(grid_cap),
+        _mma_code(ext, t), t.block_m, t.block_n, t.warps, t.stages, _schedule_code(ext, t), int(grid_cap),
     )
     if out_k is not target:
         target.copy_(out_k)
@@ -289,6 +299,10 @@ def flash_forward(q, k, v, causal: bool, variant: str = "", layout: str = "bhld"
 
 def _mma_code(ext, tile: Tile) -> int:
     return {MMA_SYNC: ext.MATH_MMA_SYNC, WGMMA: ext.MATH_WGMMA, FFMA: ext.MATH_FFMA, MMA_TF32: ext.MATH_MMA_TF32}[tile.mma]
+
+
+def _schedule_code(ext, tile: Tile) -> int:
+    return {LOCKSTEP: ext.SCHEDULE_LOCKSTEP, PING_PONG: ext.SCHEDULE_PING_PONG}[tile.schedule]
 
 
 def kernel_info(precision: str, head_dim: int, variant: str = "") -> dict:
@@ -302,7 +316,8 @@ def kernel_info(precision: str, head_dim: int, variant: str = "") -> dict:
     ext = load_extension()
     code = {"fp16": ext.DTYPE_FP16, "bf16": ext.DTYPE_BF16, "fp32": ext.DTYPE_FP32, "tf32": ext.DTYPE_FP32}[precision]
     t = launch.tile
-    info = dict(ext.kernel_info(_mma_code(ext, t), code, head_dim, t.block_m, t.block_n, t.warps, t.stages))
+    info = dict(ext.kernel_info(_mma_code(ext, t), code, head_dim, t.block_m, t.block_n, t.warps, t.stages,
+                                _schedule_code(ext, t)))
     info.update(tile=launch.tile_name, mma=t.mma, ctas_per_sm_cap=launch.ctas_per_sm, max_ctas=launch.max_ctas)
     return info
 
