@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from flashwatt.kernels.custom import (
-    DEFAULT_TILE, LOCKSTEP, PING_PONG, TILES, VARIANTS, WGMMA, WGMMA_DEFAULT_TILE, parse_variant,
+    DEFAULT_TILE, LOCKSTEP, PING_PONG, TILES, VARIANTS, WGMMA, WGMMA_DEFAULT_TILE, default_tile, parse_variant,
 )
 
 HOPPER, AMPERE, ADA = (9, 0), (8, 0), (8, 9)
@@ -13,16 +13,31 @@ HOPPER, AMPERE, ADA = (9, 0), (8, 0), (8, 9)
 @pytest.mark.parametrize("precision,D", [("fp16", 64), ("bf16", 64), ("fp16", 128), ("bf16", 128)])
 def test_defaults_per_capability(precision, D):
     hopper = parse_variant("", precision, D, HOPPER)
-    assert hopper.tile_name == WGMMA_DEFAULT_TILE[(precision, D)] and hopper.tile.mma == WGMMA
+    assert hopper.tile_name == WGMMA_DEFAULT_TILE[(precision, D)][-1][1] and hopper.tile.mma == WGMMA
     for cap in (AMPERE, ADA, None):
         launch = parse_variant("", precision, D, cap)
         assert launch.tile.mma == "mma.sync" and launch.tile_name == DEFAULT_TILE[(precision, D)]
 
 
 def test_hopper_defaults_name_wgmma_tiles_that_fit():
-    for (precision, D), name in WGMMA_DEFAULT_TILE.items():
-        tile = TILES[name]
-        assert tile.mma == WGMMA and D in tile.head_dims and precision in tile.precisions
+    for (precision, D), choices in WGMMA_DEFAULT_TILE.items():
+        bounds = [bound for bound, _ in choices]
+        assert bounds[-1] is None and all(b is not None for b in bounds[:-1]) and bounds[:-1] == sorted(bounds[:-1])
+        for _, name in choices:
+            tile = TILES[name]
+            assert tile.mma == WGMMA and D in tile.head_dims and precision in tile.precisions
+
+
+def test_hopper_default_follows_the_key_length():
+    short, long = WGMMA_DEFAULT_TILE[("bf16", 128)][0][1], WGMMA_DEFAULT_TILE[("bf16", 128)][-1][1]
+    assert short != long
+    assert parse_variant("", "bf16", 128, HOPPER, 1024).tile_name == short
+    assert parse_variant("", "bf16", 128, HOPPER, 2048).tile_name == short
+    assert parse_variant("", "bf16", 128, HOPPER, 2049).tile_name == long
+    assert parse_variant("", "bf16", 128, HOPPER).tile_name == long
+    assert parse_variant("ctas66", "bf16", 128, HOPPER, 1000).tile_name == short
+    assert default_tile("bf16", 128, False, 1024) == DEFAULT_TILE[("bf16", 128)]  # off Hopper: no length rule
+    assert parse_variant("", "bf16", 128, ADA, 1024).tile_name == DEFAULT_TILE[("bf16", 128)]
 
 
 def test_paths_without_wgmma_keep_their_default_on_hopper():
@@ -51,7 +66,7 @@ def test_caps_combine_with_a_wgmma_tile_and_with_the_hopper_default():
     launch = parse_variant("wgmma_m128_n64_s3_sm1", "fp16", 64, HOPPER)
     assert (launch.tile_name, launch.ctas_per_sm, launch.max_ctas) == ("wgmma_m128_n64_s3", 1, 0)
     launch = parse_variant("ctas66", "bf16", 128, HOPPER)
-    assert launch.tile_name == WGMMA_DEFAULT_TILE.get(("bf16", 128), DEFAULT_TILE[("bf16", 128)])
+    assert launch.tile_name == WGMMA_DEFAULT_TILE[("bf16", 128)][-1][1]
     assert launch.max_ctas == 66
 
 

@@ -24,7 +24,7 @@ torch = pytest.importorskip("torch")
 
 from flashwatt.cell import Cell  # noqa: E402
 from flashwatt.kernels.custom import (  # noqa: E402
-    DEFAULT_TILE, TILES, VARIANTS, WGMMA, WGMMA_CAPABILITY, WGMMA_DEFAULT_TILE, Custom, flash_forward, kernel_info,
+    DEFAULT_TILE, TILES, VARIANTS, WGMMA, WGMMA_CAPABILITY, Custom, default_tile, flash_forward, kernel_info,
     parse_variant,
 )
 
@@ -127,11 +127,13 @@ def test_matrix_all_paths(path, precision, D, causal, L):
 
 
 def test_default_launch_on_this_device():
-    """Hopper's default is the wgmma tile where WGMMA_DEFAULT_TILE names one; elsewhere mma.sync."""
+    """Hopper's default is the wgmma tile WGMMA_DEFAULT_TILE names for the key length;
+    elsewhere mma.sync."""
     for precision, D in ((p, d) for p in ("fp16", "bf16") for d in (64, 128)):
-        info = kernel_info(precision, D)
-        hopper_tile = WGMMA_DEFAULT_TILE.get((precision, D)) if HOPPER else None
-        assert info["tile"] == (hopper_tile or DEFAULT_TILE[(precision, D)]), (precision, D, info)
+        for len_k in (1024, 16384):
+            info = kernel_info(precision, D, len_k=len_k)
+            expected = default_tile(precision, D, HOPPER, len_k)
+            assert info["tile"] == expected and (info["mma"] == WGMMA) == HOPPER, (precision, D, len_k, info)
 
 
 # ---------------------------------------------------------------- layouts and GQA

@@ -101,14 +101,30 @@ DEFAULT_TILE = {
     ("tf32", 128): "tf32",
 }
 
-# Defaults on Hopper, where they differ from DEFAULT_TILE: the wgmma tile that was fastest
-# over the flash-attention shapes (L 512..16384) on an H100 (kernels/NOTES.md, v4).
-WGMMA_DEFAULT_TILE: dict[tuple[str, int], str] = {
-    ("fp16", 64): "wgmma_m128_n128_s2",
-    ("bf16", 64): "wgmma_m128_n128_s2",
-    ("fp16", 128): "wgmma_m128_n128_s3",
-    ("bf16", 128): "wgmma_m128_n128_s3",
+# Defaults on Hopper, where they differ from DEFAULT_TILE: per (precision, head_dim), the
+# wgmma tile for K/V lengths up to a bound, bounds in increasing order, None for any
+# length. The fastest over the flash-attention shapes (L 512..16384) on an H100
+# (kernels/NOTES.md, v5): for head_dim 128 three lockstep warpgroups win up to 2048 keys,
+# the ping-pong pair beyond.
+WGMMA_DEFAULT_TILE: dict[tuple[str, int], tuple[tuple[int | None, str], ...]] = {
+    ("fp16", 64): ((None, "wgmma_pp_m128_n128_s4"),),
+    ("bf16", 64): ((None, "wgmma_pp_m128_n128_s4"),),
+    ("fp16", 128): ((2048, "wgmma_m192_n64_s2"), (None, "wgmma_pp_m128_n128_s3")),
+    ("bf16", 128): ((2048, "wgmma_m192_n64_s2"), (None, "wgmma_pp_m128_n128_s3")),
 }
+
+
+def default_tile(precision: str, head_dim: int, wgmma: bool, len_k: int | None = None) -> str:
+    """The default tile's name; on Hopper (wgmma) it may depend on the K/V length (None:
+    the longest)."""
+    key = (precision, head_dim)
+    if key not in DEFAULT_TILE:
+        raise ValueError(f"custom kernel has no default for precision {precision} and head_dim {head_dim}")
+    if wgmma and key in WGMMA_DEFAULT_TILE:
+        for bound, name in WGMMA_DEFAULT_TILE[key]:
+            if bound is None or (len_k is not None and len_k <= bound):
+                return name
+    return DEFAULT_TILE[key]
 
 # Every name the config and the records may use (grammar above; these are the listed ones).
 VARIANTS: dict[str, dict] = {"": {"description": "default tile for the head dim and precision, one CTA per query tile"}}
@@ -155,16 +171,15 @@ def check_variant_name(variant: str) -> None:
 
 
 @functools.lru_cache(maxsize=512)  # on every call's host path: short kernels are launch-bound
-def parse_variant(variant: str, precision: str, head_dim: int, capability: tuple[int, int] | None = None) -> Launch:
+def parse_variant(variant: str, precision: str, head_dim: int, capability: tuple[int, int] | None = None,
+                  len_k: int | None = None) -> Launch:
     """The launch a variant names for this precision and head dim on a device of this compute
-    capability (None: mma.sync defaults, no wgmma check); ValueError with a reason if none."""
+    capability (None: mma.sync defaults, no wgmma check) and K/V length (picks among Hopper
+    defaults; None: the longest); ValueError with a reason if none."""
     tile_name, sm, ctas = _split_variant(variant)
     wgmma = capability is not None and tuple(capability) == WGMMA_CAPABILITY
     if not tile_name:
-        key = (precision, head_dim)
-        if key not in DEFAULT_TILE:
-            raise ValueError(f"custom kernel has no default for precision {precision} and head_dim {head_dim}")
-        tile_name = WGMMA_DEFAULT_TILE.get(key, DEFAULT_TILE[key]) if wgmma else DEFAULT_TILE[key]
+        tile_name = default_tile(precision, head_dim, wgmma, len_k)
     tile = TILES[tile_name]
     if tile.mma == WGMMA and capability is not None and not wgmma:
         cap = ".".join(map(str, capability))
@@ -267,7 +282,7 @@ def flash_forward(q, k, v, causal: bool, variant: str = "", layout: str = "bhld"
             out = out.transpose(1, 2)
     _check_inputs(q, k, v)
     B, H, L, D = q.shape
-    launch = parse_variant(variant, _precision_of(q.dtype, precision), D, _capability(q.device))
+    launch = parse_variant(variant, _precision_of(q.dtype, precision), D, _capability(q.device), k.shape[2])
     if out is None:
         if layout == "blhd" or (q.stride(1) < q.stride(2)):
             out = torch.empty((B, L, H, D), dtype=q.dtype, device=q.device).transpose(1, 2)
@@ -305,14 +320,14 @@ def _schedule_code(ext, tile: Tile) -> int:
     return {LOCKSTEP: ext.SCHEDULE_LOCKSTEP, PING_PONG: ext.SCHEDULE_PING_PONG}[tile.schedule]
 
 
-def kernel_info(precision: str, head_dim: int, variant: str = "") -> dict:
+def kernel_info(precision: str, head_dim: int, variant: str = "", len_k: int | None = None) -> dict:
     """Registers, local memory, shared memory and occupancy of the variant's kernel on the
-    current device (needs a GPU)."""
+    current device for K/V length len_k (needs a GPU)."""
     import torch
 
     from flashwatt.build import load_extension
 
-    launch = parse_variant(variant, precision, head_dim, _capability(torch.device("cuda")))
+    launch = parse_variant(variant, precision, head_dim, _capability(torch.device("cuda")), len_k)
     ext = load_extension()
     code = {"fp16": ext.DTYPE_FP16, "bf16": ext.DTYPE_BF16, "fp32": ext.DTYPE_FP32, "tf32": ext.DTYPE_FP32}[precision]
     t = launch.tile
@@ -339,7 +354,7 @@ class Custom:
         if cell.precision not in PRECISIONS:
             return f"custom runs {', '.join(PRECISIONS)} (cell asks for {cell.precision})"
         try:
-            parse_variant(cell.variant, cell.precision, cell.head_dim, cap)
+            parse_variant(cell.variant, cell.precision, cell.head_dim, cap, cell.seq_len)
         except ValueError as err:
             return str(err)
         return None
@@ -352,4 +367,4 @@ class Custom:
         """The build (key, build and load seconds) and the launch the cell's variant resolved to."""
         from flashwatt.build import build_info
 
-        return {"build": build_info(), "launch": kernel_info(cell.precision, cell.head_dim, cell.variant)}
+        return {"build": build_info(), "launch": kernel_info(cell.precision, cell.head_dim, cell.variant, cell.seq_len)}
