@@ -93,7 +93,11 @@ def test_records_are_strict_json(tmp_path):
 @pytest.mark.parametrize("name", list(FIGURES))
 def test_every_figure_draws_full_and_empty_data(records, tmp_path, name):
     frame = summarize(records)
-    for label, data in [("full", frame), ("failed_only", frame[frame["status"] != "ok"]), ("none", frame.iloc[:0])]:
+    # Facets without cells: a second shape run only at another precision (energy too).
+    other = frame[frame["status"] == "ok"].assign(precision="bf16", heads=4)
+    sparse = pd.concat([frame, other], ignore_index=True)
+    for label, data in [("full", frame), ("sparse", sparse), ("failed_only", frame[frame["status"] != "ok"]),
+                        ("none", frame.iloc[:0])]:
         summary = tmp_path / f"{label}.parquet"
         data.to_parquet(summary)
         out = tmp_path / f"{name}-{label}.{FIGURES[name].ext}"

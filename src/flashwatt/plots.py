@@ -14,6 +14,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
@@ -65,6 +66,15 @@ def _label(data: pd.DataFrame) -> pd.Series:
     return data["kernel"] + variant.map(lambda v: f"[{v}]" if v else "")
 
 
+def _log_y(ax) -> None:
+    """Log y scale on a facet that has positive values to scale. A facet with no cells (a
+    shape not run at this precision) stays linear: matplotlib cannot log-scale it."""
+    ys = [p.get_height() for p in ax.patches]
+    ys += [y for line in ax.lines for y in np.asarray(line.get_ydata(), dtype=float)]
+    if any(np.isfinite(y) and y > 0 for y in ys):
+        ax.set_yscale("log")
+
+
 def _lines_vs_L(frame: pd.DataFrame, y: str, ylabel: str, logy: bool, peak: bool = False) -> plt.Figure:
     data = _ok(frame, y)
     if data.empty:
@@ -79,7 +89,7 @@ def _lines_vs_L(frame: pd.DataFrame, y: str, ylabel: str, logy: bool, peak: bool
     for (shape, precision), ax in grid.axes_dict.items():
         ax.set_xscale("log", base=2)
         if logy:
-            ax.set_yscale("log")
+            _log_y(ax)
         if peak:
             devices = data["device"].dropna().unique()
             for name in devices:
@@ -154,7 +164,7 @@ def _bars(frame: pd.DataFrame, y: str, ylabel: str, logy: bool) -> plt.Figure:
     for ax in grid.axes.flat:
         ax.tick_params(axis="x", rotation=30)
         if logy:
-            ax.set_yscale("log")
+            _log_y(ax)
     grid.set_axis_labels("", ylabel)
     grid.set_titles("{row_name} | {col_name}")
     return grid.figure
@@ -183,7 +193,7 @@ def seed_panels(frame: pd.DataFrame, options: dict) -> plt.Figure:
     for ax, (column, label) in zip(axes, panels):
         if data[column].notna().any():
             sns.barplot(data=data, x="kernel ", y=column, hue="cell", ax=ax)
-            ax.set_yscale("log")
+            _log_y(ax)
         else:
             ax.text(0.5, 0.5, "not measured\n(no NVML energy counter)", ha="center", va="center")
         ax.set_title(label)
