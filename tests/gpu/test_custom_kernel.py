@@ -134,6 +134,7 @@ def test_default_launch_on_this_device():
             info = kernel_info(precision, D, len_k=len_k)
             expected = default_tile(precision, D, HOPPER, len_k)
             assert info["tile"] == expected and (info["mma"] == WGMMA) == HOPPER, (precision, D, len_k, info)
+            assert info["schedule"] == TILES[expected].schedule, info
 
 
 # ---------------------------------------------------------------- layouts and GQA

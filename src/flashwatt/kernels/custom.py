@@ -335,7 +335,8 @@ def kernel_info(precision: str, head_dim: int, variant: str = "", len_k: int | N
     t = launch.tile
     info = dict(ext.kernel_info(_mma_code(ext, t), code, head_dim, t.block_m, t.block_n, t.warps, t.stages,
                                 _schedule_code(ext, t)))
-    info.update(tile=launch.tile_name, mma=t.mma, ctas_per_sm_cap=launch.ctas_per_sm, max_ctas=launch.max_ctas)
+    info.update(tile=launch.tile_name, mma=t.mma, schedule=t.schedule, ctas_per_sm_cap=launch.ctas_per_sm,
+                max_ctas=launch.max_ctas)
     return info
 
 
