@@ -401,6 +401,9 @@ __global__ void __launch_bounds__(kF32Threads, 1) flash_fwd_f32_kernel(const Fwd
 #pragma unroll
         for (int i = 0; i < NC; ++i) s[i] = fmaf(qd, sK[(c + 4 * i) * DP + d], s[i]);
       }
+      // The online softmax step written out rather than online_softmax_row: this kernel
+      // must stay exact to 1e-5, so exp2f instead of ex2.approx.ftz, and each thread holds
+      // every 4th column of its row, with P going to shared memory, not fragment pairs.
       float cur = -INFINITY;
 #pragma unroll
       for (int i = 0; i < NC; ++i) {

@@ -226,12 +226,12 @@ __global__ void __launch_bounds__(NWG * 128, 1) flash_fwd_wgmma_kernel(const Fwd
       softmax(0, alpha, std::true_type{});
       pack_p();
     };
-    // Iteration j >= 1: S_j is issued with P_{j-1} V_{j-1}, and its softmax runs while
-    // that P V is in flight. Only while no branch lies between the two waits: ptxas waits
-    // for every wgmma at a branch it cannot see through, so the tiles that need no mask
-    // for any row of this CTA (all K rows present, all at or left of the diagonal) run in
-    // a loop of their own without the mask's branch. A leading warpgroup passes B_j
-    // before its wgmma, a lagging one B_{j+1} after them.
+    // Iteration j >= 1: S_j is issued with P_{j-1} V_{j-1}, meant to let the softmax of
+    // S_j run while that P V is in flight (ptxas 13.0 still places the P V wait before
+    // the exponentials: kernels/NOTES.md, v5). The tiles that need no mask for any row of
+    // this CTA (all K rows present, all at or left of the diagonal) run in a loop of their
+    // own, without the mask test and its branch. A leading warpgroup passes B_j before its
+    // wgmma, a lagging one B_{j+1} after them.
     auto step = [&](int j, auto mask, bool lag) {
       float alpha[2];
       if (!lag) next_tile(j);

@@ -40,10 +40,10 @@ __device__ __forceinline__ void fence_regs(float (&r)[N]) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
 }
 
-// The register A operand of an in-flight wgmma_rs: its registers are read by the tensor
-// cores until the wait, so they must stay allocated to it. Without this, the compiler sees
-// them dead after the issue, reuses them in the code that follows, and ptxas then has to
-// wait for the wgmma before that code (here: before the softmax it should overlap).
+// The register A operand of an in-flight wgmma_rs: the tensor cores read these registers
+// until the wait, so the compiler must not treat them as free once the instruction is
+// issued; this keeps them live up to the wait. (It does not stop ptxas from moving the
+// wait for P V ahead of the softmax: kernels/NOTES.md, v5.)
 template <int N>
 __device__ __forceinline__ void fence_regs(uint32_t (&r)[N][4]) {
 #pragma unroll
