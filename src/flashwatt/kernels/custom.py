@@ -6,9 +6,9 @@ wgmma kernel (kernels/flash_fwd_wgmma.cuh), the `wgmma_pp_` ones with the warpgr
 ping-pong, and a wgmma tile is the fp16/bf16 default there (by head dim and key length).
 fp32 runs an exact FFMA path; the opt-in tf32 precision runs fp32 inputs on tensor cores,
 rounded to tf32 (kernels/flash_fwd_tf32.cuh, d64/d128). Head dims 64, 128 and 256; causal
-(top-left aligned, as torch's is_causal) and
-full masks; any sequence length; (B, H, L, D) and (B, L, H, D) layouts through strides;
-grouped-query attention (q heads a multiple of k/v heads). Forward only.
+(top-left aligned, as torch's is_causal) and full masks; any sequence length; (B, H, L, D)
+and (B, L, H, D) layouts through strides; grouped-query attention (q heads a multiple of
+k/v heads). Forward only.
 
 A *variant* names the launch configuration, the knobs a power-aware scheduler turns:
     <tile>[_sm<N> | _ctas<N>]
