@@ -1,0 +1,399 @@
+"""One distributed attention cell, run on every rank; rank 0 returns the record.
+
+spec keys: strategy (ring|zigzag|ulysses|hybrid), gpus (world size), batch, heads,
+kv_heads, seq_len (L, whole sequence), head_dim, precision (fp32|tf32|fp16|bf16; fp64
+for CPU checks), causal, pass (fwd|fwd_bwd), block (auto|flash|efficient|cudnn|custom|
+math). Optional: seed (0), repeats (10), warmup (3), ulysses_size (hybrid; default the
+processes per node), single_gpu (True: time the whole problem on one GPU in the same
+run), context_parallel (True: time PyTorch's context_parallel as the peer), variant
+(custom kernel launch variant), check (True).
+
+Check: batch 0 and the query heads of the first K/V head group (two groups for MHA) of
+the gathered output and gradients, every row, against `reference.reference_group` in
+float64. The same slice, on one GPU through the same block backend (a ring of one),
+gives the single-GPU error; the distributed result must be within twice it.
+
+Timing: every timed call starts after a barrier; CUDA events on each rank (perf_counter
+on CPU); per rank the median; the record keeps every rank's median and the slowest.
+Communication: the forward and the backward are timed three ways (split_mode): full,
+compute only (every block, no transfer) and communication only (every transfer, no
+block); exposed communication = full - compute only, hidden = comm only - exposed.
+"""
+from __future__ import annotations
+
+import math
+import os
+import statistics
+import time
+import traceback
+
+import torch
+import torch.distributed as dist
+
+from flashwatt.distributed import rendezvous
+from flashwatt.distributed.api import attention
+from flashwatt.distributed.blocks import get_block
+from flashwatt.distributed.groups import resolve
+from flashwatt.distributed.layout import gather_sequence, shard_sequence
+from flashwatt.distributed.ring import RingAttention
+from flashwatt.distributed.split_mode import split_mode
+from flashwatt.measure import relative_error
+
+DTYPES = {"fp64": torch.float64, "fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16,
+          "bf16": torch.bfloat16}
+REQUIRED = ("strategy", "gpus", "batch", "heads", "kv_heads", "seq_len", "head_dim", "precision", "causal", "pass",
+            "block")
+COMM_METHOD = ("forward and backward each timed in three runs of the same schedule: full; compute only (every "
+               "block, no transfer); communication only (every transfer, no block). exposed_ms = full - "
+               "compute_only; hidden_ms = comm_only - exposed (clamped at 0); hidden_fraction = hidden_ms / "
+               "comm_only_ms. Medians per rank, the slowest rank's reported.")
+
+
+def check_spec(spec: dict) -> None:
+    missing = [key for key in REQUIRED if key not in spec]
+    if missing:
+        raise ValueError(f"distributed job spec lacks {', '.join(missing)} (needs {', '.join(REQUIRED)})")
+    if spec["precision"] not in DTYPES:
+        raise ValueError(f"distributed job: precision {spec['precision']!r} not in {', '.join(DTYPES)}")
+    if spec["pass"] not in ("fwd", "fwd_bwd"):
+        raise ValueError(f"distributed job: pass {spec['pass']!r} not in fwd, fwd_bwd")
+
+
+def flops(spec: dict) -> float:
+    """Useful flops of the whole problem (causal: half); fwd_bwd counts 3.5 forwards."""
+    f = 4.0 * spec["batch"] * spec["heads"] * spec["seq_len"] ** 2 * spec["head_dim"]
+    f = f / 2 if spec["causal"] else f
+    return f * (3.5 if spec["pass"] == "fwd_bwd" else 1.0)
+
+
+def make_full(spec: dict, device, dtype):
+    gen = torch.Generator(device=device).manual_seed(int(spec.get("seed", 0)))
+    B, H, Hkv, L, D = (spec[k] for k in ("batch", "heads", "kv_heads", "seq_len", "head_dim"))
+
+    def draw(heads):
+        return torch.randn((B, heads, L, D), generator=gen, device=device, dtype=torch.float32).to(dtype)
+
+    return draw(H), draw(Hkv), draw(Hkv), draw(H)
+
+
+def _sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _barrier(device) -> None:
+    _sync(device)
+    dist.barrier()
+
+
+def _time(fn, device, repeats: int, warmup: int, before=None) -> float:
+    """Median ms of fn() over `repeats` (after `warmup`), each after `before()` and a barrier."""
+    times = []
+    for i in range(warmup + repeats):
+        state = before() if before else None
+        _barrier(device)
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn(state)
+            end.record()
+            _sync(device)
+            ms = start.elapsed_time(end)
+        else:
+            t0 = time.perf_counter()
+            fn(state)
+            ms = (time.perf_counter() - t0) * 1e3
+        if i >= warmup:
+            times.append(ms)
+    return statistics.median(times)
+
+
+def _gather_floats(value) -> list:
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, value)
+    return out
+
+
+def _skip(spec: dict, reason: str) -> dict:
+    return {"status": "skipped", "reason": reason, "spec": spec}
+
+
+def _available_gpus(rdv) -> int:
+    return torch.cuda.device_count() * rdv.nodes if torch.cuda.is_available() else 0
+
+
+def job(spec: dict, rank: int | None = None, world: int | None = None, local_rank: int | None = None,
+        addr: str | None = None, port: int | None = None) -> dict | None:
+    """Run the cell on this rank; the record on rank 0, None elsewhere."""
+    rendezvous.multicast_off()
+    check_spec(spec)
+    rdv = rendezvous.from_environment(rank, world, local_rank, addr, port)
+    wanted = int(spec["gpus"])
+    if spec["block"] == "custom" and spec["pass"] == "fwd_bwd":
+        return _skip(spec, "block 'custom' is forward-only (the custom kernel has no backward pass yet)") \
+            if rdv.rank == 0 else None
+    if torch.cuda.is_available():
+        have = _available_gpus(rdv)
+        if have < wanted:
+            return _skip(spec, f"cell asks for {wanted} GPUs; this machine has {have}") if rdv.rank == 0 else None
+    elif DTYPES[spec["precision"]] != torch.float64:
+        return _skip(spec, f"no CUDA device for a {spec['precision']} cell (CPU runs take precision fp64)") \
+            if rdv.rank == 0 else None
+    if rdv.world != wanted:
+        raise ValueError(f"distributed job: cell asks for {wanted} GPUs but {rdv.world} processes were started "
+                         "(one process per GPU)")
+    device = rendezvous.start(rdv)
+    try:
+        record = _run(spec, rdv, device)
+        ok = True
+    except Exception as err:  # every rank reaches here; rank 0 reports
+        record = {"status": "failed", "reason": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc(),
+                  "spec": spec}
+        ok = False
+    finally:
+        if ok:
+            dist.barrier()
+        dist.destroy_process_group()
+    return record if rdv.rank == 0 else None
+
+
+def _run(spec: dict, rdv, device) -> dict:
+    dtype = DTYPES[spec["precision"]]
+    tf32 = spec["precision"] == "tf32"
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = tf32
+    strategy, causal, bwd = spec["strategy"], bool(spec["causal"]), spec["pass"] == "fwd_bwd"
+    group = None
+    if strategy == "hybrid" and spec.get("ulysses_size"):
+        from flashwatt.distributed.groups import default_mesh
+
+        group = default_mesh(int(spec["ulysses_size"]))
+    coords = resolve(strategy, group)
+    block_name = spec["block"]
+    repeats, warmup = int(spec.get("repeats", 10)), int(spec.get("warmup", 3))
+    q, k, v, dout = make_full(spec, device, dtype)
+    if block_name == "custom":
+        from flashwatt.distributed.blocks import CustomBlock
+
+        block = CustomBlock(spec.get("variant", ""))
+    else:
+        block = get_block(block_name, q)
+    ql, kl, vl, dl = (shard_sequence(t, strategy, group) for t in (q, k, v, dout))
+    del q, k, v, dout
+    for t in (ql, kl, vl):
+        t.requires_grad_(bwd)
+
+    def run_forward(_=None):
+        with torch.set_grad_enabled(bwd):
+            return attention(ql, kl, vl, causal=causal, strategy=strategy, block=block, group=group)
+
+    def run_backward(out):
+        torch.autograd.backward(out, dl)
+
+    # Correctness first (a wrong answer is not timed as if it were right).
+    out = run_forward()
+    if bwd:
+        run_backward(out)
+    record = {"status": "ok", "spec": spec, "world_size": rdv.world, "nodes": rdv.nodes, "strategy": strategy,
+              "block": getattr(block, "name", str(block_name)), "device": _device_name(device),
+              "environment": {k: os.environ.get(k) for k in rendezvous.MULTICAST_OFF}}
+    if spec.get("check", True):
+        record["check"] = _check(spec, coords, group, block, out, (ql, kl, vl), dtype, device, bwd)
+    for t in (ql, kl, vl):
+        t.grad = None
+    del out
+
+    # Peak memory of one step, per GPU.
+    if device.type == "cuda":
+        _barrier(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        out = run_forward()
+        if bwd:
+            run_backward(out)
+        del out
+        _sync(device)
+        record["memory"] = {"peak_bytes_per_gpu": _gather_floats(int(torch.cuda.max_memory_allocated(device)))}
+
+    timing = {}
+    comm = {"method": COMM_METHOD}
+    for mode in ("full", "compute_only", "comm_only"):
+        with split_mode(mode):
+            fwd_ms = _time(run_forward, device, repeats, warmup)
+            bwd_ms = _time(run_backward, device, repeats, warmup, before=run_forward) if bwd else None
+        timing[mode] = {"forward": _gather_floats(fwd_ms), "backward": _gather_floats(bwd_ms) if bwd else None}
+    for phase in ("forward", "backward") if bwd else ("forward",):
+        full, compute, only = (max(timing[m][phase]) for m in ("full", "compute_only", "comm_only"))
+        exposed = max(0.0, full - compute)
+        hidden = max(0.0, only - exposed)
+        comm[phase] = {"full_ms": full, "compute_only_ms": compute, "comm_only_ms": only, "exposed_ms": exposed,
+                       "hidden_ms": hidden, "hidden_fraction": hidden / only if only > 0 else None,
+                       "per_rank_full_ms": timing["full"][phase]}
+    total_ms = comm["forward"]["full_ms"] + (comm["backward"]["full_ms"] if bwd else 0.0)
+    record["time"] = {"forward_ms": comm["forward"]["full_ms"],
+                      "backward_ms": comm["backward"]["full_ms"] if bwd else None, "total_ms": total_ms,
+                      "method": "cuda_events" if device.type == "cuda" else "perf_counter"}
+    record["communication"] = comm
+    tf = flops(spec) / (total_ms * 1e-3) / 1e12
+    record["tflops"] = {"total": tf, "per_gpu": tf / rdv.world, "flops": flops(spec)}
+    if spec.get("single_gpu", True):
+        record["single_gpu"] = _single_gpu(spec, block, device, dtype, bwd, causal, repeats, warmup)
+        one = record["single_gpu"]
+        if one.get("total_ms"):
+            record["speedup"] = one["total_ms"] / total_ms
+            record["efficiency"] = record["speedup"] / rdv.world
+            if one.get("peak_bytes") and record.get("memory"):
+                record["memory"]["ratio_to_one_gpu"] = max(record["memory"]["peak_bytes_per_gpu"]) / one["peak_bytes"]
+    if spec.get("context_parallel", True):
+        record["context_parallel"] = _context_parallel(spec, device, dtype, bwd, causal, repeats, warmup)
+    return record
+
+
+def _device_name(device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
+def _check(spec, coords, group, block, out, leaves, dtype, device, bwd) -> dict:
+    """Errors of output (and dQ, dK, dV) against float64 on the gathered sequence, and the
+    same backend's single-GPU errors on the same slice."""
+    strategy = spec["strategy"]
+    H, Hkv = spec["heads"], spec["kv_heads"]
+    G = H // Hkv
+    kv_heads = min(Hkv, 2) if G == 1 else 1
+    qh = kv_heads * G
+    gathered = [gather_sequence(out.detach()[:1, :qh].contiguous(), strategy, group)]
+    if bwd:
+        ql, kl, vl = leaves
+        gathered += [gather_sequence(t.grad[:1, :n].contiguous(), strategy, group)
+                     for t, n in ((ql, qh), (kl, kv_heads), (vl, kv_heads))]
+    result = None
+    if dist.get_rank() == 0:
+        q, k, v, dout = (t[:1] for t in make_full(spec, device, dtype))
+        q, k, v, dout = q[:, :qh], k[:, :kv_heads], v[:, :kv_heads], dout[:, :qh]
+        pieces = [reference_slice(q, k, v, dout if bwd else None, spec["causal"], g, G) for g in range(kv_heads)]
+        ref = [torch.cat([p[i] for p in pieces], dim=1) if pieces[0][i] is not None else None for i in range(4)]
+        # The same backend on one GPU, the whole sequence (a ring of one: no communication).
+        q1, k1, v1 = (t.clone().requires_grad_(bwd) for t in (q, k, v))
+        with torch.set_grad_enabled(bwd):
+            out1 = RingAttention.apply(q1, k1, v1, bool(spec["causal"]), 1.0 / math.sqrt(spec["head_dim"]), None,
+                                       "contiguous", block)
+        single = [out1.detach()]
+        if bwd:
+            single += list(torch.autograd.grad(out1, (q1, k1, v1), dout))
+        names = ["out", "dq", "dk", "dv"][:len(gathered)]
+        dist_err = {n: relative_error(g[0], r[0]) for n, g, r in zip(names, gathered, ref)}
+        one_err = {n: relative_error(s[0], r[0]) for n, s, r in zip(names, single, ref)}
+        floor = 1e-13 if dtype == torch.float64 else 0.0  # float64: both errors are rounding noise
+        tol = {n: max(2.0 * one_err[n], floor) for n in names}
+        result = {"rows_checked": spec["seq_len"], "batch_checked": 1, "q_heads_checked": qh,
+                  "kv_heads_checked": kv_heads, "error": dist_err, "single_gpu_error": one_err,
+                  "tolerance": tol, "tolerance_rule": "2 x the same block backend's single-GPU error on the same data",
+                  "passed": all(dist_err[n] <= tol[n] for n in names)}
+    box = [result]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def reference_slice(q, k, v, dout, causal, g, G):
+    """float64 (out, dq, dk, dv) of K/V head g and its G query heads, shaped (1, heads, L, D)."""
+    from flashwatt.distributed.reference import reference_group
+
+    qs = slice(g * G, (g + 1) * G)
+    res = reference_group(q[0, qs], k[0, g], v[0, g], None if dout is None else dout[0, qs], causal)
+    shapes = [(1, G), (1, G), (1, 1), (1, 1)]
+    return [None if r is None else r.reshape(s + r.shape[-2:]) for r, s in zip(res, shapes)]
+
+
+def _single_gpu(spec, block, device, dtype, bwd, causal, repeats, warmup) -> dict:
+    """The whole problem on rank 0's device through the same block backend (no communication)."""
+    result = None
+    if dist.get_rank() == 0:
+        try:
+            q, k, v, dout = make_full(spec, device, dtype)
+            for t in (q, k, v):
+                t.requires_grad_(bwd)
+            scale = 1.0 / math.sqrt(spec["head_dim"])
+
+            def fwd(_=None):
+                with torch.set_grad_enabled(bwd):
+                    return RingAttention.apply(q, k, v, causal, scale, None, "contiguous", block)
+
+            def bwd_call(out):
+                torch.autograd.backward(out, dout)
+
+            peak = None
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+                o = fwd()
+                if bwd:
+                    bwd_call(o)
+                del o
+                _sync(device)
+                peak = int(torch.cuda.max_memory_allocated(device))
+            f_ms = _local_time(fwd, device, repeats, warmup)
+            b_ms = _local_time(bwd_call, device, repeats, warmup, before=fwd) if bwd else 0.0
+            result = {"forward_ms": f_ms, "backward_ms": b_ms if bwd else None, "total_ms": f_ms + b_ms,
+                      "peak_bytes": peak}
+        except Exception as err:
+            result = {"status": "failed", "reason": f"{type(err).__name__}: {err}"}
+    box = [result]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _local_time(fn, device, repeats, warmup, before=None) -> float:
+    times = []
+    for i in range(warmup + repeats):
+        state = before() if before else None
+        _sync(device)
+        t0 = time.perf_counter()
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn(state)
+            end.record()
+            _sync(device)
+            ms = start.elapsed_time(end)
+        else:
+            fn(state)
+            ms = (time.perf_counter() - t0) * 1e3
+        if i >= warmup:
+            times.append(ms)
+    return statistics.median(times)
+
+
+def _context_parallel(spec, device, dtype, bwd, causal, repeats, warmup) -> dict:
+    """PyTorch's context_parallel (ring under SDPA, head-tail balancing for causal) as the peer."""
+    if device.type != "cuda":
+        return {"status": "skipped", "reason": "context_parallel runs only the CUDA SDPA backends (device is CPU)"}
+    if spec["strategy"] == "hybrid":
+        return {"status": "skipped", "reason": "context_parallel has no Ulysses x ring hybrid"}
+    try:
+        import torch.nn.functional as F
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor.experimental import context_parallel
+        from torch.distributed.tensor.experimental._attention import _cp_options, set_rotate_method
+
+        rotate = "alltoall" if spec["strategy"] == "ulysses" else "allgather"
+        set_rotate_method(rotate)
+        _cp_options.enable_load_balance = bool(causal)
+        mesh = init_device_mesh("cuda", (dist.get_world_size(),))
+        q, k, v, dout = make_full(spec, device, dtype)
+        G = spec["heads"] // spec["kv_heads"]
+        # GQA through the LSE-returning aten ops has crashed under context_parallel: expand locally.
+        k, v = k.repeat_interleave(G, 1), v.repeat_interleave(G, 1)
+        with context_parallel(mesh, buffers=[q, k, v, dout], buffer_seq_dims=[2, 2, 2, 2]):
+            for t in (q, k, v):
+                t.requires_grad_(bwd)
+
+            def fwd(_=None):
+                with torch.set_grad_enabled(bwd):
+                    return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+            def bwd_call(out):
+                torch.autograd.backward(out, dout)
+
+            f_ms = max(_gather_floats(_time(fwd, device, repeats, warmup)))
+            b_ms = max(_gather_floats(_time(bwd_call, device, repeats, warmup, before=fwd))) if bwd else 0.0
+        return {"status": "ok", "rotate_method": rotate, "load_balance": bool(causal), "forward_ms": f_ms,
+                "backward_ms": b_ms if bwd else None, "total_ms": f_ms + b_ms}
+    except Exception as err:
+        return {"status": "skipped", "reason": f"context_parallel failed: {type(err).__name__}: {err}"}

@@ -1,0 +1,91 @@
+"""Rank, world size and rendezvous address of this process, and the process group start.
+
+Taken, in order, from explicit arguments (the local executor passes them), torchrun's
+variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), or Slurm's (one task
+per GPU: SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID; the first host of SLURM_JOB_NODELIST
+and a port derived from the job id, unless MASTER_ADDR/MASTER_PORT are set). submitit's
+JobEnvironment reads the same Slurm variables; it is not imported here.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+# NVLink multicast (NVLS) can put a shared host's GPUs out of service: kept off in every
+# process this package starts or initialises.
+MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+def multicast_off() -> None:
+    os.environ.update(MULTICAST_OFF)
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    rank: int
+    world: int
+    local_rank: int
+    addr: str
+    port: int
+    nodes: int = 1
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _first_slurm_host() -> str:
+    nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST")
+    if not nodelist:
+        return "127.0.0.1"
+    out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, check=True)
+    return out.stdout.split()[0]
+
+
+def from_environment(rank: int | None = None, world: int | None = None, local_rank: int | None = None,
+                     addr: str | None = None, port: int | None = None) -> Rendezvous:
+    env = os.environ
+    if rank is None and "RANK" in env:
+        rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
+        local_rank = int(env.get("LOCAL_RANK", rank))
+    elif rank is None and "SLURM_PROCID" in env:
+        rank, world = int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"])
+        local_rank = int(env.get("SLURM_LOCALID", 0))
+        addr = addr or env.get("MASTER_ADDR") or _first_slurm_host()
+        port = port or int(env.get("MASTER_PORT") or 20000 + int(env.get("SLURM_JOB_ID", "0")) % 20000)
+    elif rank is None:
+        rank, world, local_rank = 0, 1, 0
+    world = 1 if world is None else world
+    local_rank = rank if local_rank is None else local_rank
+    addr = addr or env.get("MASTER_ADDR", "127.0.0.1")
+    if port is None:
+        if "MASTER_PORT" in env:
+            port = int(env["MASTER_PORT"])
+        elif world == 1:
+            port = free_port()
+        else:
+            raise ValueError(f"rank {rank} of {world}: no rendezvous port (set MASTER_PORT or pass port=)")
+    nodes = int(env.get("SLURM_NNODES") or env.get("NNODES") or 1)
+    return Rendezvous(rank, world, local_rank, addr, int(port), nodes)
+
+
+def start(rdv: Rendezvous) -> torch.device:
+    """Initialise the default process group (NCCL on CUDA, gloo otherwise); returns the device."""
+    multicast_off()
+    if torch.cuda.is_available():
+        device = torch.device("cuda", rdv.local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", init_method=f"tcp://{rdv.addr}:{rdv.port}", rank=rdv.rank,
+                                world_size=rdv.world, device_id=device)
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo", init_method=f"tcp://{rdv.addr}:{rdv.port}", rank=rdv.rank,
+                                world_size=rdv.world)
+    return device
