@@ -397,3 +397,29 @@ def _context_parallel(spec, device, dtype, bwd, causal, repeats, warmup) -> dict
                 "backward_ms": b_ms if bwd else None, "total_ms": f_ms + b_ms}
     except Exception as err:
         return {"status": "skipped", "reason": f"context_parallel failed: {type(err).__name__}: {err}"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`torchrun --nproc-per-node N -m flashwatt.distributed.job SPEC_JSON [RECORD.json]`: run one
+    cell by hand (SPEC_JSON a JSON object or @file); rank 0 prints the record (and writes it)."""
+    import json
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    if not args:
+        print(main.__doc__, file=sys.stderr)
+        return 2
+    text = open(args[0][1:]).read() if args[0].startswith("@") else args[0]
+    record = job(json.loads(text))
+    if record is not None:
+        out = json.dumps(record, indent=1, default=str)
+        print(out)
+        if len(args) > 1:
+            with open(args[1], "w") as fh:
+                fh.write(out)
+        return 0 if record["status"] != "failed" and record.get("check", {}).get("passed", True) else 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
