@@ -86,7 +86,7 @@ class FlashBlock:
         H, Hkv = q.shape[1], k.shape[1]
         # Dropout is off: the philox state is never read; the dense (non-varlen) path
         # is chosen by leaving the cumulative-length tensors undefined.
-        none = torch.empty(0, dtype=torch.int64, device=q.device)
+        none = torch.zeros((), dtype=torch.int64, device=q.device)
         dq, dk, dv = aten._scaled_dot_product_flash_attention_backward(
             dout.contiguous(), q, _expand_kv(k, H), _expand_kv(v, H), out.contiguous(), lse.contiguous(),
             None, None, q.shape[2], k.shape[2], 0.0, causal, none, none, scale=scale)
@@ -110,7 +110,7 @@ class EfficientBlock:
         padded = -(-Lq // 32) * 32
         lse_in = torch.zeros(lse.shape[:2] + (padded,), dtype=torch.float32, device=lse.device)
         lse_in[..., :Lq] = lse
-        none = torch.empty(0, dtype=torch.int64, device=q.device)
+        none = torch.zeros((), dtype=torch.int64, device=q.device)
         dq, dk, dv, _ = aten._scaled_dot_product_efficient_attention_backward(
             dout.contiguous(), q, _expand_kv(k, H), _expand_kv(v, H), None, out.contiguous(), lse_in,
             none, none, 0.0, [True, True, True, False], causal, scale=scale)
@@ -131,7 +131,7 @@ class CudnnBlock:
 
     def backward(self, dout, q, k, v, out, lse, causal: bool, scale: float):
         H, Hkv = q.shape[1], k.shape[1]
-        none = torch.empty(0, dtype=torch.int64, device=q.device)
+        none = torch.zeros((), dtype=torch.int64, device=q.device)
         ke, ve = _expand_kv(k, H), _expand_kv(v, H)
         dq, dk, dv = aten._scaled_dot_product_cudnn_attention_backward(
             dout.contiguous(), q, ke, ve, out.contiguous(), lse.reshape(q.shape[:3] + (1,)).contiguous(),
