@@ -43,6 +43,17 @@ def test_two_rank_jobs_check_time_and_split_communication(tmp_path):
     assert set(ulysses["check"]["error"]) == {"out"} and ulysses["time"]["backward_ms"] is None
 
 
+def test_four_rank_hybrid_job_on_a_two_by_two_mesh(tmp_path):
+    report = tmp_path / "records.json"
+    mp.spawn(job_worker.main, args=(4, _ports(1), str(report)), nprocs=4, join=True)
+    (rec,) = json.loads(report.read_text())
+    assert rec["status"] == "ok", rec.get("traceback", rec)
+    assert rec["check"]["passed"] and set(rec["check"]["error"]) == {"out", "dq", "dk", "dv"}, rec["check"]
+    assert all(e < 1e-13 for e in rec["check"]["error"].values())
+    assert len(rec["communication"]["backward"]["per_rank_full_ms"]) == 4
+    assert rec["context_parallel"]["status"] == "skipped"
+
+
 def test_world_size_one_job_in_process():
     spec = dict(job_worker.SPECS[0], strategy="ring", gpus=1)
     rec = job(spec)

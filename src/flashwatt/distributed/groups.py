@@ -30,7 +30,8 @@ def default_mesh(ulysses_size: int | None = None):
 
     The Ulysses size is the number of processes per node: LOCAL_WORLD_SIZE (torchrun),
     SLURM_NTASKS_PER_NODE, or the CUDA device count; it must divide the world size.
-    Created once per size (mesh creation is collective: every rank calls it in order)."""
+    Created once per size and process group (creation is collective: every rank calls it
+    in the same order)."""
     from torch.distributed.device_mesh import init_device_mesh
 
     world = dist.get_world_size()
@@ -40,7 +41,9 @@ def default_mesh(ulysses_size: int | None = None):
     if ulysses_size < 1 or world % ulysses_size:
         raise ValueError(f"strategy 'hybrid': Ulysses size {ulysses_size} (processes per node) does not divide "
                          f"the world size {world}")
-    key = (world, ulysses_size)
+    # Keyed by the default group itself: a mesh of an earlier, destroyed process group
+    # (a second job in the same process) must not be reused.
+    key = (dist.group.WORLD, world, ulysses_size)
     if key not in _DEFAULT_MESHES:
         device = "cuda" if dist.get_backend() == "nccl" else "cpu"
         _DEFAULT_MESHES[key] = init_device_mesh(device, (world // ulysses_size, ulysses_size),

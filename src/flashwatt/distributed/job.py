@@ -154,6 +154,9 @@ def job(spec: dict, rank: int | None = None, world: int | None = None, local_ran
         if ok:
             dist.barrier()
         dist.destroy_process_group()
+        from flashwatt.distributed.groups import _DEFAULT_MESHES
+
+        _DEFAULT_MESHES.clear()
     return record if rdv.rank == 0 else None
 
 

@@ -1,14 +1,17 @@
 """Rank, world size and rendezvous address of this process, and the process group start.
 
-Taken, in order, from explicit arguments (the local executor passes them), torchrun's
-variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), or Slurm's (one task
-per GPU: SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID; the first host of SLURM_JOB_NODELIST
-and a port derived from the job id, unless MASTER_ADDR/MASTER_PORT are set). submitit's
-JobEnvironment reads the same Slurm variables; it is not imported here.
+Taken, in order, from explicit arguments, torchrun's variables (RANK, WORLD_SIZE,
+LOCAL_RANK, MASTER_ADDR, MASTER_PORT), submitit's local executor's (SUBMITIT_LOCAL_GLOBALID,
+_NTASKS, _LOCALID; host 127.0.0.1) or Slurm's (one task per GPU: SLURM_PROCID,
+SLURM_NTASKS, SLURM_LOCALID; the first host of SLURM_JOB_NODELIST). Without MASTER_PORT
+the port is drawn from the job id the way submitit's TorchDistributedEnvironment draws
+it (random.Random(job_id).randint(20000, 60000)), so every task agrees. submitit's
+JobEnvironment reads these same variables; submitit is not imported here.
 """
 from __future__ import annotations
 
 import os
+import random
 import socket
 import subprocess
 from dataclasses import dataclass
@@ -49,17 +52,26 @@ def _first_slurm_host() -> str:
     return out.stdout.split()[0]
 
 
+def _port_of_job(job_id: str) -> int:
+    return random.Random(job_id).randint(20000, 60000)
+
+
 def from_environment(rank: int | None = None, world: int | None = None, local_rank: int | None = None,
                      addr: str | None = None, port: int | None = None) -> Rendezvous:
     env = os.environ
     if rank is None and "RANK" in env:
         rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
         local_rank = int(env.get("LOCAL_RANK", rank))
+    elif rank is None and "SUBMITIT_LOCAL_GLOBALID" in env:
+        rank, world = int(env["SUBMITIT_LOCAL_GLOBALID"]), int(env["SUBMITIT_LOCAL_NTASKS"])
+        local_rank = int(env.get("SUBMITIT_LOCAL_LOCALID", rank))
+        addr = addr or env.get("MASTER_ADDR", "127.0.0.1")
+        port = port or int(env.get("MASTER_PORT") or _port_of_job(env.get("SUBMITIT_LOCAL_JOB_ID", "0")))
     elif rank is None and "SLURM_PROCID" in env:
         rank, world = int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"])
         local_rank = int(env.get("SLURM_LOCALID", 0))
         addr = addr or env.get("MASTER_ADDR") or _first_slurm_host()
-        port = port or int(env.get("MASTER_PORT") or 20000 + int(env.get("SLURM_JOB_ID", "0")) % 20000)
+        port = port or int(env.get("MASTER_PORT") or _port_of_job(env.get("SLURM_JOB_ID", "0")))
     elif rank is None:
         rank, world, local_rank = 0, 1, 0
     world = 1 if world is None else world
@@ -72,13 +84,17 @@ def from_environment(rank: int | None = None, world: int | None = None, local_ra
             port = free_port()
         else:
             raise ValueError(f"rank {rank} of {world}: no rendezvous port (set MASTER_PORT or pass port=)")
-    nodes = int(env.get("SLURM_NNODES") or env.get("NNODES") or 1)
+    nodes = int(env.get("SLURM_NNODES") or env.get("SUBMITIT_LOCAL_JOB_NUM_NODES") or env.get("NNODES") or 1)
     return Rendezvous(rank, world, local_rank, addr, int(port), nodes)
 
 
 def start(rdv: Rendezvous) -> torch.device:
-    """Initialise the default process group (NCCL on CUDA, gloo otherwise); returns the device."""
+    """Initialise the default process group (NCCL on CUDA, gloo otherwise); returns the device.
+
+    Also sets LOCAL_WORLD_SIZE (processes per node, the hybrid strategy's Ulysses size)
+    where the launcher did not."""
     multicast_off()
+    os.environ.setdefault("LOCAL_WORLD_SIZE", str(max(1, rdv.world // rdv.nodes)))
     if torch.cuda.is_available():
         device = torch.device("cuda", rdv.local_rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
