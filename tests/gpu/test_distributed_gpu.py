@@ -45,7 +45,7 @@ def simulate_ring(block, q, k, v, dout, causal, world, layout, scale):
     strategy = "zigzag" if layout == "zigzag" else "ring"
     index = torch.arange(q.shape[2], device=q.device).view(1, 1, -1, 1)
     owned = [local_part(index, strategy, {"rank": r, "world": world}).view(-1) for r in range(world)]
-    part = [[t[:, :, owned[r]] for t in (q, k, v, dout)] for r in range(world)]
+    part = [[None if t is None else t[:, :, owned[r]] for t in (q, k, v, dout)] for r in range(world)]
     outs, lses = [], []
     for r in range(world):
         qr = part[r][0]

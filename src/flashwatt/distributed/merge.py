@@ -32,5 +32,6 @@ class LseMerge:
         shift = torch.where(torch.isinf(new_lse), torch.zeros_like(new_lse), new_lse)
         w_old = torch.exp(old_lse - shift).unsqueeze(-1)
         w_new = torch.exp(lse - shift).unsqueeze(-1)
-        self.out[:, :, rows] = self.out[:, :, rows] * w_old + out.to(self.out.dtype) * w_new
+        # Basic slicing is a view: the running output is updated in place, no full-size copy.
+        self.out[:, :, rows].mul_(w_old).add_(out.to(self.out.dtype) * w_new)
         self.lse[:, :, rows] = new_lse
