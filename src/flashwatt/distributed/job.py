@@ -377,6 +377,7 @@ def _context_parallel(spec, device, dtype, bwd, causal, repeats, warmup) -> dict
 
         rotate = "alltoall" if spec["strategy"] == "ulysses" else "allgather"
         set_rotate_method(rotate)
+        # Head-tail load balancing is context_parallel's causal mode (it refuses it for full masks).
         _cp_options.enable_load_balance = bool(causal)
         mesh = init_device_mesh("cuda", (dist.get_world_size(),))
         q, k, v, dout = make_full(spec, device, dtype)
