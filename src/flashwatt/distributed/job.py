@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import math
 import os
-import statistics
-import time
 import traceback
 
 import torch
@@ -33,14 +31,15 @@ import torch.distributed as dist
 from flashwatt.distributed import rendezvous
 from flashwatt.distributed.api import attention
 from flashwatt.distributed.blocks import get_block
+from flashwatt.distributed.context_parallel_peer import context_parallel_peer
 from flashwatt.distributed.groups import resolve
+from flashwatt.distributed.inputs import DTYPES, make_full
 from flashwatt.distributed.layout import gather_sequence, shard_sequence
 from flashwatt.distributed.ring import RingAttention
 from flashwatt.distributed.split_mode import split_mode
+from flashwatt.distributed.timing import barrier, gather, median_ms, sync
 from flashwatt.measure import relative_error
 
-DTYPES = {"fp64": torch.float64, "fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16,
-          "bf16": torch.bfloat16}
 REQUIRED = ("strategy", "gpus", "batch", "heads", "kv_heads", "seq_len", "head_dim", "precision", "causal", "pass",
             "block")
 COMM_METHOD = ("forward and backward each timed in three runs of the same schedule: full; compute only (every "
@@ -64,54 +63,6 @@ def flops(spec: dict) -> float:
     f = 4.0 * spec["batch"] * spec["heads"] * spec["seq_len"] ** 2 * spec["head_dim"]
     f = f / 2 if spec["causal"] else f
     return f * (3.5 if spec["pass"] == "fwd_bwd" else 1.0)
-
-
-def make_full(spec: dict, device, dtype):
-    gen = torch.Generator(device=device).manual_seed(int(spec.get("seed", 0)))
-    B, H, Hkv, L, D = (spec[k] for k in ("batch", "heads", "kv_heads", "seq_len", "head_dim"))
-
-    def draw(heads):
-        return torch.randn((B, heads, L, D), generator=gen, device=device, dtype=torch.float32).to(dtype)
-
-    return draw(H), draw(Hkv), draw(Hkv), draw(H)
-
-
-def _sync(device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _barrier(device) -> None:
-    _sync(device)
-    dist.barrier()
-
-
-def _time(fn, device, repeats: int, warmup: int, before=None) -> float:
-    """Median ms of fn() over `repeats` (after `warmup`), each after `before()` and a barrier."""
-    times = []
-    for i in range(warmup + repeats):
-        state = before() if before else None
-        _barrier(device)
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn(state)
-            end.record()
-            _sync(device)
-            ms = start.elapsed_time(end)
-        else:
-            t0 = time.perf_counter()
-            fn(state)
-            ms = (time.perf_counter() - t0) * 1e3
-        if i >= warmup:
-            times.append(ms)
-    return statistics.median(times)
-
-
-def _gather_floats(value) -> list:
-    out = [None] * dist.get_world_size()
-    dist.all_gather_object(out, value)
-    return out
 
 
 def _skip(spec: dict, reason: str) -> dict:
@@ -207,22 +158,22 @@ def _run(spec: dict, rdv, device) -> dict:
 
     # Peak memory of one step, per GPU.
     if device.type == "cuda":
-        _barrier(device)
+        barrier(device)
         torch.cuda.reset_peak_memory_stats(device)
         out = run_forward()
         if bwd:
             run_backward(out)
         del out
-        _sync(device)
-        record["memory"] = {"peak_bytes_per_gpu": _gather_floats(int(torch.cuda.max_memory_allocated(device)))}
+        sync(device)
+        record["memory"] = {"peak_bytes_per_gpu": gather(int(torch.cuda.max_memory_allocated(device)))}
 
     timing = {}
     comm = {"method": COMM_METHOD}
     for mode in ("full", "compute_only", "comm_only"):
         with split_mode(mode):
-            fwd_ms = _time(run_forward, device, repeats, warmup)
-            bwd_ms = _time(run_backward, device, repeats, warmup, before=run_forward) if bwd else None
-        timing[mode] = {"forward": _gather_floats(fwd_ms), "backward": _gather_floats(bwd_ms) if bwd else None}
+            fwd_ms = median_ms(run_forward, device, repeats, warmup)
+            bwd_ms = median_ms(run_backward, device, repeats, warmup, before=run_forward) if bwd else None
+        timing[mode] = {"forward": gather(fwd_ms), "backward": gather(bwd_ms) if bwd else None}
     for phase in ("forward", "backward") if bwd else ("forward",):
         full, compute, only = (max(timing[m][phase]) for m in ("full", "compute_only", "comm_only"))
         exposed = max(0.0, full - compute)
@@ -246,7 +197,7 @@ def _run(spec: dict, rdv, device) -> dict:
             if one.get("peak_bytes") and record.get("memory"):
                 record["memory"]["ratio_to_one_gpu"] = max(record["memory"]["peak_bytes_per_gpu"]) / one["peak_bytes"]
     if spec.get("context_parallel", True):
-        record["context_parallel"] = _context_parallel(spec, device, dtype, bwd, causal, repeats, warmup)
+        record["context_parallel"] = context_parallel_peer(spec, device, dtype, bwd, causal, repeats, warmup)
     return record
 
 
@@ -329,10 +280,10 @@ def _single_gpu(spec, block, device, dtype, bwd, causal, repeats, warmup) -> dic
                 if bwd:
                     bwd_call(o)
                 del o
-                _sync(device)
+                sync(device)
                 peak = int(torch.cuda.max_memory_allocated(device))
-            f_ms = _local_time(fwd, device, repeats, warmup)
-            b_ms = _local_time(bwd_call, device, repeats, warmup, before=fwd) if bwd else 0.0
+            f_ms = median_ms(fwd, device, repeats, warmup, together=False)
+            b_ms = median_ms(bwd_call, device, repeats, warmup, before=fwd, together=False) if bwd else 0.0
             result = {"forward_ms": f_ms, "backward_ms": b_ms if bwd else None, "total_ms": f_ms + b_ms,
                       "peak_bytes": peak}
         except Exception as err:
@@ -340,67 +291,6 @@ def _single_gpu(spec, block, device, dtype, bwd, causal, repeats, warmup) -> dic
     box = [result]
     dist.broadcast_object_list(box, src=0)
     return box[0]
-
-
-def _local_time(fn, device, repeats, warmup, before=None) -> float:
-    times = []
-    for i in range(warmup + repeats):
-        state = before() if before else None
-        _sync(device)
-        t0 = time.perf_counter()
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn(state)
-            end.record()
-            _sync(device)
-            ms = start.elapsed_time(end)
-        else:
-            fn(state)
-            ms = (time.perf_counter() - t0) * 1e3
-        if i >= warmup:
-            times.append(ms)
-    return statistics.median(times)
-
-
-def _context_parallel(spec, device, dtype, bwd, causal, repeats, warmup) -> dict:
-    """PyTorch's context_parallel (ring under SDPA, head-tail balancing for causal) as the peer."""
-    if device.type != "cuda":
-        return {"status": "skipped", "reason": "context_parallel runs only the CUDA SDPA backends (device is CPU)"}
-    if spec["strategy"] == "hybrid":
-        return {"status": "skipped", "reason": "context_parallel has no Ulysses x ring hybrid"}
-    try:
-        import torch.nn.functional as F
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.tensor.experimental import context_parallel
-        from torch.distributed.tensor.experimental._attention import _cp_options, set_rotate_method
-
-        rotate = "alltoall" if spec["strategy"] == "ulysses" else "allgather"
-        set_rotate_method(rotate)
-        # Head-tail load balancing is context_parallel's causal mode (it refuses it for full masks).
-        _cp_options.enable_load_balance = bool(causal)
-        mesh = init_device_mesh("cuda", (dist.get_world_size(),))
-        q, k, v, dout = make_full(spec, device, dtype)
-        G = spec["heads"] // spec["kv_heads"]
-        # GQA through the LSE-returning aten ops has crashed under context_parallel: expand locally.
-        k, v = k.repeat_interleave(G, 1), v.repeat_interleave(G, 1)
-        with context_parallel(mesh, buffers=[q, k, v, dout], buffer_seq_dims=[2, 2, 2, 2]):
-            for t in (q, k, v):
-                t.requires_grad_(bwd)
-
-            def fwd(_=None):
-                with torch.set_grad_enabled(bwd):
-                    return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-
-            def bwd_call(out):
-                torch.autograd.backward(out, dout)
-
-            f_ms = max(_gather_floats(_time(fwd, device, repeats, warmup)))
-            b_ms = max(_gather_floats(_time(bwd_call, device, repeats, warmup, before=fwd))) if bwd else 0.0
-        return {"status": "ok", "rotate_method": rotate, "load_balance": bool(causal), "forward_ms": f_ms,
-                "backward_ms": b_ms if bwd else None, "total_ms": f_ms + b_ms}
-    except Exception as err:
-        return {"status": "skipped", "reason": f"context_parallel failed: {type(err).__name__}: {err}"}
 
 
 def main(argv: list[str] | None = None) -> int:
