@@ -259,8 +259,10 @@ class FakeLoad:
     """`call`/`sync` pair for measure_energy: each call sets the GPUs to `busy_w` and
     takes `call_s` of wall time; `sync` does nothing (the fake GPU has no queue)."""
 
-    def __init__(self, gpus: list[FakeGpu], busy_w: float | list[float], call_s: float = 0.0005):
+    def __init__(self, gpus: list[FakeGpu], busy_w: float | list[float], call_s: float = 0.0005,
+                 util: tuple[int, int] = (97, 41)):
         self.gpus = gpus
+        self.util = util  # NVML's (SM, memory) utilisation while busy; 0 while idle
         self.busy_w = busy_w if isinstance(busy_w, list) else [busy_w] * len(gpus)
         self.call_s = call_s
         self.n = 0
@@ -269,6 +271,7 @@ class FakeLoad:
         if self.n == 0:
             for g, w in zip(self.gpus, self.busy_w):
                 g.set_power(w)
+                g.util = self.util
         self.n += 1
         end = time.perf_counter() + self.call_s
         while time.perf_counter() < end:

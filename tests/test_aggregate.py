@@ -110,3 +110,22 @@ def test_bad_trace_filter_names_the_config_key(records, tmp_path):
     summarize(records).to_parquet(summary)
     with pytest.raises(ValueError, match="config key trace_filter"):
         draw("power_trace", summary, tmp_path / "t.png", {"trace_filter": "kernal == 'naive'"})
+
+
+def test_timed_latency_disagreeing_with_the_window_is_flagged(tmp_path):
+    paths = []
+    for L, pct in [(256, 1.2), (512, -7.0), (1024, None)]:
+        c, rec = ok_record("naive", L, 1.0)
+        rec["energy"]["flags"] = ["power_capped"]
+        rec["energy"]["gpu_util_pct"], rec["energy"]["mem_util_pct"] = 98.5, 40.0
+        rec["timing"].update(method="cuda_graph", calls_per_step=50, eager_ms=1.3, launch_overhead_ms=0.3)
+        if pct is not None:
+            rec["timing"].update(window_ms_per_call=1.0 / (1 + pct / 100), timed_vs_window_pct=pct)
+        paths.append(tmp_path / c.path)
+        write_record(paths[-1], rec)
+    frame = summarize(paths)
+    assert frame["gpu_util_pct"].tolist() == [98.5] * 3 and frame["timing_method"].tolist() == ["cuda_graph"] * 3
+    assert frame["launch_overhead_ms"].tolist() == pytest.approx([0.3] * 3)
+    table = flagged(frame)
+    assert table["cell_id"].tolist() == [cell("naive", 512).id]  # only the cell 7% apart
+    assert "differ by -7.0%" in table["flagged_because"].iloc[0]

@@ -286,3 +286,35 @@ def test_cooldown_times_out_and_fixed_wait():
     ft2 = _FakeTime()
     out = cooldown(tel, seconds=3.0, clock=ft2.clock, sleep=ft2.sleep)
     assert out["waited_s"] == pytest.approx(3.0) and out["reached"] is True
+
+
+def test_steps_of_several_calls_count_calls_not_steps():
+    # A step that runs k calls (a CUDA-graph replay of k calls): every count and every
+    # per-call figure must be in calls, so the window's time per call compares with the
+    # timed latency per call.
+    k = 8
+    gpus = _gpus(power_w=100.0)
+    load = FakeLoad(gpus, busy_w=500.0, call_s=0.0005)
+    w = _measure(gpus, load, calls_per_step=k)
+    steps = load.n
+    assert w.sync_calls % k == 0 and w.sync_calls <= steps * k
+    assert w.calls <= steps * k and w.calls > steps  # counted in calls
+    assert w.time_per_call_s == pytest.approx(w.sync_window_s / w.sync_calls)
+    assert 0.0005 / k <= w.time_per_call_s < 0.005 / k  # one fake step spins 0.5 ms for k calls
+    assert w.energy_per_call_j == pytest.approx(w.energy_j / w.calls)
+    assert w.energy_per_call_j == pytest.approx(500.0 * w.time_per_call_s, rel=0.05)
+    with pytest.raises(ValueError, match="calls_per_step=0"):
+        _measure(gpus, load, calls_per_step=0)
+
+
+def test_window_averages_nvml_utilisation():
+    gpus = _gpus(power_w=100.0)
+    w = _measure(gpus, FakeLoad(gpus, busy_w=500.0))
+    (g,) = w.per_gpu
+    util = [r["gpu_util_pct"] for r in w.trace if r.get("in_window") and r.get("gpu_util_pct") is not None]
+    assert util, "the fake NVML reports utilisation in the window"
+    assert g["gpu_util_pct"] == pytest.approx(sum(util) / len(util))
+    # the idle samples before the window (0 %) are not part of the average
+    assert g["gpu_util_pct"] > 90 and any(r["gpu_util_pct"] == 0 for r in w.trace if r["phase"] == "idle")
+    assert w.gpu_util_pct == pytest.approx(g["gpu_util_pct"])
+    assert w.mem_util_pct == pytest.approx(41, abs=1)

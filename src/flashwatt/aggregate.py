@@ -11,20 +11,21 @@ from flashwatt.records import read_record
 COLUMNS = [
     "cell_id", "suite", "kernel", "variant", "precision", "seq_len", "batch", "heads", "head_dim",
     "causal", "pass", "status", "reason",
-    "median_ms", "p10_ms", "p90_ms", "repeats", "tflops",
+    "median_ms", "p10_ms", "p90_ms", "repeats", "tflops", "timing_method", "calls_per_step",
+    "eager_ms", "launch_overhead_ms", "window_ms_per_call", "timed_vs_window_pct",
     "rel_err", "tol", "grad_rel_err", "check_passed",
     "peak_mem_gib", "workspace_gib",
     "energy_per_call_j", "dynamic_energy_per_call_j", "avg_power_w", "peak_power_w", "idle_power_w",
     "gflops_per_w", "energy_window_s", "energy_calls", "counter_vs_integral_pct", "energy_flags",
-    "clock_reasons", "temp_start_c", "temp_end_c", "energy_reason",
+    "clock_reasons", "temp_start_c", "temp_end_c", "gpu_util_pct", "mem_util_pct", "energy_reason",
     "device", "compute_capability", "host", "job_id", "git_commit", "git_dirty", "torch", "cuda",
     "build_seconds", "duration_s", "record",
 ]
 # energy_calls is fractional: the window ends inside a batch of calls (flashwatt.energy).
-INT_COLUMNS = {"seq_len", "batch", "heads", "head_dim", "repeats"}
+INT_COLUMNS = {"seq_len", "batch", "heads", "head_dim", "repeats", "calls_per_step"}
 BOOL_COLUMNS = {"causal", "check_passed", "git_dirty"}
 STRING_COLUMNS = {
-    "cell_id", "suite", "kernel", "variant", "precision", "pass", "status", "reason", "energy_flags",
+    "cell_id", "suite", "kernel", "variant", "precision", "pass", "status", "reason", "timing_method", "energy_flags",
     "clock_reasons", "energy_reason", "device", "compute_capability", "host", "job_id", "git_commit",
     "torch", "cuda", "record",
 }
@@ -74,6 +75,12 @@ def record_row(record: dict, path: str) -> dict:
         "p90_ms": timing.get("p90_ms"),
         "repeats": timing.get("repeats"),
         "tflops": timing.get("tflops"),
+        "timing_method": timing.get("method"),
+        "calls_per_step": timing.get("calls_per_step"),
+        "eager_ms": timing.get("eager_ms"),
+        "launch_overhead_ms": timing.get("launch_overhead_ms"),
+        "window_ms_per_call": timing.get("window_ms_per_call"),
+        "timed_vs_window_pct": timing.get("timed_vs_window_pct"),
         "rel_err": check.get("rel_err"),
         "tol": check.get("tol"),
         "grad_rel_err": check.get("grad_rel_err"),
@@ -93,6 +100,8 @@ def record_row(record: dict, path: str) -> dict:
         "clock_reasons": _reason_durations(energy),
         "temp_start_c": energy.get("temp_start_c"),
         "temp_end_c": energy.get("temp_end_c"),
+        "gpu_util_pct": energy.get("gpu_util_pct"),
+        "mem_util_pct": energy.get("mem_util_pct"),
         "energy_reason": energy.get("reason"),
         "device": device.get("name"),
         "compute_capability": device.get("compute_capability"),
@@ -133,8 +142,11 @@ def write_summary(frame: pd.DataFrame, parquet: str | Path, csv: str | Path) -> 
 
 
 # Energy flags that describe the card's normal state rather than a doubtful window: every
-# attention backend on an H200 runs at its power cap (MEASUREMENT.md).
+# attention backend on an H100/H200 runs at its power cap (docs/measurement.md).
 INFORMATIONAL_FLAGS = frozenset({"power_capped"})
+# The timed latency and the energy window's time per call time the same workload
+# (flashwatt.timing); beyond this difference one of the two figures is not to be trusted.
+TIMING_VS_WINDOW_LIMIT_PCT = 5.0
 
 
 def _doubtful(flags) -> bool:
@@ -143,9 +155,24 @@ def _doubtful(flags) -> bool:
     return any(f and f not in INFORMATIONAL_FLAGS for f in str(flags).split(","))
 
 
+def _why_flagged(row) -> str:
+    why = []
+    if row["status"] != "ok":
+        why.append(f"status {row['status']}")
+    if _doubtful(row["energy_flags"]):
+        why.append(f"energy window: {row['energy_flags']}")
+    pct = row["timed_vs_window_pct"]
+    if pd.notna(pct) and abs(pct) > TIMING_VS_WINDOW_LIMIT_PCT:
+        why.append(f"timed latency and window time per call differ by {pct:+.1f}%")
+    return "; ".join(why)
+
+
 def flagged(frame: pd.DataFrame) -> pd.DataFrame:
-    """Cells a reader must not take at face value: not ok, or an energy window with a doubtful flag."""
-    mask = (frame["status"] != "ok") | frame["energy_flags"].map(_doubtful).astype(bool)
-    cols = ["cell_id", "status", "reason", "energy_flags", "counter_vs_integral_pct", "clock_reasons",
-            "rel_err", "tol", "record"]
-    return frame.loc[mask, cols].reset_index(drop=True)
+    """Cells a reader must not take at face value, each with why: not ok, an energy window
+    with a doubtful flag, or a timed latency that disagrees with the window's time per call."""
+    why = frame.apply(_why_flagged, axis=1) if len(frame) else pd.Series([], dtype="string")
+    cols = ["cell_id", "status", "reason", "energy_flags", "counter_vs_integral_pct", "timed_vs_window_pct",
+            "clock_reasons", "rel_err", "tol", "record"]
+    out = frame.loc[why != "", cols].copy()
+    out.insert(1, "flagged_because", why[why != ""].astype("string"))
+    return out.reset_index(drop=True)

@@ -15,6 +15,7 @@ import yaml
 from flashwatt.cell import Cell
 from flashwatt.devices import visible_gpu_count
 from flashwatt.kernels.custom import check_variant_name
+from flashwatt.settings import MeasureSettings
 
 SCHEMA = Path(__file__).resolve().parents[2] / "workflow" / "schemas" / "config.schema.yaml"
 
@@ -148,5 +149,10 @@ def apply_filter(cells: list[Cell], query: str) -> list[Cell]:
 
 
 def measure_settings(config: dict, suite: str) -> dict[str, Any]:
-    """The measurement settings a suite's cells run with (recorded in every cell record)."""
-    return {**config["measure"], **config["suites"][suite].get("measure", {})}
+    """The measurement settings a suite's cells run with (recorded in every cell record).
+
+    Plain data, because Snakemake compares a rule's params between runs; the job turns
+    it into `flashwatt.settings.MeasureSettings`, which refuses unknown keys.
+    """
+    merged = {**config["measure"], **config["suites"][suite].get("measure", {})}
+    return MeasureSettings.from_mapping(merged).as_dict()

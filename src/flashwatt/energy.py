@@ -75,6 +75,8 @@ class EnergyWindow:
     dynamic_energy_per_call_j: float | None = None
     temp_start_c: float | None = None
     temp_end_c: float | None = None
+    gpu_util_pct: float | None = None  # NVML utilisation averaged over the window (mean over GPUs)
+    mem_util_pct: float | None = None
     clock_reasons: tuple[str, ...] = ()
     clock_reasons_s: dict[str, float] = field(default_factory=dict)
     violation_s: dict[str, float | None] = field(default_factory=dict)
@@ -244,6 +246,7 @@ def measure_energy(
     sleep: Callable[[float], None] = time.sleep,
     align_edges: bool = True,
     edge_timeout_s: float = 0.5,
+    calls_per_step: int = 1,
 ) -> EnergyWindow:
     """Energy of `call()` run back-to-back for at least `min_window_s` on the GPUs of
     `telemetry`. `sync()` must wait for all queued GPU work (torch.cuda.synchronize).
@@ -252,6 +255,9 @@ def measure_energy(
     `window_s` runs from the first call to the closing sync, so it exceeds
     `min_window_s` by whatever was still queued on the GPU (on an H200, ~0.85 s of
     1.6 ms matmuls); `calls` and `window_s` always describe the same interval.
+    `call()` may run several calls of the measured operation (one CUDA-graph replay of
+    k calls, flashwatt.timing): `calls_per_step` = k, and every count and per-call
+    figure of the result is in calls of the operation, not in steps.
     """
     if not telemetry.available:
         return EnergyWindow(available=False, reason=telemetry.reason or "telemetry not available")
@@ -259,6 +265,8 @@ def measure_energy(
         raise ValueError(f"min_window_s={min_window_s}: must be positive")
     if max_calls is not None and max_calls < 1:
         raise ValueError(f"max_calls={max_calls}: must be at least 1")
+    if calls_per_step < 1:
+        raise ValueError(f"calls_per_step={calls_per_step}: must be at least 1")
 
     identity = telemetry.identity()
     n = len(identity)
@@ -367,7 +375,8 @@ def measure_energy(
     for i in range(n):
         g_rows = by_gpu[i]
         t0_i, e0, _ = start[i]
-        t1_i, e1, calls_i, _ = end[i]
+        t1_i, e1, steps_i, _ = end[i]
+        calls_i = steps_i * calls_per_step
         delta = _delta_j(e0, e1)
         counter_valid = not (e0 is not None and e1 is not None and e1 < e0)
         # the counter window opened at the update t0_i; energy between it and the first
@@ -426,6 +435,10 @@ def measure_energy(
             "mem_temp_start_c": _nearest_before(g_rows, t_start, "mem_temp_c"),
             "mem_temp_end_c": _first_after(g_rows, t1_i, "mem_temp_c"),
             "samples_in_window": n_in,
+            # NVML's utilisation: the share of its sample period a kernel ran (SM) or
+            # memory was read or written, averaged over the window's samples.
+            "gpu_util_pct": _mean([r.get("gpu_util_pct") for r in w_rows]),
+            "mem_util_pct": _mean([r.get("mem_util_pct") for r in w_rows]),
             "integral_j": integral,
             "counter_vs_integral_pct": _pct(delta, integral),
             "clock_reasons": sorted(counts),
@@ -489,8 +502,8 @@ def measure_energy(
         window_s=_mean([g["window_s"] for g in per_gpu]),
         calls=_mean([g["calls"] for g in per_gpu]),
         sync_window_s=window_s,
-        sync_calls=calls,
-        time_per_call_s=window_s / calls,
+        sync_calls=calls * calls_per_step,
+        time_per_call_s=window_s / (calls * calls_per_step),
         energy_j=energy_j,
         avg_power_w=_sum([g["avg_power_w"] for g in per_gpu]),
         peak_power_w=peak,
@@ -499,6 +512,8 @@ def measure_energy(
         dynamic_energy_per_call_j=_sum([g["dynamic_energy_per_call_j"] for g in per_gpu]),
         temp_start_c=_max([g["temp_start_c"] for g in per_gpu]),
         temp_end_c=_max([g["temp_end_c"] for g in per_gpu]),
+        gpu_util_pct=_mean([g["gpu_util_pct"] for g in per_gpu]),
+        mem_util_pct=_mean([g["mem_util_pct"] for g in per_gpu]),
         clock_reasons=tuple(sorted(reason_union)),
         clock_reasons_s=dict(sorted(reason_union.items())),
         violation_s=viol_total,

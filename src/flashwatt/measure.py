@@ -1,6 +1,6 @@
 """Correctness and timing of one attention cell. Knows nothing of Snakemake or Slurm.
 
-Conventions (MEASUREMENT.md): seeded random inputs, never zeros; the output compared
+Conventions (docs/measurement.md): seeded random inputs, never zeros; the output compared
 with a float64 reference by ||out - ref|| / ||ref||; warm-up first; CUDA events around
 each call with the median reported; input sets rotated when one set would sit in L2.
 """
@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import statistics
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -188,40 +187,6 @@ def warm_up(call: Callable[[int], object], device: torch.device, warmup_ms: floa
     return (time.perf_counter() - t0) / n
 
 
-def time_calls(call, device: torch.device, per_call_s: float, settings: dict) -> dict:
-    """Time individual calls (CUDA events on GPU, perf_counter on CPU); summary stats in ms."""
-    wanted = math.ceil(settings["min_time_ms"] / 1e3 / max(per_call_s, 1e-9))
-    n = max(settings["min_repeats"], min(settings["max_repeats"], wanted))
-    if device.type == "cuda":
-        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
-        _sync(device)
-        for i, (start, end) in enumerate(events):
-            start.record()
-            call(i)
-            end.record()
-        _sync(device)
-        times = [s.elapsed_time(e) for s, e in events]
-        method = "cuda_events"
-    else:
-        times = []
-        for i in range(n):
-            t0 = time.perf_counter()
-            call(i)
-            times.append((time.perf_counter() - t0) * 1e3)
-        method = "perf_counter"
-    q = statistics.quantiles(times, n=10) if len(times) >= 2 else [times[0]] * 9
-    return {
-        "method": method,
-        "repeats": len(times),
-        "median_ms": statistics.median(times),
-        "mean_ms": statistics.fmean(times),
-        "std_ms": statistics.pstdev(times),
-        "min_ms": min(times),
-        "p10_ms": q[0],
-        "p90_ms": q[-1],
-    }
-
-
 def peak_memory(call, device: torch.device) -> dict:
     """Bytes held at the peak of one call, and what the call added above its inputs."""
     if device.type != "cuda":
@@ -236,4 +201,9 @@ def peak_memory(call, device: torch.device) -> dict:
 
 
 def is_oom(err: BaseException) -> bool:
-    return isinstance(err, torch.OutOfMemoryError) or "out of memory" in str(err).lower()
+    """An allocation the device refused: CUDA's out-of-memory, or the CPU allocator's."""
+    if isinstance(err, (torch.OutOfMemoryError, MemoryError)):
+        return True
+    text = str(err).lower()
+    # torch's CPU allocator raises a plain RuntimeError: "DefaultCPUAllocator: can't allocate memory"
+    return "out of memory" in text or "can't allocate memory" in text

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from flashwatt.cell import Cell
 from flashwatt.provenance import provenance, utc_now
+from flashwatt.settings import MeasureSettings
 
 SCHEMA_VERSION = 1
 STATUSES = ("ok", "incorrect", "skipped", "oom", "error", "job_failed")
@@ -24,18 +25,23 @@ class CellOutcome:
     trace: list[dict] = field(default_factory=list)
 
 
-def base_record(cell: Cell, settings: dict) -> dict:
+# Timed latency and the energy window's time per call measure the same workload
+# (flashwatt.timing): a larger difference than this is flagged in the summary.
+TIMING_VS_WINDOW_LIMIT_PCT = 5.0
+
+
+def base_record(cell: Cell, settings: "MeasureSettings | dict") -> dict:
     return {
         "schema_version": SCHEMA_VERSION,
         "cell": cell.as_row(),
         "status": None,
         "reason": None,
-        "settings": settings,
+        "settings": MeasureSettings.from_mapping(settings).as_dict(),
         "started": utc_now(),
     }
 
 
-def failed_job_record(cell: Cell, settings: dict, message: str, job_id: str | None) -> dict:
+def failed_job_record(cell: Cell, settings: "MeasureSettings | dict", message: str, job_id: str | None) -> dict:
     """The record for a job that died before it could return one (killed, node failure)."""
     record = base_record(cell, settings)
     record.update(status="job_failed", reason=message, provenance={"job_id": job_id}, finished=utc_now())
@@ -72,12 +78,12 @@ def _device_identity(device, telemetry) -> dict:
     return ident
 
 
-def _open_telemetry(device, settings: dict):
+def _open_telemetry(device, settings: MeasureSettings):
     from flashwatt.telemetry import NullTelemetry, open_telemetry
 
     if device.type != "cuda":
         return NullTelemetry("no CUDA device: energy is measured on NVIDIA GPUs only")
-    if not settings.get("energy", True):
+    if not settings.energy:
         return NullTelemetry("energy measurement switched off (measure.energy: false)")
     import torch
 
@@ -85,8 +91,9 @@ def _open_telemetry(device, settings: dict):
     return open_telemetry([uuid] if uuid else None)
 
 
-def run_cell(cell: Cell, settings: dict) -> CellOutcome:
+def run_cell(cell: Cell, settings: "MeasureSettings | dict") -> CellOutcome:
     """Measure one cell; never raises for a problem of the cell itself."""
+    settings = MeasureSettings.from_mapping(settings)
     record = base_record(cell, settings)
     trace: list[dict] = []
     t0 = time.perf_counter()
@@ -142,52 +149,57 @@ def kernel_details(kernel, cell: Cell) -> dict:
         return {"kernel_details_error": f"{type(err).__name__}: {err}"}
 
 
-def _measure(cell: Cell, settings: dict, device, kernel, telemetry, record: dict) -> list[dict]:
+def _measure(cell: Cell, settings: MeasureSettings, device, kernel, telemetry, record: dict) -> list[dict]:
     import torch
 
     from flashwatt import measure
     from flashwatt.energy import cooldown, gflops_per_watt, measure_energy
+    from flashwatt.timing import Workload, time_workload
 
-    sets = measure.input_sets_needed(cell, device) if settings["rotate_inputs"] else 1
-    inputs = measure.make_inputs(cell, device, settings["seed"], sets)
+    sets = measure.input_sets_needed(cell, device) if settings.rotate_inputs else 1
+    inputs = measure.make_inputs(cell, device, settings.seed, sets)
     record["memory"] = {"input_bytes_per_set": measure.input_bytes(cell), "input_sets": sets}
 
     # Correctness first: a wrong kernel's speed is not a result.
-    check = measure.check_cell(kernel, cell, *inputs[0], settings["check_max_rows"], settings["seed"])
+    check = measure.check_cell(kernel, cell, *inputs[0], settings.check_max_rows, settings.seed)
     record["check"] = check.as_dict()
     record.update(kernel_details(kernel, cell))
 
     dout = None
     if cell.pass_ == "fwd_bwd":
-        gen = torch.Generator(device=device).manual_seed(settings["seed"] + 2)
+        gen = torch.Generator(device=device).manual_seed(settings.seed + 2)
         shape = (cell.batch, cell.heads, cell.seq_len, cell.head_dim)
         dout = torch.randn(shape, generator=gen, device=device).to(measure.DTYPES[cell.precision])
     call = measure.make_call(kernel, cell, inputs, dout)
     grad = torch.enable_grad() if cell.pass_ == "fwd_bwd" else torch.no_grad()
     with grad:
         record["memory"].update(measure.peak_memory(call, device))
-        per_call_s = measure.warm_up(call, device, settings["warmup_ms"])
-        timing = measure.time_calls(call, device, per_call_s, settings)
+        per_call_s = measure.warm_up(call, device, settings.warmup_ms)
+        # One workload for timing and the energy window: k calls per step, a CUDA graph
+        # replay where the backend can be captured (flashwatt.timing says why).
+        workload = Workload.build(call, device, per_call_s, use_graph=settings.cuda_graph)
+        timing = time_workload(workload, settings)
         timing["tflops"] = cell.flops / (timing["median_ms"] * 1e-3) / 1e12
         timing["flops_per_call"] = cell.flops
         record["timing"] = timing
 
         trace: list[dict] = []
         if telemetry.available:
-            cooldown(telemetry, max_temp_c=settings.get("cooldown_max_temp_c"), seconds=settings.get("cooldown_s") or None)
-            counter = iter(range(1 << 62))
+            cooldown(telemetry, max_temp_c=settings.cooldown_max_temp_c, seconds=settings.cooldown_s or None)
             window = measure_energy(
-                lambda: call(next(counter)),
+                workload.step,
                 lambda: torch.cuda.synchronize(device),
                 telemetry,
-                min_window_s=settings["energy_window_s"],
-                idle_settle_s=settings["idle_settle_s"],
-                idle_window_s=settings["idle_window_s"],
-                sampler_period_s=settings["sampler_period_s"],
+                min_window_s=settings.energy_window_s,
+                idle_settle_s=settings.idle_settle_s,
+                idle_window_s=settings.idle_window_s,
+                sampler_period_s=settings.sampler_period_s,
+                calls_per_step=workload.k,
             )
             energy = window.as_dict()
             energy["gflops_per_w"] = gflops_per_watt(cell.flops, window.energy_per_call_j)
             record["energy"] = energy
+            timing.update(timing_vs_window(timing["median_ms"], window.time_per_call_s))
             trace = [dict(row) for row in window.trace]
         else:
             record["energy"] = {"reason": telemetry.reason}
@@ -199,3 +211,11 @@ def _measure(cell: Cell, settings: dict, device, kernel, telemetry, record: dict
             + ("" if check.finite else ", non-finite output")
         )
     return trace
+
+
+def timing_vs_window(median_ms: float, window_s_per_call: float | None) -> dict:
+    """The energy window's time per call beside the timed latency, and their difference in %."""
+    if window_s_per_call is None or not median_ms:
+        return {"window_ms_per_call": None, "timed_vs_window_pct": None}
+    window_ms = window_s_per_call * 1e3
+    return {"window_ms_per_call": window_ms, "timed_vs_window_pct": (median_ms - window_ms) / window_ms * 100}

@@ -4,6 +4,7 @@
 #   tests/gpu/run_on_device.sh [pytest-targets|-] [snakemake --config items ...]
 # FLASHWATT_BENCH=1 adds the kernel benchmark (custom vs sdpa_flash vs sdpa_cudnn, CSV in
 # $OUT; FLASHWATT_BENCH_ARGS passes options, e.g. "--variants") after the tests.
+# FLASHWATT_REPEAT=<record path> reruns that one cell three times and prints its timing and energy.
 # Python packages the machine lacks come as wheels in .whl/ (see README: GPU runs).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -23,7 +24,7 @@ if [ "$tests" != "-" ]; then
   python3 -m pytest -q -m gpu -p no:cacheprovider $tests 2>&1 | tee "$OUT/gpu-tests.log" || status=1
 fi
 if [ -n "${FLASHWATT_BENCH:-}" ]; then
-  python3 -m flashwatt.kernels.custom_bench --out "$OUT/bench.csv" ${FLASHWATT_BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" || status=1
+  python3 -m flashwatt.bench --out "$OUT/bench.csv" ${FLASHWATT_BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" || status=1
 fi
 if [ "$#" -gt 0 ]; then
   timeout -s INT -k 30 "${FLASHWATT_RUN_LIMIT_S:-540}" python3 -m flashwatt.cli run --cores 4 "$@" \

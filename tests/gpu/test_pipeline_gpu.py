@@ -19,7 +19,11 @@ def test_ok_cell_has_checked_timing_and_counter_energy():
     rec = out.record
     assert rec["status"] == "ok", rec.get("reason")
     assert rec["check"]["passed"] and rec["check"]["rel_err"] < 1e-2
-    assert rec["timing"]["method"] == "cuda_events" and 0 < rec["timing"]["median_ms"] < 5
+    timing = rec["timing"]
+    assert timing["method"] == "cuda_graph" and 0 < timing["median_ms"] < 5
+    assert timing["repeats"] == timing["steps"] * timing["calls_per_step"]
+    assert timing["eager_ms"] > 0 and timing["launch_overhead_ms"] == pytest.approx(timing["eager_ms"] - timing["median_ms"])
+    assert abs(timing["timed_vs_window_pct"]) <= 5, timing
     energy = rec["energy"]
     assert energy["available"] and energy["window_s"] >= 2.0 and energy["calls"] > 1000
     # At the power cap or below it, but never below idle: a plausible window, from the counter.
@@ -28,6 +32,7 @@ def test_ok_cell_has_checked_timing_and_counter_energy():
     assert abs(energy["counter_vs_integral_pct"]) < 5
     assert rec["device"]["name"].startswith("NVIDIA") and rec["device"]["nvml"][0]["uuid"]
     assert any(row.get("in_window") for row in out.trace)
+    assert 50 <= energy["gpu_util_pct"] <= 100 and energy["mem_util_pct"] is not None
 
 
 def test_backend_refusal_is_skipped_with_pytorchs_reason():

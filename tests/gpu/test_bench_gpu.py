@@ -9,13 +9,13 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from flashwatt.kernels import custom_bench  # noqa: E402
+from flashwatt import bench  # noqa: E402
 from flashwatt.kernels.custom import WGMMA_CAPABILITY  # noqa: E402
 
 
 def test_short_benchmark_checks_and_times_every_kernel(tmp_path):
     out = tmp_path / "bench.csv"
-    rc = custom_bench.main(["--dtypes", "bf16", "--head-dims", "64", "--max-seq-len", "1024", "--rep-ms", "5",
+    rc = bench.main(["--dtypes", "bf16", "--head-dims", "64", "--max-seq-len", "1024", "--min-time-ms", "20",
                             "--out", str(out)])
     assert rc == 0
     rows = list(csv.DictReader(out.open()))
@@ -27,6 +27,7 @@ def test_short_benchmark_checks_and_times_every_kernel(tmp_path):
         assert any(k.startswith("custom:wgmma") for k in kernels), kernels
     for r in rows:
         assert float(r["tflops"]) > 1.0, r  # every kernel ran and was timed
+        assert r["method"] == "cuda_graph", r  # every backend here can be captured
         if r["kernel"] == "custom":
             assert float(r["rel_err_vs_flash"]) <= 1e-2, r
         else:

@@ -1,0 +1,145 @@
+"""Forward TFLOP/s of our CUDA kernel beside PyTorch's FlashAttention-2 and cuDNN SDPA backends.
+
+    python -m flashwatt.bench [--out bench.csv] [--variants] [--dtypes bf16,fp16] [--max-seq-len N]
+
+Shapes: the flash-attention convention (16k tokens per batch, H*D = 2048, (B, L) from
+(32, 512) to (1, 16384), D in {64, 128}) plus the seed shape (B=16, H=8, L=1024, D=64),
+causal and not. Every backend runs through the kernel registry the pipeline's cells use,
+in the same process, interleaved per shape, and is timed by the pipeline's one timing
+method (flashwatt.timing: CUDA-graph replays, input sets rotated past L2); FLOPs come from
+`Cell`. `custom` is the default launch for the device; on Hopper every wgmma tile that
+fits the shape runs beside it (`custom:<tile>`). Every custom output is checked against
+sdpa_flash's before it is timed; a failed check is printed and recorded, its time is
+not reported, and the exit status is 1.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import sys
+
+SHAPES = [(32, 512), (16, 1024), (8, 2048), (4, 4096), (2, 8192), (1, 16384)]
+SEED = (16, 8, 1024, 64)
+REFERENCE = "sdpa_flash"  # first in every shape: the output the custom runs are checked against
+
+
+def cases(head_dims: list[int], max_seq_len: int) -> list[tuple[int, int, int, int]]:
+    """(B, H, L, D) of the benchmark, the seed shape first."""
+    out = [(B, 2048 // D, L, D) for D in head_dims for B, L in SHAPES if L <= max_seq_len]
+    if SEED not in out and SEED[2] <= max_seq_len:
+        out.insert(0, SEED)
+    return out
+
+
+def time_cell(cell, kernel, device, settings) -> dict:
+    """The pipeline's timing of one forward cell (median ms per call, eager ms beside it)."""
+    import torch
+
+    from flashwatt import measure
+    from flashwatt.timing import Workload, time_workload
+
+    inputs = measure.make_inputs(cell, device, settings.seed, measure.input_sets_needed(cell, device))
+    call = measure.make_call(kernel, cell, inputs)
+    with torch.no_grad():
+        per_call_s = measure.warm_up(call, device, settings.warmup_ms)
+        return time_workload(Workload.build(call, device, per_call_s), settings)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", help="CSV path for the measurements")
+    ap.add_argument("--dtypes", default="bf16,fp16")
+    ap.add_argument("--head-dims", default="64,128")
+    ap.add_argument("--max-seq-len", type=int, default=16384, help="leave out the shapes with longer sequences")
+    ap.add_argument("--variants", action="store_true", help="also time every custom tile variant")
+    ap.add_argument("--min-time-ms", type=float, default=300, help="timed device time per point")
+    args = ap.parse_args(argv)
+
+    import torch
+
+    from flashwatt import measure
+    from flashwatt.build import build_info, load_extension
+    from flashwatt.cell import Cell
+    from flashwatt.kernels import get_kernel
+    from flashwatt.kernels.custom import TILES, WGMMA, WGMMA_CAPABILITY
+    from flashwatt.measure import TOLERANCE, relative_error
+    from flashwatt.settings import MeasureSettings
+
+    device = torch.device("cuda")
+    name = torch.cuda.get_device_name(device)
+    load_extension()
+    print(f"device: {name}  torch {torch.__version__}  CUDA {torch.version.cuda}  build {build_info()}", flush=True)
+    settings = MeasureSettings(min_time_ms=args.min_time_ms, warmup_ms=100)
+    hopper = torch.cuda.get_device_capability(device) == WGMMA_CAPABILITY
+
+    rows: list[dict] = []
+    failed_checks = 0
+    header = (f"{'dtype':5} {'B':>3} {'H':>3} {'L':>6} {'D':>4} {'mask':6} {'custom':>8} {'flash':>8} {'cudnn':>8} "
+              f"{'cust/fl':>8} {'cust/cu':>8}" + (f" {'wgmma':>8} {'wg/fl':>6}" if hopper else ""))
+    print(header + "\n" + "-" * len(header), flush=True)
+    for precision in args.dtypes.split(","):
+        for B, H, L, D in cases([int(x) for x in args.head_dims.split(",")], args.max_seq_len):
+            for causal in (False, True):
+                runs = [(REFERENCE, ""), ("custom", ""), ("sdpa_cudnn", "")]
+                runs += [("custom", t) for t, tile in TILES.items()
+                         if D in tile.head_dims and precision in tile.precisions
+                         and (args.variants or (hopper and tile.mma == WGMMA))]
+                reference = None
+                result: dict[str, float] = {}
+                for kname, variant in runs:
+                    cell = Cell("bench", kname, precision, L, B, H, D, causal, "fwd", variant)
+                    label = f"{kname}:{variant}" if variant else kname
+                    kernel = get_kernel(kname)
+                    err_vs_flash = math.nan
+                    timing: dict = {}
+                    try:
+                        reason = kernel.supports(cell, device)
+                        if reason:
+                            raise RuntimeError(reason)
+                        q, k, v = measure.make_inputs(cell, device, 0, 1)[0]
+                        with torch.no_grad():
+                            out = kernel(q, k, v, cell).float()
+                        if kname == REFERENCE:
+                            reference = out.double()
+                        elif kname == "custom":
+                            if reference is None:
+                                raise RuntimeError(f"no {REFERENCE} output to check it against: not timed")
+                            err_vs_flash = relative_error(out, reference)
+                            tol = TOLERANCE[precision]["fwd"]
+                            if not err_vs_flash <= tol:
+                                raise RuntimeError(f"output differs from {REFERENCE} by {err_vs_flash:.2e} (> {tol:.0e})")
+                        del q, k, v, out
+                        timing = time_cell(cell, kernel, device, settings)
+                        tflops = cell.flops / (timing["median_ms"] * 1e-3) / 1e12
+                    except Exception as err:  # a refused shape or a failed check is a result, not a crash
+                        failed_checks += kname == "custom"
+                        print(f"  {label} failed on {precision} {B}x{H}x{L}x{D} causal={causal}: "
+                              f"{str(err).splitlines()[0][:160]}", file=sys.stderr)
+                        tflops = math.nan
+                    result[label] = tflops
+                    rows.append(dict(device=name, dtype=precision, batch=B, heads=H, seq_len=L, head_dim=D,
+                                     causal=causal, kernel=kname, variant=variant, method=timing.get("method"),
+                                     ms=timing.get("median_ms", math.nan), eager_ms=timing.get("eager_ms", math.nan),
+                                     tflops=round(tflops, 2), rel_err_vs_flash=err_vs_flash))
+                    torch.cuda.empty_cache()
+                fl, cu, cust = result[REFERENCE], result["sdpa_cudnn"], result["custom"]
+                line = (f"{precision:5} {B:>3} {H:>3} {L:>6} {D:>4} {'causal' if causal else 'full':6} "
+                        f"{cust:8.1f} {fl:8.1f} {cu:8.1f} {cust / fl:8.3f} {cust / cu:8.3f}")
+                if hopper:
+                    wg = max((t for n, t in result.items() if n.startswith("custom:wgmma") and t == t), default=math.nan)
+                    line += f" {wg:8.1f} {wg / fl:6.3f}"
+                print(line, flush=True)
+    if args.out and rows:
+        with open(args.out, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+        print(f"wrote {len(rows)} rows to {args.out}")
+    if failed_checks:
+        print(f"{failed_checks} custom runs failed (above): their times are not reported", file=sys.stderr)
+    return 1 if failed_checks else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
