@@ -1,7 +1,7 @@
 """Energy per call from the NVML energy counter, over a window of back-to-back calls.
 
 A kernel that runs 0.1-5 ms cannot be measured by reading power during one call:
-NVML updates power and the energy counter only every ~100 ms. So (MEASUREMENT.md):
+NVML updates power and the energy counter only every ~100 ms. So (docs/measurement.md):
 
 1. idle power first: sync, let the GPU settle, then the counter delta over an idle
    window of about a second, idle W = dE/dt;
@@ -26,11 +26,12 @@ The module is torch-free: the caller hands in `call` and `sync` (e.g.
 """
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
+
+import numpy as np
 
 from flashwatt.telemetry import (
     HW_SLOWDOWN_REASONS,
@@ -43,8 +44,8 @@ from flashwatt.telemetry import (
 
 COUNTER_VS_INTEGRAL_LIMIT_PCT = 5.0
 MIN_TRUSTED_WINDOW_S = 1.0  # ~10 NVML updates
-TAIL_BATCH_S = 0.002
-MAX_CHECK_BATCH = 64  # calls between two clock checks, at most  # length of one synchronized batch while waiting for the end edge
+TAIL_BATCH_S = 0.002  # length of one synchronized batch while waiting for the end edge
+MAX_CHECK_BATCH = 64  # steps between two clock checks, at most
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,11 @@ class EnergyWindow:
     sync_window_s: float | None = None
     sync_calls: int | None = None
     time_per_call_s: float | None = None
+    calls_per_step: int = 1
+    # NVML utilisation (% of the sample period a kernel ran / memory was read or written),
+    # averaged over the samples inside the window, and over GPUs.
+    gpu_util_pct: float | None = None
+    mem_util_pct: float | None = None
     energy_j: float | None = None
     avg_power_w: float | None = None
     peak_power_w: float | None = None
@@ -75,8 +81,6 @@ class EnergyWindow:
     dynamic_energy_per_call_j: float | None = None
     temp_start_c: float | None = None
     temp_end_c: float | None = None
-    gpu_util_pct: float | None = None  # NVML utilisation averaged over the window (mean over GPUs)
-    mem_util_pct: float | None = None
     clock_reasons: tuple[str, ...] = ()
     clock_reasons_s: dict[str, float] = field(default_factory=dict)
     violation_s: dict[str, float | None] = field(default_factory=dict)
@@ -112,47 +116,49 @@ def gflops_per_watt(flops_per_call: float | None, energy_per_call_j: float | Non
 
 
 # ---- helpers --------------------------------------------------------------------------
-def _await_ticks(telemetry: Telemetry, clock: Callable[[], float], timeout_s: float,
-                 base: Sequence[int | None] | None = None):
-    """Spin until each GPU's energy counter differs from `base` (default: its value now).
+@dataclass(frozen=True)
+class EdgeReading:
+    """One GPU's energy counter at a window edge: when, the value (mJ), how many calls had
+    run by then (end edge only), and whether the reading sits on a counter update."""
 
-    Returns per GPU (t, counter mJ, ticked). A GPU whose counter did not move before
-    the timeout gets the last reading and ticked=False.
+    t: float
+    counter_mj: int | None
+    ticked: bool
+    calls: float = 0.0
+
+
+def _await_ticks(telemetry: Telemetry, clock: Callable[[], float], timeout_s: float) -> list[EdgeReading]:
+    """Spin until each GPU's energy counter moves from its value now.
+
+    A GPU whose counter did not move before the timeout gets the last reading and
+    ticked=False.
     """
-    first = list(telemetry.energy_mj()) if base is None else list(base)
-    n = len(first)
-    t_out: list[float | None] = [None] * n
-    e_out: list[int | None] = [None] * n
-    t_prev = clock()
-    deadline = t_prev + timeout_s
+    base = list(telemetry.energy_mj())
+    found: list[EdgeReading | None] = [None] * len(base)
+    t_before = clock()
+    deadline = t_before + timeout_s
     while True:
-        e = telemetry.energy_mj()
-        t = clock()
+        counters = telemetry.energy_mj()
+        now = clock()
         pending = False
-        for i in range(n):
-            if t_out[i] is not None or first[i] is None:
+        for gpu, (old, new) in enumerate(zip(base, counters)):
+            if found[gpu] is not None or old is None:
                 continue
-            if e[i] is not None and e[i] != first[i]:
+            if new is not None and new != old:
                 # the update happened between the previous read and this one
-                t_out[i], e_out[i] = (t_prev + t) / 2, e[i]
+                found[gpu] = EdgeReading((t_before + now) / 2, new, True)
             else:
                 pending = True
-        t_prev = t
-        if not pending or t >= deadline:
+        t_before = now
+        if not pending or now >= deadline:
             break
-    result = []
-    for i in range(n):
-        if t_out[i] is None:
-            result.append((t, e[i], False))
-        else:
-            result.append((t_out[i], e_out[i], True))
-    return result
+    return [hit if hit is not None else EdgeReading(now, counters[gpu], False) for gpu, hit in enumerate(found)]
 
 
-def _read_edge(telemetry: Telemetry, clock: Callable[[], float]):
-    e = telemetry.energy_mj()
-    t = clock()
-    return [(t, v, False) for v in e]
+def _read_edge(telemetry: Telemetry, clock: Callable[[], float]) -> list[EdgeReading]:
+    counters = telemetry.energy_mj()
+    now = clock()
+    return [EdgeReading(now, value, False) for value in counters]
 
 
 def _delta_j(e0: int | None, e1: int | None) -> float | None:
@@ -163,27 +169,16 @@ def _delta_j(e0: int | None, e1: int | None) -> float | None:
     return (e1 - e0) / 1000.0
 
 
-def _at(ts: list[float], ps: list[float], x: float) -> float:
-    if x <= ts[0]:
-        return ps[0]
-    if x >= ts[-1]:
-        return ps[-1]
-    k = bisect.bisect_right(ts, x)
-    t0, t1 = ts[k - 1], ts[k]
-    if t1 == t0:
-        return ps[k]
-    return ps[k - 1] + (ps[k] - ps[k - 1]) * (x - t0) / (t1 - t0)
-
-
 def integrate_power(ts: Sequence[float], ps: Sequence[float], a: float, b: float) -> float | None:
     """Trapezoid integral (J) of power samples over [a, b], linear between samples,
-    clipped at the edges (interpolated there, held constant beyond the first/last)."""
-    if not ts or b <= a:
+    clipped at the edges (interpolated there, held constant beyond the first/last,
+    which is what np.interp does)."""
+    if len(ts) == 0 or b <= a:
         return None
-    ts, ps = list(ts), list(ps)
-    xs = [a] + [t for t in ts if a < t < b] + [b]
-    ys = [_at(ts, ps, x) for x in xs]
-    return sum((xs[k + 1] - xs[k]) * (ys[k] + ys[k + 1]) / 2.0 for k in range(len(xs) - 1))
+    times = np.asarray(ts, dtype=float)
+    inside = times[(times > a) & (times < b)]
+    xs = np.concatenate(([a], inside, [b]))
+    return float(np.trapezoid(np.interp(xs, times, np.asarray(ps, dtype=float)), xs))
 
 
 def _pct(counter: float | None, integral: float | None) -> float | None:
@@ -231,6 +226,236 @@ def _first_after(rows: list[dict], t: float, key: str):
     return last
 
 
+# ---- phases ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class IdlePhase:
+    watts: list[float | None]  # per GPU
+    span: tuple[float | None, float | None]  # (start, end) for the trace's phase labels
+    aligned: bool
+    counter_went_back: bool
+
+
+def _measure_idle(telemetry, read_edge, sync, sleep, n_gpus: int, settle_s: float, window_s: float) -> IdlePhase:
+    """Idle power per GPU: the counter delta over `window_s` after `settle_s` of quiet."""
+    sync()
+    if window_s <= 0:
+        return IdlePhase([None] * n_gpus, (None, None), True, False)
+    if settle_s > 0:
+        sleep(settle_s)
+    opening = read_edge()
+    sleep(window_s)
+    closing = read_edge()
+    watts: list[float | None] = []
+    went_back = False
+    for a, b in zip(opening, closing):
+        delta = _delta_j(a.counter_mj, b.counter_mj)
+        seconds = b.t - a.t
+        watts.append(delta / seconds if delta is not None and seconds > 0 else None)
+        went_back |= a.counter_mj is not None and b.counter_mj is not None and b.counter_mj < a.counter_mj
+    span = (min(r.t for r in opening), max(r.t for r in closing))
+    return IdlePhase(watts, span, all(r.ticked for r in opening + closing), went_back)
+
+
+@dataclass(frozen=True)
+class LoopPhase:
+    opening: list[EdgeReading]  # per GPU: the counter update that opened the window
+    t_first_call: float
+    steps: int  # steps run between the first call and the closing sync
+    t_sync: float
+    counters_at_sync: list[int | None]
+
+
+def _run_loop(step, sync, telemetry, read_edge, clock, min_window_s: float, max_steps: int | None) -> LoopPhase:
+    """Steps back-to-back from a counter update until `min_window_s` has passed, then sync."""
+    sync()
+    opening = read_edge()
+    t_first_call = clock()
+    steps = 0
+    batch = 1
+    t_last_check = t_first_call
+    while True:
+        todo = batch if max_steps is None else min(batch, max_steps - steps)
+        for _ in range(todo):
+            step()
+        steps += todo
+        now = clock()
+        if now - t_first_call >= min_window_s or (max_steps is not None and steps >= max_steps):
+            break
+        # A clock read costs ~0.1 us against ~5 us to launch a kernel: checking every
+        # 64 steps is free. Beyond that, growing only overshoots the window, because
+        # before the launch queue fills, steps return long before the GPU runs them.
+        if now - t_last_check < 0.01 and batch < MAX_CHECK_BATCH:
+            batch *= 2
+        t_last_check = now
+    sync()
+    t_sync = clock()
+    return LoopPhase(opening, t_first_call, steps, t_sync, telemetry.energy_mj())
+
+
+def _find_end_edge(step, sync, telemetry, clock, loop: LoopPhase, timeout_s: float) -> list[EdgeReading]:
+    """Keep stepping in short synchronized batches until each GPU's counter moves; the
+    window ends at that update, with the steps up to it interpolated within the batch."""
+    seconds_per_step = (loop.t_sync - loop.t_first_call) / loop.steps
+    tail = max(1, int(TAIL_BATCH_S / seconds_per_step)) if seconds_per_step > 0 else 1
+    found: list[EdgeReading | None] = [
+        EdgeReading(loop.t_sync, None, False, float(loop.steps)) if value is None else None
+        for value in loop.counters_at_sync
+    ]
+    t_before, steps_before = loop.t_sync, loop.steps
+    steps = loop.steps
+    deadline = loop.t_sync + timeout_s
+    while any(hit is None for hit in found):
+        for _ in range(tail):
+            step()
+        steps += tail
+        sync()
+        counters = telemetry.energy_mj()
+        now = clock()
+        for gpu, (at_sync, value) in enumerate(zip(loop.counters_at_sync, counters)):
+            if found[gpu] is None and value is not None and value != at_sync:
+                found[gpu] = EdgeReading((t_before + now) / 2, value, True, (steps_before + steps) / 2)
+        t_before, steps_before = now, steps
+        if now >= deadline:
+            found = [hit or EdgeReading(now, counters[gpu], False, float(steps)) for gpu, hit in enumerate(found)]
+            break
+    return found  # type: ignore[return-value]
+
+
+def _violations(before: dict, after: dict) -> dict[str, float | None]:
+    """Seconds each performance policy held clocks down between two readings."""
+    out: dict[str, float | None] = {}
+    for name in before:
+        v0, v1 = before.get(name), after.get(name)
+        out[name] = None if v0 is None or v1 is None or v1 < v0 else (v1 - v0) / 1e9
+    return out
+
+
+def _summarize_gpu(gpu: int, identity: dict, rows: list[dict], opening: EdgeReading, closing: EdgeReading,
+                   t_first_call: float, idle_w: float | None, calls_per_step: int, sampler_period_s: float,
+                   violations: dict[str, float | None]) -> dict:
+    """One GPU's window: energy from its counter, the power trace's integral and peak,
+    temperatures, utilisation and clock event reasons over the samples inside it."""
+    energy_j = _delta_j(opening.counter_mj, closing.counter_mj)
+    counter_valid = not (opening.counter_mj is not None and closing.counter_mj is not None
+                         and closing.counter_mj < opening.counter_mj)
+    # The counter window opened at the update `opening.t`; energy between it and the
+    # first call is idle energy (microseconds on one GPU; up to ~100 ms on several).
+    if energy_j is not None and idle_w is not None:
+        energy_j -= idle_w * max(0.0, t_first_call - opening.t)
+        window_s = closing.t - t_first_call
+    else:
+        window_s = closing.t - opening.t
+    limit = identity.get("power_limit_max_w") or identity.get("power_limit_enforced_w")
+    if energy_j is not None and limit and window_s > 0 and energy_j / window_s > 3 * limit:
+        counter_valid = False  # a jump far beyond the board's limit: a wrap or a reset
+    if not counter_valid:
+        energy_j = None
+    for row in rows:
+        row["in_window"] = t_first_call <= row["t"] <= closing.t
+    window_rows = [r for r in rows if r["in_window"]]
+    power_rows = [r for r in rows if r.get("power_instant_w") is not None]
+    samples_in_window = sum(1 for r in window_rows if r.get("power_instant_w") is not None)
+    integral_j = (integrate_power([r["t"] for r in power_rows], [r["power_instant_w"] for r in power_rows],
+                                  t_first_call, closing.t) if samples_in_window >= 2 else None)
+    reason_samples: dict[str, int] = {}
+    for row in window_rows:
+        for name in decode_clock_reasons(row.get("clock_reasons")):
+            reason_samples[name] = reason_samples.get(name, 0) + 1
+    calls = closing.calls * calls_per_step  # the loop counted steps
+    energy_per_call = energy_j / calls if energy_j is not None and calls > 0 else None
+    dynamic = None
+    if energy_per_call is not None and idle_w is not None:
+        dynamic = (energy_j - idle_w * window_s) / calls
+    return {
+        "gpu": gpu,
+        "uuid": identity.get("uuid"),
+        "name": identity.get("name"),
+        "window_s": window_s,
+        "calls": calls,
+        "energy_j": energy_j,
+        "avg_power_w": energy_j / window_s if energy_j is not None and window_s > 0 else None,
+        "peak_power_w": _max([r.get("power_instant_w") for r in window_rows]),
+        "idle_power_w": idle_w,
+        "energy_per_call_j": energy_per_call,
+        "dynamic_energy_per_call_j": dynamic,
+        "temp_start_c": _nearest_before(rows, t_first_call, "gpu_temp_c"),
+        "temp_end_c": _first_after(rows, closing.t, "gpu_temp_c"),
+        "mem_temp_start_c": _nearest_before(rows, t_first_call, "mem_temp_c"),
+        "mem_temp_end_c": _first_after(rows, closing.t, "mem_temp_c"),
+        "samples_in_window": samples_in_window,
+        "gpu_util_pct": _mean([r.get("gpu_util_pct") for r in window_rows]),
+        "mem_util_pct": _mean([r.get("mem_util_pct") for r in window_rows]),
+        "integral_j": integral_j,
+        "counter_vs_integral_pct": _pct(energy_j, integral_j),
+        "clock_reasons": sorted(reason_samples),
+        "clock_reasons_s": {k: v * sampler_period_s for k, v in sorted(reason_samples.items())},
+        "violation_s": violations,
+        "counter_valid": counter_valid,
+        "instant_power_fallback": any(r.get("power_instant_fallback") for r in power_rows),
+        "mig_enabled": bool(identity.get("mig_enabled")),
+    }
+
+
+def _window_flags(per_gpu: list[dict], loop_s: float) -> tuple[list[str], dict[str, float], dict[str, float | None]]:
+    """Flags of the whole window, with the clock reasons and violation times across GPUs (max)."""
+    flags: list[str] = []
+    if any(not g["counter_valid"] for g in per_gpu):
+        flags.append("counter_invalid")
+    if any(g["instant_power_fallback"] for g in per_gpu):
+        flags.append("instant_power_fallback")
+    energy_j = _sum([g["energy_j"] for g in per_gpu])
+    integral_j = _sum([g["integral_j"] for g in per_gpu])
+    if integral_j is None:
+        flags.append("too_few_samples")
+    pct = _pct(energy_j, integral_j)
+    if pct is not None and abs(pct) > COUNTER_VS_INTEGRAL_LIMIT_PCT:
+        flags.append("counter_vs_integral>5%")
+    if loop_s < MIN_TRUSTED_WINDOW_S:
+        flags.append("window_too_short")
+    if any(g["mig_enabled"] for g in per_gpu):
+        flags.append("mig_whole_gpu")
+    reasons_s: dict[str, float] = {}
+    violations: dict[str, float | None] = {}
+    for g in per_gpu:
+        for name, seconds in g["clock_reasons_s"].items():
+            reasons_s[name] = max(reasons_s.get(name, 0.0), seconds)
+        for name, seconds in g["violation_s"].items():
+            if seconds is None:
+                violations.setdefault(name, None)
+            else:
+                prev = violations.get(name)
+                violations[name] = seconds if prev is None else max(prev, seconds)
+    if reasons_s.keys() & THERMAL_REASONS or (violations.get("thermal") or 0) > 0:
+        flags.append("throttled_thermal")
+    if reasons_s.keys() & POWER_REASONS or (violations.get("power") or 0) > 0:
+        flags.append("power_capped")
+    if reasons_s.keys() & HW_SLOWDOWN_REASONS:
+        flags.append("hw_slowdown")
+    return flags, dict(sorted(reasons_s.items())), violations
+
+
+def _peak_of_sum(rows: list[dict], n_gpus: int) -> float | None:
+    """Peak of the summed power: sampler rounds with a sample inside every GPU's window."""
+    rounds: dict[int, list[float]] = {}
+    for r in rows:
+        if r.get("in_window") and r.get("power_instant_w") is not None:
+            rounds.setdefault(r["sample"], []).append(r["power_instant_w"])
+    return _max([sum(v) for v in rounds.values() if len(v) == n_gpus]) if rounds else None
+
+
+def _label_phases(rows: list[dict], idle_span: tuple[float | None, float | None], t_first_call: float) -> None:
+    idle_start, idle_end = idle_span
+    for r in rows:
+        if r["in_window"]:
+            r["phase"] = "window"
+        elif idle_start is not None and idle_start <= r["t"] <= idle_end:
+            r["phase"] = "idle"
+        elif r["t"] < t_first_call:
+            r["phase"] = "settle"
+        else:
+            r["phase"] = "after"
+
+
 # ---- the measurement ----------------------------------------------------------------
 def measure_energy(
     call: Callable[[], None],
@@ -255,272 +480,93 @@ def measure_energy(
     `window_s` runs from the first call to the closing sync, so it exceeds
     `min_window_s` by whatever was still queued on the GPU (on an H200, ~0.85 s of
     1.6 ms matmuls); `calls` and `window_s` always describe the same interval.
-    `call()` may run several calls of the measured operation (one CUDA-graph replay of
-    k calls, flashwatt.timing): `calls_per_step` = k, and every count and per-call
-    figure of the result is in calls of the operation, not in steps.
+    `call()` may run several calls (a CUDA-graph replay of k calls): `calls_per_step`
+    says how many, and every count in the result is in calls, not steps. `max_calls`
+    counts steps.
     """
     if not telemetry.available:
         return EnergyWindow(available=False, reason=telemetry.reason or "telemetry not available")
     if min_window_s <= 0:
         raise ValueError(f"min_window_s={min_window_s}: must be positive")
-    if max_calls is not None and max_calls < 1:
-        raise ValueError(f"max_calls={max_calls}: must be at least 1")
     if calls_per_step < 1:
         raise ValueError(f"calls_per_step={calls_per_step}: must be at least 1")
+    if max_calls is not None and max_calls < 1:
+        raise ValueError(f"max_calls={max_calls}: must be at least 1")
 
     identity = telemetry.identity()
-    n = len(identity)
-    flags: list[str] = []
-    edge = (lambda base=None: _await_ticks(telemetry, clock, edge_timeout_s, base)) if align_edges \
-        else (lambda base=None: _read_edge(telemetry, clock))
-    aligned = align_edges
+    n_gpus = len(identity)
+    read_edge = (lambda: _await_ticks(telemetry, clock, edge_timeout_s)) if align_edges \
+        else (lambda: _read_edge(telemetry, clock))
 
     sampler = Sampler(telemetry, sampler_period_s)
     sampler.start()
     try:
-        # -- idle -------------------------------------------------------------------
-        sync()
-        idle_w: list[float | None] = [None] * n
-        t_idle = (None, None)
-        if idle_window_s > 0:
-            if idle_settle_s > 0:
-                sleep(idle_settle_s)
-            a = edge()
-            sleep(idle_window_s)
-            b = edge()
-            t_idle = (min(x[0] for x in a), max(x[0] for x in b))
-            for i in range(n):
-                d = _delta_j(a[i][1], b[i][1])
-                dt = b[i][0] - a[i][0]
-                idle_w[i] = d / dt if d is not None and dt > 0 else None
-                if a[i][1] is not None and b[i][1] is not None and b[i][1] < a[i][1]:
-                    flags.append("counter_invalid")
-            aligned = aligned and all(x[2] for x in a + b)
-        if any(w is None for w in idle_w):
-            flags.append("idle_unavailable")
-
-        # -- window -----------------------------------------------------------------
-        viol0 = telemetry.violation_ns()
-        sync()
-        start = edge()
-        t_start = clock()
-        calls = 0
-        batch = 1
-        t_check = t_start
-        while True:
-            todo = batch if max_calls is None else min(batch, max_calls - calls)
-            for _ in range(todo):
-                call()
-            calls += todo
-            now = clock()
-            if now - t_start >= min_window_s or (max_calls is not None and calls >= max_calls):
-                break
-            # A clock read costs ~0.1 us against ~5 us to launch a kernel: checking every
-            # 64 calls is free. Beyond that, growing only overshoots the window, because
-            # before the launch queue fills, calls return long before the GPU runs them.
-            if now - t_check < 0.01 and batch < MAX_CHECK_BATCH:
-                batch *= 2
-            t_check = now
-        sync()
-        t_sync = clock()
-        e_sync = telemetry.energy_mj()
-        window_s = t_sync - t_start
-
-        # -- end edge: first counter update after the window ---------------------------
-        end: list[tuple[float, int | None, float, bool]] = []  # (t, mJ, calls, ticked)
+        idle = _measure_idle(telemetry, read_edge, sync, sleep, n_gpus, idle_settle_s, idle_window_s)
+        violations_before = telemetry.violation_ns()
+        loop = _run_loop(call, sync, telemetry, read_edge, clock, min_window_s, max_calls)
         if align_edges:
-            per_call = window_s / calls
-            tail = max(1, int(TAIL_BATCH_S / per_call)) if per_call > 0 else 1
-            done: list[tuple | None] = [None] * n
-            for i in range(n):
-                if e_sync[i] is None:
-                    done[i] = (t_sync, None, float(calls), False)
-            t_prev, c_prev = t_sync, calls
-            c = calls
-            deadline = t_sync + edge_timeout_s
-            while any(d is None for d in done):
-                for _ in range(tail):
-                    call()
-                c += tail
-                sync()
-                e = telemetry.energy_mj()
-                now = clock()
-                for i in range(n):
-                    if done[i] is None and e[i] is not None and e[i] != e_sync[i]:
-                        done[i] = ((t_prev + now) / 2, e[i], (c_prev + c) / 2, True)
-                t_prev, c_prev = now, c
-                if now >= deadline:
-                    for i in range(n):
-                        if done[i] is None:
-                            done[i] = (now, e[i], float(c), False)
-                    break
-            end = [d for d in done]  # type: ignore[misc]
+            closing = _find_end_edge(call, sync, telemetry, clock, loop, edge_timeout_s)
         else:
-            end = [(t_sync, e_sync[i], float(calls), False) for i in range(n)]
-        viol1 = telemetry.violation_ns()
+            closing = [EdgeReading(loop.t_sync, value, False, float(loop.steps)) for value in loop.counters_at_sync]
+        violations_after = telemetry.violation_ns()
     finally:
         rows = sampler.stop()
+
+    rows_by_gpu: list[list[dict]] = [[] for _ in range(n_gpus)]
+    for row in rows:
+        rows_by_gpu[row["gpu"]].append(row)
+    per_gpu = [
+        _summarize_gpu(gpu, identity[gpu], rows_by_gpu[gpu], loop.opening[gpu], closing[gpu], loop.t_first_call,
+                       idle.watts[gpu], calls_per_step, sampler_period_s,
+                       _violations(violations_before[gpu], violations_after[gpu]) if gpu < len(violations_before) else {})
+        for gpu in range(n_gpus)
+    ]
+    loop_s = loop.t_sync - loop.t_first_call
+    flags: list[str] = ["counter_invalid"] if idle.counter_went_back else []
+    if any(w is None for w in idle.watts):
+        flags.append("idle_unavailable")
     if sampler.error is not None:
         flags.append("sampler_error")
-    aligned = aligned and all(s[2] for s in start) and all(x[3] for x in end)
+    aligned = (align_edges and idle.aligned and all(r.ticked for r in loop.opening)
+               and all(r.ticked for r in closing))
     if align_edges and not aligned:
         flags.append("edge_unaligned")
+    window_flags, reasons_s, violations = _window_flags(per_gpu, loop_s)
+    flags += window_flags
+    _label_phases(rows, idle.span, loop.t_first_call)
+    for g in per_gpu:
+        del g["instant_power_fallback"]  # reported as a window flag
 
-    # -- per GPU ----------------------------------------------------------------------
-    by_gpu: list[list[dict]] = [[] for _ in range(n)]
-    for r in rows:
-        by_gpu[r["gpu"]].append(r)
-    per_gpu: list[dict] = []
-    reason_union: dict[str, float] = {}
-    for i in range(n):
-        g_rows = by_gpu[i]
-        t0_i, e0, _ = start[i]
-        t1_i, e1, steps_i, _ = end[i]
-        calls_i = steps_i * calls_per_step
-        delta = _delta_j(e0, e1)
-        counter_valid = not (e0 is not None and e1 is not None and e1 < e0)
-        # the counter window opened at the update t0_i; energy between it and the first
-        # call is idle energy (microseconds on one GPU; up to ~100 ms on several)
-        gap = max(0.0, t_start - t0_i)
-        if delta is not None and idle_w[i] is not None:
-            delta -= idle_w[i] * gap
-            win_i = t1_i - t_start
-        else:
-            win_i = t1_i - t0_i
-        limit = identity[i].get("power_limit_max_w") or identity[i].get("power_limit_enforced_w")
-        if delta is not None and limit and win_i > 0 and delta / win_i > 3 * limit:
-            counter_valid = False  # a jump far beyond the board's limit: a wrap or a reset
-        if not counter_valid:
-            delta = None
-            flags.append("counter_invalid")
-        for r in g_rows:
-            r["in_window"] = t_start <= r["t"] <= t1_i
-        w_rows = [r for r in g_rows if r["in_window"]]
-        p_rows = [r for r in g_rows if r.get("power_instant_w") is not None]
-        ts = [r["t"] for r in p_rows]
-        ps = [r["power_instant_w"] for r in p_rows]
-        n_in = sum(1 for r in w_rows if r.get("power_instant_w") is not None)
-        integral = integrate_power(ts, ps, t_start, t1_i) if n_in >= 2 else None
-        if any(r.get("power_instant_fallback") for r in p_rows):
-            flags.append("instant_power_fallback")
-        counts: dict[str, int] = {}
-        for r in w_rows:
-            for name in decode_clock_reasons(r.get("clock_reasons")):
-                counts[name] = counts.get(name, 0) + 1
-        reasons_s = {k: v * sampler_period_s for k, v in sorted(counts.items())}
-        for k, v in reasons_s.items():
-            reason_union[k] = max(reason_union.get(k, 0.0), v)
-        viol: dict[str, float | None] = {}
-        for name in (viol0[i] if i < len(viol0) else {}):
-            v0, v1 = viol0[i].get(name), viol1[i].get(name)
-            viol[name] = None if v0 is None or v1 is None or v1 < v0 else (v1 - v0) / 1e9
-        energy_per_call = delta / calls_i if delta is not None and calls_i > 0 else None
-        dyn = None
-        if energy_per_call is not None and idle_w[i] is not None:
-            dyn = (delta - idle_w[i] * win_i) / calls_i
-        per_gpu.append({
-            "gpu": i,
-            "uuid": identity[i].get("uuid"),
-            "name": identity[i].get("name"),
-            "window_s": win_i,
-            "calls": calls_i,
-            "energy_j": delta,
-            "avg_power_w": delta / win_i if delta is not None and win_i > 0 else None,
-            "peak_power_w": _max([r.get("power_instant_w") for r in w_rows]),
-            "idle_power_w": idle_w[i],
-            "energy_per_call_j": energy_per_call,
-            "dynamic_energy_per_call_j": dyn,
-            "temp_start_c": _nearest_before(g_rows, t_start, "gpu_temp_c"),
-            "temp_end_c": _first_after(g_rows, t1_i, "gpu_temp_c"),
-            "mem_temp_start_c": _nearest_before(g_rows, t_start, "mem_temp_c"),
-            "mem_temp_end_c": _first_after(g_rows, t1_i, "mem_temp_c"),
-            "samples_in_window": n_in,
-            # NVML's utilisation: the share of its sample period a kernel ran (SM) or
-            # memory was read or written, averaged over the window's samples.
-            "gpu_util_pct": _mean([r.get("gpu_util_pct") for r in w_rows]),
-            "mem_util_pct": _mean([r.get("mem_util_pct") for r in w_rows]),
-            "integral_j": integral,
-            "counter_vs_integral_pct": _pct(delta, integral),
-            "clock_reasons": sorted(counts),
-            "clock_reasons_s": reasons_s,
-            "violation_s": viol,
-            "counter_valid": counter_valid,
-            "mig_enabled": bool(identity[i].get("mig_enabled")),
-        })
-
-    # -- totals -----------------------------------------------------------------------
     energy_j = _sum([g["energy_j"] for g in per_gpu])
     integral_j = _sum([g["integral_j"] for g in per_gpu])
-    if integral_j is None:
-        flags.append("too_few_samples")
-    pct = _pct(energy_j, integral_j)
-    if pct is not None and abs(pct) > COUNTER_VS_INTEGRAL_LIMIT_PCT:
-        flags.append("counter_vs_integral>5%")
-    if window_s < MIN_TRUSTED_WINDOW_S:
-        flags.append("window_too_short")
-    mig = any(g["mig_enabled"] for g in per_gpu)
-    if mig:
-        flags.append("mig_whole_gpu")
-    viol_total: dict[str, float | None] = {}
-    for g in per_gpu:
-        for k, v in g["violation_s"].items():
-            if v is None:
-                viol_total.setdefault(k, None)
-            else:
-                prev = viol_total.get(k)
-                viol_total[k] = v if prev is None else max(prev, v)
-    if reason_union.keys() & THERMAL_REASONS or (viol_total.get("thermal") or 0) > 0:
-        flags.append("throttled_thermal")
-    if reason_union.keys() & POWER_REASONS or (viol_total.get("power") or 0) > 0:
-        flags.append("power_capped")
-    if reason_union.keys() & HW_SLOWDOWN_REASONS:
-        flags.append("hw_slowdown")
-
-    # peak of the summed power: sampler rounds inside every GPU's window
-    rounds: dict[int, list[float]] = {}
-    for r in rows:
-        if r.get("in_window") and r.get("power_instant_w") is not None:
-            rounds.setdefault(r["sample"], []).append(r["power_instant_w"])
-    peak = _max([sum(v) for v in rounds.values() if len(v) == n]) if rounds else None
-
-    t_idle_a, t_idle_b = t_idle
-    for r in rows:
-        t = r["t"]
-        if r["in_window"]:
-            r["phase"] = "window"
-        elif t_idle_a is not None and t_idle_a <= t <= t_idle_b:
-            r["phase"] = "idle"
-        elif t < t_start:
-            r["phase"] = "settle"
-        else:
-            r["phase"] = "after"
-
+    loop_calls = loop.steps * calls_per_step
     return EnergyWindow(
         available=True,
         reason=None,
-        n_gpus=n,
+        n_gpus=n_gpus,
         window_s=_mean([g["window_s"] for g in per_gpu]),
         calls=_mean([g["calls"] for g in per_gpu]),
-        sync_window_s=window_s,
-        sync_calls=calls * calls_per_step,
-        time_per_call_s=window_s / (calls * calls_per_step),
+        sync_window_s=loop_s,
+        sync_calls=loop_calls,
+        time_per_call_s=loop_s / loop_calls,
+        calls_per_step=calls_per_step,
+        gpu_util_pct=_mean([g["gpu_util_pct"] for g in per_gpu]),
+        mem_util_pct=_mean([g["mem_util_pct"] for g in per_gpu]),
         energy_j=energy_j,
         avg_power_w=_sum([g["avg_power_w"] for g in per_gpu]),
-        peak_power_w=peak,
-        idle_power_w=_sum(idle_w),
+        peak_power_w=_peak_of_sum(rows, n_gpus),
+        idle_power_w=_sum(idle.watts),
         energy_per_call_j=_sum([g["energy_per_call_j"] for g in per_gpu]),
         dynamic_energy_per_call_j=_sum([g["dynamic_energy_per_call_j"] for g in per_gpu]),
         temp_start_c=_max([g["temp_start_c"] for g in per_gpu]),
         temp_end_c=_max([g["temp_end_c"] for g in per_gpu]),
-        gpu_util_pct=_mean([g["gpu_util_pct"] for g in per_gpu]),
-        mem_util_pct=_mean([g["mem_util_pct"] for g in per_gpu]),
-        clock_reasons=tuple(sorted(reason_union)),
-        clock_reasons_s=dict(sorted(reason_union.items())),
-        violation_s=viol_total,
+        clock_reasons=tuple(reasons_s),
+        clock_reasons_s=reasons_s,
+        violation_s=violations,
         integral_j=integral_j,
-        counter_vs_integral_pct=pct,
+        counter_vs_integral_pct=_pct(energy_j, integral_j),
         flags=tuple(dict.fromkeys(flags)),
-        mig=mig,
+        mig=any(g["mig_enabled"] for g in per_gpu),
         edges_aligned=aligned,
         per_gpu=tuple(per_gpu),
         trace=tuple(rows),

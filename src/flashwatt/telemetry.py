@@ -10,7 +10,7 @@ implementations:
 - `NullTelemetry`: no GPU, no NVML library, NVML init failed or was refused. Every
   reading is empty and `reason` says why. Nothing here raises for a missing NVML.
 
-Facts the readings rest on (the design notes, MEASUREMENT.md):
+Facts the readings rest on (docs/measurement.md, with sources):
 
 - power (`nvmlDeviceGetPowerUsage`, a 1 s average on Ampere and newer), instant power
   (field 186), average power (field 185) and the energy counter
