@@ -13,7 +13,7 @@ try:
         run_cell, cell, settings,
         job_name=cell.job_name,
         folder=snakemake.params.submitit_folder,
-        executor=snakemake.params.executor,
+        executor=snakemake.config["executor"],
         resources=dict(snakemake.resources.items()),
         log_path=log,
     )

@@ -1,15 +1,22 @@
 """`flashwatt`: run the workflow and write its report, name the suite, list failed cells.
 
-    flashwatt run [snakemake options...]   the configured suite, then results/<suite>/report.html
-    flashwatt suite [--config k=v ...]     which suite `auto` (or the config) resolves to
-    flashwatt failed [--config k=v ...]    record paths of cells whose status is not ok,
-                                           for `snakemake --forcerun $(flashwatt failed)`
+    flashwatt run [--accept-failed-cells] [snakemake options...]
+        the configured suite (the same config Snakemake sees: config/config.yaml, then any
+        --configfile, then --config), then results/<suite>/report.html; ends with the count
+        of cells per status and exits 1 when a cell ended error, incorrect or job_failed
+    flashwatt suite [--configfile F ...] [--config k=v ...]
+        which suite `auto` (or the config) resolves to
+    flashwatt failed [--configfile F ...] [--config k=v ...]
+        record paths of cells whose status is not ok, for `snakemake --forcerun $(flashwatt failed)`
 """
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import yaml
@@ -17,9 +24,22 @@ import yaml
 from flashwatt.config import ConfigError, load_config, resolve_suite, suite_cells
 from flashwatt.records import read_record
 
+# Outcomes a suite expects (a backend refusing a shape, a shape too large for the card);
+# any other status that is not ok makes `flashwatt run` exit non-zero.
+EXPECTED_STATUSES = frozenset({"ok", "skipped", "oom"})
+# Snakemake options after which there is nothing to report: pass them through untouched.
+NO_REPORT_OPTIONS = {"-h", "--help", "--version", "-v", "--unlock", "-n", "--dry-run", "--dryrun", "--lint",
+                     "--list", "-l", "--list-target-rules", "--summary", "-S", "--detailed-summary", "-D",
+                     "--report", "--dag", "--rulegraph", "--filegraph", "--cleanup-metadata", "--list-changes",
+                     "--lc", "--list-code-changes", "--list-input-changes", "--li", "--list-params-changes",
+                     "--lp", "--delete-all-output", "--delete-temp-output"}
+# Options of Snakemake whose values are config files (later ones override earlier ones).
+CONFIGFILE_OPTIONS = ("--configfile", "--configfiles")
+CONFIG_OPTIONS = ("--config", "-C")
+
 
 def _overrides(pairs: list[str]) -> dict:
-    """`--config k=v` pairs as Snakemake reads them (values parsed as YAML)."""
+    """`--config` KEY=VALUE pairs as Snakemake reads them (values parsed as YAML)."""
     out = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
@@ -29,40 +49,157 @@ def _overrides(pairs: list[str]) -> dict:
     return out
 
 
+def _values_after(args: list[str], options: tuple[str, ...]) -> list[str]:
+    """The values following any of `options` in a Snakemake command line (also `--opt=value`)."""
+    values, taking = [], False
+    for arg in args:
+        name, eq, inline = arg.partition("=")
+        if name in options and eq and arg.startswith("--"):
+            values.append(inline)
+            taking = False
+        elif arg in options:
+            taking = True
+        elif arg.startswith("-") and not (taking and arg[1:2].isdigit()):
+            taking = False
+        elif taking:
+            values.append(arg)
+    return values
+
+
 def _config_pairs(args: list[str]) -> list[str]:
     """KEY=VALUE items following --config/-C in a Snakemake command line."""
-    pairs, taking = [], False
-    for arg in args:
-        if arg in ("--config", "-C"):
-            taking = True
-        elif arg.startswith("-"):
-            taking = False
-        elif taking and "=" in arg:
-            pairs.append(arg)
-    return pairs
+    return [v for v in _values_after(args, CONFIG_OPTIONS) if "=" in v]
 
 
-def cmd_run(snakemake_args: list[str]) -> int:
-    config = load_config(overrides=_overrides(_config_pairs(snakemake_args)))
-    suite = resolve_suite(config)
-    base = [sys.executable, "-m", "snakemake", *snakemake_args]
-    print(f"flashwatt: suite {suite}, {len(suite_cells(config, suite))} cells", flush=True)
-    status = subprocess.call(base)
-    report = Path("results") / suite / "report.html"
-    if status == 0:
-        status = subprocess.call([*base, "--report", str(report)])
-    if status == 0:
-        print(f"flashwatt: report written to {report.resolve()}")
+def _profile_configfiles(args: list[str]) -> list[str]:
+    """Config files a `--profile` folder adds (profiles/slurm adds the Slurm executor)."""
+    files = []
+    for profile in _values_after(args, ("--profile",)):
+        settings = Path(profile) / "config.yaml"
+        if settings.exists():
+            files += [str(f) for f in (yaml.safe_load(settings.read_text()) or {}).get("configfiles", [])]
+    return files
+
+
+def config_as_snakemake_sees_it(args: list[str]) -> dict:
+    """config/config.yaml, then the profile's and the command line's config files, then --config."""
+    return load_config(configfiles=_profile_configfiles(args) + _values_after(args, CONFIGFILE_OPTIONS),
+                       overrides=_overrides(_config_pairs(args)))
+
+
+def _snakemake(args: list[str]) -> int:
+    """Run Snakemake and wait for it, also when interrupted.
+
+    Snakemake runs in a session of its own, so a Ctrl-C reaches this process only; it is
+    forwarded once to Snakemake's process group (Snakemake and its jobs, as a terminal
+    would) and then Snakemake is waited for: it cancels its jobs and removes its locks
+    before it exits. Killing it in the middle of that shutdown is what leaves stale locks.
+    """
+    proc = subprocess.Popen([sys.executable, "-m", "snakemake", *args], start_new_session=True)
+    received: list[int] = []
+
+    def forward(signum, _frame):
+        received.append(signum)
+        try:
+            os.killpg(proc.pid, signum)
+        except ProcessLookupError:
+            pass
+
+    handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    previous = {s: signal.signal(s, forward) for s in handled}
+    try:
+        status = proc.wait()  # PEP 475: the wait resumes after each forwarded signal
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    if received:
+        print(f"flashwatt: interrupted ({signal.Signals(received[0]).name}); Snakemake stopped its jobs and "
+              "released its lock", file=sys.stderr, flush=True)
+        return 128 + received[0]
     return status
 
 
-def cmd_suite(pairs: list[str]) -> int:
-    print(resolve_suite(load_config(overrides=_overrides(pairs))))
+def _without_options(args: list[str], options: tuple[str, ...]) -> list[str]:
+    """`args` less the given options and their values."""
+    out, dropping = [], False
+    for arg in args:
+        name = arg.partition("=")[0]
+        if arg in options or (arg.startswith("--") and name in options):
+            dropping = arg in options
+        elif dropping and not arg.startswith("-"):
+            continue
+        else:
+            dropping = False
+            out.append(arg)
+    return out
+
+
+def config_through_a_file(args: list[str], folder: Path = Path(".snakemake")) -> list[str]:
+    """The command line with its --config values moved into a YAML file given last in --configfile.
+
+    Snakemake strips quotes from both ends of a --config value, so a filter that ends in
+    a quote (`filter=kernel == "naive"`) would reach the workflow cut short; a config file
+    carries it intact and overrides the other config files just as --config would.
+    """
+    pairs = _config_pairs(args)
+    if not pairs:
+        return args
+    folder.mkdir(parents=True, exist_ok=True)
+    overrides = folder / "flashwatt-command-line-config.yaml"
+    overrides.write_text(yaml.safe_dump(_overrides(pairs), sort_keys=False))
+    # One --configfile option replaces another, the profile's included: keep them all.
+    configfiles = _values_after(args, CONFIGFILE_OPTIONS) or ["config/config.yaml"]
+    configfiles += [f for f in _profile_configfiles(args) if f not in configfiles]
+    rest = _without_options(_without_options(args, CONFIG_OPTIONS), CONFIGFILE_OPTIONS)
+    return [*rest, "--configfile", *configfiles, str(overrides)]
+
+
+def status_counts(cells) -> Counter:
+    """Status of each cell's record on disk ('missing' where none was written)."""
+    counts: Counter = Counter()
+    for cell in cells:
+        path = Path(cell.path)
+        counts[read_record(path).get("status") if path.exists() else "missing"] += 1
+    return counts
+
+
+def cmd_run(argv: list[str]) -> int:
+    accept_failed = "--accept-failed-cells" in argv
+    args = [a for a in argv if a != "--accept-failed-cells"]
+    if NO_REPORT_OPTIONS & set(args):
+        return _snakemake(args)  # help, dry run, unlock...: nothing ran, nothing to report
+    config = config_as_snakemake_sees_it(args)
+    args = config_through_a_file(args)
+    suite = resolve_suite(config)
+    cells = suite_cells(config, suite)
+    where = f", filter {config['filter']!r}" if (config.get("filter") or "").strip() else ""
+    print(f"flashwatt: suite {suite}, {len(cells)} cells{where}", flush=True)
+    status = _snakemake(args)
+    if status != 0 and status > 128:
+        return status  # interrupted: the outputs are not a finished run's
+    report = Path("results") / suite / "report.html"
+    if status == 0:
+        status = _snakemake([*args, "--report", str(report)])
+        if status == 0:
+            print(f"flashwatt: report written to {report.resolve()}")
+    counts = status_counts(cells)
+    print("flashwatt: cells by status: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
+    print(f"flashwatt: cells to look at: {(Path('results') / suite / 'flagged.csv').resolve()}")
+    failed = sum(n for s, n in counts.items() if s not in EXPECTED_STATUSES and s != "missing")
+    if failed and not accept_failed:
+        print(f"flashwatt: {failed} cell(s) ended error, incorrect or job_failed "
+              "(--accept-failed-cells to exit 0 anyway)", file=sys.stderr)
+        return status or 1
+    return status
+
+
+def cmd_suite(args: argparse.Namespace) -> int:
+    print(resolve_suite(load_config(configfiles=args.configfile, overrides=_overrides(args.config))))
     return 0
 
 
-def cmd_failed(pairs: list[str]) -> int:
-    config = load_config(overrides=_overrides(pairs))
+def cmd_failed(args: argparse.Namespace) -> int:
+    config = load_config(configfiles=args.configfile, overrides=_overrides(args.config))
     for cell in suite_cells(config):
         path = Path(cell.path)
         if path.exists() and read_record(path).get("status") != "ok":
@@ -72,21 +209,25 @@ def cmd_failed(pairs: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["run"]:  # everything after `run` belongs to Snakemake
-        try:
-            return cmd_run(argv[1:])
-        except ConfigError as err:
-            print(f"flashwatt: {err}", file=sys.stderr)
-            return 2
     parser = argparse.ArgumentParser(prog="flashwatt", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("run", help="run the workflow with these Snakemake options, then write the report")
-    for name in ("suite", "failed"):
-        p = sub.add_parser(name)
-        p.add_argument("--config", nargs="*", default=[], metavar="KEY=VALUE")
-    args = parser.parse_args(argv)
+    sub.add_parser("run", help="run the workflow with these Snakemake options, then write the report",
+                   description="Everything after `run` goes to Snakemake (see `snakemake --help`), except "
+                               "--accept-failed-cells, which makes failed cells exit 0.", add_help=False)
+    helps = {"suite": "print the suite that the config resolves to",
+             "failed": "print the record paths of cells whose status is not ok"}
+    for name, text in helps.items():
+        p = sub.add_parser(name, help=text, description=text)
+        p.add_argument("--configfile", nargs="*", default=[], metavar="FILE", help="config files merged over config/config.yaml")
+        p.add_argument("--config", nargs="*", default=[], metavar="KEY=VALUE", help="values that override the config files")
     try:
-        return {"suite": cmd_suite, "failed": cmd_failed}[args.command](args.config)
+        if argv[:1] == ["run"]:  # everything after `run` belongs to Snakemake
+            if argv[1:] in (["-h"], ["--help"]):
+                print(sub.choices["run"].description)
+                return _snakemake(["--help"])
+            return cmd_run(argv[1:])
+        args = parser.parse_args(argv)
+        return {"suite": cmd_suite, "failed": cmd_failed}[args.command](args)
     except ConfigError as err:
         print(f"flashwatt: {err}", file=sys.stderr)
         return 2

@@ -75,17 +75,37 @@ def validate_config(config: dict, schema_path: Path = SCHEMA) -> dict:
     return config
 
 
-def load_config(path: str | Path = "config/config.yaml", overrides: dict | None = None) -> dict:
+def merge_config(base: dict, update: dict) -> dict:
+    """`update` merged into `base` key by key, nested mappings too: how Snakemake combines
+    config files and --config (snakemake.utils.update_config)."""
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            merge_config(base[key], value)
+        else:
+            base[key] = value
+    return base
+
+
+def load_config(path: str | Path = "config/config.yaml", overrides: dict | None = None,
+                configfiles: list[str | Path] | None = None) -> dict:
+    """The config Snakemake runs with: `path`, each of `configfiles` over it, then `overrides`."""
     config = yaml.safe_load(Path(path).read_text()) or {}
-    config.update(overrides or {})
+    for extra in configfiles or []:
+        try:
+            merge_config(config, yaml.safe_load(Path(extra).read_text()) or {})
+        except FileNotFoundError:
+            raise ConfigError(f"--configfile {extra}: no such file") from None
+    merge_config(config, overrides or {})
     return validate_config(config)
 
 
 def resolve_suite(config: dict) -> str:
-    """`auto` means smoke without a visible CUDA device and seed with one."""
+    """`auto` means smoke without a visible CUDA device and seed with one; under the Slurm
+    executor it means seed, since the cells run on the GPU nodes, not on this login node."""
     suite = config.get("suite", "auto")
     if suite == "auto":
-        suite = "seed" if visible_gpu_count() > 0 else "smoke"
+        on_gpus = config.get("executor") == "slurm" or visible_gpu_count() > 0
+        suite = "seed" if on_gpus else "smoke"
     if suite not in config["suites"]:
         allowed = ", ".join(["auto", *config["suites"]])
         raise ConfigError(f"config key suite: unknown suite {suite!r}; allowed: {allowed}")
@@ -120,8 +140,9 @@ def _grid_cells(suite: str, grid: dict, where: str) -> list[Cell]:
     return cells
 
 
-def suite_cells(config: dict, suite: str | None = None) -> list[Cell]:
-    """The cell table of a suite, in a stable order, filtered by `config['filter']`."""
+def suite_cells(config: dict, suite: str | None = None, filtered: bool = True) -> list[Cell]:
+    """The cell table of a suite, in a stable order, filtered by `config['filter']` (unless
+    `filtered` is False). A filter that keeps no cell is an error, not an empty run."""
     suite = suite or resolve_suite(config)
     if suite not in config["suites"]:
         raise ConfigError(f"config key suite: unknown suite {suite!r}; allowed: {', '.join(config['suites'])}")
@@ -130,9 +151,17 @@ def suite_cells(config: dict, suite: str | None = None) -> list[Cell]:
         cells.update(_grid_cells(suite, grid, f"suites.{suite}.grids[{i}]"))
     ordered = sorted(cells)
     query = (config.get("filter") or "").strip()
-    if query:
-        ordered = apply_filter(ordered, query)
+    if query and filtered:
+        kept = apply_filter(ordered, query)
+        if not kept:
+            raise ConfigError(f"config key filter: {query!r} selects none of the {len(ordered)} cells of suite "
+                              f"{suite}; columns: {', '.join(_filter_columns())}")
+        ordered = kept
     return ordered
+
+
+def _filter_columns() -> list[str]:
+    return [c for c in Cell("x", "naive", "fp32", 1, 1, 1, 1).as_row() if c not in ("suite", "cell_id")]
 
 
 def apply_filter(cells: list[Cell], query: str) -> list[Cell]:

@@ -21,6 +21,8 @@ rule aggregate:
         ),
     log:
         "results/logs/{suite}/aggregate.log",
+    params:
+        suite_records=lambda wc: recorded_cells_of(wc.suite),
     localrule: True
     conda:
         "../../envs/plot.yaml"

@@ -1,5 +1,7 @@
 # One job per cell. The rule hands the cell to a submitit executor (local subprocess,
-# Slurm job, or in-process) and waits; the record is written once, atomically.
+# Slurm job, or in-process) and waits; the record is written once, atomically. The
+# executor is read from the config by the script, not passed as a param: where a cell
+# runs is not what it measures, so switching to Slurm must not replan measured cells.
 from flashwatt.cell import LOG_PATTERN, RECORD_PATTERN, TRACE_PATTERN
 
 
@@ -11,7 +13,6 @@ rule cell:
         LOG_PATTERN,
     params:
         settings=lambda wc: measure_settings(config, wc.suite),
-        executor=config["executor"],
         submitit_folder="results/logs/submitit",
     resources:
         gpus=1,

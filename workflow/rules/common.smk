@@ -28,5 +28,12 @@ def cells_of(suite):
     return CELLS[suite]
 
 
+def recorded_cells_of(suite):
+    """Record paths of every cell of the suite, filter or not: the summary covers all of
+    them that have a record, so a filtered run adds to the suite's summary, figures and
+    report instead of replacing them with the slice."""
+    return [cell.path for cell in suite_cells(config, suite, filtered=False)]
+
+
 def figure_paths(suite):
     return [f"figures/{suite}/{f.name}.{f.ext}" for f in FIGURES.values()]

@@ -1,0 +1,122 @@
+"""What a new user and a cluster user do, end to end from a copy of the workflow: Ctrl-C
+and rerun, an overlay suite, an empty slice, a failed cell, the Slurm profile's plan."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from flashwatt.cell import Cell
+from flashwatt.records import write_record
+from flashwatt.runner import base_record
+from support import copy_workflow, wait_until
+
+from .conftest import snakemake
+
+pytestmark = pytest.mark.workflow
+
+ENV = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+OVERLAY = """
+suites:
+  mini:
+    description: two CPU cells
+    measure: {warmup_ms: 5, min_repeats: 3, min_time_ms: 5}
+    grids:
+      - kernels: [naive]
+        precisions: [fp32]
+        seq_lens: [16, 32]
+        batches: [1]
+        heads: [1]
+        head_dims: [16]
+"""
+
+
+def flashwatt(workdir: Path, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "flashwatt.cli", *args], cwd=workdir, env=ENV,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def outputs(workdir: Path) -> dict[str, int]:
+    return {str(p): p.stat().st_mtime_ns for p in sorted((workdir / "results").rglob("*")) if p.is_file()
+            and "logs" not in p.parts}
+
+
+@pytest.fixture(scope="module")
+def mini(tmp_path_factory):
+    """A copy of the workflow with an overlay defining suite `mini`, run once."""
+    workdir = copy_workflow(tmp_path_factory.mktemp("mini"))
+    (workdir / "overlay.yaml").write_text(OVERLAY)
+    args = ("run", "--cores", "2", "--configfile", "config/config.yaml", "overlay.yaml", "--config", "suite=mini")
+    proc = flashwatt(workdir, *args)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return workdir, args, proc
+
+
+def test_overlay_suite_report_lands_in_its_own_folder(mini):
+    workdir, _, proc = mini
+    assert "flashwatt: suite mini, 2 cells" in proc.stdout
+    assert (workdir / "results/mini/report.html").exists()
+    assert not (workdir / "results/smoke").exists()  # nothing written under another suite's name
+    assert "cells by status: 2 ok" in proc.stdout and "results/mini/flagged.csv" in proc.stdout
+
+
+def test_filter_selecting_nothing_is_refused_and_nothing_changes(mini):
+    workdir, args, _ = mini
+    before = outputs(workdir)
+    for query in ("seq_len > 100000", 'kernel == "nope"'):
+        proc = flashwatt(workdir, *args, f"filter={query}")
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        assert f"config key filter: {query!r} selects none of the 2 cells" in proc.stderr
+        assert "columns: kernel, precision, seq_len" in proc.stderr
+    # Bare Snakemake refuses it too (the check is in the workflow). Snakemake itself strips a
+    # --config value's closing quote, so this one ends in a digit; the wrapper passes both intact.
+    bare = snakemake(workdir, "-n", "--configfile", "config/config.yaml", "overlay.yaml", "--config",
+                     "suite=mini", "filter=seq_len > 100000")
+    assert bare.returncode != 0 and "selects none of the 2 cells" in bare.stdout + bare.stderr
+    assert outputs(workdir) == before
+
+
+def test_a_failed_cell_gives_a_nonzero_exit_and_the_counts(mini):
+    workdir, args, _ = mini
+    cell = Cell("mini", "naive", "fp32", 16, 1, 1, 16)
+    record = json.loads((workdir / cell.path).read_text())
+    record.update(status="error", reason="RuntimeError: planted failure")
+    write_record(workdir / cell.path, record)
+    proc = flashwatt(workdir, *args)
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "cells by status: 1 error, 1 ok" in proc.stdout
+    assert "1 cell(s) ended error, incorrect or job_failed" in proc.stderr
+    assert flashwatt(workdir, *args, "--accept-failed-cells").returncode == 0
+
+
+def test_ctrl_c_then_rerun_without_unlock(tmp_path):
+    workdir = copy_workflow(tmp_path)
+    (workdir / "overlay.yaml").write_text(OVERLAY.replace("seq_lens: [16, 32]", "seq_lens: [16, 32, 64, 128]")
+                                          .replace("min_time_ms: 5", "min_time_ms: 3000"))
+    args = ["run", "--cores", "1", "--configfile", "config/config.yaml", "overlay.yaml", "--config", "suite=mini"]
+    proc = subprocess.Popen([sys.executable, "-m", "flashwatt.cli", *args], cwd=workdir, env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    # Interrupt while a cell is being measured, as a terminal's Ctrl-C does (the whole group).
+    wait_until(lambda: list((workdir / "results/logs/submitit").glob("*/*_0_log.out")), 120, "a cell to start")
+    time.sleep(1)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out + err
+    assert "flashwatt: interrupted (SIGINT)" in err
+    assert "Traceback" not in err.split("flashwatt: interrupted")[-1]  # the wrapper's own exit is one line
+    assert not list((workdir / ".snakemake/locks").glob("*")), "Snakemake left its lock"
+    rerun = flashwatt(workdir, *args[:-2], "--config", "suite=mini", "measure={min_time_ms: 5}")
+    assert rerun.returncode == 0, rerun.stdout[-2000:] + rerun.stderr[-3000:]
+    assert "cells by status: 4 ok" in rerun.stdout
+
+
+def test_slurm_profile_plans_the_gpu_suite_on_a_gpu_less_host(workdir):
+    proc = snakemake(workdir, "-n", "--profile", "slurm")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "results/cells/seed/" in proc.stdout and "results/cells/smoke/" not in proc.stdout
+    counts = dict(line.split() for line in proc.stdout.splitlines() if line.startswith("cell "))
+    assert int(counts["cell"]) == 36  # the seed suite
