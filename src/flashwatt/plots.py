@@ -20,7 +20,7 @@ import seaborn as sns  # noqa: E402
 
 from flashwatt.cell import Cell  # noqa: E402
 
-# Dense fp16/bf16 matmul rate measured on the device kinds we test on (MEASUREMENT.md:
+# Dense fp16/bf16 matmul rate measured on the device kinds we test on (docs/measurement.md:
 # an 8192^3 bf16 product, 770-800 TFLOP/s on H100 and H200). Drawn as the ceiling line.
 MEASURED_PEAK_TFLOPS = {("H100", "bf16"): 790.0, ("H100", "fp16"): 790.0,
                         ("H200", "bf16"): 790.0, ("H200", "fp16"): 790.0}
