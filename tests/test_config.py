@@ -51,10 +51,16 @@ def test_auto_suite_follows_visible_gpus(monkeypatch):
     assert resolve_suite(config) == "seed"
 
 
-def test_defaults_are_filled():
-    config = load_config()
-    assert config["measure"]["energy_window_s"] == 3.0
-    assert grid(config)["variants"] == [""]
+def test_defaults_are_filled(tmp_path):
+    # A config that leaves out the measure block and a grid's optional keys gets the schema's defaults.
+    (tmp_path / "c.yaml").write_text(
+        "suites:\n  s:\n    grids:\n      - {kernels: [naive], precisions: [fp32], seq_lens: [8],"
+        " batches: [1], heads: [1], head_dims: [16]}\n")
+    config = load_config(tmp_path / "c.yaml")
+    assert config["measure"]["energy_window_s"] == 3.0 and config["measure"]["cuda_graph"] is True
+    assert config["suite"] == "auto" and config["executor"] == "local" and config["filter"] == ""
+    g = config["suites"]["s"]["grids"][0]
+    assert g["variants"] == [""] and g["causal"] == [False] and g["passes"] == ["fwd"]
 
 
 def test_seed_suite_is_the_seed_study():
@@ -88,12 +94,17 @@ def test_tokens_per_batch_must_divide():
         suite_cells(validate_config(config), "sweep")
 
 
-def test_schema_enums_match_the_code():
-    from flashwatt.cell import PASSES, PRECISIONS
-    from flashwatt.config import SCHEMA
-    from flashwatt.kernels import KERNEL_NAMES
+def test_schema_enums_come_from_the_vocabulary():
+    from flashwatt import vocabulary
+    from flashwatt.config import SCHEMA, load_schema
 
-    grid = yaml.safe_load(SCHEMA.read_text())["properties"]["suites"]["additionalProperties"]["properties"]["grids"]["items"]["properties"]
-    assert tuple(grid["kernels"]["items"]["enum"]) == KERNEL_NAMES
-    assert tuple(grid["precisions"]["items"]["enum"]) == PRECISIONS
-    assert tuple(grid["passes"]["items"]["enum"]) == PASSES
+    raw = SCHEMA.read_text()
+    assert "sdpa_cudnn" not in raw and "fwd_bwd" not in raw  # the YAML does not repeat the lists
+    grid = load_schema()["properties"]["suites"]["additionalProperties"]["properties"]["grids"]["items"]["properties"]
+    assert tuple(grid["kernels"]["items"]["enum"]) == vocabulary.KERNEL_NAMES
+    assert tuple(grid["precisions"]["items"]["enum"]) == vocabulary.PRECISIONS
+    assert tuple(grid["passes"]["items"]["enum"]) == vocabulary.PASSES
+    assert tuple(grid["head_dims"]["items"]["enum"]) == vocabulary.HEAD_DIMS
+    config = with_change(lambda c: c["suites"]["smoke"]["grids"][0]["kernels"].append("flashy"))
+    with pytest.raises(ConfigError, match=r"'flashy' is not allowed; allowed: naive, sdpa_math"):
+        validate_config(config)

@@ -93,12 +93,6 @@ def test_no_spills_no_stack(ptxas_report):
     assert not bad, f"sm_{arch}: kernels with spills or a stack frame: {bad}"
 
 
-def test_registers_fit(ptxas_report):
-    arch, kernels, _ = ptxas_report
-    for name, info in kernels.items():
-        assert 0 < info["regs"] <= 255, f"sm_{arch}: {name} uses {info['regs']} registers"
-
-
 def test_header_is_torch_free():
     text = "".join(p.read_text() for p in sorted(KERNELS.glob("*.cu*")))
     assert "torch" not in re.sub(r"//.*", "", text), "the .cu/.cuh kernel sources must not include torch headers"

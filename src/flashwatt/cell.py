@@ -11,10 +11,7 @@ import re
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
-from flashwatt.kernels import KERNEL_NAMES
-
-PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
-PASSES = ("fwd", "fwd_bwd")
+from flashwatt.vocabulary import KERNEL_NAMES, PASSES, PRECISIONS
 RESULTS_ROOT = "results/cells"
 # Every file of a cell, as Snakemake patterns over the cell's wildcards.
 RECORD_SUFFIX, TRACE_SUFFIX = ".json", ".trace.parquet"

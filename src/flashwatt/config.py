@@ -16,6 +16,7 @@ from flashwatt.cell import Cell
 from flashwatt.devices import visible_gpu_count
 from flashwatt.kernels.custom import check_variant_name
 from flashwatt.settings import MeasureSettings
+from flashwatt.vocabulary import SCHEMA_ENUMS
 
 SCHEMA = Path(__file__).resolve().parents[2] / "workflow" / "schemas" / "config.schema.yaml"
 
@@ -50,12 +51,22 @@ def _explain(error) -> str:
     return f"config key {where}: {error.message}"
 
 
+def load_schema(schema_path: Path = SCHEMA) -> dict:
+    """The config schema with the grid's enums filled in from flashwatt.vocabulary, the one
+    place that names kernels, precisions, passes and head dims."""
+    schema = yaml.safe_load(Path(schema_path).read_text())
+    grid = schema["properties"]["suites"]["additionalProperties"]["properties"]["grids"]["items"]["properties"]
+    for key, names in SCHEMA_ENUMS.items():
+        grid[key]["items"] = {"enum": list(names)}
+    return schema
+
+
 def validate_config(config: dict, schema_path: Path = SCHEMA) -> dict:
     """Check `config` against the schema, fill defaults in place, return it."""
     import jsonschema
     from snakemake.utils import validate as snakemake_validate
 
-    schema = yaml.safe_load(Path(schema_path).read_text())
+    schema = load_schema(schema_path)
     validator = jsonschema.Draft202012Validator(schema)
     errors = sorted(validator.iter_errors(config), key=lambda e: list(e.absolute_path))
     if errors:

@@ -15,18 +15,10 @@ from typing import Callable
 import torch
 
 from flashwatt.cell import Cell
+from flashwatt.vocabulary import TOLERANCE  # noqa: F401  (measure.TOLERANCE for callers)
 
 DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
-# Relative-error bounds against float64, forward output and gradients. fp32 is real
-# fp32 arithmetic (tf32 is switched off for it); tf32 keeps 10 mantissa bits; the half
-# types are bounded by their 8/11-bit mantissas accumulated over L terms.
-TOLERANCE = {
-    "fp32": {"fwd": 1e-5, "grad": 5e-5},
-    "tf32": {"fwd": 2e-3, "grad": 5e-3},
-    "fp16": {"fwd": 5e-3, "grad": 1e-2},
-    "bf16": {"fwd": 1e-2, "grad": 2e-2},
-}
 # Input sets cycled during timing: enough that their bytes exceed the L2 this many times.
 L2_MULTIPLE = 4
 MAX_INPUT_SETS = 32

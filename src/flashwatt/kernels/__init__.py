@@ -2,8 +2,7 @@
 from __future__ import annotations
 
 from flashwatt.kernels.base import Kernel
-
-KERNEL_NAMES = ("naive", "sdpa_math", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "custom")
+from flashwatt.vocabulary import KERNEL_NAMES
 
 
 def get_kernel(name: str) -> Kernel:

@@ -1,0 +1,28 @@
+"""The names a cell is made of, and the tolerances its check uses: declared once, here.
+
+Torch-free, so that config validation, the DAG and the schema read them without
+importing any backend. `cell` validates against these names, the kernel registry maps
+each kernel name to its backend, `measure` takes the tolerances, and `config` fills the
+schema's enums from this module, so the YAML schema does not repeat the lists.
+"""
+from __future__ import annotations
+
+# Every attention backend of the kernel registry (flashwatt.kernels.get_kernel).
+KERNEL_NAMES = ("naive", "sdpa_math", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "custom")
+# Storage and arithmetic of a cell: fp32 is real fp32 (tf32 switched off), tf32 opts in.
+PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
+PASSES = ("fwd", "fwd_bwd")
+HEAD_DIMS = (16, 32, 64, 128, 256)
+
+# Relative-error bounds against float64, forward output and gradients. fp32 is real
+# fp32 arithmetic; tf32 keeps 10 mantissa bits; the half types are bounded by their
+# 8/11-bit mantissas accumulated over L terms.
+TOLERANCE = {
+    "fp32": {"fwd": 1e-5, "grad": 5e-5},
+    "tf32": {"fwd": 2e-3, "grad": 5e-3},
+    "fp16": {"fwd": 5e-3, "grad": 1e-2},
+    "bf16": {"fwd": 1e-2, "grad": 2e-2},
+}
+
+# Where in the config schema each list goes (path of keys to the grid's properties).
+SCHEMA_ENUMS = {"kernels": KERNEL_NAMES, "precisions": PRECISIONS, "passes": PASSES, "head_dims": HEAD_DIMS}
