@@ -97,6 +97,7 @@ _RESOURCE_TO_PARAMETER = {
 # mem_mb and disk_mb); they say nothing the mapping needs.
 _IGNORED_RESOURCES = frozenset({"_cores", "_nodes", "tmpdir", "mem_mib", "disk_mb", "disk_mib", "mem", "disk"})
 _KNOWN_RESOURCES = frozenset(_RESOURCE_TO_PARAMETER) | {"mem_mb", "runtime", "slurm_extra"}
+KNOWN_RESOURCE_NAMES = tuple(sorted(_KNOWN_RESOURCES))
 
 # Short sbatch options accepted in slurm_extra, by their long name.
 _SHORT_OPTIONS = {
@@ -171,6 +172,11 @@ def _parse_slurm_extra(extra: str) -> dict[str, Any]:
     return options
 
 
+def unknown_resources(names) -> list[str]:
+    """The resource names in `names` that no executor of flashwatt knows (misspellings)."""
+    return sorted(n for n in names if n not in _KNOWN_RESOURCES and n not in _IGNORED_RESOURCES)
+
+
 def slurm_parameters(resources: Mapping[str, Any] | None) -> dict[str, Any]:
     """Map Snakemake resources onto submitit AutoExecutor parameters.
 
@@ -178,7 +184,7 @@ def slurm_parameters(resources: Mapping[str, Any] | None) -> dict[str, Any]:
     those Snakemake adds to every job (_cores, _nodes, tmpdir, mem_mib, disk_mb, disk_mib).
     """
     res = _as_dict(resources)
-    unknown = sorted(k for k in res if k not in _KNOWN_RESOURCES and k not in _IGNORED_RESOURCES)
+    unknown = unknown_resources(res)
     if unknown:
         raise ValueError(
             f"unknown resource(s) {', '.join(map(repr, unknown))} for a submitted job; "

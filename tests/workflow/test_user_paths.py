@@ -120,3 +120,11 @@ def test_slurm_profile_plans_the_gpu_suite_on_a_gpu_less_host(workdir):
     assert "results/cells/seed/" in proc.stdout and "results/cells/smoke/" not in proc.stdout
     counts = dict(line.split() for line in proc.stdout.splitlines() if line.startswith("cell "))
     assert int(counts["cell"]) == 36  # the seed suite
+
+
+def test_misspelt_cell_resource_is_refused_before_any_job(workdir):
+    proc = snakemake(workdir, "-n", "--profile", "slurm", "--set-resources", "cell:slurm_acount=myproj")
+    assert proc.returncode != 0
+    assert "unknown resource(s) for rule cell: slurm_acount; known: account" in proc.stdout + proc.stderr
+    ok = snakemake(workdir, "-n", "--profile", "slurm", "--set-resources", "cell:slurm_account=myproj")
+    assert ok.returncode == 0, ok.stderr[-2000:]

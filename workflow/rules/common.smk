@@ -4,6 +4,7 @@ from snakemake.exceptions import WorkflowError
 from flashwatt.cell import WILDCARD_CONSTRAINTS
 from flashwatt.config import ConfigError, measure_settings, resolve_suite, suite_cells, validate_config
 from flashwatt.plots import FIGURES
+from flashwatt.submit import KNOWN_RESOURCE_NAMES, unknown_resources
 
 try:
     validate_config(config)
@@ -12,6 +13,15 @@ try:
     CELLS = {SUITE: suite_cells(config, SUITE)}
 except ConfigError as error:
     raise WorkflowError(f"flashwatt: {error}") from None
+
+# Resources set for the cells (profile or --set-resources) are checked before any job
+# starts: a misspelt name (slurm_acount) would otherwise be dropped or fail every cell.
+_cell_resources = (getattr(workflow.resource_settings, "overwrite_resources", None) or {}).get("cell", {})
+if unknown_resources(_cell_resources):
+    raise WorkflowError(
+        f"flashwatt: unknown resource(s) for rule cell: {', '.join(unknown_resources(_cell_resources))}; "
+        f"known: {', '.join(KNOWN_RESOURCE_NAMES)}"
+    )
 
 
 wildcard_constraints:
