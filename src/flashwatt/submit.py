@@ -177,6 +177,14 @@ def unknown_resources(names) -> list[str]:
     return sorted(n for n in names if n not in _KNOWN_RESOURCES and n not in _IGNORED_RESOURCES)
 
 
+def refuse_unknown_resources(rule: str, names) -> None:
+    """ValueError naming the unknown resources set for `rule`, and the known ones."""
+    unknown = unknown_resources(names)
+    if unknown:
+        raise ValueError(f"unknown resource(s) for rule {rule}: {', '.join(unknown)}; "
+                         f"known: {', '.join(KNOWN_RESOURCE_NAMES)}")
+
+
 def slurm_parameters(resources: Mapping[str, Any] | None) -> dict[str, Any]:
     """Map Snakemake resources onto submitit AutoExecutor parameters.
 

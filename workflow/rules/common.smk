@@ -4,30 +4,22 @@ from snakemake.exceptions import WorkflowError
 from flashwatt.cell import WILDCARD_CONSTRAINTS
 from flashwatt.config import ConfigError, measure_settings, resolve_suite, suite_cells, validate_config
 from flashwatt.plots import FIGURES
-from flashwatt.submit import KNOWN_RESOURCE_NAMES, unknown_resources
+from flashwatt.submit import refuse_unknown_resources
 
 try:
     validate_config(config)
     SUITE = resolve_suite(config)
     config["suite"] = SUITE  # what ran, for the report (auto is resolved once, here)
     CELLS = {SUITE: suite_cells(config, SUITE)}
-except ConfigError as error:
+    # Resources set for the cells (profile or --set-resources), checked before any job
+    # starts: a misspelt name (slurm_acount) would otherwise fail every cell.
+    refuse_unknown_resources("cell", workflow.resource_settings.overwrite_resources.get("cell", {}))
+except (ConfigError, ValueError) as error:
     raise WorkflowError(f"flashwatt: {error}") from None
-
-# Resources set for the cells (profile or --set-resources) are checked before any job
-# starts: a misspelt name (slurm_acount) would otherwise be dropped or fail every cell.
-_cell_resources = (getattr(workflow.resource_settings, "overwrite_resources", None) or {}).get("cell", {})
-if unknown_resources(_cell_resources):
-    raise WorkflowError(
-        f"flashwatt: unknown resource(s) for rule cell: {', '.join(unknown_resources(_cell_resources))}; "
-        f"known: {', '.join(KNOWN_RESOURCE_NAMES)}"
-    )
-
 
 wildcard_constraints:
     **WILDCARD_CONSTRAINTS,
     figure="|".join(FIGURES),
-
 
 def cells_of(suite):
     if suite not in CELLS:
@@ -37,13 +29,11 @@ def cells_of(suite):
             raise WorkflowError(f"flashwatt: {error}") from None
     return CELLS[suite]
 
-
 def recorded_cells_of(suite):
     """Record paths of every cell of the suite, filter or not: the summary covers all of
     them that have a record, so a filtered run adds to the suite's summary, figures and
     report instead of replacing them with the slice."""
     return [cell.path for cell in suite_cells(config, suite, filtered=False)]
-
 
 def figure_paths(suite):
     return [f"figures/{suite}/{f.name}.{f.ext}" for f in FIGURES.values()]
