@@ -4,8 +4,9 @@ import pytest
 import torch
 
 from flashwatt.cell import Cell
-from flashwatt.measure import (TOLERANCE, Check, check_cell, check_rows, make_inputs, reference_attention,
+from flashwatt.measure import (Check, check_cell, check_rows, make_inputs, reference_attention,
                                relative_error, warm_up)
+from flashwatt.vocabulary import TOLERANCE
 
 CPU = torch.device("cpu")
 

@@ -63,8 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     from flashwatt.cell import Cell
     from flashwatt.kernels import get_kernel
     from flashwatt.kernels.custom import TILES, WGMMA, WGMMA_CAPABILITY
-    from flashwatt.measure import TOLERANCE, relative_error
+    from flashwatt.measure import relative_error
     from flashwatt.settings import MeasureSettings
+    from flashwatt.vocabulary import TOLERANCE
 
     device = torch.device("cuda")
     name = torch.cuda.get_device_name(device)

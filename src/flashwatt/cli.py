@@ -81,10 +81,17 @@ def _profile_configfiles(args: list[str]) -> list[str]:
     return files
 
 
+def _configfiles(args: list[str]) -> list[str]:
+    """The config files of a run, in order: the command line's (or config/config.yaml),
+    then the profile's. A command-line --configfile replaces the profile's list in
+    Snakemake, so the wrapper passes them all (config_through_a_file) and reads them all."""
+    files = _values_after(args, CONFIGFILE_OPTIONS) or ["config/config.yaml"]
+    return files + [f for f in _profile_configfiles(args) if f not in files]
+
+
 def config_as_snakemake_sees_it(args: list[str]) -> dict:
-    """config/config.yaml, then the profile's and the command line's config files, then --config."""
-    return load_config(configfiles=_profile_configfiles(args) + _values_after(args, CONFIGFILE_OPTIONS),
-                       overrides=_overrides(_config_pairs(args)))
+    """The run's config files over config/config.yaml, then --config."""
+    return load_config(configfiles=_configfiles(args), overrides=_overrides(_config_pairs(args)))
 
 
 def _snakemake(args: list[str]) -> int:
@@ -147,11 +154,8 @@ def config_through_a_file(args: list[str], folder: Path = Path(".snakemake")) ->
     folder.mkdir(parents=True, exist_ok=True)
     overrides = folder / "flashwatt-command-line-config.yaml"
     overrides.write_text(yaml.safe_dump(_overrides(pairs), sort_keys=False))
-    # One --configfile option replaces another, the profile's included: keep them all.
-    configfiles = _values_after(args, CONFIGFILE_OPTIONS) or ["config/config.yaml"]
-    configfiles += [f for f in _profile_configfiles(args) if f not in configfiles]
     rest = _without_options(_without_options(args, CONFIG_OPTIONS), CONFIGFILE_OPTIONS)
-    return [*rest, "--configfile", *configfiles, str(overrides)]
+    return [*rest, "--configfile", *_configfiles(args), str(overrides)]
 
 
 def status_counts(cells) -> Counter:
@@ -175,7 +179,7 @@ def cmd_run(argv: list[str]) -> int:
     where = f", filter {config['filter']!r}" if (config.get("filter") or "").strip() else ""
     print(f"flashwatt: suite {suite}, {len(cells)} cells{where}", flush=True)
     status = _snakemake(args)
-    if status != 0 and status > 128:
+    if status > 128:
         return status  # interrupted: the outputs are not a finished run's
     report = Path("results") / suite / "report.html"
     if status == 0:

@@ -25,11 +25,6 @@ class CellOutcome:
     trace: list[dict] = field(default_factory=list)
 
 
-# Timed latency and the energy window's time per call measure the same workload
-# (flashwatt.timing): a larger difference than this is flagged in the summary.
-TIMING_VS_WINDOW_LIMIT_PCT = 5.0
-
-
 def base_record(cell: Cell, settings: "MeasureSettings | dict") -> dict:
     return {
         "schema_version": SCHEMA_VERSION,
