@@ -8,7 +8,8 @@ schema's enums from this module, so the YAML schema does not repeat the lists.
 from __future__ import annotations
 
 # Every attention backend of the kernel registry (flashwatt.kernels.get_kernel).
-KERNEL_NAMES = ("naive", "sdpa_math", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "custom")
+# sdpa_default is PyTorch's own choice with no backend forced: what a user gets by default.
+KERNEL_NAMES = ("naive", "sdpa_math", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "sdpa_default", "custom")
 # Storage and arithmetic of a cell: fp32 is real fp32 (tf32 switched off), tf32 opts in.
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 PASSES = ("fwd", "fwd_bwd")

@@ -1,12 +1,15 @@
-"""PyTorch SDPA with exactly one backend allowed.
+"""PyTorch SDPA with exactly one backend allowed, and PyTorch's own default.
 
 `sdpa_kernel([backend])` makes PyTorch raise instead of falling back to another backend,
-so a result labelled `sdpa_flash` was computed by the flash backend. When the backend
+so a result labelled `sdpa_flash` was computed by the flash backend. `sdpa_default`
+forces nothing: it is the baseline a PyTorch user gets from a plain call (on an H100 with
+PyTorch 2.11, cuDNN's kernel for bf16). When the backend
 refuses a cell, PyTorch's own reason (its warnings plus the error) becomes the
 "skipped" record's reason, via `UnsupportedCell`.
 """
 from __future__ import annotations
 
+import contextlib
 import warnings
 
 import torch
@@ -20,7 +23,7 @@ from flashwatt.kernels.base import UnsupportedCell
 class ForcedSdpa:
     differentiable = True
 
-    def __init__(self, name: str, backend: SDPBackend, cuda_only: bool, half_only: bool):
+    def __init__(self, name: str, backend: SDPBackend | None, cuda_only: bool, half_only: bool):
         self.name = name
         self.backend = backend
         self.cuda_only = cuda_only
@@ -36,7 +39,8 @@ class ForcedSdpa:
         return None
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cell: Cell) -> torch.Tensor:
-        with warnings.catch_warnings(record=True) as caught, sdpa_kernel([self.backend]):
+        forced = sdpa_kernel([self.backend]) if self.backend is not None else contextlib.nullcontext()
+        with warnings.catch_warnings(record=True) as caught, forced:
             warnings.simplefilter("always")
             try:
                 return F.scaled_dot_product_attention(q, k, v, is_causal=cell.causal)
@@ -52,4 +56,5 @@ SDPA_KERNELS = (
     ForcedSdpa("sdpa_flash", SDPBackend.FLASH_ATTENTION, cuda_only=True, half_only=True),
     ForcedSdpa("sdpa_efficient", SDPBackend.EFFICIENT_ATTENTION, cuda_only=True, half_only=False),
     ForcedSdpa("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION, cuda_only=True, half_only=True),
+    ForcedSdpa("sdpa_default", None, cuda_only=False, half_only=False),
 )

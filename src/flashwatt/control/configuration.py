@@ -1,0 +1,128 @@
+"""What the controller may change: one `Configuration` per way of computing attention.
+
+Every knob is on the workload's side: the backend (and for our kernel its tile or CTA
+cap), how a large call is split into chunks, and the precision when the user opts in.
+Pacing (the duty cycle) is a continuous knob of the loop, not part of a configuration.
+Nothing here touches a device setting: no power limit, no clocks.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from flashwatt.vocabulary import KERNEL_NAMES
+
+# Backends the controller may choose among: the kernel registry's GPU backends. naive and
+# sdpa_math are reference implementations, never a sensible choice for a live workload.
+CONTROL_BACKENDS = ("custom", "sdpa_cudnn", "sdpa_flash", "sdpa_efficient", "sdpa_default")
+assert set(CONTROL_BACKENDS) <= set(KERNEL_NAMES)
+
+# The knobs a user may restrict (Controller(knobs={...})); anything else is refused by name.
+KNOBS = ("backend", "variant", "chunks", "precision", "duty")
+
+# Precision steps the controller may take when the user opts in with a tolerance: from the
+# inputs' precision towards cheaper arithmetic, never the other way.
+PRECISION_LADDER = {"fp32": ("tf32", "bf16", "fp16"), "tf32": ("bf16", "fp16"), "fp16": (), "bf16": ()}
+
+# Our kernel's CTA caps the controller tries (fractions of an H100/H200's 132 SMs at 1 CTA
+# each): fewer CTAs in flight draw less power at a lower throughput.
+DEFAULT_CTA_CAPS = (66, 33)
+
+
+class ControlError(ValueError):
+    """A controller setting that cannot work, worded for the person who gave it."""
+
+
+@dataclass(frozen=True, order=True)
+class Configuration:
+    backend: str
+    variant: str = ""  # our kernel's launch (tile and/or CTA cap), "" its default
+    chunks: int = 1  # the batch split into this many sequential calls
+    precision: str = ""  # "" runs the inputs' own precision; else the opted-in cheaper one
+
+    def __post_init__(self) -> None:
+        if self.backend not in CONTROL_BACKENDS:
+            raise ControlError(f"backend {self.backend!r}: allowed {', '.join(CONTROL_BACKENDS)}")
+        if self.variant and self.backend != "custom":
+            raise ControlError(f"variant {self.variant!r} names a launch of our kernel; backend is {self.backend}")
+        if not isinstance(self.chunks, int) or self.chunks < 1:
+            raise ControlError(f"chunks={self.chunks!r}: must be a positive integer")
+        if self.precision and self.precision not in PRECISION_LADDER:
+            raise ControlError(f"precision {self.precision!r}: allowed {', '.join(PRECISION_LADDER)}")
+
+    @property
+    def label(self) -> str:
+        parts = [self.backend + (f"[{self.variant}]" if self.variant else "")]
+        if self.chunks > 1:
+            parts.append(f"x{self.chunks}")
+        if self.precision:
+            parts.append(self.precision)
+        return " ".join(parts)
+
+    @classmethod
+    def parse(cls, text: str) -> "Configuration":
+        """The inverse of `label` ("custom[ctas66] x2 tf32"), for configs and traces."""
+        words = text.split()
+        if not words:
+            raise ControlError("empty configuration")
+        head, rest = words[0], words[1:]
+        backend, _, variant = head.partition("[")
+        variant = variant.rstrip("]")
+        chunks, precision = 1, ""
+        for word in rest:
+            if word.startswith("x") and word[1:].isdigit():
+                chunks = int(word[1:])
+            else:
+                precision = word
+        return cls(backend, variant, chunks, precision)
+
+
+def check_knobs(knobs: dict | None) -> dict:
+    """The user's knob restrictions, each a list of allowed values; unknown names refused."""
+    knobs = dict(knobs or {})
+    unknown = sorted(set(knobs) - set(KNOBS))
+    if unknown:
+        raise ControlError(f"unknown knob(s) {', '.join(unknown)}; known: {', '.join(KNOBS)}")
+    for name, values in knobs.items():
+        if name == "duty":
+            low, high = values
+            if not 0 < low <= high <= 1:
+                raise ControlError(f"knob duty: give (low, high) with 0 < low <= high <= 1, not {values!r}")
+            continue
+        if isinstance(values, (str, int)) or not values:
+            raise ControlError(f"knob {name}: give a non-empty list of allowed values, not {values!r}")
+    for backend in knobs.get("backend", ()):
+        if backend not in CONTROL_BACKENDS:
+            raise ControlError(f"knob backend: {backend!r} is not allowed; allowed: {', '.join(CONTROL_BACKENDS)}")
+    return knobs
+
+
+def candidates(precision: str, knobs: dict | None = None, precision_opt_in: bool = False,
+               cta_caps: tuple[int, ...] = DEFAULT_CTA_CAPS) -> list[Configuration]:
+    """The configurations the controller explores for inputs of this precision.
+
+    Defaults: every GPU backend (custom at its default tile and at the CTA caps), one
+    chunk, the inputs' own precision; cheaper precisions join only with the user's
+    opt-in (and each must pass the sampled float64 check before it is used).
+    `sdpa_default` is PyTorch's own choice: the baseline, not a candidate unless named.
+    """
+    knobs = check_knobs(knobs)
+    backends = knobs.get("backend", [b for b in CONTROL_BACKENDS if b != "sdpa_default"])
+    variants = knobs.get("variant", ["", *(f"ctas{n}" for n in cta_caps)])
+    chunk_counts = knobs.get("chunks", [1])
+    precisions = [""]
+    if precision_opt_in:
+        ladder = PRECISION_LADDER.get(precision, ())
+        precisions += [p for p in knobs.get("precision", ladder) if p in ladder]
+    out = []
+    for backend in backends:
+        for variant in (variants if backend == "custom" else [""]):
+            for chunks in chunk_counts:
+                for prec in precisions:
+                    if prec == "tf32" and backend in ("sdpa_cudnn", "sdpa_flash"):
+                        continue  # half-precision-only backends
+                    if prec in ("", "fp32") and precision in ("fp32", "tf32") and backend in ("sdpa_cudnn", "sdpa_flash"):
+                        continue
+                    out.append(Configuration(backend, variant, int(chunks), prec))
+    if not out:
+        raise ControlError(f"no configuration left for {precision} inputs with knobs {knobs}")
+    return out

@@ -1,0 +1,114 @@
+"""Figures of merit of a controlled run, from its trace (one row per tick).
+
+- Window power: the average power of each 1 s window, from NVML's energy counter where the
+  trace has it (the honest figure: the counter integrates every millisecond, where the
+  instant readings observe a fraction of the time), else from the instant readings.
+- Share of windows within budget + 3%, judged against the budget in force at the window's
+  start, and the worst overshoot.
+- Settling time after each budget step: from the step until the 0.5 s moving average of
+  power enters the band [settle_low x budget, budget + 3%] and stays there for the rest of
+  that budget's segment (at least 1 s of it). A budget above what the workload can draw
+  settles when power reaches the most the run drew at full duty.
+- Throughput and joules per token over the run.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+TOLERANCE = 0.03  # budget + 3%
+SETTLE_LOW = 0.90
+
+
+def window_power(trace: pd.DataFrame, window_s: float = 1.0) -> pd.DataFrame:
+    """Average power per consecutive window of `window_s`, with the budget at its start."""
+    t = trace["t"].to_numpy(dtype=float)
+    if len(t) < 2:
+        return pd.DataFrame(columns=["start", "power_w", "budget_w", "source"])
+    starts = np.arange(t[0], t[-1] - window_s + 1e-9, window_s)
+    energy = trace.get("energy_mj")
+    use_counter = energy is not None and energy.notna().sum() >= 2
+    rows = []
+    if use_counter:
+        ok = energy.notna().to_numpy()
+        te, e = t[ok], energy.to_numpy(dtype=float)[ok] / 1e3
+        for s in starts:
+            e0, e1 = np.interp([s, s + window_s], te, e)
+            rows.append((s, (e1 - e0) / window_s))
+    else:
+        p = trace["power_w"].to_numpy(dtype=float)
+        for s in starts:
+            sel = (t >= s) & (t < s + window_s) & np.isfinite(p)
+            rows.append((s, float(np.mean(p[sel])) if sel.any() else np.nan))
+    budgets = trace["budget_w"].to_numpy(dtype=float)
+    out = pd.DataFrame(rows, columns=["start", "power_w"])
+    out["budget_w"] = [budgets[min(len(budgets) - 1, np.searchsorted(t, s))] for s in out["start"]]
+    out["source"] = "energy counter" if use_counter else "instant power"
+    return out
+
+
+def budget_steps(trace: pd.DataFrame) -> list[tuple[float, float, float]]:
+    """(time, new budget, end of its segment) for each change of budget after the first tick."""
+    t = trace["t"].to_numpy(dtype=float)
+    b = trace["budget_w"].to_numpy(dtype=float)
+    changes = [i for i in range(1, len(b)) if b[i] != b[i - 1]]
+    steps = []
+    for j, i in enumerate(changes):
+        end = t[changes[j + 1]] if j + 1 < len(changes) else t[-1]
+        steps.append((float(t[i]), float(b[i]), float(end)))
+    return steps
+
+
+def settling_time(trace: pd.DataFrame, step_t: float, budget: float, end_t: float,
+                  reachable_w: float | None = None) -> float | None:
+    """Seconds from a budget step until smoothed power stays in the band; None if never."""
+    seg = trace[(trace["t"] >= step_t) & (trace["t"] <= end_t)]
+    if len(seg) < 3:
+        return None
+    power = seg.set_index(pd.to_timedelta(seg["t"] - seg["t"].iloc[0], unit="s"))["power_w"]
+    smooth = power.rolling("500ms").mean().to_numpy()
+    low = SETTLE_LOW * budget
+    if reachable_w is not None:
+        low = min(low, SETTLE_LOW * reachable_w)
+    inside = (smooth >= low) & (smooth <= budget * (1 + TOLERANCE))
+    ts = seg["t"].to_numpy()
+    for i in range(len(inside)):
+        if inside[i:].all() and ts[-1] - ts[i] >= min(1.0, (ts[-1] - ts[0]) / 2):
+            return float(ts[i] - step_t)
+    return None
+
+
+def summarize(trace: pd.DataFrame, calls: int | None = None, tokens: int | None = None,
+              wall_s: float | None = None, reachable_w: float | None = None) -> dict:
+    """The run's figures of merit (budget figures only where a budget was set)."""
+    out: dict = {}
+    t = trace["t"].to_numpy(dtype=float)
+    wall = wall_s if wall_s is not None else float(t[-1] - t[0]) if len(t) > 1 else None
+    tok = tokens if tokens is not None else int(trace["tokens"].sum())
+    out["wall_s"] = wall
+    out["tokens"] = tok
+    out["tokens_per_s"] = tok / wall if wall else None
+    energy = trace.get("energy_mj")
+    if energy is not None and energy.notna().sum() >= 2:
+        joules = (energy.dropna().iloc[-1] - energy.dropna().iloc[0]) / 1e3
+        span = float(t[energy.notna().to_numpy()][-1] - t[energy.notna().to_numpy()][0])
+        out["avg_power_w"] = joules / span if span > 0 else None
+        out["j_per_token"] = (out["avg_power_w"] / out["tokens_per_s"]) if out["tokens_per_s"] and out["avg_power_w"] else None
+    else:
+        out["avg_power_w"] = float(trace["power_w"].mean()) if trace["power_w"].notna().any() else None
+        out["j_per_token"] = None
+    if trace["budget_w"].notna().any():
+        windows = window_power(trace)
+        judged = windows.dropna(subset=["power_w", "budget_w"])
+        within = judged["power_w"] <= judged["budget_w"] * (1 + TOLERANCE)
+        out["windows"] = len(judged)
+        out["windows_within_pct"] = float(100 * within.mean()) if len(judged) else None
+        over = (judged["power_w"] / judged["budget_w"] - 1) * 100
+        out["worst_overshoot_pct"] = float(over.max()) if len(judged) else None
+        out["window_source"] = windows["source"].iloc[0] if len(windows) else None
+        settles = [settling_time(trace, s, b, e, reachable_w) for s, b, e in budget_steps(trace)]
+        out["settling_s"] = settles
+        out["settling_max_s"] = (max(s for s in settles if s is not None)
+                                 if settles and all(s is not None for s in settles) else None)
+    out["switches"] = int((trace["config"].fillna("") != trace["config"].shift().fillna("")).iloc[1:].sum()) if len(trace) > 1 else 0
+    return out

@@ -1,0 +1,141 @@
+"""The controller's online model: what each configuration costs, learned from its own calls.
+
+Per (shape, configuration) it keeps exponentially weighted averages of
+- GPU seconds per call (CUDA events around sampled calls): throughput at full duty;
+- tokens per second per watt above idle power, at the operating point (only from ticks in
+  which this one configuration and shape ran, so the power is attributable to it);
+- joules per token at (nearly) full duty, for the energy mode.
+A 10 Hz sensor cannot attribute power to one 100 µs call, so a shape whose calls are mixed
+with others in every tick is ranked by GPU time per token alone (at the power cap, the
+fastest configuration is also the cheapest; docs/control.md has the measurements).
+Per configuration it also keeps a duty -> power table for the pacing loop's feed-forward.
+"""
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass, field
+
+from flashwatt.control.configuration import Configuration
+
+# Weight of a new observation in each running average.
+ALPHA = 0.3
+# Duty bins of the duty -> power table.
+DUTY_BINS = 20
+
+
+def _ewma(old: float | None, new: float, alpha: float = ALPHA) -> float:
+    return new if old is None else old + alpha * (new - old)
+
+
+@dataclass
+class Stats:
+    s_per_call: float | None = None
+    latency_samples: int = 0
+    tokens_per_call: int = 0
+    eta: float | None = None  # tokens/s per W above idle
+    eta_samples: int = 0
+    j_per_token: float | None = None
+    j_samples: int = 0
+
+    @property
+    def tokens_per_s_full(self) -> float | None:
+        if not self.s_per_call or not self.tokens_per_call:
+            return None
+        return self.tokens_per_call / self.s_per_call
+
+
+@dataclass
+class PowerTable:
+    """Average power seen at each duty bin for one configuration (pacing feed-forward)."""
+
+    bins: dict[int, float] = field(default_factory=dict)
+
+    def add(self, duty: float, power_w: float) -> None:
+        b = min(DUTY_BINS, max(0, round(duty * DUTY_BINS)))
+        self.bins[b] = _ewma(self.bins.get(b), power_w, 0.1)  # slower than the governor's offset
+
+    def _curve(self, idle_w: float) -> tuple[list[float], list[float]]:
+        """(duties, powers) of the table made monotone, with idle power at duty 0."""
+        duties = [0.0] + [b / DUTY_BINS for b in sorted(self.bins)]
+        powers = [idle_w]
+        for b in sorted(self.bins):
+            powers.append(max(powers[-1], self.bins[b]))
+        return duties, powers
+
+    def power_at(self, duty: float, idle_w: float) -> float | None:
+        """Power expected at this duty, interpolated; None past the highest duty seen."""
+        if not self.bins:
+            return None
+        duties, powers = self._curve(idle_w)
+        if duty > duties[-1] + 0.5 / DUTY_BINS:
+            return None
+        i = min(len(duties) - 1, bisect.bisect_left(duties, duty))
+        if i == 0 or duties[i] == duties[i - 1]:
+            return powers[i]
+        frac = min(1.0, (duty - duties[i - 1]) / (duties[i] - duties[i - 1]))
+        return powers[i - 1] + frac * (powers[i] - powers[i - 1])
+
+    def duty_for(self, power_w: float, idle_w: float) -> float | None:
+        """Duty expected to draw `power_w`, by interpolation over the table made monotone
+        (with idle power at duty 0); None with fewer than one observed bin."""
+        if not self.bins:
+            return None
+        duties, powers = self._curve(idle_w)
+        if power_w >= powers[-1]:
+            # at or past the most ever seen: full duty if that was seen, else unknown
+            return 1.0 if duties[-1] >= 1.0 else None
+        i = bisect.bisect_left(powers, power_w)
+        if i == 0:
+            return 0.0
+        p0, p1, d0, d1 = powers[i - 1], powers[i], duties[i - 1], duties[i]
+        return d0 if p1 == p0 else d0 + (power_w - p0) / (p1 - p0) * (d1 - d0)
+
+
+class OnlineModel:
+    def __init__(self) -> None:
+        self.stats: dict[tuple, Stats] = {}
+        self.power: dict[Configuration, PowerTable] = {}
+
+    def entry(self, shape: tuple, config: Configuration) -> Stats:
+        key = (shape, config)
+        if key not in self.stats:
+            self.stats[key] = Stats()
+        return self.stats[key]
+
+    def add_latency(self, shape: tuple, config: Configuration, seconds: float, tokens: int) -> None:
+        if not (seconds > 0 and math.isfinite(seconds)):
+            return
+        s = self.entry(shape, config)
+        s.s_per_call = _ewma(s.s_per_call, seconds)
+        s.latency_samples += 1
+        s.tokens_per_call = tokens
+
+    def add_tick(self, shape: tuple, config: Configuration, tokens_per_s: float, power_w: float,
+                 idle_w: float, duty: float) -> None:
+        """One tick in which only this (shape, configuration) ran, at this duty, drawing
+        `power_w` of its own (other tenants' watts already taken out)."""
+        s = self.entry(shape, config)
+        above = power_w - idle_w
+        if tokens_per_s > 0 and above > 1.0:
+            s.eta = _ewma(s.eta, tokens_per_s / above)
+            s.eta_samples += 1
+        if tokens_per_s > 0 and duty >= 0.98:
+            s.j_per_token = _ewma(s.j_per_token, power_w / tokens_per_s)
+            s.j_samples += 1
+        self.power.setdefault(config, PowerTable()).add(duty, power_w)
+
+    def throughput_at(self, shape: tuple, config: Configuration, power_w: float, idle_w: float) -> float | None:
+        """Predicted tokens/s of this configuration when it may draw `power_w`: full-duty
+        throughput times the duty its duty -> power table says draws that much; where the
+        table cannot say, tokens/s per watt above idle at its operating point."""
+        s = self.stats.get((shape, config))
+        if s is None or s.tokens_per_s_full is None:
+            return None
+        table = self.power.get(config)
+        duty = table.duty_for(power_w, idle_w) if table is not None else None
+        if duty is not None:
+            return s.tokens_per_s_full * min(1.0, duty)
+        if s.eta is None:
+            return s.tokens_per_s_full
+        return min(s.tokens_per_s_full, s.eta * max(0.0, power_w - idle_w))
