@@ -109,7 +109,9 @@ class Controller:
         self.calls = 0
         self.tokens = 0
         self._sensor = None
-        if mode != "static" and telemetry is not None:
+        # Static mode reads the sensor too when given telemetry: its trace then carries the
+        # same power readings as a controlled run (the oracle's rows), though nothing acts on them.
+        if telemetry is not None and telemetry.available:
             self._sensor = SensorThread(telemetry, self._on_tick, period_s).start()
 
     # ---- setup ---------------------------------------------------------------------------
@@ -294,10 +296,11 @@ class Controller:
         import pandas as pd
 
         rows = []
-        for (shape, config), s in self.governor.model.stats.items():
+        for (shape, config), s in list(self.governor.model.stats.items()):
             rows.append({"shape": str(shape), "config": config.label, "s_per_call": s.s_per_call,
                          "tokens_per_s_full": s.tokens_per_s_full, "eta_tokens_per_j_above_idle": s.eta,
-                         "j_per_token": s.j_per_token, "latency_samples": s.latency_samples})
+                         "j_per_token": s.j_per_token, "latency_samples": s.latency_samples,
+                         "eta_samples": s.eta_samples, "j_samples": s.j_samples})
         return pd.DataFrame(rows)
 
     def close(self) -> None:

@@ -113,10 +113,7 @@ class Governor:
         if budget_w is not None:
             self.set_budget(budget_w)
             if mode == "budget":
-                # Start low and let the loop climb: half the duty a linear power curve would
-                # give, since the measured curve is concave (more watts per duty at low duty).
-                share = (self.setpoint_w - (idle_w or 0.0)) / gain
-                self.loop.duty = min(duty_range[1], max(duty_range[0], 0.5 * share))
+                self.loop.duty = self._start_duty()  # start low, let the loop climb
         self.power_filtered: float | None = None
         self._settled_since: float | None = None
         self.offset_w = 0.0  # watts on the board that no configuration of ours explains
@@ -140,8 +137,9 @@ class Governor:
         self.budget_w = budget_w
         if changed:
             self._events.append(f"budget {budget_w:.0f} W")
+            self.loop.hold()
             now = self.clock()
-            for shape, state in self.shapes.items():
+            for shape, state in list(self.shapes.items()):
                 if not state.exploring:
                     self._choose(shape, state, now, skip_dwell=True)
 
@@ -193,13 +191,20 @@ class Governor:
     def _advance_exploration(self, shape: tuple, state: ShapeState, force: bool = False) -> None:
         now = self.clock()
         stats = self.model.stats.get((shape, state.config))
+        # Explored: its GPU time sampled, and (for a shape that runs alone) its power seen at
+        # a comparable operating point, so every candidate is ranked by the same yardstick;
+        # a shape mixed with others (power not attributable) moves on after 3 dwells.
+        power_seen = stats is not None and (stats.j_samples if self.mode == "energy" else stats.eta_samples) >= 3
         measured = stats is not None and stats.latency_samples >= 2
-        if not force and not (measured and now - state.since >= self.explore_dwell_s):
+        dwelt = now - state.since
+        if not force and not (measured and ((power_seen and dwelt >= self.explore_dwell_s)
+                                            or dwelt >= 3 * self.explore_dwell_s)):
             return
         while state.to_explore:
             nxt = state.to_explore.pop(0)
             if nxt not in state.forbidden:
                 state.config, state.since = nxt, now
+                self._duty_for_switch(nxt)
                 return
         state.exploring = False
         self._choose(shape, state, now, force=True)
@@ -243,7 +248,11 @@ class Governor:
             if cur is not None and scores[best] <= cur * (1 + self.hysteresis):
                 return
         state.config, state.since = best, now
-        self._events.append(f"choose {best.label}")
+        self._duty_for_switch(best)
+        unit = "J/token" if self.mode == "energy" and use_eta else "tokens/s"
+        ranked = sorted(allowed, key=lambda c: scores[c], reverse=True)[:3]
+        self._events.append(f"choose {best.label} (" + ", ".join(
+            f"{c.label} {abs(scores[c]):.4g}" for c in ranked) + f" {unit})")
 
     # ---- per tick ----------------------------------------------------------------------
     def tick(self, reading: Reading, work: Work) -> dict:
@@ -254,7 +263,7 @@ class Governor:
         power = reading.power_w
         if power is not None:
             self.last_valid_t = now
-            self.power_filtered = power if self.power_filtered is None else 0.5 * self.power_filtered + 0.5 * power
+            self.power_filtered = power if self.power_filtered is None else 0.3 * self.power_filtered + 0.7 * power
         tokens_per_s = work.tokens / dt
         single = next(iter(work.by_key)) if len(work.by_key) == 1 else None
 
@@ -272,7 +281,9 @@ class Governor:
             expected = table.power_at(self.loop.duty, self.idle_w) if table is not None else None
             if expected is not None:
                 self.offset_w += 0.3 * ((power - expected) - self.offset_w)
-            self.model.add_tick(shape, config, tokens_per_s, power - self.offset_w, self.idle_w, self.loop.duty)
+            near_setpoint = self.setpoint_w is not None and abs(power - self.setpoint_w) <= 0.1 * self.setpoint_w
+            self.model.add_tick(shape, config, tokens_per_s, power - self.offset_w, self.idle_w, self.loop.duty,
+                                comparable=near_setpoint or self.loop.duty >= 0.98)
         self._last_single = single
         self._last_duty = self.loop.duty
 
@@ -289,11 +300,11 @@ class Governor:
                     self._events.append("telemetry back: control resumed")
                     self.fallback_reason = None
                     self.loop.reset()
-                phase = "explore" if any(s.exploring for s in self.shapes.values()) else "exploit"
+                phase = "explore" if any(s.exploring for s in list(self.shapes.values())) else "exploit"
                 # Configurations are compared only once the loop has settled: in a transient
                 # the model's latest samples are the least trustworthy.
                 if self._settled(now):
-                    for shape, state in self.shapes.items():
+                    for shape, state in list(self.shapes.items()):
                         if not state.exploring:
                             self._choose(shape, state, now)
                 if self.mode == "budget" and self.power_filtered is not None:
@@ -330,6 +341,22 @@ class Governor:
         self._events = []
         return row
 
+    def _start_duty(self) -> float:
+        """Half the duty a linear power curve would give for the set point: measured curves
+        are concave (more watts per unit of duty at low duty), so this starts under budget."""
+        share = (self.setpoint_w - (self.idle_w or 0.0)) / self.loop.plant_gain_w
+        return min(self.loop.d_max, max(self.loop.d_min, 0.5 * share))
+
+    def _duty_for_switch(self, config: Configuration) -> None:
+        """Bumpless for power: a configuration starts at the duty its own table gives for the
+        set point, or, never seen, at the cautious start duty if that is lower than now."""
+        if self.mode != "budget":
+            return
+        table = self.model.power.get(config)
+        duty = table.duty_for(self.setpoint_w, self.idle_w) if table is not None and self.idle_w is not None else None
+        self.loop.reset(duty if duty is not None else min(self.loop.duty, self._start_duty()))
+        self.loop.hold()
+
     def _settled(self, now: float) -> bool:
         """Power within 5% of the set point for the last second, and no unexplained watts on
         the board (another tenant makes the model's attribution uncertain); energy mode:
@@ -356,13 +383,13 @@ class Governor:
     def _enter_fallback(self) -> None:
         """The most frugal operating point known: lowest power seen, else the lowest duty."""
         best = None
-        for config, table in self.model.power.items():
-            for b, p in table.bins.items():
+        for config, table in list(self.model.power.items()):
+            for b, p in list(table.bins.items()):
                 if best is None or p < best[0]:
                     best = (p, config, (b - 0.5) / DUTY_BINS)  # the low edge of the bin
         if best is not None:
             _, config, duty = best
-            for state in self.shapes.values():
+            for state in list(self.shapes.values()):
                 if config not in state.forbidden:
                     state.config, state.exploring, state.to_explore = config, False, []
             self.loop.reset(max(self.loop.d_min, duty))

@@ -83,8 +83,12 @@ class PowerTable:
             return None
         duties, powers = self._curve(idle_w)
         if power_w >= powers[-1]:
-            # at or past the most ever seen: full duty if that was seen, else unknown
-            return 1.0 if duties[-1] >= 1.0 else None
+            # past the most seen: along the chord from idle (under a concave curve the true
+            # duty is higher, so this errs towards less power), up to full duty
+            if duties[-1] >= 1.0 or powers[-1] <= idle_w:
+                return 1.0 if duties[-1] >= 1.0 else None
+            slope = (powers[-1] - idle_w) / duties[-1]
+            return min(1.0, duties[-1] + (power_w - powers[-1]) / slope)
         i = bisect.bisect_left(powers, power_w)
         if i == 0:
             return 0.0
@@ -112,12 +116,14 @@ class OnlineModel:
         s.tokens_per_call = tokens
 
     def add_tick(self, shape: tuple, config: Configuration, tokens_per_s: float, power_w: float,
-                 idle_w: float, duty: float) -> None:
+                 idle_w: float, duty: float, comparable: bool = True) -> None:
         """One tick in which only this (shape, configuration) ran, at this duty, drawing
         `power_w` of its own (other tenants' watts already taken out)."""
         s = self.entry(shape, config)
         above = power_w - idle_w
-        if tokens_per_s > 0 and above > 1.0:
+        # tokens/s per watt is compared across configurations only where it was measured at
+        # the same operating point (power curves are concave: it is higher at low power)
+        if tokens_per_s > 0 and above > 1.0 and comparable:
             s.eta = _ewma(s.eta, tokens_per_s / above)
             s.eta_samples += 1
         if tokens_per_s > 0 and duty >= 0.98:
@@ -126,16 +132,16 @@ class OnlineModel:
         self.power.setdefault(config, PowerTable()).add(duty, power_w)
 
     def throughput_at(self, shape: tuple, config: Configuration, power_w: float, idle_w: float) -> float | None:
-        """Predicted tokens/s of this configuration when it may draw `power_w`: full-duty
-        throughput times the duty its duty -> power table says draws that much; where the
-        table cannot say, tokens/s per watt above idle at its operating point."""
+        """Predicted tokens/s of this configuration when it may draw `power_w`: tokens/s per
+        watt above idle measured near that power (or at full duty, if it never gets there),
+        capped by its full-duty throughput; else by its duty -> power table."""
         s = self.stats.get((shape, config))
         if s is None or s.tokens_per_s_full is None:
             return None
+        if s.eta is not None:
+            return min(s.tokens_per_s_full, s.eta * max(0.0, power_w - idle_w))
         table = self.power.get(config)
         duty = table.duty_for(power_w, idle_w) if table is not None else None
         if duty is not None:
             return s.tokens_per_s_full * min(1.0, duty)
-        if s.eta is None:
-            return s.tokens_per_s_full
-        return min(s.tokens_per_s_full, s.eta * max(0.0, power_w - idle_w))
+        return s.tokens_per_s_full

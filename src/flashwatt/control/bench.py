@@ -1,0 +1,118 @@
+"""The control study on one GPU: the oracle, budgets 300-650 W, a budget schedule, a
+co-located load, the energy mode, an NVML failure and the controller's overhead, all in one
+process so every comparison is side by side.
+
+    python -m flashwatt.control.bench --out DIR [--quick]
+
+Writes DIR/control.json (every figure of merit, the device), DIR/oracle.csv, DIR/runs.csv
+and DIR/traces.parquet (every run's trace, one row per decision tick).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from flashwatt.control.sensor import idle_power
+from flashwatt.control.study import bare_loop_tokens_per_s, oracle, run_scenario
+from flashwatt.control.workloads import ColocatedLoad, Scenario, Workload
+from flashwatt.telemetry import open_telemetry
+
+STATIC_CONFIGS = ["sdpa_default", "sdpa_cudnn", "custom", "custom[ctas66]", "custom[ctas33]", "sdpa_flash", "sdpa_efficient"]
+DUTIES = [1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2]
+
+
+def best_static_under(oracle_table: pd.DataFrame, budget: float) -> pd.Series | None:
+    ok = oracle_table.dropna(subset=["avg_power_w", "tokens_per_s"])
+    ok = ok[(ok["avg_power_w"] <= budget) & ok["check_passed"].astype(bool)]
+    return None if ok.empty else ok.loc[ok["tokens_per_s"].idxmax()]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--quick", action="store_true", help="shorter runs (a smoke test of the study)")
+    ap.add_argument("--budgets", default="300,350,400,450,500,550,600,650")
+    args = ap.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    device = torch.device("cuda", torch.cuda.current_device())
+    uuid = str(torch.cuda.get_device_properties(device).uuid)
+    telemetry = open_telemetry([uuid])
+    if not telemetry.available:
+        raise SystemExit(f"control study needs NVML: {telemetry.reason}")
+    scale = 0.4 if args.quick else 1.0
+    steady = Workload("steady")
+    stream = Workload("stream", dtype="bf16")
+    # warm every backend once (our kernel's build, cuDNN's plans) before anything is timed
+    run_scenario(Scenario("warm-up", steady, "static", configuration="custom", seconds=1.0), telemetry, device)
+    for label in ("sdpa_cudnn", "sdpa_flash", "sdpa_efficient"):
+        run_scenario(Scenario("warm-up", steady, "static", configuration=label, seconds=0.3), telemetry, device)
+    time.sleep(2.0)
+    idle = idle_power(telemetry, seconds=1.0)
+    report: dict = {"device": telemetry.identity()[0], "torch": torch.__version__, "idle_w": idle}
+    t_start = time.monotonic()
+
+    duties = {label: (DUTIES if label in ("sdpa_cudnn", "custom") else [1.0]) for label in STATIC_CONFIGS}
+    table = oracle(steady, telemetry, device, STATIC_CONFIGS, duties, 2.0 * scale, idle)
+    table.to_csv(args.out / "oracle.csv", index=False)
+    print(table.to_string(index=False, float_format=lambda x: f"{x:.4g}"), flush=True)
+
+    runs, traces = [], []
+    def record(merit, trace, **extra):
+        merit.update(extra)
+        runs.append(merit)
+        traces.append(trace)
+        keys = ["scenario", "tokens_per_s", "steady_tokens_per_s", "avg_power_w", "windows_within_pct",
+                "worst_overshoot_pct", "settling_s", "j_per_token", "final_config", "check_passed"]
+        print({k: merit.get(k) for k in keys + list(extra)}, flush=True)
+
+    for budget in [float(b) for b in args.budgets.split(",")]:
+        merit, trace = run_scenario(Scenario(f"budget {budget:.0f}", steady, "budget", budget_w=budget,
+                                             seconds=10.0 * scale + 4), telemetry, device, idle)
+        best = best_static_under(table, budget)
+        record(merit, trace, best_static=None if best is None else f"{best['config']} d{best['duty']:g}",
+               best_static_tokens_per_s=None if best is None else best["tokens_per_s"],
+               vs_best_static=None if best is None else merit["tokens_per_s"] / best["tokens_per_s"],
+               steady_vs_best_static=None if best is None or not merit.get("steady_tokens_per_s")
+               else merit["steady_tokens_per_s"] / best["tokens_per_s"])
+
+    merit, trace = run_scenario(Scenario("steps 600-400-550", steady, "budget", schedule=((0, 600.0), (6.0, 400.0), (11.0, 550.0)),
+                                         seconds=16.0), telemetry, device, idle)
+    record(merit, trace)
+    merit, trace = run_scenario(Scenario("co-located load at 500", steady, "budget", budget_w=500.0, seconds=16.0,
+                                         colocated=ColocatedLoad(start_s=8.0, duty=0.3, seconds=7.0)), telemetry, device, idle)
+    record(merit, trace)
+    merit, trace = run_scenario(Scenario("stream at 450", stream, "budget", budget_w=450.0, seconds=12.0 * scale + 4),
+                                telemetry, device, idle)
+    record(merit, trace)
+    merit, trace = run_scenario(Scenario("energy", steady, "energy", seconds=15.0 * scale + 3), telemetry, device, idle)
+    default = table[(table["config"] == "sdpa_default") & (table["duty"] == 1.0)]
+    best = table.dropna(subset=["j_per_token"]).sort_values("j_per_token").iloc[0]
+    record(merit, trace, static_default_j_per_token=float(default["j_per_token"].iloc[0]) if len(default) else None,
+           best_static_j=f"{best['config']} d{best['duty']:g}", best_static_j_per_token=float(best["j_per_token"]),
+           vs_best_static_j=merit.get("j_per_token") / float(best["j_per_token"]) if merit.get("j_per_token") else None)
+    merit, trace = run_scenario(Scenario("nvml failure at 5 s", steady, "budget", budget_w=450.0, seconds=9.0,
+                                         fail_telemetry_after_s=5.0), telemetry, device, idle)
+    record(merit, trace, fallback_ticks=int((trace["phase"] == "fallback").sum()))
+
+    fastest = table.dropna(subset=["tokens_per_s"]).sort_values("tokens_per_s").iloc[-1]["config"]
+    bare = bare_loop_tokens_per_s(steady, fastest, device, 3.0)
+    merit, trace = run_scenario(Scenario(f"static {fastest} (overhead)", steady, "static", configuration=fastest,
+                                         seconds=3.0), telemetry, device, idle)
+    record(merit, trace, bare_tokens_per_s=bare, overhead_pct=(1 - merit["tokens_per_s"] / bare) * 100)
+
+    report["study_s"] = time.monotonic() - t_start
+    report["runs"] = runs
+    (args.out / "control.json").write_text(json.dumps(report, indent=1, default=str))
+    pd.DataFrame(runs).to_csv(args.out / "runs.csv", index=False)
+    pd.concat(traces, ignore_index=True).to_parquet(args.out / "traces.parquet", index=False)
+    telemetry.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,151 @@
+"""Runs control scenarios on a GPU and measures them: the controller's side of the control suite.
+
+`run_scenario` drives a workload through a `Controller` for the scenario's time and returns
+its figures of merit (flashwatt.control.metrics) and its trace; `oracle` runs every static
+configuration at a grid of duties, the side-by-side baseline a controlled run is judged
+against. Every run ends with the controller's output checked against float64.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pandas as pd
+import torch
+
+from flashwatt.control.configuration import Configuration
+from flashwatt.control.controller import Controller
+from flashwatt.control.metrics import summarize
+from flashwatt.control.workloads import Scenario, Workload
+from flashwatt.kernels import get_kernel
+from flashwatt.measure import check_rows, reference_attention, relative_error
+from flashwatt.vocabulary import TOLERANCE
+
+
+class FailingTelemetry:
+    """Real telemetry that stops answering after `after_s`, as a hung NVML would."""
+
+    def __init__(self, inner, after_s: float):
+        self._inner, self._until = inner, time.monotonic() + after_s
+        self.available, self.reason, self.devices = inner.available, inner.reason, inner.devices
+
+    def sample(self):
+        if time.monotonic() > self._until:
+            raise RuntimeError("NVMLError_Unknown: injected failure (NVML stopped answering)")
+        return self._inner.sample()
+
+    def close(self):
+        self._inner.close()
+
+
+def check_output(ctl: Controller, inputs: dict, workload: Workload) -> dict:
+    """The controller's output for each shape against float64 (batch 0, head 0, spread rows)."""
+    worst = 0.0
+    tol = TOLERANCE[workload.dtype]["fwd"]
+    for shape, (q, k, v) in inputs.items():
+        with torch.no_grad():
+            out = ctl.attention(q, k, v, causal=workload.causal)
+            rows = check_rows(shape[2], 512)
+            ref = reference_attention(q[0, :1], k[0, :1], v[0, :1], workload.causal, rows)
+            err = relative_error(out[0, :1][:, rows.to(out.device)], ref)
+        worst = max(worst, err) if err == err else float("nan")
+    return {"rel_err": worst, "tol": tol, "passed": bool(worst <= tol)}
+
+
+def run_scenario(scenario: Scenario, telemetry, device: torch.device, idle_w: float | None = None) -> tuple[dict, pd.DataFrame]:
+    workload = scenario.workload
+    inputs = workload.inputs(device)
+    if scenario.fail_telemetry_after_s is not None:
+        telemetry = FailingTelemetry(telemetry, scenario.fail_telemetry_after_s)
+    budget = scenario.budget_w if scenario.budget_w is not None else (scenario.schedule[0][1] if scenario.schedule else None)
+    ctl = Controller(scenario.mode, budget, device, telemetry=telemetry, idle_w=idle_w,
+                     configuration=scenario.configuration, duty=scenario.duty, max_slowdown=scenario.max_slowdown)
+    schedule = [s for s in scenario.schedule if s[0] > 0]
+    load = None
+    order = workload.order()
+    torch.cuda.synchronize(device)
+    t0 = time.monotonic()
+    try:
+        with torch.no_grad():
+            while True:
+                now = time.monotonic() - t0
+                if now >= scenario.seconds:
+                    break
+                if schedule and now >= schedule[0][0]:
+                    ctl.set_budget(schedule.pop(0)[1])
+                if scenario.colocated and load is None and now >= scenario.colocated.start_s:
+                    load = scenario.colocated.start(device.index or 0)
+                shape = next(order)
+                q, k, v = inputs[shape]
+                ctl.attention(q, k, v, causal=workload.causal)
+        torch.cuda.synchronize(device)
+        wall = time.monotonic() - t0
+        check = check_output(ctl, inputs, workload)
+    finally:
+        ctl.close()
+        if load is not None:
+            load.wait(timeout=30)
+    trace = ctl.trace()
+    if len(trace):
+        trace["t"] = trace["t"] - t0
+    merit = summarize(trace, tokens=ctl.tokens, wall_s=wall) if len(trace) >= 2 else {"tokens_per_s": ctl.tokens / wall}
+    merit.update(scenario=scenario.name, mode=scenario.mode, budget_w=budget, calls=ctl.calls, slept_s=ctl.slept_s,
+                 check_rel_err=check["rel_err"], check_tol=check["tol"], check_passed=check["passed"],
+                 idle_w=ctl.idle_w, limit_w=ctl.limit_w, final_config=trace["config"].dropna().iloc[-1] if len(trace) else None)
+    explore_end = trace.loc[trace["phase"] == "explore", "t"].max() if "phase" in trace else None
+    if explore_end is not None and explore_end == explore_end:
+        merit["explore_s"] = float(explore_end)
+        after = trace[trace["t"] > explore_end]
+        if len(after) >= 10:
+            steady = summarize(after.reset_index(drop=True))
+            merit["steady_tokens_per_s"] = steady["tokens_per_s"]
+            merit["steady_avg_power_w"] = steady["avg_power_w"]
+            merit["steady_windows_within_pct"] = steady.get("windows_within_pct")
+    trace["scenario"] = scenario.name
+    merit["model"] = ctl.model_table().to_dict("records")
+    return merit, trace
+
+
+def oracle(workload: Workload, telemetry, device: torch.device, configs: list[str], duties: dict[str, list[float]],
+           seconds: float, idle_w: float | None) -> pd.DataFrame:
+    """Every static configuration at each of its duties: throughput, power, J/token."""
+    rows = []
+    for label in configs:
+        for duty in duties.get(label, [1.0]):
+            scenario = Scenario(f"static {label} d{duty:g}", workload, "static", configuration=label, duty=duty,
+                                seconds=seconds)
+            try:
+                merit, _ = run_scenario(scenario, telemetry, device, idle_w)
+            except Exception as err:  # a configuration the device refuses is a row, not a crash
+                rows.append({"config": label, "duty": duty, "error": f"{type(err).__name__}: {err}"})
+                continue
+            rows.append({"config": label, "duty": duty, "tokens_per_s": merit["tokens_per_s"],
+                         "avg_power_w": merit.get("avg_power_w"), "j_per_token": merit.get("j_per_token"),
+                         "check_passed": merit["check_passed"], "check_rel_err": merit["check_rel_err"]})
+    return pd.DataFrame(rows)
+
+
+def bare_loop_tokens_per_s(workload: Workload, label: str, device: torch.device, seconds: float) -> float:
+    """Tokens/s of the same configuration called straight through the registry, no controller."""
+    config = Configuration.parse(label)
+    inputs = workload.inputs(device)
+    (shape, (q, k, v)), = inputs.items()
+    from flashwatt.cell import Cell
+
+    cell = Cell("control", config.backend, workload.dtype, shape[2], shape[0], shape[1], shape[3], workload.causal,
+                "fwd", config.variant)
+    kernel = get_kernel(config.backend)
+    with torch.no_grad():
+        for _ in range(3):
+            kernel(q, k, v, cell)
+        torch.cuda.synchronize(device)
+        n, t0 = 0, time.monotonic()
+        while time.monotonic() - t0 < seconds:
+            kernel(q, k, v, cell)
+            n += 1
+        torch.cuda.synchronize(device)
+    return n * shape[0] * shape[2] / (time.monotonic() - t0)
+
+
+def as_table(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    return pd.DataFrame(rows)
