@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import flashwatt
-from flashwatt.submit import current_job_info
+from flashwatt.submit.environment import current_job_info
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
