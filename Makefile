@@ -23,6 +23,8 @@ run: setup
 	$(BIN)/flashwatt run $(SNAKEMAKE_ARGS)
 
 # Slurm tests need the single-node Slurm that .ci/slurm/up.sh starts (and stops afterwards).
+# Tests marked nvcc (the kernels compiled for sm_80/sm_90/sm_90a) run too and fail without
+# the CUDA compiler; CI has it.
 test: setup
 	bash .ci/slurm/up.sh
 	status=0; $(BIN)/python -m pytest $(PYTEST_ARGS) -m "not gpu" || status=$$?; \

@@ -2,7 +2,7 @@
 from flashwatt.cell import Cell
 from flashwatt.records import write_record, write_trace
 from flashwatt.runner import CellOutcome, failed_job_record, run_cell
-from flashwatt.submit import JobFailed, run_job
+from flashwatt.submit.jobs import JobFailed, run_job
 
 snakemake = globals()["snakemake"]  # injected by Snakemake's script directive
 cell = Cell.from_wildcards(**dict(snakemake.wildcards.items()))

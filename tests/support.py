@@ -1,6 +1,7 @@
 """Helpers shared by the test folders (on sys.path through pytest's `pythonpath`)."""
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from pathlib import Path
@@ -20,6 +21,15 @@ def copy_workflow(dest: Path) -> Path:
         elif src.exists():
             shutil.copy2(src, dest / name)
     return dest
+
+
+def find_nvcc() -> str | None:
+    """nvcc where torch's extension builder looks for it too: PATH, $CUDA_HOME/bin, /usr/local/cuda/bin."""
+    cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    for candidate in (shutil.which("nvcc"), cuda_home and f"{cuda_home}/bin/nvcc", "/usr/local/cuda/bin/nvcc"):
+        if candidate and Path(candidate).is_file():
+            return candidate
+    return None
 
 
 def wait_until(predicate, timeout: float, what: str, step: float = 0.2):

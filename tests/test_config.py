@@ -94,6 +94,13 @@ def test_tokens_per_batch_must_divide():
         suite_cells(validate_config(config), "sweep")
 
 
+def test_the_workflow_schema_is_the_packaged_one():
+    from support import REPO
+
+    linked = REPO / "workflow" / "schemas" / "config.schema.yaml"
+    assert linked.is_symlink() and linked.resolve() == REPO / "src" / "flashwatt" / "config.schema.yaml"
+
+
 def test_schema_enums_come_from_the_vocabulary():
     from flashwatt import vocabulary
     from flashwatt.config import SCHEMA, load_schema

@@ -4,11 +4,14 @@ frame in any kernel, and no wgmma that ptxas had to serialise."""
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+
+from support import find_nvcc
+
+pytestmark = pytest.mark.nvcc
 
 KERNELS = Path(__file__).resolve().parents[1] / "kernels"
 _ENTRY = re.compile(r"Compiling entry function '(\S+)' for '(\w+)'")
@@ -17,10 +20,9 @@ _REGS = re.compile(r"Used (\d+) registers")
 
 
 def _nvcc() -> str:
-    for candidate in (shutil.which("nvcc"), "/usr/local/cuda/bin/nvcc", "/usr/local/bin/nvcc"):
-        if candidate and Path(candidate).exists():
-            return candidate
-    pytest.fail("nvcc not found on PATH (nor /usr/local/cuda/bin/nvcc): this test compiles the CUDA kernels and needs it")
+    nvcc = find_nvcc()
+    assert nvcc, "marker nvcc: tests/conftest.py fails this test before it runs without nvcc"
+    return nvcc
 
 
 def parse_ptxas(report: str) -> dict[str, dict[str, int]]:

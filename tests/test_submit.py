@@ -10,7 +10,9 @@ import cloudpickle
 import pytest
 
 from flashwatt.devices import visible_gpu_ids
-from flashwatt.submit import JobFailed, gpu_slots, run_job, slurm_parameters
+from flashwatt.submit.jobs import JobFailed, run_job
+from flashwatt.submit.resources import runtime_minutes, slurm_parameters
+from flashwatt.submit.slots import gpu_slots
 
 # The job functions below live in this test module, which a job's subprocess cannot
 # import; pickle them by value instead.
@@ -18,7 +20,7 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 def job_info(tag: str, sleep_s: float = 0.0) -> dict:
-    from flashwatt.submit import current_job_id
+    from flashwatt.submit.environment import current_job_id
 
     start = time.time()
     time.sleep(sleep_s)
@@ -79,9 +81,17 @@ def test_slurm_parameters_unknown_key_is_named():
         slurm_parameters({"slurm_partition": "gpu", "gpu_model": "h100"})
 
 
-@pytest.mark.parametrize("value, minutes", [(30, 30), ("45", 45), ("2h", 120), ("1h30m", 90), ("01:30:00", 90), ("1-00:00", 1440)])
+@pytest.mark.parametrize("value, minutes", [(30, 30), (0.2, 1), ("45", 45), ("2h", 120), ("90min", 90),
+                                            ("1.5 hours", 90), ("2 days", 2880), ("30s", 1)])
 def test_runtime_forms(value, minutes):
     assert slurm_parameters({"runtime": value})["timeout_min"] == minutes
+
+
+@pytest.mark.parametrize("value", ["2h", "90min", "1.5 hours", "45"])
+def test_runtime_means_what_snakemake_makes_of_it(value):
+    from snakemake.resources import Resource
+
+    assert runtime_minutes(value) == Resource.parse_human_friendly("runtime", value)
 
 
 def test_defaults_and_bad_values():
@@ -170,7 +180,7 @@ def test_each_gpu_takes_one_job_and_the_job_sees_only_it(monkeypatch, devices):
 
 
 def job_rank() -> dict:
-    from flashwatt.submit import current_job_info
+    from flashwatt.submit.environment import current_job_info
 
     return current_job_info()
 
@@ -204,3 +214,43 @@ def test_slots_are_taken_all_or_nothing(monkeypatch):
 def _take(count: int) -> list[str]:
     with gpu_slots(count, poll_s=0.1) as held:
         return held
+
+
+# ---- the package's boundaries ------------------------------------------------------------
+
+def _modules_after_import(statement: str) -> set[str]:
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-c", f"{statement}; import sys; print(' '.join(sys.modules))"],
+                         capture_output=True, text=True, check=True, env=os.environ).stdout
+    return set(out.split())
+
+
+@pytest.mark.parametrize("statement", ["import flashwatt.provenance",
+                                       "from flashwatt.submit.resources import refuse_unknown_resources",
+                                       "from flashwatt.submit import current_job_info, slurm_parameters"])
+def test_reading_the_job_or_checking_resources_does_not_load_submitit(statement):
+    assert "submitit" not in _modules_after_import(statement)
+
+
+def test_every_public_name_is_importable_from_the_package():
+    import flashwatt.submit as submit
+
+    for name in submit.__all__:
+        assert getattr(submit, name) is not None
+    assert "submitit" in _modules_after_import("from flashwatt.submit import run_job")
+    with pytest.raises(AttributeError, match="no attribute 'run_jobs'"):
+        submit.run_jobs
+
+
+def job_parent_pid() -> dict:
+    from flashwatt.submit.environment import current_job_id
+
+    return {"job_id": current_job_id(), "parent": os.getppid()}
+
+
+def test_local_job_id_is_its_controllers_pid():
+    # flashwatt.submit.cancel kills a local controller that ignores SIGINT by this pid
+    # (the reason pyproject.toml pins submitit's version): this fails if submitit changes it.
+    info = run_job(job_parent_pid, job_name="fw-pid", folder="jobs")
+    assert info["job_id"] == str(info["parent"])

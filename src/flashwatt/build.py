@@ -1,11 +1,12 @@
 """Builds and loads the custom CUDA kernels: the only module that knows about nvcc.
 
-`load_extension()` compiles kernels/ for exactly the compute capability of the current
-GPU, once per (sources, capability, torch version, CUDA version): the build directory is
-keyed by a sha256 of those, under a cache root (env FLASHWATT_BUILD_CACHE, default
-`results/build` under the current working directory, which is the repository root when
-the workflow runs). Concurrent jobs on one node build once: the first takes a file
-lock and builds, the others wait on the lock and then load the finished build.
+`load_extension()` compiles kernels/ (where flashwatt.checkout.kernel_dir finds it) for
+exactly the compute capability of the current GPU, once per (sources, capability, torch
+version, CUDA version): the build directory is keyed by a sha256 of those, under a
+cache root (env FLASHWATT_BUILD_CACHE, default `results/build` under the current working
+directory, which is the repository root when the workflow runs). Concurrent jobs on one
+node build once: the first takes a file lock and builds, the others wait on the lock and
+then load the finished build.
 
 Robustness:
 - The lock is a `filelock.FileLock`, an OS-level lock (fcntl/flock on POSIX): the
@@ -33,7 +34,8 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable
 
-KERNEL_DIR = Path(__file__).resolve().parents[2] / "kernels"
+from flashwatt.checkout import KernelSourcesNotFound, kernel_dir
+
 SOURCES = ("flash_fwd.cu", "flash_binding.cpp")
 _SOURCE_SUFFIXES = (".cu", ".cuh", ".cpp", ".h", ".hpp")
 _MARKER = "COMPLETE"
@@ -68,7 +70,7 @@ def _cuda_flags(arch_flags: list[str]) -> list[str]:
 
 
 def _source_files() -> list[Path]:
-    return sorted(p for p in KERNEL_DIR.iterdir() if p.is_file() and p.suffix in _SOURCE_SUFFIXES)
+    return sorted(p for p in kernel_dir().iterdir() if p.is_file() and p.suffix in _SOURCE_SUFFIXES)
 
 
 def build_key(capability: tuple[int, int]) -> str:
@@ -103,7 +105,8 @@ def _compile(tmp: Path, name: str, arch_flags: list[str]):
     from torch.utils import cpp_extension
 
     log_path = tmp / _LOG
-    sources = [str(KERNEL_DIR / s) for s in SOURCES]
+    sources_dir = kernel_dir()
+    sources = [str(sources_dir / s) for s in SOURCES]
     sys.stdout.flush()
     sys.stderr.flush()
     saved_out, saved_err = os.dup(1), os.dup(2)
@@ -117,7 +120,7 @@ def _compile(tmp: Path, name: str, arch_flags: list[str]):
                     sources=sources,
                     extra_cflags=["-O3"],
                     extra_cuda_cflags=_cuda_flags(arch_flags),
-                    extra_include_paths=[str(KERNEL_DIR)],
+                    extra_include_paths=[str(sources_dir)],
                     build_directory=str(tmp),
                     verbose=True,
                 )
@@ -198,7 +201,10 @@ def load_extension():
     if capability < (8, 0):
         raise BuildError(f"the custom kernels need compute capability 8.0 or newer (device has {capability})")
     arch, arch_flags = _arch(capability)
-    key = build_key(capability)
+    try:
+        key = build_key(capability)
+    except KernelSourcesNotFound as err:
+        raise BuildError(str(err)) from None
     name = f"flashwatt_flash_{key}"
     root = cache_root()
     root.mkdir(parents=True, exist_ok=True)
@@ -230,6 +236,7 @@ def load_extension():
         "load_seconds": round(load_s, 4),
         "lock_wait_seconds": round(lock_wait_s, 3),
         "arch": arch,
+        "kernel_dir": str(kernel_dir()),
     }
     return _MODULE
 

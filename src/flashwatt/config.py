@@ -7,8 +7,9 @@ allowed there, instead of jsonschema's page of schema dump.
 from __future__ import annotations
 
 import itertools
+from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -18,7 +19,12 @@ from flashwatt.kernels.custom import check_variant_name
 from flashwatt.settings import MeasureSettings
 from flashwatt.vocabulary import SCHEMA_ENUMS
 
-SCHEMA = Path(__file__).resolve().parents[2] / "workflow" / "schemas" / "config.schema.yaml"
+if TYPE_CHECKING:
+    from importlib.resources.abc import Traversable
+
+# Package data, so an installed flashwatt validates configs too; workflow/schemas/ in
+# the checkout links here, where Snakemake workflows keep their schema.
+SCHEMA = resources.files("flashwatt") / "config.schema.yaml"
 
 
 class ConfigError(ValueError):
@@ -51,28 +57,29 @@ def _explain(error) -> str:
     return f"config key {where}: {error.message}"
 
 
-def load_schema(schema_path: Path = SCHEMA) -> dict:
+def load_schema(schema_file: Traversable | Path = SCHEMA) -> dict:
     """The config schema with the grid's enums filled in from flashwatt.vocabulary, the one
     place that names kernels, precisions, passes and head dims."""
-    schema = yaml.safe_load(Path(schema_path).read_text())
+    schema = yaml.safe_load(schema_file.read_text())
     grid = schema["properties"]["suites"]["additionalProperties"]["properties"]["grids"]["items"]["properties"]
     for key, names in SCHEMA_ENUMS.items():
         grid[key]["items"] = {"enum": list(names)}
     return schema
 
 
-def validate_config(config: dict, schema_path: Path = SCHEMA) -> dict:
+def validate_config(config: dict, schema_file: Traversable | Path = SCHEMA) -> dict:
     """Check `config` against the schema, fill defaults in place, return it."""
     import jsonschema
     from snakemake.utils import validate as snakemake_validate
 
-    schema = load_schema(schema_path)
+    schema = load_schema(schema_file)
     validator = jsonschema.Draft202012Validator(schema)
     errors = sorted(validator.iter_errors(config), key=lambda e: list(e.absolute_path))
     if errors:
         raise ConfigError(_explain(jsonschema.exceptions.best_match(errors)))
     # Snakemake's validator fills the schema's defaults in place.
-    snakemake_validate(config, str(schema_path), set_default=True)
+    with resources.as_file(schema_file) as schema_path:  # Snakemake reads the schema from a file
+        snakemake_validate(config, str(schema_path), set_default=True)
     for name, suite in config["suites"].items():
         for i, grid in enumerate(suite["grids"]):
             grid.setdefault("causal", [False])

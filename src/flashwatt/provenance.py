@@ -10,30 +10,36 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import flashwatt
-from flashwatt.submit import current_job_info
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from flashwatt.checkout import checkout
+from flashwatt.submit.environment import current_job_info
 
 
 def utc_now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
 
 
-def git_state(root: Path = REPO_ROOT) -> dict:
-    """Commit and dirty flag of the code that measured; None with a reason outside a checkout."""
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=20, check=True).stdout
+def git_state(root: Path | None = None) -> dict:
+    """Commit and dirty flag of the checkout that measured (flashwatt.checkout: the
+    package's own, else the working directory's); None with a reason outside a checkout."""
+    root = root or checkout()
+    if root is None:
+        reason = "not in a checkout: flashwatt is installed and the working directory has no Snakefile"
+    else:
+        try:
+            commit = _git(root, "rev-parse", "HEAD").strip()
+            dirty = bool(_git(root, "status", "--porcelain", "--untracked-files=no").strip())
+            return {"commit": commit, "dirty": dirty, "checkout": str(root)}
+        except (OSError, subprocess.SubprocessError) as err:
+            reason = f"git unavailable: {err}"
+    # A copy of the tree without .git (an export to a compute node) can name its commit.
+    exported = os.environ.get("FLASHWATT_SOURCE_COMMIT")
+    if exported:
+        return {"commit": exported, "dirty": None, "source": "FLASHWATT_SOURCE_COMMIT"}
+    return {"commit": None, "dirty": None, "reason": reason}
 
-    try:
-        commit = git("rev-parse", "HEAD").strip()
-        dirty = bool(git("status", "--porcelain", "--untracked-files=no").strip())
-        return {"commit": commit, "dirty": dirty}
-    except (OSError, subprocess.SubprocessError) as err:
-        # A copy of the tree without .git (an export to a compute node) can name its commit.
-        exported = os.environ.get("FLASHWATT_SOURCE_COMMIT")
-        if exported:
-            return {"commit": exported, "dirty": None, "source": "FLASHWATT_SOURCE_COMMIT"}
-        return {"commit": None, "dirty": None, "reason": f"git unavailable: {err}"}
+
+def _git(root: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=20, check=True).stdout
 
 
 def software() -> dict:

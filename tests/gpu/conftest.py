@@ -1,8 +1,16 @@
 """GPU tests: marked `gpu`, selected with `-m gpu` on a GPU machine (tests/gpu/run_on_device.sh).
 
-CI deselects them with `-m "not gpu"`. Where they are selected they must run: without a
-CUDA device each one fails with a message, never skips, so a broken driver on a GPU
-node cannot pass for a green run.
+The policy, for every test in this folder: where they are selected they must run, so a
+broken driver or a machine smaller than the test cannot pass for a green run. CI
+deselects them with `-m "not gpu"`; nothing else decides that a GPU test does not run.
+
+- No CUDA device, or fewer than a test's `@pytest.mark.gpus(n)` (default 1): the test
+  fails, naming what it needs and what the machine shows.
+- A tool the test needs is missing (nvcc: marker `nvcc`, tests/conftest.py;
+  compute-sanitizer): the test fails naming it.
+- torch is a dependency: imported, never importorskip'd.
+- A feature the device lacks (wgmma before Hopper) is not a skip either: the test
+  asserts the refusal the device must give instead.
 """
 from __future__ import annotations
 
@@ -22,9 +30,17 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.gpu)
 
 
-@pytest.fixture(autouse=True)
-def _cuda_device():
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    # A hook, not an autouse fixture: module-scoped fixtures (an NVML handle) are set up
+    # before function-scoped ones and would fail first with a less clear message.
+    if not item.path.is_relative_to(Path(__file__).parent):
+        return
     import torch
 
-    if not torch.cuda.is_available():
-        pytest.fail("GPU test without a visible CUDA device: run it on a GPU machine (tests/gpu/run_on_device.sh)")
+    marker = item.get_closest_marker("gpus")
+    needed = marker.args[0] if marker else 1
+    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if visible < needed:
+        pytest.fail(f"GPU test needs {needed} CUDA device(s), this machine shows {visible}: run it on a GPU "
+                    f"machine with enough of them (tests/gpu/run_on_device.sh)", pytrace=False)

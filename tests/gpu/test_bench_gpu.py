@@ -6,13 +6,13 @@ import csv
 import math
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-
-from flashwatt import bench  # noqa: E402
-from flashwatt.kernels.custom import WGMMA_CAPABILITY  # noqa: E402
+from flashwatt import bench
+from flashwatt.kernels.custom import WGMMA_CAPABILITY
 
 
+@pytest.mark.nvcc  # the custom kernels are built
 def test_short_benchmark_checks_and_times_every_kernel(tmp_path):
     out = tmp_path / "bench.csv"
     rc = bench.main(["--dtypes", "bf16", "--head-dims", "64", "--max-seq-len", "1024", "--min-time-ms", "20",

@@ -11,10 +11,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.nvcc]
 REPO = Path(__file__).resolve().parents[2]
 
 JOB = textwrap.dedent(

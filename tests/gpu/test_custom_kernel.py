@@ -19,16 +19,15 @@ import zlib
 from pathlib import Path
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-
-from flashwatt.cell import Cell  # noqa: E402
-from flashwatt.kernels.custom import (  # noqa: E402
+from flashwatt.cell import Cell
+from flashwatt.kernels.custom import (
     DEFAULT_TILE, TILES, VARIANTS, WGMMA, WGMMA_CAPABILITY, Custom, default_tile, flash_forward, kernel_info,
     parse_variant,
 )
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.nvcc]  # builds the custom kernels
 
 DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 TOL = {"fp32": 1e-5, "tf32": 2e-3, "fp16": 5e-3, "bf16": 1e-2}

@@ -13,15 +13,14 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-
-from flashwatt.distributed.blocks import CudnnBlock, CustomBlock, EfficientBlock, FlashBlock  # noqa: E402
-from flashwatt.distributed.job import job  # noqa: E402
-from flashwatt.distributed.layout import local_part  # noqa: E402
-from flashwatt.distributed.merge import LseMerge, accumulation_dtype  # noqa: E402
-from flashwatt.distributed.reference import reference_group  # noqa: E402
-from flashwatt.distributed.ring import ALL, block_plan  # noqa: E402
+from flashwatt.distributed.blocks import CudnnBlock, CustomBlock, EfficientBlock, FlashBlock
+from flashwatt.distributed.job import job
+from flashwatt.distributed.layout import local_part
+from flashwatt.distributed.merge import LseMerge, accumulation_dtype
+from flashwatt.distributed.reference import reference_group
+from flashwatt.distributed.ring import ALL, block_plan
 
 pytestmark = pytest.mark.gpu
 
@@ -34,6 +33,7 @@ BLOCKS = [  # (block, dtype, backward)
     (CustomBlock, torch.bfloat16, False),
     (CustomBlock, torch.float32, False),
 ]
+NEEDS_NVCC = {CustomBlock}  # the custom kernels are built
 
 
 def _rows(t, rows):
@@ -99,8 +99,9 @@ def _rel(a, b) -> float:
     return float(torch.linalg.vector_norm(a.double() - b) / torch.linalg.vector_norm(b))
 
 
-@pytest.mark.parametrize("block_cls,dtype,backward", BLOCKS,
-                         ids=[f"{b.name}-{str(d).split('.')[-1]}" for b, d, _ in BLOCKS])
+@pytest.mark.parametrize("block_cls,dtype,backward",
+                         [pytest.param(b, d, bw, marks=[pytest.mark.nvcc] if b in NEEDS_NVCC else [],
+                                       id=f"{b.name}-{str(d).split('.')[-1]}") for b, d, bw in BLOCKS])
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 @pytest.mark.parametrize("layout", ["zigzag", "contiguous"])
 def test_ring_schedule_with_real_blocks_matches_float64(block_cls, dtype, backward, causal, layout):

@@ -8,19 +8,16 @@ import statistics
 import time
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-
-from flashwatt.energy import measure_energy  # noqa: E402
-from flashwatt.telemetry import Sampler, decode_clock_reasons, open_telemetry  # noqa: E402
+from flashwatt.energy import measure_energy
+from flashwatt.telemetry import Sampler, decode_clock_reasons, open_telemetry
 
 pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture(scope="module")
 def tel():
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA device visible")
     uuid = str(torch.cuda.get_device_properties(0).uuid)  # torch: no "GPU-" prefix
     t = open_telemetry([uuid])
     assert t.available, t.reason

@@ -20,7 +20,7 @@ SETTINGS = {**measure_settings(load_config(), "seed"), "energy_window_s": 1.5, "
 SHORT = dict(suite="seed", precision="bf16", seq_len=512, batch=16, heads=8, head_dim=64)  # ~30-40 µs a call
 
 
-@pytest.mark.parametrize("kernel", ["custom", "sdpa_cudnn", "sdpa_flash"])
+@pytest.mark.parametrize("kernel", [pytest.param("custom", marks=pytest.mark.nvcc), "sdpa_cudnn", "sdpa_flash"])
 def test_short_kernel_reruns_agree_and_match_the_energy_window(kernel):
     records = [run_cell(Cell(kernel=kernel, **SHORT), SETTINGS).record for _ in range(3)]
     for rec in records:
@@ -41,7 +41,8 @@ SEED_KERNELS = ["naive", "sdpa_math", "sdpa_flash", "sdpa_efficient", "sdpa_cudn
 
 
 # custom has no backward yet: its fwd_bwd cells are recorded skipped before any timing.
-@pytest.mark.parametrize("kernel,pass_", [(k, p) for k in SEED_KERNELS for p in ("fwd", "fwd_bwd")
+@pytest.mark.parametrize("kernel,pass_", [pytest.param(k, p, marks=[pytest.mark.nvcc] if k == "custom" else [])
+                                          for k in SEED_KERNELS for p in ("fwd", "fwd_bwd")
                                           if get_kernel(k).differentiable or p == "fwd"])
 def test_every_seed_backend_is_captured_in_a_graph(kernel, pass_):
     dev = torch.device("cuda")

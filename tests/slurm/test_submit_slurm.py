@@ -17,7 +17,7 @@ import pytest
 
 from support import ci_log, wait_until
 
-from flashwatt.submit import JobFailed, run_job
+from flashwatt.submit.jobs import JobFailed, run_job
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm", "fast_wait")]
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # jobs cannot import this test module
@@ -65,7 +65,7 @@ def unique(name: str) -> str:
 # ---- functions the jobs run ---------------------------------------------------------------
 
 def job_info(sleep_s: float = 0.0) -> dict:
-    from flashwatt.submit import current_job_info
+    from flashwatt.submit.environment import current_job_info
 
     info = current_job_info()
     print(f"job start rank={info['rank']} restarts={info['restarts']}", flush=True)
@@ -110,7 +110,7 @@ def test_failure_raises_with_remote_traceback_in_log(tmp_path):
 
 _WAITER = """
 import sys, time
-from flashwatt.submit import run_job
+from flashwatt.submit.jobs import run_job
 
 def sleeper():
     time.sleep(300)

@@ -4,7 +4,7 @@ from snakemake.exceptions import WorkflowError
 from flashwatt.cell import WILDCARD_CONSTRAINTS
 from flashwatt.config import ConfigError, measure_settings, resolve_suite, suite_cells, validate_config
 from flashwatt.plots import FIGURES
-from flashwatt.submit import refuse_unknown_resources
+from flashwatt.submit.resources import refuse_unknown_resources
 
 try:
     validate_config(config)
