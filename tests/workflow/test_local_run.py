@@ -53,6 +53,10 @@ def test_figures_and_report(smoke_run):
     assert f"report written to {report}" in proc.stdout
     html = report.read_text()
     assert "overview.pdf" in html and "summary.csv" in html
+    # the method sentences come from this run's summary: timed on the CPU, no energy
+    assert "Measured on CPU " in html and "each batch timed with the host's perf_counter" in html
+    assert "For 8 cells, no energy was measured: no CUDA device" in html
+    assert "between two CUDA events" not in html and "CUDA-event-timed" not in html
 
 
 def test_rerun_of_one_cell_leaves_others_untouched(smoke_run):

@@ -4,6 +4,7 @@ from snakemake.exceptions import WorkflowError
 from flashwatt.cell import WILDCARD_CONSTRAINTS
 from flashwatt.config import ConfigError, measure_settings, resolve_suite, suite_cells, validate_config
 from flashwatt.plots import FIGURES
+from flashwatt.report_method import report_method
 from flashwatt.submit import refuse_unknown_resources
 
 try:
@@ -16,6 +17,12 @@ try:
     refuse_unknown_resources("cell", workflow.resource_settings.overwrite_resources.get("cell", {}))
 except (ConfigError, ValueError) as error:
     raise WorkflowError(f"flashwatt: {error}") from None
+
+# The report's method sentences (workflow/report/workflow.rst), written from what the
+# suite's summary says each cell used (timing method, energy or why none, device): the
+# report is built by its own Snakemake run after the cells, so the summary read here is
+# the one the report shows. The report text sees only the config, hence the key.
+config["report_method"] = report_method(f"results/{SUITE}/summary.parquet")
 
 wildcard_constraints:
     **WILDCARD_CONSTRAINTS,
