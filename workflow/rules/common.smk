@@ -4,7 +4,6 @@ from snakemake.exceptions import WorkflowError
 from flashwatt.cell import WILDCARD_CONSTRAINTS
 from flashwatt.config import ConfigError, measure_settings, resolve_suite, suite_cells, validate_config
 from flashwatt.plots import FIGURES
-from flashwatt.report_method import report_method
 from flashwatt.submit import refuse_unknown_resources
 
 try:
@@ -22,6 +21,8 @@ except (ConfigError, ValueError) as error:
 # suite's summary says each cell used (timing method, energy or why none, device): the
 # report is built by its own Snakemake run after the cells, so the summary read here is
 # the one the report shows. The report text sees only the config, hence the key.
+from flashwatt.report_method import report_method
+
 config["report_method"] = report_method(f"results/{SUITE}/summary.parquet")
 
 wildcard_constraints:
