@@ -1,12 +1,11 @@
-"""Records of every outcome become one tidy row each; figures never crash on thin data."""
+"""Records of every outcome become one tidy row each; the flagged table says why a cell is in it."""
 import os
 
 import pandas as pd
 import pytest
 
-from flashwatt.aggregate import COLUMNS, flagged, summarize
+from flashwatt.aggregate import COLUMNS, device_labels, flagged, read_summary, summarize
 from flashwatt.cell import Cell
-from flashwatt.plots import FIGURES, draw
 from flashwatt.records import read_record, write_record
 from flashwatt.runner import base_record, failed_job_record
 
@@ -18,7 +17,7 @@ def cell(kernel, L):
 def ok_record(kernel, L, ms, energy=True):
     c = cell(kernel, L)
     rec = base_record(c, {})
-    rec.update(status="ok", device={"name": "NVIDIA H200", "compute_capability": "9.0"},
+    rec.update(status="ok", device={"type": "cuda", "name": "NVIDIA H200", "compute_capability": "9.0"},
                provenance={"host": "h", "job_id": "12", "git": {"commit": "abc", "dirty": False}},
                timing={"median_ms": ms, "p10_ms": ms * 0.9, "p90_ms": ms * 1.1, "repeats": 30,
                        "tflops": c.flops / ms / 1e9},
@@ -90,28 +89,6 @@ def test_records_are_strict_json(tmp_path):
         read_record(tmp_path / "bad.json")
 
 
-@pytest.mark.parametrize("name", list(FIGURES))
-def test_every_figure_draws_full_and_empty_data(records, tmp_path, name):
-    frame = summarize(records)
-    # Facets without cells: a second shape run only at another precision (energy too).
-    other = frame[frame["status"] == "ok"].assign(precision="bf16", heads=4)
-    sparse = pd.concat([frame, other], ignore_index=True)
-    for label, data in [("full", frame), ("sparse", sparse), ("failed_only", frame[frame["status"] != "ok"]),
-                        ("none", frame.iloc[:0])]:
-        summary = tmp_path / f"{label}.parquet"
-        data.to_parquet(summary)
-        out = tmp_path / f"{name}-{label}.{FIGURES[name].ext}"
-        draw(name, summary, out)
-        assert out.stat().st_size > 1000
-
-
-def test_bad_trace_filter_names_the_config_key(records, tmp_path):
-    summary = tmp_path / "s.parquet"
-    summarize(records).to_parquet(summary)
-    with pytest.raises(ValueError, match="config key trace_filter"):
-        draw("power_trace", summary, tmp_path / "t.png", {"trace_filter": "kernal == 'naive'"})
-
-
 def test_timed_latency_disagreeing_with_the_window_is_flagged(tmp_path):
     paths = []
     for L, pct in [(256, 1.2), (512, -7.0), (1024, None)]:
@@ -129,3 +106,27 @@ def test_timed_latency_disagreeing_with_the_window_is_flagged(tmp_path):
     table = flagged(frame)
     assert table["cell_id"].tolist() == [cell("naive", 512).id]  # only the cell 7% apart
     assert "differ by -7.0%" in table["flagged_because"].iloc[0]
+
+
+def test_how_a_cell_was_timed_and_on_what_device_are_columns(tmp_path):
+    c, rec = ok_record("naive", 32, 1.0, energy=False)
+    rec["timing"].update(method="eager_batch", fallback_reason="graph capture failed: RuntimeError: no")
+    cpu, cpu_rec = ok_record("naive", 64, 1.0, energy=False)
+    cpu_rec.update(device={"type": "cpu", "name": "x86_64"})
+    cpu_rec["timing"]["method"] = "perf_counter"
+    paths = [tmp_path / c.path, tmp_path / cpu.path]
+    write_record(paths[0], rec)
+    write_record(paths[1], cpu_rec)
+    frame = summarize(paths)
+    assert frame["timing_method"].tolist() == ["eager_batch", "perf_counter"]
+    assert frame["timing_fallback_reason"].iloc[0] == "graph capture failed: RuntimeError: no"
+    assert frame["device_type"].tolist() == ["cuda", "cpu"]
+    assert device_labels(frame).tolist() == ["NVIDIA H200", "CPU x86_64"]
+
+
+def test_a_summary_written_before_a_column_existed_reads_with_it_empty(records, tmp_path):
+    old = summarize(records).drop(columns=["device_type", "timing_fallback_reason"])
+    old.to_parquet(tmp_path / "old.parquet")
+    frame = read_summary(tmp_path / "old.parquet")
+    assert list(frame.columns) == COLUMNS
+    assert frame["device_type"].isna().all() and device_labels(frame).notna().sum() == 4

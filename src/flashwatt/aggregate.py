@@ -11,22 +11,24 @@ from flashwatt.records import read_record
 COLUMNS = [
     "cell_id", "suite", "kernel", "variant", "precision", "seq_len", "batch", "heads", "head_dim",
     "causal", "pass", "status", "reason",
-    "median_ms", "p10_ms", "p90_ms", "repeats", "tflops", "timing_method", "calls_per_step",
+    "median_ms", "p10_ms", "p90_ms", "repeats", "tflops", "timing_method", "timing_fallback_reason",
+    "calls_per_step",
     "eager_ms", "launch_overhead_ms", "window_ms_per_call", "timed_vs_window_pct",
     "rel_err", "tol", "grad_rel_err", "check_passed",
     "peak_mem_gib", "workspace_gib",
     "energy_per_call_j", "dynamic_energy_per_call_j", "avg_power_w", "peak_power_w", "idle_power_w",
     "gflops_per_w", "energy_window_s", "energy_calls", "counter_vs_integral_pct", "energy_flags",
     "clock_reasons", "temp_start_c", "temp_end_c", "gpu_util_pct", "mem_util_pct", "energy_reason",
-    "device", "compute_capability", "host", "job_id", "git_commit", "git_dirty", "torch", "cuda",
+    "device", "device_type", "compute_capability", "host", "job_id", "git_commit", "git_dirty", "torch", "cuda",
     "build_seconds", "duration_s", "record",
 ]
 # energy_calls is fractional: the window ends inside a batch of calls (flashwatt.energy).
 INT_COLUMNS = {"seq_len", "batch", "heads", "head_dim", "repeats", "calls_per_step"}
 BOOL_COLUMNS = {"causal", "check_passed", "git_dirty"}
 STRING_COLUMNS = {
-    "cell_id", "suite", "kernel", "variant", "precision", "pass", "status", "reason", "timing_method", "energy_flags",
-    "clock_reasons", "energy_reason", "device", "compute_capability", "host", "job_id", "git_commit",
+    "cell_id", "suite", "kernel", "variant", "precision", "pass", "status", "reason", "timing_method",
+    "timing_fallback_reason", "energy_flags",
+    "clock_reasons", "energy_reason", "device", "device_type", "compute_capability", "host", "job_id", "git_commit",
     "torch", "cuda", "record",
 }
 
@@ -76,6 +78,7 @@ def record_row(record: dict, path: str) -> dict:
         "repeats": timing.get("repeats"),
         "tflops": timing.get("tflops"),
         "timing_method": timing.get("method"),
+        "timing_fallback_reason": timing.get("fallback_reason"),
         "calls_per_step": timing.get("calls_per_step"),
         "eager_ms": timing.get("eager_ms"),
         "launch_overhead_ms": timing.get("launch_overhead_ms"),
@@ -104,6 +107,7 @@ def record_row(record: dict, path: str) -> dict:
         "mem_util_pct": energy.get("mem_util_pct"),
         "energy_reason": energy.get("reason"),
         "device": device.get("name"),
+        "device_type": device.get("type"),
         "compute_capability": device.get("compute_capability"),
         "host": prov.get("host"),
         "job_id": prov.get("job_id"),
@@ -132,6 +136,20 @@ def summarize(paths: list[str | Path]) -> pd.DataFrame:
             frame[col] = pd.to_numeric(frame[col], errors="coerce").astype("float64")
     return frame.sort_values(["kernel", "precision", "head_dim", "causal", "pass", "batch", "seq_len"],
                              kind="stable").reset_index(drop=True)
+
+
+def device_labels(frame: pd.DataFrame) -> pd.Series:
+    """Each cell's device as a reader names it ('CPU x86_64', 'NVIDIA H100 80GB HBM3');
+    missing where the cell recorded none (a job that died before it started)."""
+    on_cpu = frame["device_type"].eq("cpu").fillna(False).astype(bool)
+    return frame["device"].where(~on_cpu, "CPU " + frame["device"])
+
+
+def read_summary(path: str | Path) -> pd.DataFrame:
+    """A summary file with every column of COLUMNS: one written before a column existed
+    reads with that column empty (the aggregate reruns only when its inputs change)."""
+    frame = pd.read_parquet(path)
+    return frame.reindex(columns=[*COLUMNS, *(c for c in frame.columns if c not in COLUMNS)])
 
 
 def write_summary(frame: pd.DataFrame, parquet: str | Path, csv: str | Path) -> None:

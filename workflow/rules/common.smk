@@ -17,6 +17,14 @@ try:
 except (ConfigError, ValueError) as error:
     raise WorkflowError(f"flashwatt: {error}") from None
 
+# The report's method sentences (workflow/report/workflow.rst), written from what the
+# suite's summary says each cell used (timing method, energy or why none, device): the
+# report is built by its own Snakemake run after the cells, so the summary read here is
+# the one the report shows. The report text sees only the config, hence the key.
+from flashwatt.report_method import report_method
+
+config["report_method"] = report_method(f"results/{SUITE}/summary.parquet")
+
 wildcard_constraints:
     **WILDCARD_CONSTRAINTS,
     figure="|".join(FIGURES),

@@ -1,0 +1,65 @@
+"""Axes a reader can read at a glance: log scales labelled with plain numbers.
+
+Matplotlib labels a log axis that spans less than a decade with its minor ticks in
+scientific notation (4×10⁻¹, 6×10⁻¹) and a base-2 axis with powers (2⁵, 2⁶). The
+helpers here put ticks on round values (0.5, 1, 2 or 0.8, 0.9, 1) and the sequence
+lengths that were run, and label them as plain numbers with an optional unit.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from matplotlib.ticker import FixedLocator, FuncFormatter, MaxNLocator, NullLocator
+
+# Round values per decade for a log axis spanning a decade or more; the sparser row is
+# used when the denser one would put more than MAX_TICKS on the axis.
+DECADE_STEPS = ((1, 2, 5), (1, 3), (1,))
+MAX_TICKS = 8
+
+
+def plain_number(value: float) -> str:
+    """0.5, 1, 20, 0.003: positional, never an exponent; rounded to 6 significant digits
+    first, so a tick computed as 0.30000000000000004 reads 0.3."""
+    return np.format_float_positional(float(f"{value:.6g}"), trim="-")
+
+
+def log_ticks(low: float, high: float) -> list[float]:
+    """Round tick values inside [low, high] for a log axis, at least two where the range
+    allows: 1-2-5 per decade over wide ranges, evenly spaced round values over narrow ones."""
+    if not (low > 0 and high > low):
+        return []
+    if high / low >= 10:
+        for steps in DECADE_STEPS:
+            ticks = [s * 10.0**e for e in range(math.floor(math.log10(low)), math.ceil(math.log10(high)) + 1)
+                     for s in steps]
+            ticks = [t for t in ticks if low <= t <= high]
+            if len(ticks) <= MAX_TICKS:
+                return ticks
+        return ticks
+    ticks = MaxNLocator(nbins=5, steps=[1, 2, 2.5, 5, 10]).tick_values(low, high)
+    return [float(t) for t in ticks if low <= t <= high and t > 0]
+
+
+def plain_log_y(ax, unit: str = "") -> None:
+    """Label a log y axis with round plain numbers (and `unit`, e.g. '×'); the limits
+    are frozen first, so the ticks are chosen for the range the axis shows."""
+    low, high = ax.get_ylim()
+    ax.set_ylim(low, high)
+    ax.yaxis.set_major_locator(FixedLocator(log_ticks(low, high)))
+    ax.yaxis.set_minor_locator(NullLocator())
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: plain_number(value) + unit))
+
+
+def sequence_length_label(length: int) -> str:
+    """512, 1k, 16k: sequence lengths as attention papers write them."""
+    return f"{length // 1024}k" if length >= 1024 and length % 1024 == 0 else str(length)
+
+
+def sequence_length_x(ax, lengths) -> None:
+    """A log-2 x axis with a tick at each sequence length that was run, labelled plainly."""
+    ax.set_xscale("log", base=2)
+    ticks = sorted({int(v) for v in np.asarray(lengths, dtype=float) if np.isfinite(v)})
+    ax.xaxis.set_major_locator(FixedLocator(ticks))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: sequence_length_label(int(round(value)))))
