@@ -8,8 +8,6 @@ against. Every run ends with the controller's output checked against float64.
 from __future__ import annotations
 
 import time
-from typing import Any
-
 import pandas as pd
 import torch
 
@@ -145,7 +143,3 @@ def bare_loop_tokens_per_s(workload: Workload, label: str, device: torch.device,
             n += 1
         torch.cuda.synchronize(device)
     return n * shape[0] * shape[2] / (time.monotonic() - t0)
-
-
-def as_table(rows: list[dict[str, Any]]) -> pd.DataFrame:
-    return pd.DataFrame(rows)
