@@ -16,11 +16,10 @@ include: "workflow/rules/common.smk"
 include: "workflow/rules/cells.smk"
 include: "workflow/rules/aggregate.smk"
 include: "workflow/rules/plots.smk"
+include: "workflow/rules/control.smk"
 
 
 rule all:
     input:
-        summary=f"results/{SUITE}/summary.parquet",
-        flagged=f"results/{SUITE}/flagged.csv",
-        figures=figure_paths(SUITE),
+        suite_outputs(SUITE),
     default_target: True

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import yaml
 
-from flashwatt.config import ConfigError, load_config, resolve_suite, suite_cells
+from flashwatt.config import ConfigError, every_cell, load_config, resolve_suite
 from flashwatt.records import read_record
 
 # Outcomes a suite expects (a backend refusing a shape, a shape too large for the card);
@@ -175,7 +175,7 @@ def cmd_run(argv: list[str]) -> int:
     config = config_as_snakemake_sees_it(args)
     args = config_through_a_file(args)
     suite = resolve_suite(config)
-    cells = suite_cells(config, suite)
+    cells = every_cell(config, suite)
     where = f", filter {config['filter']!r}" if (config.get("filter") or "").strip() else ""
     print(f"flashwatt: suite {suite}, {len(cells)} cells{where}", flush=True)
     status = _snakemake(args)
@@ -204,7 +204,7 @@ def cmd_suite(args: argparse.Namespace) -> int:
 
 def cmd_failed(args: argparse.Namespace) -> int:
     config = load_config(configfiles=args.configfile, overrides=_overrides(args.config))
-    for cell in suite_cells(config):
+    for cell in every_cell(config):
         path = Path(cell.path)
         if path.exists() and read_record(path).get("status") != "ok":
             print(cell.path)

@@ -81,7 +81,7 @@ def validate_config(config: dict, schema_file: Traversable | Path = SCHEMA) -> d
     with resources.as_file(schema_file) as schema_path:  # Snakemake reads the schema from a file
         snakemake_validate(config, str(schema_path), set_default=True)
     for name, suite in config["suites"].items():
-        for i, grid in enumerate(suite["grids"]):
+        for i, grid in enumerate(suite.get("grids", [])):
             grid.setdefault("causal", [False])
             grid.setdefault("passes", ["fwd"])
             grid.setdefault("variants", [""])
@@ -90,6 +90,10 @@ def validate_config(config: dict, schema_file: Traversable | Path = SCHEMA) -> d
                     check_variant_name(variant)
                 except ValueError as err:
                     raise ConfigError(f"config key suites.{name}.grids[{i}].variants[{j}]: {err}") from None
+    from flashwatt.control.suite import control_runs  # it raises ConfigError, defined here
+
+    for name in config["suites"]:
+        control_runs(config, name)
     return config
 
 
@@ -165,7 +169,7 @@ def suite_cells(config: dict, suite: str | None = None, filtered: bool = True) -
     if suite not in config["suites"]:
         raise ConfigError(f"config key suite: unknown suite {suite!r}; allowed: {', '.join(config['suites'])}")
     cells: set[Cell] = set()
-    for i, grid in enumerate(config["suites"][suite]["grids"]):
+    for i, grid in enumerate(config["suites"][suite].get("grids", [])):
         cells.update(_grid_cells(suite, grid, f"suites.{suite}.grids[{i}]"))
     ordered = sorted(cells)
     query = (config.get("filter") or "").strip()
@@ -176,6 +180,15 @@ def suite_cells(config: dict, suite: str | None = None, filtered: bool = True) -
                               f"{suite}; columns: {', '.join(_filter_columns())}")
         ordered = kept
     return ordered
+
+
+def every_cell(config: dict, suite: str | None = None) -> list:
+    """The suite's attention cells (filtered) and then its control cells: everything a run
+    of the suite writes a record for."""
+    from flashwatt.control.suite import control_runs
+
+    suite = suite or resolve_suite(config)
+    return [*suite_cells(config, suite), *control_runs(config, suite)]
 
 
 def _filter_columns() -> list[str]:

@@ -43,7 +43,7 @@ def failed_job_record(cell: Cell, settings: "MeasureSettings | dict", message: s
     return record
 
 
-def _select_device():
+def select_device():
     import torch
 
     if torch.cuda.is_available():
@@ -51,7 +51,7 @@ def _select_device():
     return torch.device("cpu")
 
 
-def _device_identity(device, telemetry) -> dict:
+def device_identity(device, telemetry) -> dict:
     import torch
 
     if device.type != "cuda":
@@ -101,9 +101,9 @@ def run_cell(cell: Cell, settings: "MeasureSettings | dict") -> CellOutcome:
         from flashwatt.kernels import get_kernel
         from flashwatt.kernels.base import UnsupportedCell
 
-        device = _select_device()
+        device = select_device()
         telemetry = _open_telemetry(device, settings)
-        record["device"] = _device_identity(device, telemetry)
+        record["device"] = device_identity(device, telemetry)
         kernel = get_kernel(cell.kernel)
         reason = kernel.supports(cell, device)
         if reason is None and cell.pass_ == "fwd_bwd" and not kernel.differentiable:

@@ -1,7 +1,6 @@
 # One job per cell. The rule hands the cell to a submitit executor (local subprocess,
-# Slurm job, or in-process) and waits; the record is written once, atomically. The
-# executor is read from the config by the script, not passed as a param: where a cell
-# runs is not what it measures, so switching to Slurm must not replan measured cells.
+# Slurm job, or in-process) and waits; the record is written once, atomically
+# (flashwatt.cell_job, which also says why the executor is not a param).
 from flashwatt.cell import LOG_PATTERN, RECORD_PATTERN, TRACE_PATTERN
 
 

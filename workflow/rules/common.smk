@@ -3,6 +3,8 @@ from snakemake.exceptions import WorkflowError
 
 from flashwatt.cell import WILDCARD_CONSTRAINTS
 from flashwatt.config import ConfigError, measure_settings, resolve_suite, suite_cells, validate_config
+from flashwatt.control.figures import CONTROL_FIGURES
+from flashwatt.control.suite import control_runs
 from flashwatt.plots import FIGURES
 from flashwatt.submit.resources import refuse_unknown_resources
 
@@ -11,6 +13,7 @@ try:
     SUITE = resolve_suite(config)
     config["suite"] = SUITE  # what ran, for the report (auto is resolved once, here)
     CELLS = {SUITE: suite_cells(config, SUITE)}
+    CONTROL = {SUITE: control_runs(config, SUITE)}
     # Resources set for the cells (profile or --set-resources), checked before any job
     # starts: a misspelt name (slurm_acount) would otherwise fail every cell.
     refuse_unknown_resources("cell", workflow.resource_settings.overwrite_resources.get("cell", {}))
@@ -24,6 +27,7 @@ except (ConfigError, ValueError) as error:
 from flashwatt.report_method import report_method
 
 config["report_method"] = report_method(f"results/{SUITE}/summary.parquet")
+config["report_parts"] = {"cells": bool(CELLS[SUITE]), "control": bool(CONTROL[SUITE])}
 
 wildcard_constraints:
     **WILDCARD_CONSTRAINTS,
@@ -36,6 +40,30 @@ def cells_of(suite):
         except ConfigError as error:
             raise WorkflowError(f"flashwatt: {error}") from None
     return CELLS[suite]
+
+def control_cells_of(suite):
+    """The suite's control cells (empty for a suite without a control section)."""
+    if suite not in CONTROL:
+        CONTROL[suite] = control_runs(config, suite)
+    return list(CONTROL[suite])
+
+def control_spec(cell):
+    """What a control cell runs beyond its name: lengths, the co-located load, the oracle."""
+    if cell.suite not in CONTROL:
+        control_cells_of(cell.suite)
+    if cell not in CONTROL[cell.suite]:
+        raise WorkflowError(f"flashwatt: {cell.path} is not a control cell of suite {cell.suite} in this config")
+    return CONTROL[cell.suite][cell]
+
+def suite_outputs(suite):
+    """What the default target builds for a suite: the attention cells' summary and figures, the
+    control runs' tables and figures, or both."""
+    out = []
+    if cells_of(suite):
+        out += [f"results/{suite}/summary.parquet", f"results/{suite}/flagged.csv", *figure_paths(suite)]
+    if control_cells_of(suite):
+        out += [f"results/{suite}/control.parquet", *(f"figures/{suite}/{name}.pdf" for name in CONTROL_FIGURES)]
+    return out
 
 def recorded_cells_of(suite):
     """Record paths of every cell of the suite, filter or not: the summary covers all of

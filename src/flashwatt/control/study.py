@@ -7,7 +7,9 @@ against. Every run ends with the controller's output checked against float64.
 """
 from __future__ import annotations
 
+import subprocess
 import time
+
 import pandas as pd
 import torch
 
@@ -63,6 +65,8 @@ def run_scenario(scenario: Scenario, telemetry, device: torch.device, idle_w: fl
     order = workload.order()
     torch.cuda.synchronize(device)
     t0 = time.monotonic()
+    if scenario.colocated:
+        load = scenario.colocated.start(device.index or 0, t0)
     try:
         with torch.no_grad():
             while True:
@@ -71,8 +75,6 @@ def run_scenario(scenario: Scenario, telemetry, device: torch.device, idle_w: fl
                     break
                 if schedule and now >= schedule[0][0]:
                     ctl.set_budget(schedule.pop(0)[1])
-                if scenario.colocated and load is None and now >= scenario.colocated.start_s:
-                    load = scenario.colocated.start(device.index or 0)
                 shape = next(order)
                 q, k, v = inputs[shape]
                 ctl.attention(q, k, v, causal=workload.causal)
@@ -82,7 +84,10 @@ def run_scenario(scenario: Scenario, telemetry, device: torch.device, idle_w: fl
     finally:
         ctl.close()
         if load is not None:
-            load.wait(timeout=30)
+            try:
+                load.wait(timeout=scenario.colocated.start_s + scenario.colocated.seconds + 30)
+            except subprocess.TimeoutExpired:
+                load.kill()
     trace = ctl.trace()
     if len(trace):
         trace["t"] = trace["t"] - t0
@@ -99,6 +104,7 @@ def run_scenario(scenario: Scenario, telemetry, device: torch.device, idle_w: fl
             merit["steady_tokens_per_s"] = steady["tokens_per_s"]
             merit["steady_avg_power_w"] = steady["avg_power_w"]
             merit["steady_windows_within_pct"] = steady.get("windows_within_pct")
+            merit["steady_j_per_token"] = steady.get("j_per_token")
     trace["scenario"] = scenario.name
     merit["model"] = ctl.model_table().to_dict("records")
     return merit, trace

@@ -66,13 +66,18 @@ class ColocatedLoad:
     seconds: float = 8.0
     size: int = 8192
 
-    def start(self, device_index: int) -> subprocess.Popen:
+    def start(self, device_index: int, run_start: float) -> subprocess.Popen:
+        """Start the process now; its load begins at `run_start + start_s` on the monotonic
+        clock (system-wide on Linux), so the seconds it spends importing torch and warming
+        up do not delay the disturbance."""
         code = (
             "import sys, time, torch\n"
             f"torch.cuda.set_device({device_index})\n"
             f"a = torch.randn({self.size}, {self.size}, device='cuda', dtype=torch.bfloat16)\n"
-            f"end = time.monotonic() + {self.seconds}\n"
-            "t0 = time.perf_counter(); (a @ a); torch.cuda.synchronize(); busy = time.perf_counter() - t0\n"
+            "(a @ a); torch.cuda.synchronize()\n"
+            f"begin = {run_start + self.start_s!r}\n"
+            "time.sleep(max(0.0, begin - time.monotonic()))\n"
+            f"end = begin + {self.seconds}\n"
             "while time.monotonic() < end:\n"
             "    t0 = time.perf_counter(); a @ a; torch.cuda.synchronize(); busy = time.perf_counter() - t0\n"
             f"    time.sleep(busy * (1 - {self.duty}) / {self.duty})\n"

@@ -1,0 +1,41 @@
+"""The submitting side of a cell's job, shared by the rules that run cells: hand the cell to
+a submitit executor (local subprocess, Slurm job, or in-process), wait, and write its
+trace and record once, atomically.
+
+The executor is read from the config, not passed as a rule param: where a cell runs is
+not what it measures, so switching to Slurm must not replan measured cells.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from flashwatt.records import write_record, write_trace
+from flashwatt.runner import CellOutcome
+from flashwatt.submit.jobs import JobFailed, run_job
+
+
+def submit_and_record(cell: Any, job: Callable[[Any, dict], CellOutcome], spec: dict,
+                      failed_record: Callable[[Any, dict, str, "str | None"], dict], snakemake: Any) -> dict:
+    """Run `job(cell, spec)` as the cell's job and write its outputs; returns the record."""
+    log = snakemake.log[0]
+    try:
+        outcome = run_job(
+            job, cell, spec,
+            job_name=cell.job_name,
+            folder=snakemake.params.submitit_folder,
+            executor=snakemake.config["executor"],
+            resources=dict(snakemake.resources.items()),
+            log_path=log,
+        )
+    except JobFailed as failure:
+        # The job died before returning (killed, out of host memory, node failure): the
+        # failure is this cell's outcome, recorded so that the rest of the run goes on.
+        outcome = CellOutcome(failed_record(cell, spec, str(failure), failure.job_id))
+    write_trace(snakemake.output.trace, outcome.trace)
+    write_record(snakemake.output.record, outcome.record)
+    record = outcome.record
+    with open(log, "a") as stream:
+        stream.write(f"[flashwatt] {cell.id}: {record['status']}" + (f" ({record['reason']})" if record.get("reason") else "") + "\n")
+        if record.get("traceback"):
+            stream.write(record["traceback"])
+    return record

@@ -1,0 +1,274 @@
+"""The control suite's figures, from its three tables (flashwatt.control.summary):
+
+- control_power: each run's power against time, with its budget (and the +3% band), the
+  1 s window averages it is judged by, the exploration phase, the configuration switches
+  and the start of a disturbance;
+- control_pareto: throughput against power for every static configuration and duty of
+  the oracle, its Pareto front, and where each controlled run operated;
+- control_energy: joules per token against the budget for the controller, the oracle's
+  most frugal static configuration within that budget and the static default.
+
+Only runs that finished `ok` are drawn; a figure with nothing to draw says why.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+import seaborn as sns  # noqa: E402
+
+from flashwatt.control.metrics import TOLERANCE, window_power  # noqa: E402
+from flashwatt.control.summary import least_energy_static, static_default  # noqa: E402
+from flashwatt.plots import measured_where  # noqa: E402
+
+PANEL_COLUMNS = 3
+# Switches labelled in a panel (after exploration); more would overprint one another.
+MAX_SWITCH_LABELS = 6
+
+
+@dataclass
+class ControlTables:
+    runs: pd.DataFrame
+    oracle: pd.DataFrame
+    traces: pd.DataFrame
+
+    @classmethod
+    def read(cls, runs: str | Path, oracle: str | Path, traces: str | Path) -> "ControlTables":
+        return cls(pd.read_parquet(runs), pd.read_parquet(oracle), pd.read_parquet(traces))
+
+    def cells(self) -> pd.DataFrame:
+        """One row per control cell (runs and oracles), for the line under each title."""
+        columns = ["cell_id", "suite", "status", "device", "device_type"]
+        oracle = self.oracle.drop_duplicates("cell_id")
+        return pd.concat([self.runs.reindex(columns=columns), oracle.reindex(columns=columns)], ignore_index=True)
+
+    def ok_runs(self) -> pd.DataFrame:
+        return self.runs[self.runs["status"] == "ok"]
+
+
+@dataclass(frozen=True)
+class ControlFigure:
+    name: str
+    ext: str
+    title: str
+    caption: str
+    draw: Callable[[ControlTables], plt.Figure]
+
+    def render(self, tables: ControlTables) -> plt.Figure:
+        sns.set_theme(style="whitegrid", context="paper")
+        fig = self.draw(tables)
+        fig.suptitle(f"{self.title}\n{measured_where(tables.cells())}", y=1.0, va="bottom", fontsize=11)
+        return fig
+
+
+def _placeholder(message: str) -> plt.Figure:
+    fig, ax = plt.subplots(figsize=(7, 3))
+    ax.text(0.5, 0.5, "Nothing to draw.\n" + message, ha="center", va="center", wrap=True)
+    ax.set_axis_off()
+    return fig
+
+
+def _why_no_runs(tables: ControlTables) -> str:
+    runs = tables.runs
+    if runs.empty:
+        return "the suite has no controlled runs in its summary"
+    reasons = runs["reason"].dropna().unique()
+    return (f"none of the {len(runs)} controlled runs finished ok"
+            + (f"; reason: {reasons[0]}" if len(reasons) else ""))
+
+
+def _panels(count: int, width: float = 5.0, height: float = 3.0, sharey: bool = False):
+    cols = min(PANEL_COLUMNS, count)
+    rows = math.ceil(count / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False, sharey=sharey)
+    for ax in axes.flat[count:]:
+        ax.set_axis_off()
+    return fig, list(axes.flat[:count])
+
+
+def _switches(trace: pd.DataFrame) -> pd.DataFrame:
+    config = trace["config"].ffill()
+    changed = config.ne(config.shift()) & config.shift().notna()
+    return trace.loc[changed, ["t", "config"]].assign(config=config[changed])
+
+
+def draw_power(tables: ControlTables) -> plt.Figure:
+    runs = tables.ok_runs()
+    runs = runs[runs["cell_id"].isin(set(tables.traces["cell_id"]))]
+    if runs.empty:
+        return _placeholder(_why_no_runs(tables) if tables.ok_runs().empty else "no run recorded a trace")
+    fig, axes = _panels(len(runs), sharey=True)
+    for ax, run in zip(axes, runs.itertuples()):
+        trace = tables.traces[tables.traces["cell_id"] == run.cell_id].sort_values("t")
+        explored = trace.loc[trace["phase"] == "explore", "t"]
+        if len(explored):
+            ax.axvspan(0, explored.max(), color="0.92", label="exploration", lw=0)
+        ax.plot(trace["t"], trace["power_w"], lw=0.6, color="0.55", label="instant power (NVML)")
+        windows = window_power(trace).dropna(subset=["power_w"])
+        if len(windows):
+            ends = windows["start"].iloc[-1] + 1.0
+            ax.step([*windows["start"], ends], [*windows["power_w"], windows["power_w"].iloc[-1]], where="post",
+                    color="C0", lw=1.6, label=f"1 s windows ({windows['source'].iloc[0]})")
+        if trace["budget_w"].notna().any():
+            ax.step(trace["t"], trace["budget_w"], where="post", color="C3", ls="--", lw=1.2, label="budget")
+            ax.fill_between(trace["t"], trace["budget_w"], trace["budget_w"] * (1 + TOLERANCE), step="post",
+                            color="C3", alpha=0.15, lw=0, label=f"budget + {TOLERANCE:.0%}")
+        switches = _switches(trace)
+        after = switches[switches["t"] > (explored.max() if len(explored) else -1)]
+        for s in switches.itertuples():
+            ax.axvline(s.t, color="C2", lw=0.5, ls=":")
+        for s in after.head(MAX_SWITCH_LABELS).itertuples():
+            ax.text(s.t, 0.02, f" {s.config}", transform=ax.get_xaxis_transform(), rotation=90, fontsize=6,
+                    va="bottom", color="C2")
+        if isinstance(run.disturbance, str) and run.disturbance:
+            ax.axvline(run.disturbance_at_s, color="k", lw=1.0, label=run.disturbance.replace("_", " "))
+        within = f"{run.windows_within_pct:.0f}% of windows within" if pd.notna(run.windows_within_pct) else ""
+        ax.set_title(f"{run.group} · {run.scenario}\n{within}", fontsize=8)
+        ax.set_xlabel("time since start (s)")
+        ax.set_ylabel("power (W)")
+    handles, labels = {}, {}
+    for ax in axes:
+        for h, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(label, h)
+    fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=4, fontsize=7,
+               bbox_to_anchor=(0.5, -0.02))
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    return fig
+
+
+def pareto_front(rows: pd.DataFrame) -> pd.DataFrame:
+    """Static rows no other row beats on both power (lower) and throughput (higher)."""
+    ordered = rows.sort_values(["avg_power_w", "tokens_per_s"], ascending=[True, False])
+    best, keep = -math.inf, []
+    for i, row in ordered.iterrows():
+        if row["tokens_per_s"] > best:
+            best = row["tokens_per_s"]
+            keep.append(i)
+    return ordered.loc[keep]
+
+
+def _usable_oracle(tables: ControlTables) -> pd.DataFrame:
+    rows = tables.oracle.dropna(subset=["tokens_per_s", "avg_power_w"]) if len(tables.oracle) else tables.oracle
+    if rows.empty:
+        return rows
+    return rows[rows["check_passed"].fillna(False).astype(bool)]
+
+
+def draw_pareto(tables: ControlTables) -> plt.Figure:
+    oracle = _usable_oracle(tables)
+    if oracle.empty:
+        return _placeholder("no oracle measured throughput and power (its cells need a GPU with NVML)"
+                            if tables.oracle.empty or tables.oracle["avg_power_w"].isna().all()
+                            else "no static configuration of the oracle passed its check")
+    groups = sorted(oracle["group"].unique())
+    fig, axes = _panels(len(groups), width=6.0, height=4.2)
+    configs = sorted(oracle["config"].unique())
+    palette = dict(zip(configs, sns.color_palette("tab10", len(configs))))
+    for ax, group in zip(axes, groups):
+        rows = oracle[oracle["group"] == group]
+        for config, sub in rows.groupby("config"):
+            sub = sub.sort_values("duty")
+            ax.plot(sub["avg_power_w"], sub["tokens_per_s"] / 1e6, marker="o", ms=3, lw=0.8,
+                    color=palette[config], label=f"static {config}")
+        front = pareto_front(rows)
+        ax.step(front["avg_power_w"], front["tokens_per_s"] / 1e6, where="post", color="k", lw=1.2, ls="--",
+                label="Pareto front of static runs")
+        runs = tables.ok_runs()
+        runs = runs[runs["group"] == group]
+        for run in runs.itertuples():
+            power = run.steady_avg_power_w if pd.notna(run.steady_avg_power_w) else run.avg_power_w
+            tokens = run.steady_tokens_per_s if pd.notna(run.steady_tokens_per_s) else run.tokens_per_s
+            if pd.isna(power) or pd.isna(tokens):
+                continue
+            ax.plot(power, tokens / 1e6, marker="X", ms=8, color="C3", ls="none", label="controller (after exploration)")
+            name = f"{run.budget_w:.0f} W" if pd.notna(run.budget_w) else run.mode
+            if isinstance(run.disturbance, str) and run.disturbance:
+                name += f" {run.disturbance.replace('_', ' ')}"
+            elif isinstance(run.budget_schedule, str) and " " in run.budget_schedule:
+                name += " steps"
+            ax.annotate(name, (power, tokens / 1e6), textcoords="offset points", xytext=(4, -9), fontsize=6, color="C3")
+        ax.set_title(group, fontsize=9)
+        ax.set_xlabel("average power (W, energy counter)")
+        ax.set_ylabel("throughput (M tokens/s)")
+    handles = {}
+    for ax in axes:
+        for h, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(label, h)
+    fig.legend(list(handles.values()), list(handles), loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def draw_energy(tables: ControlTables) -> plt.Figure:
+    runs = tables.ok_runs()
+    plain = runs[(runs["mode"] == "budget") & ~runs["budget_schedule"].fillna("").str.contains(" ")
+                 & (runs["disturbance"].fillna("") == "") & runs["j_per_token"].notna()]
+    if plain.empty:
+        return _placeholder(_why_no_runs(tables) if runs.empty else
+                            "no run held a single budget without a disturbance and measured its energy")
+    oracle = _usable_oracle(tables)
+    groups = sorted(plain["group"].unique())
+    fig, axes = _panels(len(groups), width=6.0, height=4.0)
+    for ax, group in zip(axes, groups):
+        mine = plain[plain["group"] == group].sort_values("budget_w")
+        ax.plot(mine["budget_w"], mine["j_per_token"] * 1e6, marker="o", color="C3", label="controller (whole run)")
+        steady = mine.dropna(subset=["steady_j_per_token"])
+        if len(steady):
+            ax.plot(steady["budget_w"], steady["steady_j_per_token"] * 1e6, marker="o", ls="--", color="C3",
+                    mfc="white", label="controller (after exploration)")
+        rows = oracle[oracle["group"] == group] if len(oracle) else oracle
+        if len(rows):
+            frugal = [(b, least_energy_static(rows, b)) for b in mine["budget_w"]]
+            frugal = [(b, r) for b, r in frugal if r is not None]
+            if frugal:
+                ax.plot([b for b, _ in frugal], [r["j_per_token"] * 1e6 for _, r in frugal], marker="s", color="k",
+                        label="oracle: least energy static within budget")
+            default = static_default(rows)
+            if default is not None:
+                ax.axhline(default["j_per_token"] * 1e6, color="C0", ls=":",
+                           label=f"static default (sdpa, no budget: {default['avg_power_w']:.0f} W)")
+        energy = runs[(runs["mode"] == "energy") & (runs["group"] == group) & runs["j_per_token"].notna()]
+        for run in energy.itertuples():
+            ax.axhline(run.j_per_token * 1e6, color="C2", ls="-.", label=f"energy mode ({run.avg_power_w:.0f} W)")
+        ax.set_title(group, fontsize=9)
+        ax.set_xlabel("power budget (W)")
+        ax.set_ylabel("energy per token (µJ)")
+        ax.legend(fontsize=6)
+    fig.tight_layout()
+    return fig
+
+
+CONTROL_FIGURES: dict[str, ControlFigure] = {
+    f.name: f
+    for f in [
+        ControlFigure("control_power", "pdf", "Power against time under the power-aware scheduler",
+                      "Each controlled run's GPU power (NVML instant readings at 10 Hz, and the 1 s window averages "
+                      "from the energy counter that the budget is judged by) with its budget and the +3% band. "
+                      "Grey: the exploration phase; green dotted lines: configuration switches, labelled after "
+                      "exploration; black: the start of a disturbance (another process's load, or NVML failing).",
+                      draw_power),
+        ControlFigure("control_pareto", "pdf", "Throughput against power: static configurations and the controller",
+                      "Every static configuration of the oracle (each duty a point, measured side by side in the "
+                      "suite), the Pareto front of those static runs (dashed), and each controlled run's operating "
+                      "point after its exploration (red crosses, labelled by budget).", draw_pareto),
+        ControlFigure("control_energy", "pdf", "Energy per token against the power budget",
+                      "Joules per token of the controller at each budget (whole run, and after exploration), of "
+                      "the oracle's least-energy static configuration whose power stays within that budget, of "
+                      "the static default (sdpa with no backend forced, unbudgeted), and of the energy mode.",
+                      draw_energy),
+    ]
+}
+
+
+def draw(name: str, runs: str, oracle: str, traces: str, out: str) -> None:
+    """Render one control figure to `out` (the workflow's control figure rule)."""
+    figure = CONTROL_FIGURES[name].render(ControlTables.read(runs, oracle, traces))
+    figure.savefig(out, bbox_inches="tight")
+    plt.close(figure)

@@ -1,0 +1,173 @@
+"""What a control cell's job runs: one controlled run, or the workload's oracle, on one GPU.
+
+Like an attention cell's job (flashwatt.runner), it never raises for a problem of the cell:
+every outcome is a record. ok (the run finished and the controller's output passed its
+check against float64), incorrect (it did not), skipped (no CUDA device; a controlled mode
+without NVML; a budget this GPU cannot hold, with the device's idle power and limit in
+the reason), oom, or error with the traceback.
+
+Before anything is measured the job calls every configuration it may use once (our
+kernel's build loads, cuDNN makes its plans), so the first calls of a run do not carry
+one-off costs into the controller's model or the oracle's rows; then the GPU rests and
+its idle power is read, the floor every budget must clear.
+"""
+from __future__ import annotations
+
+import time
+import traceback
+
+from flashwatt.control.cell import ControlCell
+from flashwatt.provenance import provenance, utc_now
+from flashwatt.runner import CellOutcome, device_identity, select_device
+
+SCHEMA_VERSION = 1
+WARM_UP_S = 0.3
+REST_BEFORE_IDLE_S = 2.0
+IDLE_WINDOW_S = 1.0
+
+
+def base_record(cell: ControlCell, spec: dict) -> dict:
+    return {"schema_version": SCHEMA_VERSION, "kind": "control", "cell": cell.as_row(), "status": None,
+            "reason": None, "spec": dict(spec), "started": utc_now()}
+
+
+def failed_job_record(cell: ControlCell, spec: dict, message: str, job_id: str | None) -> dict:
+    """The record of a job that died before it could return one (killed, node failure)."""
+    record = base_record(cell, spec)
+    record.update(status="job_failed", reason=message, provenance={"job_id": job_id}, finished=utc_now())
+    return record
+
+
+def scenario_of(cell: ControlCell, spec: dict):
+    """The run a cell names, with the lengths and loads its spec gives."""
+    from flashwatt.control.workloads import ColocatedLoad, Scenario, Workload
+
+    workload = Workload(cell.workload, dtype=cell.precision, causal=cell.causal, seed=int(spec.get("seed", 0)))
+    colocated = None
+    if cell.disturbance == "colocated":
+        load = spec.get("colocated", {})
+        colocated = ColocatedLoad(start_s=float(cell.disturbance_at_s), duty=float(load.get("duty", 0.3)),
+                                  seconds=float(load.get("seconds", 7.0)))
+    return Scenario(
+        cell.scenario, workload, cell.mode,
+        budget_w=float(cell.budget_w) if len(cell.budgets) == 1 else None,
+        schedule=tuple((float(t), float(w)) for t, w in cell.budgets) if len(cell.budgets) > 1 else (),
+        seconds=float(spec.get("seconds", 14.0)),
+        max_slowdown=cell.max_slowdown_pct / 100 if cell.max_slowdown_pct is not None else None,
+        colocated=colocated,
+        fail_telemetry_after_s=float(cell.disturbance_at_s) if cell.disturbance == "nvml_failure" else None,
+    )
+
+
+def _configurations_used(cell: ControlCell, spec: dict) -> list[str]:
+    from flashwatt.control.configuration import candidates
+
+    if cell.mode == "oracle":
+        return list(spec["oracle"]["configurations"])
+    return ["sdpa_default", *(c.label for c in candidates(cell.precision))]
+
+
+def _warm_up(cell: ControlCell, spec: dict, device) -> list[dict]:
+    """Call every configuration the cell may use for a moment; what refused is reported."""
+    from dataclasses import replace
+
+    from flashwatt.control.study import run_scenario
+
+    base = scenario_of(cell, {**spec, "seconds": WARM_UP_S})
+    refused = []
+    for label in _configurations_used(cell, spec):
+        warm = replace(base, name=f"warm-up {label}", mode="static", configuration=label, duty=1.0,
+                       budget_w=None, schedule=(), colocated=None, fail_telemetry_after_s=None)
+        try:
+            run_scenario(warm, None, device)
+        except Exception as err:  # noqa: BLE001 - the run itself will meet (and record) it too
+            refused.append({"config": label, "error": f"{type(err).__name__}: {err}"})
+    return refused
+
+
+def _oracle(cell: ControlCell, spec: dict, telemetry, device, idle_w, record: dict) -> None:
+    from flashwatt.control.study import oracle
+
+    settings = spec["oracle"]
+    duties = {label: [1.0, *(d for d in settings["duties"] if d != 1.0)] if label in settings["paced"] else [1.0]
+              for label in settings["configurations"]}
+    table = oracle(scenario_of(cell, spec).workload, telemetry, device, list(settings["configurations"]), duties,
+                   float(settings["seconds"]), idle_w)
+    record["oracle"] = table.to_dict("records")
+    checked = table.dropna(subset=["check_passed"]) if "check_passed" in table else table.iloc[:0]
+    failed = checked[~checked["check_passed"].astype(bool)]
+    if len(failed):
+        record.update(status="incorrect", reason="check against float64 failed for " +
+                      ", ".join(f"{r.config} d{r.duty:g} (rel_err {r.check_rel_err:.3g})" for r in failed.itertuples()))
+    else:
+        record["status"] = "ok"
+
+
+def _controlled(cell: ControlCell, spec: dict, telemetry, device, idle_w, record: dict) -> list[dict]:
+    from flashwatt.control.study import run_scenario
+
+    merit, trace = run_scenario(scenario_of(cell, spec), telemetry, device, idle_w)
+    record["merit"] = merit
+    if merit["check_passed"]:
+        record["status"] = "ok"
+    else:
+        record.update(status="incorrect", reason=f"controller's output failed its check against float64: "
+                                                 f"rel_err={merit['check_rel_err']:.3g} (tol {merit['check_tol']:g})")
+    trace = trace.assign(cell_id=cell.id)
+    return trace.to_dict("records")
+
+
+def run_control_cell(cell: ControlCell, spec: dict) -> CellOutcome:
+    """Run one control cell; never raises for a problem of the cell itself."""
+    record = base_record(cell, spec)
+    trace: list[dict] = []
+    t0 = time.perf_counter()
+    telemetry = None
+    try:
+        record["provenance"] = provenance()
+        import torch
+
+        from flashwatt.control.configuration import ControlError
+        from flashwatt.control.sensor import idle_power
+        from flashwatt.measure import is_oom
+        from flashwatt.telemetry import open_telemetry
+
+        device = select_device()
+        if device.type != "cuda":
+            record["device"] = device_identity(device, None)
+            record.update(status="skipped", reason="control cells drive a CUDA GPU; none is visible")
+            return CellOutcome(record, trace)
+        uuid = str(getattr(torch.cuda.get_device_properties(device), "uuid", ""))
+        telemetry = open_telemetry([uuid] if uuid else None)
+        record["device"] = device_identity(device, telemetry)
+        if cell.mode != "oracle" and not telemetry.available:
+            record.update(status="skipped", reason=f"mode {cell.mode} needs live power readings from NVML: "
+                                                   f"{telemetry.reason}")
+            return CellOutcome(record, trace)
+        try:
+            record["warm_up_refused"] = _warm_up(cell, spec, device)
+            idle_w = None
+            if telemetry.available:
+                time.sleep(REST_BEFORE_IDLE_S)
+                idle_w = idle_power(telemetry, seconds=IDLE_WINDOW_S)
+            record["idle_w"] = idle_w
+            if cell.mode == "oracle":
+                _oracle(cell, spec, telemetry if telemetry.available else None, device, idle_w, record)
+            else:
+                trace = _controlled(cell, spec, telemetry, device, idle_w, record)
+        except ControlError as err:  # a budget or setting this GPU cannot hold
+            record.update(status="skipped", reason=str(err))
+        except Exception as err:
+            if not is_oom(err):
+                raise
+            record.update(status="oom", reason=f"out of memory: {str(err).splitlines()[0]}")
+        finally:
+            torch.cuda.empty_cache()
+    except Exception as err:
+        record.update(status="error", reason=f"{type(err).__name__}: {err}", traceback=traceback.format_exc())
+    finally:
+        if telemetry is not None:
+            telemetry.close()
+        record["finished"] = utc_now()
+        record["duration_s"] = round(time.perf_counter() - t0, 3)
+    return CellOutcome(record, trace)

@@ -1,0 +1,109 @@
+"""A suite's `control` section, expanded into control cells and what each one runs.
+
+    control:
+      seconds: 14                    # length of a controlled run (a run may set its own)
+      oracle: {configurations: [...], paced: [...], duties: [...], seconds: 2}
+      colocated: {duty: 0.3, seconds: 7}
+      runs:
+        - {mode: budget, budgets_w: [300, 450, 600]}           # one cell per budget
+        - {mode: budget, schedule: [[0, 600], [6, 400], [11, 550]], seconds: 16}
+        - {mode: budget, budgets_w: [500], disturbance: colocated, disturbance_at_s: 8}
+        - {mode: energy, workload: steady, precision: bf16}
+
+Every workload a run drives gets its oracle cell (every static configuration, in one job,
+so the runs are judged against static runs on the same kind of GPU in the same suite).
+The name of a cell says what it does; the rest (lengths, the load's duty, the oracle's
+configurations) is the cell's `spec`, recorded with it.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from flashwatt.config import ConfigError
+from flashwatt.control.cell import ControlCell
+
+DEFAULT_SECONDS = 14.0
+DEFAULT_ORACLE = {
+    "configurations": ["sdpa_default", "sdpa_cudnn", "custom", "custom[ctas66]", "custom[ctas33]",
+                       "sdpa_flash", "sdpa_efficient"],
+    "paced": ["sdpa_cudnn", "custom"],
+    "duties": [0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2],
+    "seconds": 2.0,
+}
+DEFAULT_COLOCATED = {"duty": 0.3, "seconds": 7.0}
+
+
+def _runs_cells(name: str, section: dict, seed: int) -> dict[ControlCell, dict]:
+    from flashwatt.control.configuration import Configuration, ControlError
+
+    where = f"suites.{name}.control"
+    oracle = {**DEFAULT_ORACLE, **section.get("oracle", {})}
+    for i, label in enumerate(oracle["configurations"]):
+        try:
+            Configuration.parse(label)
+        except ControlError as err:
+            raise ConfigError(f"config key {where}.oracle.configurations[{i}]: {err}") from None
+    for i, label in enumerate(oracle["paced"]):
+        if label not in oracle["configurations"]:
+            raise ConfigError(f"config key {where}.oracle.paced[{i}]: {label!r} is not one of "
+                                     f"oracle.configurations ({', '.join(oracle['configurations'])})")
+    colocated = {**DEFAULT_COLOCATED, **section.get("colocated", {})}
+    cells: dict[ControlCell, dict] = {}
+    origin: dict[ControlCell, str] = {}
+
+    def add(cell: ControlCell, spec: dict, key: str) -> None:
+        if cell in cells and cells[cell] != spec:
+            raise ConfigError(f"config key {key}: names the same cell as {origin[cell]} ({cell.scenario} of "
+                                     f"{cell.group}) with other settings; give each run its own name")
+        cells.setdefault(cell, spec)
+        origin.setdefault(cell, key)
+
+    for i, run in enumerate(section.get("runs", [])):
+        key = f"{where}.runs[{i}]"
+        seconds = float(run.get("seconds", section.get("seconds", DEFAULT_SECONDS)))
+        if "budgets_w" in run and "schedule" in run:
+            raise ConfigError(f"config key {key}: give budgets_w or schedule, not both")
+        if run["mode"] == "budget":
+            if "schedule" in run:
+                schedules = [tuple((int(t), int(w)) for t, w in run["schedule"])]
+            elif "budgets_w" in run:
+                schedules = [((0, int(w)),) for w in run["budgets_w"]]
+            else:
+                raise ConfigError(f"config key {key}: mode budget needs budgets_w or schedule")
+        else:
+            if "budgets_w" in run or "schedule" in run:
+                raise ConfigError(f"config key {key}: mode {run['mode']} takes no budgets_w or schedule")
+            schedules = [()]
+        disturbance = run.get("disturbance", "")
+        at = int(run.get("disturbance_at_s", 0))
+        if disturbance and not 0 < at < seconds:
+            raise ConfigError(f"config key {key}.disturbance_at_s: {at} s must fall inside the run's "
+                                     f"{seconds:g} s")
+        for budgets in schedules:
+            if budgets and budgets[-1][0] >= seconds:
+                raise ConfigError(f"config key {key}.schedule: a step at {budgets[-1][0]} s falls outside "
+                                         f"the run's {seconds:g} s")
+            try:
+                cell = ControlCell(name, run.get("workload", "steady"), run.get("precision", "bf16"),
+                                   bool(run.get("causal", False)), run["mode"], budgets, disturbance, at,
+                                   run.get("max_slowdown_pct"))
+            except ValueError as err:
+                raise ConfigError(f"config key {key}: {err}") from None
+            spec: dict[str, Any] = {"seconds": seconds, "seed": seed}
+            if disturbance == "colocated":
+                spec["colocated"] = colocated
+            add(cell, spec, key)
+            oracle_cell = ControlCell(name, cell.workload, cell.precision, cell.causal, "oracle")
+            add(oracle_cell, {"seed": seed, "oracle": oracle}, f"{where}.oracle")
+    return cells
+
+
+def control_runs(config: dict, suite: str) -> dict[ControlCell, dict]:
+    """Each control cell of the suite and its spec (plain data: Snakemake compares it between
+    runs), in a stable order; empty for a suite without a control section."""
+    section = config["suites"][suite].get("control")
+    if not section:
+        return {}
+    seed = int({**config.get("measure", {}), **config["suites"][suite].get("measure", {})}.get("seed", 0))
+    cells = _runs_cells(suite, section, seed)
+    return {cell: cells[cell] for cell in sorted(cells)}

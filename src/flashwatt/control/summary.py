@@ -1,0 +1,151 @@
+"""The control cells of a suite as tables: one row per run, the oracle's static rows, and
+every run's trace, with each run judged against its workload's oracle.
+
+- Under a budget, a run is compared with the fastest static configuration (and duty) of
+  the oracle whose average power stayed at or under that budget: `vs_best_static` over the
+  whole run (exploration included), `steady_vs_best_static` after exploration.
+- In energy mode, with the static configuration of least joules per token and with the
+  static default (`sdpa_default` at full duty: `F.scaled_dot_product_attention` with no
+  backend forced, what a PyTorch user gets).
+- `oracle_same_device` says whether the oracle ran on the same GPU (by UUID) as the run: on
+  a cluster, cells may land on different cards, and a comparison across cards is weaker.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from flashwatt.control.cell import ControlCell
+from flashwatt.records import read_record
+
+# Figures of merit copied from a run's record (flashwatt.control.metrics, study.run_scenario).
+MERIT_COLUMNS = [
+    "wall_s", "tokens", "tokens_per_s", "avg_power_w", "j_per_token", "windows", "windows_within_pct",
+    "worst_overshoot_pct", "window_source", "settling_max_s", "switches", "explore_s", "steady_tokens_per_s",
+    "steady_avg_power_w", "steady_windows_within_pct", "steady_j_per_token", "final_config", "calls", "slept_s",
+    "check_rel_err", "check_tol", "check_passed", "idle_w", "limit_w",
+]
+COMPARISON_COLUMNS = [
+    "best_static", "best_static_tokens_per_s", "best_static_power_w", "vs_best_static", "steady_vs_best_static",
+    "best_static_j", "best_static_j_per_token", "vs_best_static_j", "steady_vs_best_static_j",
+    "static_default_tokens_per_s", "static_default_power_w", "static_default_j_per_token", "vs_static_default_j",
+    "oracle_same_device",
+]
+DEVICE_COLUMNS = ["device", "device_type", "device_uuid"]
+
+
+def _device(record: dict) -> dict:
+    device = record.get("device") or {}
+    return {"device": device.get("name"), "device_type": device.get("type"), "device_uuid": device.get("uuid")}
+
+
+def _read(path: str | Path) -> tuple[ControlCell, dict]:
+    record = read_record(path)
+    return ControlCell.from_path(str(path)), record
+
+
+def runs_table(paths: list[str | Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(runs, oracle): one row per controlled run, one per static row of every oracle."""
+    runs, oracle_rows = [], []
+    for path in paths:
+        cell, record = _read(path)
+        base = {**cell.as_row(), "status": record.get("status"), "reason": record.get("reason"), **_device(record),
+                "duration_s": record.get("duration_s")}
+        if cell.mode == "oracle":
+            for row in record.get("oracle") or []:
+                oracle_rows.append({**base, **{f"static_{k}" if k in ("status", "reason") else k: v
+                                               for k, v in row.items()}})
+            continue
+        merit = record.get("merit") or {}
+        row = {**base, **{k: merit.get(k) for k in MERIT_COLUMNS}}
+        settles = merit.get("settling_s")
+        row["settling_s"] = " ".join("never" if s is None else f"{s:.2f}" for s in settles) if settles else None
+        runs.append(row)
+    columns = [*ControlCell("x", budgets=((0, 1),)).as_row(), "status", "reason", *DEVICE_COLUMNS, "duration_s"]
+    run_frame = pd.DataFrame(runs).reindex(columns=[*columns, *MERIT_COLUMNS, "settling_s"])
+    oracle_frame = pd.DataFrame(oracle_rows)
+    if oracle_frame.empty:
+        oracle_frame = pd.DataFrame(columns=[*columns, "config", "duty", "tokens_per_s", "avg_power_w",
+                                             "j_per_token", "check_passed"])
+    return compare_with_oracle(run_frame, oracle_frame), oracle_frame
+
+
+def _usable(oracle: pd.DataFrame) -> pd.DataFrame:
+    """Static rows that measured a throughput and power and passed their float64 check."""
+    rows = oracle.dropna(subset=["tokens_per_s", "avg_power_w"])
+    return rows[rows["check_passed"].fillna(False).astype(bool)]
+
+
+def best_static_under(oracle: pd.DataFrame, budget_w: float) -> pd.Series | None:
+    """The fastest static row whose average power stayed at or under the budget."""
+    rows = _usable(oracle)
+    rows = rows[rows["avg_power_w"] <= budget_w]
+    return None if rows.empty else rows.loc[rows["tokens_per_s"].idxmax()]
+
+
+def least_energy_static(oracle: pd.DataFrame, budget_w: float | None = None) -> pd.Series | None:
+    """The static row of least joules per token (at or under `budget_w` where given)."""
+    rows = _usable(oracle).dropna(subset=["j_per_token"])
+    if budget_w is not None:
+        rows = rows[rows["avg_power_w"] <= budget_w]
+    return None if rows.empty else rows.loc[rows["j_per_token"].idxmin()]
+
+
+def static_default(oracle: pd.DataFrame) -> pd.Series | None:
+    rows = _usable(oracle)
+    rows = rows[(rows["config"] == "sdpa_default") & (rows["duty"] == 1.0)]
+    return None if rows.empty else rows.iloc[0]
+
+
+def _label(row: pd.Series) -> str:
+    return f"{row['config']} d{row['duty']:g}"
+
+
+def _ratio(a, b):
+    return a / b if a is not None and b and pd.notna(a) else None
+
+
+def compare_with_oracle(runs: pd.DataFrame, oracle: pd.DataFrame) -> pd.DataFrame:
+    out = runs.copy()
+    for column in COMPARISON_COLUMNS:
+        out[column] = None
+    for i, run in out.iterrows():
+        rows = oracle[(oracle["suite"] == run["suite"]) & (oracle["group"] == run["group"])]
+        if rows.empty or run["status"] != "ok":
+            continue
+        values: dict = {"oracle_same_device": bool(run["device_uuid"] is not None
+                                                   and (rows["device_uuid"] == run["device_uuid"]).all())}
+        default = static_default(rows)
+        if default is not None:
+            values.update(static_default_tokens_per_s=default["tokens_per_s"],
+                          static_default_power_w=default["avg_power_w"],
+                          static_default_j_per_token=default["j_per_token"],
+                          vs_static_default_j=_ratio(run["j_per_token"], default["j_per_token"]))
+        if run["mode"] == "budget" and pd.notna(run["budget_w"]):
+            best = best_static_under(rows, float(run["budget_w"]))
+            if best is not None:
+                values.update(best_static=_label(best), best_static_tokens_per_s=best["tokens_per_s"],
+                              best_static_power_w=best["avg_power_w"],
+                              vs_best_static=_ratio(run["tokens_per_s"], best["tokens_per_s"]),
+                              steady_vs_best_static=_ratio(run["steady_tokens_per_s"], best["tokens_per_s"]))
+        frugal = least_energy_static(rows, float(run["budget_w"]) if pd.notna(run["budget_w"]) else None)
+        if frugal is not None:
+            values.update(best_static_j=_label(frugal), best_static_j_per_token=frugal["j_per_token"],
+                          vs_best_static_j=_ratio(run["j_per_token"], frugal["j_per_token"]),
+                          steady_vs_best_static_j=_ratio(run["steady_j_per_token"], frugal["j_per_token"]))
+        for column, value in values.items():
+            out.at[i, column] = value
+    return out
+
+
+def traces_table(paths: list[str | Path]) -> pd.DataFrame:
+    """Every run's trace (the `.trace.parquet` beside each record), one frame."""
+    frames = []
+    for path in paths:
+        trace_path = str(path)[: -len(".json")] + ".trace.parquet"
+        if Path(trace_path).exists():
+            frame = pd.read_parquet(trace_path)
+            if len(frame) and "t" in frame:
+                frames.append(frame.assign(cell_id=ControlCell.from_path(str(path)).id))
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame({"cell_id": pd.Series([], dtype=str)})
