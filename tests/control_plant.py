@@ -27,6 +27,19 @@ class Profile:
     power_full_w: float  # drawn at full duty, before the cap
 
 
+CUDNN = Configuration("sdpa_cudnn")
+CUSTOM = Configuration("custom")
+CTAS33 = Configuration("custom", "ctas33")
+FLASH = Configuration("sdpa_flash")
+# Shaped after the H100 at B4 H16 L4096 D128 bf16 (docs/measurement.md): cuDNN fastest at
+# the cap, our kernel next, a CTA cap drawing less at a much lower throughput.
+PROFILES = {
+    CUSTOM: Profile(tokens_per_s=13.6e6, power_full_w=760),
+    CTAS33: Profile(tokens_per_s=4.8e6, power_full_w=500),
+    CUDNN: Profile(tokens_per_s=17.0e6, power_full_w=690),
+    FLASH: Profile(tokens_per_s=9.8e6, power_full_w=760),
+}
+
 @dataclass
 class Plant:
     profiles: dict[Configuration, Profile]

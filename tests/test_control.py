@@ -9,24 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from control_plant import Plant, Profile, run
+from control_plant import CTAS33, CUDNN, CUSTOM, FLASH, PROFILES, Plant, Profile, run
 from flashwatt.control.configuration import Configuration, ControlError, candidates, check_knobs
 from flashwatt.control.governor import Governor
 from flashwatt.control.metrics import summarize, window_power
-
-CUDNN = Configuration("sdpa_cudnn")
-CUSTOM = Configuration("custom")
-CTAS33 = Configuration("custom", "ctas33")
-FLASH = Configuration("sdpa_flash")
-# Shaped after the H100 at B4 H16 L4096 D128 bf16 (docs/measurement.md): cuDNN fastest at
-# the cap, our kernel next, a CTA cap drawing less at a much lower throughput.
-PROFILES = {
-    CUSTOM: Profile(tokens_per_s=13.6e6, power_full_w=760),
-    CTAS33: Profile(tokens_per_s=4.8e6, power_full_w=500),
-    CUDNN: Profile(tokens_per_s=17.0e6, power_full_w=690),
-    FLASH: Profile(tokens_per_s=9.8e6, power_full_w=760),
-}
-
 
 def governor(mode="budget", budget=450.0, profiles=PROFILES, **kw):
     return Governor(mode, list(profiles), budget_w=budget if mode == "budget" else None,

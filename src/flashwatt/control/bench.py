@@ -19,17 +19,13 @@ import torch
 
 from flashwatt.control.sensor import idle_power
 from flashwatt.control.study import bare_loop_tokens_per_s, oracle, run_scenario
+from flashwatt.control.suite import DEFAULT_ORACLE
+from flashwatt.control.summary import best_static_under
 from flashwatt.control.workloads import ColocatedLoad, Scenario, Workload
 from flashwatt.telemetry import open_telemetry
 
-STATIC_CONFIGS = ["sdpa_default", "sdpa_cudnn", "custom", "custom[ctas66]", "custom[ctas33]", "sdpa_flash", "sdpa_efficient"]
-DUTIES = [1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2]
-
-
-def best_static_under(oracle_table: pd.DataFrame, budget: float) -> pd.Series | None:
-    ok = oracle_table.dropna(subset=["avg_power_w", "tokens_per_s"])
-    ok = ok[(ok["avg_power_w"] <= budget) & ok["check_passed"].astype(bool)]
-    return None if ok.empty else ok.loc[ok["tokens_per_s"].idxmax()]
+STATIC_CONFIGS = DEFAULT_ORACLE["configurations"]
+DUTIES = [1.0, *DEFAULT_ORACLE["duties"]]
 
 
 def main(argv=None) -> int:
@@ -56,7 +52,7 @@ def main(argv=None) -> int:
     report: dict = {"device": telemetry.identity()[0], "torch": torch.__version__, "idle_w": idle}
     t_start = time.monotonic()
 
-    duties = {label: (DUTIES if label in ("sdpa_cudnn", "custom") else [1.0]) for label in STATIC_CONFIGS}
+    duties = {label: (DUTIES if label in DEFAULT_ORACLE["paced"] else [1.0]) for label in STATIC_CONFIGS}
     table = oracle(steady, telemetry, device, STATIC_CONFIGS, duties, 2.0 * scale, idle)
     table.to_csv(args.out / "oracle.csv", index=False)
     print(table.to_string(index=False, float_format=lambda x: f"{x:.4g}"), flush=True)

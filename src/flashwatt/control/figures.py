@@ -107,6 +107,8 @@ def draw_power(tables: ControlTables) -> plt.Figure:
     fig, axes = _panels(len(runs), sharey=True)
     for ax, run in zip(axes, runs.itertuples()):
         trace = tables.traces[tables.traces["cell_id"] == run.cell_id].sort_values("t")
+        # a column that is empty in some runs (budget in energy mode) comes back as objects
+        trace = trace.assign(**{c: pd.to_numeric(trace[c], errors="coerce") for c in ("t", "power_w", "budget_w")})
         explored = trace.loc[trace["phase"] == "explore", "t"]
         if len(explored):
             ax.axvspan(0, explored.max(), color="0.92", label="exploration", lw=0)

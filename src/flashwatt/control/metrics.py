@@ -112,3 +112,25 @@ def summarize(trace: pd.DataFrame, calls: int | None = None, tokens: int | None 
                                  if settles and all(s is not None for s in settles) else None)
     out["switches"] = int((trace["config"].fillna("") != trace["config"].shift().fillna("")).iloc[1:].sum()) if len(trace) > 1 else 0
     return out
+
+
+def run_merit(trace: pd.DataFrame, tokens: int | None = None, wall_s: float | None = None) -> dict:
+    """A run's figures of merit (`summarize`), its last configuration, and the same figures
+    after exploration ended (`steady_*`: what the controller does once it has learned), when
+    at least ten ticks follow it."""
+    if len(trace) < 2:
+        return {"tokens_per_s": tokens / wall_s if tokens is not None and wall_s else None, "final_config": None}
+    merit = summarize(trace, tokens=tokens, wall_s=wall_s)
+    configs = trace["config"].dropna()
+    merit["final_config"] = configs.iloc[-1] if len(configs) else None
+    explore_end = trace.loc[trace["phase"] == "explore", "t"].max() if "phase" in trace else None
+    if explore_end is not None and explore_end == explore_end:
+        merit["explore_s"] = float(explore_end)  # the trace's clock starts with the run
+        after = trace[trace["t"] > explore_end]
+        if len(after) >= 10:
+            steady = summarize(after.reset_index(drop=True))
+            merit["steady_tokens_per_s"] = steady["tokens_per_s"]
+            merit["steady_avg_power_w"] = steady["avg_power_w"]
+            merit["steady_windows_within_pct"] = steady.get("windows_within_pct")
+            merit["steady_j_per_token"] = steady.get("j_per_token")
+    return merit

@@ -15,7 +15,7 @@ import torch
 
 from flashwatt.control.configuration import Configuration
 from flashwatt.control.controller import Controller
-from flashwatt.control.metrics import summarize
+from flashwatt.control.metrics import run_merit
 from flashwatt.control.workloads import Scenario, Workload
 from flashwatt.kernels import get_kernel
 from flashwatt.measure import check_rows, reference_attention, relative_error
@@ -91,20 +91,10 @@ def run_scenario(scenario: Scenario, telemetry, device: torch.device, idle_w: fl
     trace = ctl.trace()
     if len(trace):
         trace["t"] = trace["t"] - t0
-    merit = summarize(trace, tokens=ctl.tokens, wall_s=wall) if len(trace) >= 2 else {"tokens_per_s": ctl.tokens / wall}
+    merit = run_merit(trace, tokens=ctl.tokens, wall_s=wall)
     merit.update(scenario=scenario.name, mode=scenario.mode, budget_w=budget, calls=ctl.calls, slept_s=ctl.slept_s,
                  check_rel_err=check["rel_err"], check_tol=check["tol"], check_passed=check["passed"],
-                 idle_w=ctl.idle_w, limit_w=ctl.limit_w, final_config=trace["config"].dropna().iloc[-1] if len(trace) else None)
-    explore_end = trace.loc[trace["phase"] == "explore", "t"].max() if "phase" in trace else None
-    if explore_end is not None and explore_end == explore_end:
-        merit["explore_s"] = float(explore_end)
-        after = trace[trace["t"] > explore_end]
-        if len(after) >= 10:
-            steady = summarize(after.reset_index(drop=True))
-            merit["steady_tokens_per_s"] = steady["tokens_per_s"]
-            merit["steady_avg_power_w"] = steady["avg_power_w"]
-            merit["steady_windows_within_pct"] = steady.get("windows_within_pct")
-            merit["steady_j_per_token"] = steady.get("j_per_token")
+                 idle_w=ctl.idle_w, limit_w=ctl.limit_w)
     trace["scenario"] = scenario.name
     merit["model"] = ctl.model_table().to_dict("records")
     return merit, trace

@@ -1,0 +1,321 @@
+"""The control suite's side of the pipeline: control cells and their names, the `control`
+section of a suite, the job without a GPU, the tables that judge each run against its
+oracle, and the figures drawn from them.
+
+Records are made the way the job makes them, from the real governor driving the simulated
+GPU of tests/control_plant.py; only the GPU is simulated.
+"""
+from __future__ import annotations
+
+import copy
+
+import pandas as pd
+import pytest
+
+from control_plant import CTAS33, CUDNN, CUSTOM, FLASH, PROFILES, Plant, run
+from flashwatt.config import ConfigError, every_cell, load_config, validate_config
+from flashwatt.control.cell import ControlCell
+from flashwatt.control.figures import CONTROL_FIGURES, ControlTables, pareto_front
+from flashwatt.control.governor import Governor
+from flashwatt.control.job import base_record, run_control_cell
+from flashwatt.control.metrics import run_merit
+from flashwatt.control.suite import control_runs
+from flashwatt.control.summary import runs_table, traces_table
+from flashwatt.records import write_record, write_trace
+
+
+# ---- cells -------------------------------------------------------------------------------
+CELLS = [
+    ControlCell("s", mode="oracle"),
+    ControlCell("s", budgets=((0, 450),)),
+    ControlCell("s", "stream", "fp16", True, budgets=((0, 600), (6, 400), (11, 550))),
+    ControlCell("s", mode="energy"),
+    ControlCell("s", mode="energy", max_slowdown_pct=5),
+    ControlCell("s", budgets=((0, 500),), disturbance="colocated", disturbance_at_s=8),
+    ControlCell("s", "steady", "fp32", budgets=((0, 450),), disturbance="nvml_failure", disturbance_at_s=5),
+]
+
+
+@pytest.mark.parametrize("cell", CELLS, ids=lambda c: c.scenario)
+def test_a_control_cell_is_found_again_from_its_path(cell):
+    assert ControlCell.from_path(cell.path) == cell
+    assert ControlCell.from_path("/anywhere/else/" + cell.path) == cell
+    assert cell.path == f"results/cells/s/control/{cell.group}/{cell.scenario}.json"
+    assert cell.trace_path.endswith(".trace.parquet") and cell.log_path.startswith("results/logs/cells/s/control/")
+
+
+def test_control_cell_names_say_what_runs():
+    assert [c.scenario for c in CELLS] == [
+        "oracle", "budget-450w", "budget-600w-400w_at6s-550w_at11s", "energy", "energy-slowdown5pct",
+        "budget-500w-colocated_at8s", "budget-450w-nvml_failure_at5s"]
+    assert CELLS[2].group == "stream-fp16-causal"
+    assert CELLS[2].as_row()["budget_schedule"] == "600W@0s 400W@6s 550W@11s"
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"mode": "budget"}, "needs a budget"),
+    ({"mode": "energy", "budgets": ((0, 400),)}, "takes no budget"),
+    ({"budgets": ((1, 400),)}, "first step at 0 s"),
+    ({"budgets": ((0, 400), (5, 300), (5, 350))}, "increasing times"),
+    ({"mode": "oracle", "disturbance": "colocated", "disturbance_at_s": 3}, "not in the oracle"),
+    ({"budgets": ((0, 400),), "max_slowdown_pct": 5}, "energy mode only"),
+    ({"workload": "bursty", "mode": "energy"}, "workload='bursty'"),
+    ({"precision": "int8", "mode": "energy"}, "precision='int8'"),
+])
+def test_a_control_cell_that_cannot_run_is_refused_by_name(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        ControlCell("s", **kwargs)
+
+
+@pytest.mark.parametrize("path", ["results/cells/s/control/steady-bf16-full/budget-450.json",
+                                  "results/cells/s/control/steady-int8-full/energy.json",
+                                  "results/cells/s/naive/fp32/L32-B2-H2-D16-full-fwd.json"])
+def test_a_path_that_is_not_a_control_cell_is_refused(path):
+    with pytest.raises(ValueError, match="not a control"):
+        ControlCell.from_path(path)
+
+
+# ---- the suite's control section ---------------------------------------------------------
+def config_with(section: dict) -> dict:
+    return validate_config({"suites": {"ctl": {"control": section}}})
+
+
+def test_the_shipped_control_suite_expands_to_one_cell_per_run_and_an_oracle_per_workload():
+    config = load_config("config/config.yaml")
+    cells = control_runs(config, "control")
+    scenarios = {(c.group, c.scenario) for c in cells}
+    budgets = {f"budget-{w}w" for w in range(300, 651, 50)}
+    assert {s for g, s in scenarios if g == "steady-bf16-full"} >= budgets | {"oracle", "energy"}
+    assert ("stream-bf16-full", "oracle") in scenarios and ("stream-bf16-full", "budget-450w") in scenarios
+    assert all(spec["seconds"] > 0 for c, spec in cells.items() if c.mode != "oracle")
+    assert every_cell(config, "control") == list(cells)
+    assert control_runs(config, "smoke") == {}
+
+
+def test_what_a_name_does_not_say_travels_in_the_spec():
+    config = config_with({"seconds": 9, "colocated": {"duty": 0.5},
+                          "runs": [{"mode": "budget", "budgets_w": [500], "disturbance": "colocated",
+                                    "disturbance_at_s": 4}, {"mode": "energy", "seconds": 12}]})
+    cells = control_runs(config, "ctl")
+    colocated = ControlCell("ctl", budgets=((0, 500),), disturbance="colocated", disturbance_at_s=4)
+    assert cells[colocated] == {"seconds": 9.0, "seed": 0, "colocated": {"duty": 0.5, "seconds": 7.0}}
+    assert cells[ControlCell("ctl", mode="energy")]["seconds"] == 12.0
+    oracle = cells[ControlCell("ctl", mode="oracle")]["oracle"]
+    assert "sdpa_default" in oracle["configurations"] and oracle["seconds"] > 0
+
+
+@pytest.mark.parametrize("section, message", [
+    ({"runs": [{"mode": "budget"}]}, r"runs\[0\]: mode budget needs budgets_w or schedule"),
+    ({"runs": [{"mode": "energy", "budgets_w": [400]}]}, r"runs\[0\]: mode energy takes no budgets_w"),
+    ({"runs": [{"mode": "budget", "budgets_w": [400], "schedule": [[0, 400]]}]}, "not both"),
+    ({"runs": [{"mode": "budget", "schedule": [[0, 600], [20, 400]]}]}, r"schedule: a step at 20 s falls outside"),
+    ({"runs": [{"mode": "budget", "schedule": [[2, 600]]}]}, "first step at 0 s"),
+    ({"runs": [{"mode": "budget", "budgets_w": [400], "disturbance": "colocated", "disturbance_at_s": 30}]},
+     r"disturbance_at_s: 30 s must fall inside"),
+    ({"runs": [{"mode": "budget", "budgets_w": [400]}, {"mode": "budget", "budgets_w": [400], "seconds": 5}]},
+     r"runs\[1\]: names the same cell as suites.ctl.control.runs\[0\]"),
+    ({"oracle": {"configurations": ["sdpa_cudnn", "custom[ctas66]", "triton"]}, "runs": [{"mode": "energy"}]},
+     r"oracle.configurations\[2\]: backend 'triton'"),
+    ({"oracle": {"configurations": ["sdpa_cudnn"], "paced": ["custom"]}, "runs": [{"mode": "energy"}]},
+     r"oracle.paced\[0\]: 'custom' is not one of oracle.configurations"),
+    ({"runs": [{"mode": "oracle"}]}, r"runs\[0\].mode: 'oracle' is not allowed"),
+    ({"runs": [{"mode": "energy", "budget": 3}]}, r"runs\[0\]: unknown key\(s\) 'budget'"),
+    ({"runs": []}, "runs"),
+])
+def test_a_bad_control_section_names_its_key(section, message):
+    with pytest.raises(ConfigError, match=message):
+        config_with(section)
+
+
+# ---- the job without a GPU ---------------------------------------------------------------
+def test_without_a_gpu_a_control_cell_is_skipped_with_the_reason_and_the_device(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    outcome = run_control_cell(ControlCell("s", budgets=((0, 450),)), {"seconds": 1.0, "seed": 0})
+    record = outcome.record
+    assert record["status"] == "skipped" and "CUDA GPU" in record["reason"]
+    assert record["device"]["type"] == "cpu" and record["cell"]["scenario"] == "budget-450w"
+    assert record["spec"] == {"seconds": 1.0, "seed": 0} and outcome.trace == []
+
+
+# ---- tables and figures from records the job's way -----------------------------------------
+ORACLE_DUTIES = (1.0, 0.8, 0.6, 0.4, 0.2)
+# A row that would win every comparison if its failed float64 check were ignored.
+WRONG_BUT_FAST = {"config": "sdpa_flash", "duty": 0.5, "tokens_per_s": 50e6, "avg_power_w": 250.0,
+                  "j_per_token": 5e-6, "check_passed": False, "check_rel_err": 0.4}
+
+
+def oracle_rows(plant: Plant) -> list[dict]:
+    rows = []
+    statics = [(c, (ORACLE_DUTIES if c in (CUDNN, CUSTOM) else (1.0,))) for c in (CUDNN, CUSTOM, CTAS33, FLASH)]
+    for config, duties in statics:
+        for duty in duties:
+            tokens, power = plant.throughput(config, duty, 0), plant.target_w(config, duty, 0)
+            rows.append({"config": config.label, "duty": duty, "tokens_per_s": tokens, "avg_power_w": power,
+                         "j_per_token": power / tokens, "check_passed": True, "check_rel_err": 2e-3})
+    default = dict(rows[0], config="sdpa_default")  # PyTorch's own choice is cuDNN here
+    return [default, *rows, WRONG_BUT_FAST]
+
+
+def device(uuid: str) -> dict:
+    return {"type": "cuda", "name": "Simulated H100", "uuid": uuid}
+
+
+def write_suite(root, suite="s", run_uuid="GPU-1", oracle_uuid="GPU-1", budgets=(300, 450, 650)) -> list[str]:
+    """Record files of one suite: the oracle, a run per budget, a budget schedule and an
+    energy run, each as the job writes it."""
+    plant = Plant(PROFILES)
+    paths = []
+    oracle = ControlCell(suite, mode="oracle")
+    record = base_record(oracle, {"oracle": {}}) | {"status": "ok", "device": device(oracle_uuid),
+                                                     "oracle": oracle_rows(plant)}
+    write_record(root / oracle.path, record)
+    write_trace(root / oracle.trace_path, [])
+    paths.append(str(root / oracle.path))
+    runs = [ControlCell(suite, budgets=((0, b),)) for b in budgets]
+    runs += [ControlCell(suite, budgets=((0, 600), (8, 400))), ControlCell(suite, mode="energy")]
+    for cell in runs:
+        gov = Governor(cell.mode, list(PROFILES), budget_w=cell.budget_w, idle_w=120.0, limit_w=700.0)
+        trace = run(gov, Plant(PROFILES), 16.0,
+                    budget_schedule=[(float(t), float(w)) for t, w in cell.budgets[1:]])
+        trace["energy_mj"] = trace["true_energy_mj"]
+        merit = run_merit(trace) | {"check_passed": True, "check_rel_err": 3e-3, "check_tol": 2e-2}
+        record = base_record(cell, {"seconds": 16.0}) | {"status": "ok", "device": device(run_uuid),
+                                                         "merit": merit}
+        write_record(root / cell.path, record)
+        write_trace(root / cell.trace_path, trace.assign(cell_id=cell.id).to_dict("records"))
+        paths.append(str(root / cell.path))
+    skipped = ControlCell(suite, budgets=((0, 90),))
+    record = base_record(skipped, {"seconds": 16.0}) | {
+        "status": "skipped", "device": device(run_uuid),
+        "reason": "budget 90 W is under this GPU's idle power (120 W)"}
+    write_record(root / skipped.path, record)
+    write_trace(root / skipped.trace_path, [])
+    paths.append(str(root / skipped.path))
+    return paths
+
+
+@pytest.fixture(scope="module")
+def tables(tmp_path_factory):
+    root = tmp_path_factory.mktemp("control")
+    paths = write_suite(root)
+    runs, oracle = runs_table(paths)
+    return ControlTables(runs, oracle, traces_table(paths))
+
+
+def usable(oracle: pd.DataFrame) -> pd.DataFrame:
+    return oracle[oracle["check_passed"].astype(bool)]
+
+
+def test_each_budget_run_is_judged_against_the_fastest_static_within_its_budget(tables):
+    runs = tables.runs.set_index("scenario")
+    for budget in (300, 450, 650):
+        run_ = runs.loc[f"budget-{budget}w"]
+        within = usable(tables.oracle)
+        within = within[within["avg_power_w"] <= budget]
+        best = within.loc[within["tokens_per_s"].idxmax()]
+        assert run_["best_static"] == f"{best['config']} d{best['duty']:g}"
+        assert run_["vs_best_static"] == pytest.approx(run_["tokens_per_s"] / best["tokens_per_s"])
+        assert run_["steady_vs_best_static"] == pytest.approx(run_["steady_tokens_per_s"] / best["tokens_per_s"])
+        # the governor on the simulated GPU does as well as the best static point, once it has learned
+        assert run_["steady_vs_best_static"] > 0.9
+    assert "sdpa_flash d0.5" not in set(tables.runs["best_static"].dropna())
+    assert "sdpa_flash d0.5" not in set(tables.runs["best_static_j"].dropna())
+
+
+def test_energy_is_compared_with_the_static_default_and_the_most_frugal_static(tables):
+    energy = tables.runs.set_index("scenario").loc["energy"]
+    default = tables.oracle[(tables.oracle["config"] == "sdpa_default")].iloc[0]
+    assert energy["static_default_j_per_token"] == pytest.approx(default["j_per_token"])
+    assert energy["vs_static_default_j"] == pytest.approx(energy["j_per_token"] / default["j_per_token"])
+    frugal = usable(tables.oracle).sort_values("j_per_token").iloc[0]
+    assert energy["best_static_j_per_token"] == pytest.approx(frugal["j_per_token"])
+    assert bool(energy["oracle_same_device"]) is True
+
+
+def test_a_run_that_did_not_finish_ok_keeps_its_reason_and_gets_no_comparison(tables):
+    skipped = tables.runs.set_index("scenario").loc["budget-90w"]
+    assert skipped["status"] == "skipped" and "idle power" in skipped["reason"]
+    assert pd.isna(skipped["vs_best_static"]) and pd.isna(skipped["tokens_per_s"])
+
+
+def test_an_oracle_from_another_gpu_is_said_so(tmp_path):
+    runs, _ = runs_table(write_suite(tmp_path, run_uuid="GPU-1", oracle_uuid="GPU-2", budgets=(450,)))
+    assert not runs.loc[runs["status"] == "ok", "oracle_same_device"].astype(bool).any()
+
+
+def test_budget_steps_have_their_settling_times_in_the_table(tables):
+    steps = tables.runs.set_index("scenario").loc["budget-600w-400w_at8s"]
+    assert steps["budget_schedule"] == "600W@0s 400W@8s"
+    assert steps["settling_s"] and all(float(s) < 1.5 for s in steps["settling_s"].split())
+
+
+def test_power_figure_draws_each_ok_run_with_its_budget_and_windows(tables):
+    fig = CONTROL_FIGURES["control_power"].render(tables)
+    axes = [ax for ax in fig.axes if ax.get_visible() and ax.axison]
+    ok = tables.runs[tables.runs["status"] == "ok"]
+    assert len(axes) == len(ok)
+    by_title = {ax.get_title().split("\n")[0]: ax for ax in axes}
+    assert set(by_title) == {f"steady-bf16-full · {s}" for s in ok["scenario"]}
+    ax = by_title["steady-bf16-full · budget-450w"]
+    lines = {line.get_label(): line for line in ax.lines}
+    assert set(lines["budget"].get_ydata()) == {450.0}
+    windows = [label for label in lines if label.startswith("1 s windows")]
+    assert windows == ["1 s windows (energy counter)"]
+    steps = by_title["steady-bf16-full · budget-600w-400w_at8s"]
+    assert set({line.get_label(): line for line in steps.lines}["budget"].get_ydata()) == {600.0, 400.0}
+    assert "suite s" in fig._suptitle.get_text() and "6 of 7 cells ok" in fig._suptitle.get_text()
+
+
+def test_pareto_figure_draws_the_static_front_and_the_controller(tables):
+    fig = CONTROL_FIGURES["control_pareto"].render(tables)
+    (ax,) = [a for a in fig.axes if a.axison]
+    lines = {line.get_label(): line for line in ax.lines}
+    front = lines["Pareto front of static runs"]
+    x, y = front.get_xdata(), front.get_ydata()
+    assert list(x) == sorted(x) and list(y) == sorted(y)  # more power only where it buys throughput
+    good = usable(tables.oracle)
+    assert set(zip(x, y)) <= set(zip(good["avg_power_w"], good["tokens_per_s"] / 1e6))
+    assert (50.0 not in y)  # the row that failed its check is not on the front
+    crosses = [line for line in ax.lines if line.get_label() == "controller (after exploration)"]
+    assert len(crosses) == (tables.runs["status"] == "ok").sum()
+    assert {t.get_text() for t in ax.texts} >= {"300 W", "450 W", "650 W", "600 W steps", "energy"}
+
+
+def test_pareto_front_keeps_only_undominated_points():
+    rows = pd.DataFrame({"avg_power_w": [300, 400, 450, 500, 600], "tokens_per_s": [5, 9, 8, 12, 12]})
+    assert list(pareto_front(rows)["avg_power_w"]) == [300, 400, 500]
+
+
+def test_energy_figure_draws_controller_oracle_and_default_against_budget(tables):
+    fig = CONTROL_FIGURES["control_energy"].render(tables)
+    (ax,) = [a for a in fig.axes if a.axison]
+    lines = {line.get_label(): line for line in ax.lines}
+    controller = lines["controller (whole run)"]
+    assert list(controller.get_xdata()) == [300, 450, 650]  # plain budget runs only, not the schedule
+    oracle = lines["oracle: least energy static within budget"]
+    good = usable(tables.oracle)
+    expected = [good[good["avg_power_w"] <= b]["j_per_token"].min() * 1e6 for b in (300, 450, 650)]
+    assert list(oracle.get_ydata()) == pytest.approx(expected)
+    assert any(label.startswith("static default") for label in lines)
+    assert any(label.startswith("energy mode") for label in lines)
+
+
+def test_figures_with_nothing_to_draw_say_why(tables):
+    runs = tables.runs.copy()
+    runs["status"] = "skipped"
+    runs["reason"] = "control cells drive a CUDA GPU; none is visible"
+    empty = ControlTables(runs, tables.oracle.iloc[:0], tables.traces.iloc[:0])
+    for name in CONTROL_FIGURES:
+        fig = CONTROL_FIGURES[name].render(empty)
+        text = " ".join(t.get_text() for ax in fig.axes for t in ax.texts)
+        assert text.startswith("Nothing to draw."), (name, text)
+    power = " ".join(t.get_text() for ax in CONTROL_FIGURES["control_power"].render(empty).axes for t in ax.texts)
+    assert "none of the 6 controlled runs finished ok; reason: control cells drive a CUDA GPU" in power
+
+
+def test_a_suite_may_hold_attention_grids_and_control_runs():
+    config = copy.deepcopy(load_config("config/config.yaml"))
+    config["suites"]["smoke"]["control"] = {"runs": [{"mode": "energy"}]}
+    validate_config(config)
+    cells = every_cell(config, "smoke")
+    assert sum(isinstance(c, ControlCell) for c in cells) == 2 and len(cells) > 2
