@@ -128,3 +128,37 @@ def test_misspelt_cell_resource_is_refused_before_any_job(workdir):
     assert "unknown resource(s) for rule cell: slurm_acount; known: account" in proc.stdout + proc.stderr
     ok = snakemake(workdir, "-n", "--profile", "slurm", "--set-resources", "cell:slurm_account=myproj")
     assert ok.returncode == 0, ok.stderr[-2000:]
+
+
+CONTROL_OVERLAY = """
+suites:
+  ctl:
+    description: the scheduler's runs on a host without a GPU
+    control:
+      runs:
+        - {mode: budget, budgets_w: [450]}
+        - {mode: energy}
+"""
+
+
+def test_control_suite_without_a_gpu_records_why_and_still_reports(tmp_path):
+    """A user trying the control suite on a laptop: every control cell says why it did not
+    run, the tables and figures are made (saying there is nothing to draw), the report too."""
+    import pandas as pd
+
+    workdir = copy_workflow(tmp_path)
+    (workdir / "overlay.yaml").write_text(CONTROL_OVERLAY)
+    proc = flashwatt(workdir, "run", "--cores", "2", "--configfile", "config/config.yaml", "overlay.yaml",
+                     "--config", "suite=ctl")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "flashwatt: suite ctl, 3 cells" in proc.stdout
+    assert "cells by status: 3 skipped" in proc.stdout
+    runs = pd.read_parquet(workdir / "results/ctl/control.parquet")
+    assert sorted(runs["scenario"]) == ["budget-450w", "energy"]
+    assert set(runs["status"]) == {"skipped"} and runs["reason"].str.contains("CUDA GPU").all()
+    assert set(runs["device_type"]) == {"cpu"}
+    for name in ("control_power", "control_pareto", "control_energy"):
+        assert (workdir / f"figures/ctl/{name}.pdf").stat().st_size > 0
+    report = (workdir / "results/ctl/report.html")
+    assert report.exists()
+    assert not (workdir / "results/ctl/summary.parquet").exists()  # no attention cells, no summary
