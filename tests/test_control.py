@@ -119,6 +119,15 @@ def test_energy_mode_respects_the_slowdown_bound():
     assert bounded.iloc[-1]["config"] == CUDNN.label
 
 
+def test_a_much_slower_configuration_is_pruned_without_a_power_dwell():
+    trace = run(governor(budget=450.0), Plant(PROFILES), 8.0)
+    events = " ".join(trace["event"].dropna())
+    assert f"prune {CTAS33.label}" in events  # 0.35x the fastest: ruled out by its GPU time
+    assert f"prune {FLASH.label}" not in events  # 0.58x: explored in full
+    assert (trace["config"] == CTAS33.label).sum() <= 2  # ticks spent on it
+    assert trace.loc[trace["phase"] == "explore", "t"].max() < 3.0
+
+
 def test_new_shape_is_explored_and_gets_its_own_choice():
     gov = governor(budget=450.0)
     run(gov, Plant(PROFILES), 6.0)

@@ -73,6 +73,7 @@ class ShapeState:
     to_explore: list[Configuration]
     since: float  # when `config` became this shape's choice
     forbidden: dict[Configuration, str] = field(default_factory=dict)
+    pruned: set[Configuration] = field(default_factory=set)  # too slow to be worth a power dwell
     exploring: bool = True
 
 
@@ -80,7 +81,7 @@ class Governor:
     def __init__(self, mode: str, candidates: list[Configuration] | Callable[[tuple], list[Configuration]], *, budget_w: float | None = None,
                  idle_w: float | None = None, limit_w: float | None = None, max_slowdown: float | None = None,
                  static_duty: float = 1.0, margin: float = 0.02, dwell_s: float = 3.0,
-                 explore_dwell_s: float = 0.6, hysteresis: float = 0.05, stale_s: float = 0.5,
+                 explore_dwell_s: float = 0.6, prune_below: float = 0.4, hysteresis: float = 0.05, stale_s: float = 0.5,
                  duty_range: tuple[float, float] = (0.05, 1.0), clock: Callable[[], float] = time.monotonic):
         if mode not in MODES:
             raise ControlError(f"mode {mode!r}: allowed {', '.join(MODES)}")
@@ -101,6 +102,7 @@ class Governor:
         self.margin = margin
         self.dwell_s = dwell_s
         self.explore_dwell_s = explore_dwell_s
+        self.prune_below = prune_below
         self.hysteresis = hysteresis
         self.stale_s = stale_s
         self.clock = clock
@@ -197,6 +199,12 @@ class Governor:
         power_seen = stats is not None and (stats.j_samples if self.mode == "energy" else stats.eta_samples) >= 3
         measured = stats is not None and stats.latency_samples >= 2
         dwelt = now - state.since
+        if measured and not force and self._too_slow(shape, stats):
+            # Its GPU time alone rules it out: no need to wait for its power.
+            state.pruned.add(state.config)
+            self._events.append(f"prune {state.config.label} ({stats.tokens_per_s_full:.4g} tokens/s at full duty, "
+                                f"under {self.prune_below:g} x the fastest explored)")
+            force = True
         if not force and not (measured and ((power_seen and dwelt >= self.explore_dwell_s)
                                             or dwelt >= 3 * self.explore_dwell_s)):
             return
@@ -208,6 +216,19 @@ class Governor:
                 return
         state.exploring = False
         self._choose(shape, state, now, force=True)
+
+    def _too_slow(self, shape: tuple, stats) -> bool:
+        """Whether a configuration's full-duty throughput is under `prune_below` (0.4) of the
+        fastest one explored for this shape. To be worth choosing, such a configuration
+        would have to draw well under half the watts above idle of the faster one; on the
+        boards measured the slow ones (a 33-CTA cap, the memory-efficient backend, at 0.28-0.35x
+        cuDNN's throughput) drew 0.68x and more (docs/control.md), so their power dwell only
+        costs exploration time. A frugal configuration that is merely slower (0.6x) is
+        still explored in full."""
+        speeds = [st.tokens_per_s_full for (sh, _), st in list(self.model.stats.items())
+                  if sh == shape and st.tokens_per_s_full is not None and st.latency_samples >= 2]
+        return (stats.tokens_per_s_full is not None and bool(speeds)
+                and stats.tokens_per_s_full < self.prune_below * max(speeds))
 
     def _score(self, shape: tuple, config: Configuration, use_eta: bool) -> float | None:
         stats = self.model.stats.get((shape, config))
@@ -223,7 +244,7 @@ class Governor:
 
     def _choose(self, shape: tuple, state: ShapeState, now: float, force: bool = False,
                 skip_dwell: bool = False) -> None:
-        allowed = [c for c in state.candidates if c not in state.forbidden
+        allowed = [c for c in state.candidates if c not in state.forbidden and c not in state.pruned
                    and self.model.stats.get((shape, c)) is not None
                    and self.model.stats[(shape, c)].tokens_per_s_full is not None]
         if not allowed:
