@@ -34,13 +34,31 @@ if [ "$#" -gt 0 ]; then
   suite=${suite:-unknown}
   tar czf "$OUT/results-$suite.tgz" results/"$suite" results/cells/"$suite" figures/"$suite" results/logs 2>/dev/null
   python3 - "$suite" <<'PY'
-import sys, pandas as pd
-f = pd.read_parquet(f"results/{sys.argv[1]}/summary.parquet")
-cols = ["kernel", "precision", "seq_len", "batch", "heads", "head_dim", "causal", "status", "median_ms",
-        "tflops", "rel_err", "energy_per_call_j", "avg_power_w", "peak_power_w", "gflops_per_w",
-        "counter_vs_integral_pct", "clock_reasons"]
-pd.set_option("display.width", 250); pd.set_option("display.max_rows", 500)
-print(f[cols].to_string(index=False, float_format=lambda x: f"{x:.4g}"))
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+pd.set_option("display.width", 250); pd.set_option("display.max_rows", 500); pd.set_option("display.max_columns", 50)
+fmt = lambda x: f"{x:.4g}"
+summary, control = Path(f"results/{sys.argv[1]}/summary.parquet"), Path(f"results/{sys.argv[1]}/control.parquet")
+if summary.exists():
+    f = pd.read_parquet(summary)
+    cols = ["kernel", "precision", "seq_len", "batch", "heads", "head_dim", "causal", "status", "median_ms",
+            "tflops", "rel_err", "energy_per_call_j", "avg_power_w", "peak_power_w", "gflops_per_w",
+            "counter_vs_integral_pct", "clock_reasons"]
+    print(f[cols].to_string(index=False, float_format=fmt))
+if control.exists():
+    runs = pd.read_parquet(control)
+    oracle = pd.read_parquet(f"results/{sys.argv[1]}/control_oracle.parquet")
+    print(oracle[["group", "config", "duty", "tokens_per_s", "avg_power_w", "j_per_token", "check_passed"]]
+          .to_string(index=False, float_format=fmt))
+    cols = ["group", "scenario", "status", "reason", "tokens_per_s", "avg_power_w", "windows_within_pct",
+            "worst_overshoot_pct", "settling_s", "explore_s", "steady_tokens_per_s", "steady_avg_power_w",
+            "best_static", "vs_best_static", "steady_vs_best_static", "j_per_token", "steady_j_per_token",
+            "best_static_j", "vs_best_static_j", "vs_static_default_j", "final_config", "check_passed",
+            "oracle_same_device", "device"]
+    print(runs[cols].to_string(index=False, float_format=fmt))
 PY
 fi
 if [ -n "${FLASHWATT_REPEAT:-}" ]; then

@@ -56,3 +56,42 @@ def test_nvml_failure_falls_back_and_output_stays_correct(board):
     assert len(late) and (late["phase"] == "fallback").all()
     assert "injected failure" in " ".join(trace["event"].dropna())
     assert merit["calls"] > 0
+
+
+def test_control_cells_run_as_the_pipeline_runs_them(board, tmp_path):
+    """A control cell's job on the real board: the oracle (two static configurations, one
+    paced) and a budget run, written and judged as the workflow does."""
+    from flashwatt.control.cell import ControlCell
+    from flashwatt.control.job import run_control_cell
+    from flashwatt.control.summary import runs_table
+    from flashwatt.records import write_record
+
+    oracle_cell = ControlCell("gpu", mode="oracle")
+    spec = {"seed": 0, "oracle": {"configurations": ["sdpa_default", "sdpa_cudnn"], "paced": ["sdpa_cudnn"],
+                                  "duties": [0.5], "seconds": 1.5}}
+    oracle = run_control_cell(oracle_cell, spec).record
+    assert oracle["status"] == "ok", oracle
+    rows = oracle["oracle"]
+    assert [(r["config"], r["duty"]) for r in rows] == [("sdpa_default", 1.0), ("sdpa_cudnn", 1.0), ("sdpa_cudnn", 0.5)]
+    assert all(r["check_passed"] and r["avg_power_w"] > oracle["idle_w"] for r in rows)
+    paced, full = rows[2], rows[1]
+    assert paced["avg_power_w"] < full["avg_power_w"] and paced["tokens_per_s"] < 0.7 * full["tokens_per_s"]
+
+    budget_cell = ControlCell("gpu", budgets=((0, 450),))
+    outcome = run_control_cell(budget_cell, {"seed": 0, "seconds": 8.0})
+    record = outcome.record
+    assert record["status"] == "ok", record
+    assert record["device"]["type"] == "cuda" and record["idle_w"] > 0
+    assert record["merit"]["windows"] >= 6 and len(outcome.trace) >= 60
+    assert {row["cell_id"] for row in outcome.trace} == {budget_cell.id}
+
+    for cell, rec in ((oracle_cell, oracle), (budget_cell, record)):
+        write_record(tmp_path / cell.path, rec)
+    runs, _ = runs_table([tmp_path / oracle_cell.path, tmp_path / budget_cell.path])
+    judged = runs.iloc[0]
+    assert judged["scenario"] == "budget-450w" and judged["oracle_same_device"]
+    under = [r for r in rows if r["avg_power_w"] <= 450]
+    if under:
+        best = max(under, key=lambda r: r["tokens_per_s"])
+        assert judged["best_static"] == f"{best['config']} d{best['duty']:g}"
+        assert judged["vs_best_static"] == pytest.approx(judged["tokens_per_s"] / best["tokens_per_s"])
