@@ -51,18 +51,25 @@ class Plant:
     dt: float = 0.01
     curve: float = 0.75  # power above idle grows as duty ** curve (concave, as measured)
     disturbance: list[tuple[float, float]] = field(default_factory=list)  # (from t, extra W)
+    burst_w: float = 0.0  # a bursty tenant: each 0.3 s its watts move by up to this much
     telemetry_dead_after: float | None = None
     seed: int = 0
 
+    def _extra_w(self, t: float) -> float:
+        extra = sum(w for start, w in self.disturbance if t >= start)
+        if self.burst_w and extra:
+            extra += random.Random(self.seed * 100003 + int(t / 0.3)).uniform(-1.0, 1.0) * self.burst_w
+        return extra
+
     def target_w(self, config: Configuration, duty: float, t: float) -> float:
         prof = self.profiles[config]
-        extra = sum(w for start, w in self.disturbance if t >= start)
+        extra = self._extra_w(t)
         return min(self.cap_w, self.idle_w + (prof.power_full_w - self.idle_w) * duty ** self.curve + extra)
 
     def throughput(self, config: Configuration, duty: float, t: float) -> float:
         prof = self.profiles[config]
         drawn = self.idle_w + (prof.power_full_w - self.idle_w) * duty ** self.curve
-        extra = sum(w for start, w in self.disturbance if t >= start)
+        extra = self._extra_w(t)
         if drawn + extra > self.cap_w:  # at the cap the board slows down to fit
             room = max(0.0, self.cap_w - extra - self.idle_w)
             return prof.tokens_per_s * duty * room / (drawn - self.idle_w)

@@ -319,3 +319,23 @@ def test_a_suite_may_hold_attention_grids_and_control_runs():
     validate_config(config)
     cells = every_cell(config, "smoke")
     assert sum(isinstance(c, ControlCell) for c in cells) == 2 and len(cells) > 2
+
+
+def test_the_static_front_is_read_between_its_neighbouring_points():
+    from flashwatt.control.summary import front_at
+
+    oracle = pd.DataFrame({"config": ["a", "a", "b", "c"], "duty": [1.0, 0.5, 1.0, 1.0],
+                           "avg_power_w": [600.0, 400.0, 300.0, 500.0], "tokens_per_s": [12.0, 8.0, 5.0, 7.0],
+                           "check_passed": [True, True, True, True]})
+    assert front_at(oracle, 500.0) == pytest.approx(10.0)  # between (400, 8) and (600, 12); c is dominated
+    assert front_at(oracle, 350.0) == pytest.approx(6.5)
+    assert front_at(oracle, 250.0) is None and front_at(oracle, 700.0) == pytest.approx(12.0)
+
+
+def test_steady_throughput_is_judged_against_the_front_at_the_budget(tables):
+    from flashwatt.control.summary import front_at
+
+    run_ = tables.runs.set_index("scenario").loc["budget-450w"]
+    front = front_at(tables.oracle, 450.0)
+    assert run_["front_tokens_per_s"] == pytest.approx(front) and front >= run_["best_static_tokens_per_s"]
+    assert run_["steady_vs_front"] == pytest.approx(run_["steady_tokens_per_s"] / front)

@@ -3,8 +3,9 @@
 - Window power: the average power of each 1 s window, from NVML's energy counter where the
   trace has it (the honest figure: the counter integrates every millisecond, where the
   instant readings observe a fraction of the time), else from the instant readings.
-- Share of windows within budget + 3%, judged against the budget in force at the window's
-  start, and the worst overshoot.
+- Share of windows within budget + 3%, judged against the budget over the window (the time
+  average of the budget in force: a window cut by a budget step is allowed each part's
+  energy), and the worst overshoot.
 - Settling time after each budget step: from the step until the 0.5 s moving average of
   power enters the band [settle_low x budget, budget + 3%] and stays there for the rest of
   that budget's segment (at least 1 s of it). A budget above what the workload can draw
@@ -40,11 +41,49 @@ def window_power(trace: pd.DataFrame, window_s: float = 1.0) -> pd.DataFrame:
         for s in starts:
             sel = (t >= s) & (t < s + window_s) & np.isfinite(p)
             rows.append((s, float(np.mean(p[sel])) if sel.any() else np.nan))
-    budgets = trace["budget_w"].to_numpy(dtype=float)
     out = pd.DataFrame(rows, columns=["start", "power_w"])
-    out["budget_w"] = [budgets[min(len(budgets) - 1, np.searchsorted(t, s))] for s in out["start"]]
+    out["budget_w"] = [window_budget(trace, s, window_s) for s in out["start"]]
     out["source"] = "energy counter" if use_counter else "instant power"
     return out
+
+
+def window_budget(trace: pd.DataFrame, start: float, window_s: float = 1.0) -> float:
+    """The budget over a window: the time average of the budget in force, so a window that
+    a budget step cuts is allowed the energy of each part (each tick's budget holds until
+    the next tick)."""
+    t = trace["t"].to_numpy(dtype=float)
+    b = trace["budget_w"].to_numpy(dtype=float)
+    grid = np.linspace(start, start + window_s, 201)[:-1] + window_s / 400  # midpoints of 200 slices
+    return float(np.mean(b[np.clip(np.searchsorted(t, grid, side="right") - 1, 0, len(b) - 1)]))
+
+
+def recovery_time(trace: pd.DataFrame, start_t: float, window_s: float = 1.0) -> float | None:
+    """Seconds from `start_t` (a disturbance) until the budget holds again as it is judged:
+    the first tick from which every sliding window of `window_s` (one per tick, average power
+    from the energy counter where the trace has it) is within budget + 3% to the end of the
+    run. None if that never happens."""
+    t = trace["t"].to_numpy(dtype=float)
+    energy = trace.get("energy_mj")
+    use_counter = energy is not None and energy.notna().sum() >= 2
+    power = trace["power_w"].to_numpy(dtype=float)
+    starts = [i for i in np.flatnonzero(t >= start_t) if t[i] + window_s <= t[-1]]
+    if not starts:
+        return None
+    if use_counter:
+        ok = energy.notna().to_numpy()
+        e = np.interp(t, t[ok], energy.to_numpy(dtype=float)[ok]) / 1e3
+    inside = []
+    for i in starts:
+        if use_counter:
+            watts = (np.interp(t[i] + window_s, t, e) - e[i]) / window_s
+        else:
+            sel = (t >= t[i]) & (t < t[i] + window_s)
+            watts = float(np.nanmean(power[sel]))
+        inside.append(watts <= window_budget(trace, t[i], window_s) * (1 + TOLERANCE))
+    for j in range(len(starts)):
+        if all(inside[j:]):
+            return float(t[starts[j]] - start_t)
+    return None
 
 
 def budget_steps(trace: pd.DataFrame) -> list[tuple[float, float, float]]:
@@ -114,7 +153,8 @@ def summarize(trace: pd.DataFrame, calls: int | None = None, tokens: int | None 
     return out
 
 
-def run_merit(trace: pd.DataFrame, tokens: int | None = None, wall_s: float | None = None) -> dict:
+def run_merit(trace: pd.DataFrame, tokens: int | None = None, wall_s: float | None = None,
+              disturbance_at_s: float | None = None) -> dict:
     """A run's figures of merit (`summarize`), its last configuration, and the same figures
     after exploration ended (`steady_*`: what the controller does once it has learned), when
     at least ten ticks follow it."""
@@ -123,6 +163,8 @@ def run_merit(trace: pd.DataFrame, tokens: int | None = None, wall_s: float | No
     merit = summarize(trace, tokens=tokens, wall_s=wall_s)
     configs = trace["config"].dropna()
     merit["final_config"] = configs.iloc[-1] if len(configs) else None
+    if disturbance_at_s is not None and trace["budget_w"].notna().any():
+        merit["disturbance_recovery_s"] = recovery_time(trace, disturbance_at_s)
     explore_end = trace.loc[trace["phase"] == "explore", "t"].max() if "phase" in trace else None
     if explore_end is not None and explore_end == explore_end:
         merit["explore_s"] = float(explore_end)  # the trace's clock starts with the run

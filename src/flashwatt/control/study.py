@@ -91,7 +91,8 @@ def run_scenario(scenario: Scenario, telemetry, device: torch.device, idle_w: fl
     trace = ctl.trace()
     if len(trace):
         trace["t"] = trace["t"] - t0
-    merit = run_merit(trace, tokens=ctl.tokens, wall_s=wall)
+    merit = run_merit(trace, tokens=ctl.tokens, wall_s=wall,
+                      disturbance_at_s=scenario.colocated.start_s if scenario.colocated else None)
     merit.update(scenario=scenario.name, mode=scenario.mode, budget_w=budget, calls=ctl.calls, slept_s=ctl.slept_s,
                  check_rel_err=check["rel_err"], check_tol=check["tol"], check_passed=check["passed"],
                  idle_w=ctl.idle_w, limit_w=ctl.limit_w)

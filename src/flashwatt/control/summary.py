@@ -4,6 +4,9 @@ every run's trace, with each run judged against its workload's oracle.
 - Under a budget, a run is compared with the fastest static configuration (and duty) of
   the oracle whose average power stayed at or under that budget: `vs_best_static` over the
   whole run (exploration included), `steady_vs_best_static` after exploration.
+- `front_tokens_per_s`: the oracle's Pareto front (throughput against power) read at the
+  budget, between its two neighbouring static points: what time-sharing those two static
+  configurations would give, a bar that the oracle's coarse duty grid cannot lower.
 - In energy mode, with the static configuration of least joules per token and with the
   static default (`sdpa_default` at full duty: `F.scaled_dot_product_attention` with no
   backend forced, what a PyTorch user gets).
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from flashwatt.control.cell import ControlCell
@@ -22,12 +26,13 @@ from flashwatt.records import read_record
 # Figures of merit copied from a run's record (flashwatt.control.metrics, study.run_scenario).
 MERIT_COLUMNS = [
     "wall_s", "tokens", "tokens_per_s", "avg_power_w", "j_per_token", "windows", "windows_within_pct",
-    "worst_overshoot_pct", "window_source", "settling_max_s", "switches", "explore_s", "steady_tokens_per_s",
+    "worst_overshoot_pct", "window_source", "settling_max_s", "disturbance_recovery_s", "switches", "explore_s", "steady_tokens_per_s",
     "steady_avg_power_w", "steady_windows_within_pct", "steady_j_per_token", "final_config", "calls", "slept_s",
     "check_rel_err", "check_tol", "check_passed", "idle_w", "limit_w",
 ]
 COMPARISON_COLUMNS = [
     "best_static", "best_static_tokens_per_s", "best_static_power_w", "vs_best_static", "steady_vs_best_static",
+    "front_tokens_per_s", "steady_vs_front",
     "best_static_j", "best_static_j_per_token", "vs_best_static_j", "steady_vs_best_static_j",
     "static_default_tokens_per_s", "static_default_power_w", "static_default_j_per_token", "vs_static_default_j",
     "oracle_same_device",
@@ -92,6 +97,21 @@ def least_energy_static(oracle: pd.DataFrame, budget_w: float | None = None) -> 
     return None if rows.empty else rows.loc[rows["j_per_token"].idxmin()]
 
 
+def front_at(oracle: pd.DataFrame, power_w: float) -> float | None:
+    """Throughput of the static Pareto front at `power_w`, linear between the front's points
+    (None below its lowest point); past its highest point, the highest."""
+    rows = _usable(oracle).sort_values(["avg_power_w", "tokens_per_s"], ascending=[True, False])
+    powers, speeds, best = [], [], -1.0
+    for p, v in zip(rows["avg_power_w"], rows["tokens_per_s"]):
+        if v > best:
+            powers.append(float(p))
+            speeds.append(float(v))
+            best = v
+    if not powers or power_w < powers[0]:
+        return None
+    return float(np.interp(power_w, powers, speeds))
+
+
 def static_default(oracle: pd.DataFrame) -> pd.Series | None:
     rows = _usable(oracle)
     rows = rows[(rows["config"] == "sdpa_default") & (rows["duty"] == 1.0)]
@@ -129,6 +149,9 @@ def compare_with_oracle(runs: pd.DataFrame, oracle: pd.DataFrame) -> pd.DataFram
                               best_static_power_w=best["avg_power_w"],
                               vs_best_static=_ratio(run["tokens_per_s"], best["tokens_per_s"]),
                               steady_vs_best_static=_ratio(run["steady_tokens_per_s"], best["tokens_per_s"]))
+            front = front_at(rows, float(run["budget_w"]))
+            if front is not None:
+                values.update(front_tokens_per_s=front, steady_vs_front=_ratio(run["steady_tokens_per_s"], front))
         frugal = least_energy_static(rows, float(run["budget_w"]) if pd.notna(run["budget_w"]) else None)
         if frugal is not None:
             values.update(best_static_j=_label(frugal), best_static_j_per_token=frugal["j_per_token"],
