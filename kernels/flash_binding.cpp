@@ -1,4 +1,5 @@
-// torch binding of the flashwatt attention forward kernels (flash_fwd.cu).
+// torch binding of the flashwatt attention kernels: the forward (flash_fwd.cu) and the
+// backward (flash_bwd.cu).
 //
 // Every check runs before the launch, so a refused input never reaches the GPU.
 #include <ATen/cuda/CUDAContext.h>
@@ -10,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "flash_bwd.cuh"
 #include "flash_fwd.cuh"
 
 namespace {
@@ -152,14 +154,124 @@ std::map<std::string, int64_t> kernel_info(int64_t math, int64_t dtype, int64_t 
           {"threads", info.threads}};
 }
 
+// Backward of attention on (B, H, L, D)-shaped views with any strides (16-byte loads and
+// stores, as the forward's tensor-core kernels): writes dq (q's shape), dk and dv (k's
+// shape). lse is the forward's; delta (B, H, Lq) and dq_accum (B, H, Lq, D) are float32
+// contiguous workspaces the kernels fill. fp16/bf16 only (the configuration table).
+void backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+              const at::Tensor& dout, const at::Tensor& lse, at::Tensor& dq, at::Tensor& dk, at::Tensor& dv,
+              at::Tensor& delta, at::Tensor& dq_accum, bool causal, double scale, int64_t block_n, int64_t block_m,
+              int64_t warps) {
+  for (const auto& [t, name] : {std::pair<const at::Tensor*, const char*>{&q, "q"}, {&k, "k"}, {&v, "v"},
+                                {&out, "out"}, {&dout, "dout"}, {&dq, "dq"}, {&dk, "dk"}, {&dv, "dv"}})
+    check_operand(*t, name, q, true);
+  const int dt = dtype_code(q);
+  TORCH_CHECK(dt == flashwatt::kFp16 || dt == flashwatt::kBf16, "flashwatt custom backward: dtype ", q.scalar_type(),
+              " has no CUDA backward (float16, bfloat16)");
+  const int64_t B = q.size(0), H = q.size(1), Lq = q.size(2), D = q.size(3);
+  const int64_t Hkv = k.size(1), Lk = k.size(2);
+  TORCH_CHECK(k.sizes() == v.sizes(), "flashwatt custom backward: k ", k.sizes(), " and v ", v.sizes(),
+              " differ in shape");
+  TORCH_CHECK(k.size(0) == B && k.size(3) == D, "flashwatt custom backward: k ", k.sizes(), " does not match q ",
+              q.sizes(), " in batch or head_dim");
+  TORCH_CHECK(Hkv >= 1 && H % Hkv == 0, "flashwatt custom backward: q heads (", H,
+              ") must be a multiple of k/v heads (", Hkv, ")");
+  TORCH_CHECK(out.sizes() == q.sizes() && dout.sizes() == q.sizes() && dq.sizes() == q.sizes(),
+              "flashwatt custom backward: out, dout and dq must have q's shape ", q.sizes());
+  TORCH_CHECK(dk.sizes() == k.sizes() && dv.sizes() == k.sizes(),
+              "flashwatt custom backward: dk and dv must have k's shape ", k.sizes());
+  TORCH_CHECK(Lq >= 1 && Lk >= 1 && B >= 1 && H >= 1, "flashwatt custom backward: empty input");
+  auto check_f32 = [&](const at::Tensor& t, const char* name, std::vector<int64_t> shape) {
+    TORCH_CHECK(t.is_cuda() && t.device() == q.device() && t.scalar_type() == at::kFloat && t.is_contiguous() &&
+                    t.sizes() == at::IntArrayRef(shape) && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0,
+                "flashwatt custom backward: ", name, " must be a contiguous, 16-byte aligned float32 ", shape,
+                " tensor on q's device");
+  };
+  check_f32(lse, "lse", {B, H, Lq});
+  check_f32(delta, "delta", {B, H, Lq});
+  check_f32(dq_accum, "dq_accum", {B, H, Lq, D});
+  TORCH_CHECK(B * H * Lq * D < std::numeric_limits<int64_t>::max() / 4 &&
+                  B * Hkv * ((Lk + 15) / 16) < std::numeric_limits<int32_t>::max(),
+              "flashwatt custom backward: too many tiles");
+  const int index = flashwatt::bwd_find_config(dt, static_cast<int>(D), static_cast<int>(block_n),
+                                               static_cast<int>(block_m), static_cast<int>(warps));
+  TORCH_CHECK(index >= 0, "flashwatt custom backward: no compiled kernel for dtype ", q.scalar_type(), ", head_dim ",
+              D, ", block_n ", block_n, ", block_m ", block_m, ", warps ", warps);
+
+  flashwatt::BwdParams p{};
+  p.q = q.data_ptr();
+  p.k = k.data_ptr();
+  p.v = v.data_ptr();
+  p.o = out.data_ptr();
+  p.dout = dout.data_ptr();
+  p.lse = lse.data_ptr<float>();
+  p.delta = delta.data_ptr<float>();
+  p.dq_accum = dq_accum.data_ptr<float>();
+  p.dq = dq.data_ptr();
+  p.dk = dk.data_ptr();
+  p.dv = dv.data_ptr();
+  p.q_sb = q.stride(0), p.q_sh = q.stride(1), p.q_sl = q.stride(2);
+  p.k_sb = k.stride(0), p.k_sh = k.stride(1), p.k_sl = k.stride(2);
+  p.v_sb = v.stride(0), p.v_sh = v.stride(1), p.v_sl = v.stride(2);
+  p.o_sb = out.stride(0), p.o_sh = out.stride(1), p.o_sl = out.stride(2);
+  p.do_sb = dout.stride(0), p.do_sh = dout.stride(1), p.do_sl = dout.stride(2);
+  p.dq_sb = dq.stride(0), p.dq_sh = dq.stride(1), p.dq_sl = dq.stride(2);
+  p.dk_sb = dk.stride(0), p.dk_sh = dk.stride(1), p.dk_sl = dk.stride(2);
+  p.dv_sb = dv.stride(0), p.dv_sh = dv.stride(1), p.dv_sl = dv.stride(2);
+  p.batch = static_cast<int>(B);
+  p.heads = static_cast<int>(H);
+  p.kv_heads = static_cast<int>(Hkv);
+  p.len_q = static_cast<int>(Lq);
+  p.len_k = static_cast<int>(Lk);
+  p.head_dim = static_cast<int>(D);
+  p.scale = static_cast<float>(scale);
+  p.causal = causal ? 1 : 0;
+
+  const c10::cuda::CUDAGuard guard(q.device());
+  char err[512] = {0};
+  const int rc = flashwatt::bwd_launch(index, p, at::cuda::getCurrentCUDAStream().stream(), err, sizeof(err));
+  TORCH_CHECK(rc == 0, "flashwatt custom backward: ", err);
+}
+
+std::vector<std::vector<int64_t>> backward_configs() {
+  std::vector<std::vector<int64_t>> rows;
+  for (int i = 0; i < flashwatt::bwd_num_configs(); ++i) {
+    const flashwatt::BwdConfig c = flashwatt::bwd_config(i);
+    rows.push_back({c.dtype, c.head_dim, c.block_n, c.block_m, c.warps});
+  }
+  return rows;
+}
+
+std::map<std::string, int64_t> backward_kernel_info(int64_t dtype, int64_t head_dim, int64_t block_n,
+                                                    int64_t block_m, int64_t warps) {
+  const int index = flashwatt::bwd_find_config(static_cast<int>(dtype), static_cast<int>(head_dim),
+                                               static_cast<int>(block_n), static_cast<int>(block_m),
+                                               static_cast<int>(warps));
+  TORCH_CHECK(index >= 0, "flashwatt custom backward: no such compiled configuration");
+  flashwatt::BwdKernelInfo info{};
+  char err[512] = {0};
+  TORCH_CHECK(flashwatt::bwd_kernel_info(index, &info, err, sizeof(err)) == 0, "flashwatt custom backward: ", err);
+  return {{"num_regs", info.num_regs},
+          {"local_bytes", info.local_bytes},
+          {"smem_bytes", info.smem_bytes},
+          {"max_ctas_per_sm", info.max_ctas_per_sm},
+          {"threads", info.threads}};
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "flashwatt attention forward kernels";
+  m.doc() = "flashwatt attention forward and backward kernels";
   m.def("forward", &forward,
         "attention forward (q, k, v, out, lse, causal, scale, math, block_m, block_n, warps, stages, schedule, grid_cap)");
   m.def("configs", &configs, "compiled configurations: [math, dtype, head_dim, block_m, block_n, warps, stages, schedule]");
   m.def("kernel_info", &kernel_info, "registers, local bytes, shared memory and occupancy of one configuration");
+  m.def("backward", &backward,
+        "attention backward (q, k, v, out, dout, lse, dq, dk, dv, delta, dq_accum, causal, scale, block_n, block_m, "
+        "warps)");
+  m.def("backward_configs", &backward_configs, "compiled backward configurations: [dtype, head_dim, block_n, block_m, warps]");
+  m.def("backward_kernel_info", &backward_kernel_info,
+        "registers, local bytes, shared memory and occupancy of one backward configuration's main kernel");
   m.attr("DTYPE_FP16") = static_cast<int>(flashwatt::kFp16);
   m.attr("DTYPE_BF16") = static_cast<int>(flashwatt::kBf16);
   m.attr("DTYPE_FP32") = static_cast<int>(flashwatt::kFp32);

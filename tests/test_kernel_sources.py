@@ -1,6 +1,6 @@
-"""Compiles kernels/flash_fwd.cu with nvcc for sm_80, sm_90 and sm_90a with the wgmma kernels
-(no GPU, no torch needed) and checks ptxas's resource report: no register spills and no stack
-frame in any kernel, and no wgmma that ptxas had to serialise."""
+"""Compiles kernels/flash_fwd.cu and kernels/flash_bwd.cu with nvcc for sm_80, sm_90 and sm_90a
+with the wgmma kernels (no GPU, no torch needed) and checks ptxas's resource report: no register
+spills and no stack frame in any kernel, and no wgmma that ptxas had to serialise."""
 from __future__ import annotations
 
 import re
@@ -51,18 +51,26 @@ ARCH_FLAGS = {
 _WGMMA_SERIALISED = re.compile(r"\((C75(?:0\d|1\d|2\d))\)[^\n]*(?:wgmma|GMMA|warpgroup)[^\n]*")
 
 
-@pytest.fixture(scope="module", params=sorted(ARCH_FLAGS))
-def ptxas_report(request, tmp_path_factory):
-    arch = request.param
-    out = tmp_path_factory.mktemp(f"sm{arch}") / "flash_fwd.o"
+def _compile(source: str, arch: str, tmp_path_factory) -> tuple[str, dict[str, dict[str, int]], str]:
+    out = tmp_path_factory.mktemp(f"sm{arch}") / source.replace(".cu", ".o")
     cmd = [
         _nvcc(), "-O3", "-std=c++17", *ARCH_FLAGS[arch],
-        "-Xptxas", "-v", "-c", str(KERNELS / "flash_fwd.cu"), "-o", str(out),
+        "-Xptxas", "-v", "-c", str(KERNELS / source), "-o", str(out),
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
-    assert proc.returncode == 0, f"nvcc failed for sm_{arch}:\n{proc.stdout}\n{proc.stderr}"
+    assert proc.returncode == 0, f"nvcc failed on {source} for sm_{arch}:\n{proc.stdout}\n{proc.stderr}"
     report = proc.stdout + proc.stderr
     return arch, parse_ptxas(report), report
+
+
+@pytest.fixture(scope="module", params=sorted(ARCH_FLAGS))
+def ptxas_report(request, tmp_path_factory):
+    return _compile("flash_fwd.cu", request.param, tmp_path_factory)
+
+
+@pytest.fixture(scope="module", params=sorted(ARCH_FLAGS))
+def bwd_ptxas_report(request, tmp_path_factory):
+    return _compile("flash_bwd.cu", request.param, tmp_path_factory)
 
 
 def test_all_kernels_compiled(ptxas_report):
@@ -93,6 +101,31 @@ def test_no_spills_no_stack(ptxas_report):
         if info.get("stack", -1) != 0 or info.get("spill_stores", -1) != 0 or info.get("spill_loads", -1) != 0
     }
     assert not bad, f"sm_{arch}: kernels with spills or a stack frame: {bad}"
+
+
+def test_backward_kernels_compiled(bwd_ptxas_report):
+    """Every row of FLASHWATT_BWD_CONFIGS (BWD_TILES) for fp16 and bf16, and the row kernels
+    (delta and the dQ conversion) per dtype and head dim, on every architecture."""
+    from flashwatt.kernels.custom_backward import BWD_TILES
+
+    arch, kernels, _ = bwd_ptxas_report
+    main = [k for k in kernels if "flash_bwd_kernel" in k]
+    pre = [k for k in kernels if "flash_bwd_preprocess_kernel" in k]
+    conv = [k for k in kernels if "flash_bwd_convert_dq_kernel" in k]
+    tiles = sum(len(t.head_dims) for t in BWD_TILES.values())
+    head_dims = {D for t in BWD_TILES.values() for D in t.head_dims}
+    assert len(main) == 2 * tiles, f"sm_{arch}: expected {2 * tiles} backward kernels, found {len(main)}"
+    assert len(pre) == len(conv) == 2 * len(head_dims), f"sm_{arch}: row kernels {pre} {conv}"
+
+
+def test_backward_no_spills_no_stack(bwd_ptxas_report):
+    arch, kernels, _ = bwd_ptxas_report
+    bad = {
+        name: info
+        for name, info in kernels.items()
+        if info.get("stack", -1) != 0 or info.get("spill_stores", -1) != 0 or info.get("spill_loads", -1) != 0
+    }
+    assert kernels and not bad, f"sm_{arch}: backward kernels with spills or a stack frame: {bad}"
 
 
 def test_header_is_torch_free():

@@ -1,4 +1,4 @@
-"""Correctness of the custom attention forward against a float64 reference.
+"""Correctness of the custom attention forward and backward against a float64 reference.
 
 Error measure: ||out - ref|| / ||ref|| over the whole tensor (and the same for the LSE).
 Bounds: fp32 1e-5 (exact FFMA path), tf32 2e-3 (fp32 inputs that the kernel rounds to
@@ -6,6 +6,12 @@ tf32, against the unrounded inputs), fp16 5e-3, bf16 1e-2 (inputs are rounded to
 storage type before the reference sees them, so the bound covers the kernel's own
 rounding of P to 16 bits and of the output). NaN or inf anywhere fails.
 Outputs are NaN-filled before each launch so an unwritten element cannot pass.
+
+Backward: dq, dk and dv each against autograd through the float64 reference (which sums
+dk/dv over the query heads of a GQA group), same measure, bounds TOLERANCE[...]["grad"]
+of flashwatt.vocabulary (the bounds of a fwd_bwd cell's check); where the reference is
+exactly zero (one key per query: dq and dk vanish) the norm of the kernel's value must
+stay under 1e-3. Gradient buffers are NaN-filled too.
 """
 from __future__ import annotations
 
@@ -22,10 +28,16 @@ import pytest
 import torch
 
 from flashwatt.cell import Cell
+from flashwatt.kernels import custom_backward
 from flashwatt.kernels.custom import (
     DEFAULT_TILE, TILES, VARIANTS, WGMMA, WGMMA_CAPABILITY, Custom, default_tile, flash_forward, kernel_info,
     parse_variant,
 )
+from flashwatt.kernels.custom_autograd import flash_attention
+from flashwatt.kernels.custom_backward import (
+    BWD_MMA_SYNC, BWD_TILES, BWD_TORCH_MATH, DEFAULT_BWD_TILE, backward_kernel_info,
+)
+from flashwatt.vocabulary import TOLERANCE
 
 pytestmark = [pytest.mark.gpu, pytest.mark.nvcc]  # builds the custom kernels
 
@@ -253,7 +265,10 @@ def test_adapter_call_and_supports():
     assert rel_err(kern(q, k, v, cell), ref) <= TOL["bf16"]
     import dataclasses
 
-    assert "backward" in kern.supports(dataclasses.replace(cell, pass_="fwd_bwd"), dev)
+    assert kern.differentiable
+    assert kern.supports(dataclasses.replace(cell, pass_="fwd_bwd"), dev) is None
+    reason = kern.supports(dataclasses.replace(cell, pass_="fwd_bwd", head_dim=256), dev)
+    assert "backward" in reason and "head_dim 256" in reason
     assert "head_dim" in kern.supports(dataclasses.replace(cell, head_dim=96), dev)
     tf32 = dataclasses.replace(cell, precision="tf32")
     assert kern.supports(tf32, dev) is None
@@ -296,6 +311,179 @@ def test_refusals():
     torch.cuda.synchronize()
 
 
+# ---------------------------------------------------------------- backward
+
+GRAD_TOL = {precision: TOLERANCE[precision]["grad"] for precision in DTYPES}
+ZERO_REF_BOUND = 1e-3
+
+
+@pytest.fixture
+def poisoned_grads(monkeypatch):
+    """The backward's output buffers NaN-filled, so an element it does not write fails."""
+    allocate = custom_backward._grad_buffer
+    monkeypatch.setattr(custom_backward, "_grad_buffer", lambda t: allocate(t).fill_(float("nan")))
+
+
+def reference_grads(q, k, v, dout, causal, scale=None):
+    """(dq, dk, dv) of the float64 reference on (B, H, L, D) views, by autograd."""
+    q64, k64, v64 = (t.detach().double().requires_grad_(True) for t in (q, k, v))
+    out, _ = reference(q64, k64, v64, causal, scale)
+    return torch.autograd.grad(out, (q64, k64, v64), dout.double())
+
+
+def grad_err(g, ref):
+    """||g - ref|| / ||ref||; where ref is exactly zero, ||g|| over ZERO_REF_BOUND (so
+    that one bound, 1, reads the same for both)."""
+    assert torch.isfinite(g).all(), "non-finite values in a gradient"
+    err = (g.double() - ref).norm()
+    return (err / ref.norm()).item() if ref.norm() > 0 else (err / ZERO_REF_BOUND).item()
+
+
+def check_backward(q, k, v, causal, precision, layout="bhld", variant="", backward_tile=None, seed=0):
+    """Gradients of flash_attention on q, k, v (leaves made here) against float64."""
+    dout = make(q.shape, q.dtype, seed + 1000)
+    leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+    out = flash_attention(*leaves, causal, variant, layout, precision=precision if precision == "tf32" else None,
+                          backward_tile=backward_tile)
+    grads = torch.autograd.grad(out, leaves, dout)
+    if layout == "blhd":
+        refs = reference_grads(*(t.transpose(1, 2) for t in (q, k, v, dout)), causal)
+        refs = [r.transpose(1, 2) for r in refs]
+    else:
+        refs = reference_grads(q, k, v, dout, causal)
+    tol = GRAD_TOL[precision]
+    errs = {}
+    for name, g, r, leaf in zip(("dq", "dk", "dv"), grads, refs, leaves):
+        assert g.shape == leaf.shape and g.dtype == leaf.dtype, (name, g.shape, g.dtype)
+        errs[name] = grad_err(g, r)
+        bound = 1.0 if r.norm() == 0 else tol
+        assert errs[name] <= bound, f"{name}: error {errs[name]:.3e} > {bound:.0e} ({errs})"
+    return errs
+
+
+HEADS = {"gqa": (8, 2), "mqa": (8, 1)}
+
+
+@pytest.mark.parametrize("heads", sorted(HEADS))
+@pytest.mark.parametrize("layout", ["bhld", "blhd"])
+@pytest.mark.parametrize("L", [1, 17, 128, 1000, 2048])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_backward_matrix(poisoned_grads, precision, D, causal, L, layout, heads):
+    """The CUDA backward (default tile) after the default forward of this device (wgmma on Hopper)."""
+    H, Hkv = HEADS[heads]
+    B = 2 if L <= 128 else 1
+    seed = zlib.crc32(f"bwd-{precision}-{D}-{causal}-{L}-{layout}-{heads}".encode()) % 100_000
+    dt = DTYPES[precision]
+    if layout == "blhd":
+        q, k, v = make((B, L, H, D), dt, seed), make((B, L, Hkv, D), dt, seed + 1), make((B, L, Hkv, D), dt, seed + 2)
+    else:
+        q, k, v = qkv(B, H, L, D, dt, seed, Hkv=Hkv)
+    check_backward(q, k, v, causal, precision, layout, seed=seed)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("tile,D", [(name, D) for name, t in BWD_TILES.items() for D in t.head_dims])
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_backward_every_tile_after_the_mma_sync_forward(poisoned_grads, precision, tile, D, causal):
+    """Each compiled backward tile, after the mma.sync forward (its LSE) on every device."""
+    args = qkv(2, 4, 1000, D, DTYPES[precision], 91, Hkv=2)
+    check_backward(*args, causal, precision, variant=DEFAULT_TILE[(precision, D)], backward_tile=tile, seed=91)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_backward_after_each_wgmma_schedule(poisoned_grads, precision, causal):
+    """The LSE of both wgmma schedules feeds the backward (Hopper; elsewhere: the refusal)."""
+    args = qkv(1, 4, 1000, 128, DTYPES[precision], 93, Hkv=2)
+    for variant in ("wgmma_m128_n128_s2", "wgmma_pp_m128_n128_s3"):
+        if not HOPPER:
+            with pytest.raises(ValueError, match="wgmma"):
+                check_backward(*args, causal, precision, variant=variant)
+            continue
+        check_backward(*args, causal, precision, variant=variant, seed=93)
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16", "fp32"])
+def test_backward_cross_lengths(poisoned_grads, precision):
+    """Lq != Lk, full and top-left causal (more keys than queries: key blocks no query sees)."""
+    for lq, lk in ((100, 700), (700, 100), (1, 300), (300, 1)):
+        for causal in (False, True):
+            check_backward(*qkv(2, 4, lq, 64, DTYPES[precision], 95 + lq, Hkv=2, Lk=lk), causal, precision, seed=lq)
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16", "fp32", "tf32"])
+def test_backward_packed_qkv_views(precision):
+    """q, k, v as (B, H, L, D) views of one packed (B, L, 3, H, D) leaf: the gradient lands in it."""
+    dt = DTYPES[precision]
+    B, L, H, D = 2, 515, 4, 64
+    packed = make((B, L, 3, H, D), dt, 97).requires_grad_(True)
+    q, k, v = (packed[:, :, i].transpose(1, 2) for i in range(3))
+    dout = make((B, H, L, D), dt, 98)
+    out = flash_attention(q, k, v, True, precision=precision if precision == "tf32" else None)
+    (grad,) = torch.autograd.grad(out, packed, dout)
+    refs = reference_grads(q, k, v, dout, True)
+    for i, (name, r) in enumerate(zip(("dq", "dk", "dv"), refs)):
+        err = grad_err(grad[:, :, i].transpose(1, 2), r)
+        assert err <= GRAD_TOL[precision], f"{name}: {err:.3e}"
+
+
+@pytest.mark.parametrize("L", [17, 1000])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("D", [64, 128, 256])
+@pytest.mark.parametrize("precision", ["fp32", "tf32"])
+def test_backward_pytorch_path(poisoned_grads, precision, D, causal, L):
+    """fp32 (exact) and tf32 run the PyTorch backward from the saved LSE."""
+    if precision == "tf32" and D == 256:
+        q, k, v = qkv(1, 2, 8, D, torch.float32, 1)
+        with pytest.raises(ValueError, match="no default for precision tf32 and head_dim 256"):
+            check_backward(q, k, v, causal, precision)
+        return
+    seed = zlib.crc32(f"bwd-{precision}-{D}-{causal}-{L}".encode()) % 100_000
+    errs = check_backward(*qkv(2, 4, L, D, torch.float32, seed, Hkv=2), causal, precision, seed=seed)
+    if precision == "tf32":
+        assert max(errs.values()) > 1e-6, f"tf32 backward as exact as fp32 ({errs}): did the forward run tf32?"
+
+
+def test_backward_refusals():
+    q, k, v = (t.requires_grad_(True) for t in qkv(1, 2, 64, 256, torch.bfloat16, 99))
+    with pytest.raises(ValueError, match="head_dim 256 is not supported for bf16"):
+        flash_attention(q, k, v, False)
+    with pytest.raises(ValueError, match="unknown custom backward tile"):
+        flash_attention(q[..., :64], k[..., :64], v[..., :64], False, backward_tile="nosuch")
+    with torch.no_grad():  # the forward alone still runs d256
+        assert flash_attention(q, k, v, False).shape == q.shape
+
+
+def test_backward_kernels_have_no_local_memory():
+    for name, tile in BWD_TILES.items():
+        for D in tile.head_dims:
+            for precision in ("fp16", "bf16"):
+                info = backward_kernel_info(precision, D, name)
+                assert info["path"] == BWD_MMA_SYNC and info["local_bytes"] == 0, info
+                assert info["max_ctas_per_sm"] >= 1, f"{name} d{D} {precision}: does not fit on an SM: {info}"
+
+
+@pytest.mark.parametrize("precision,D,path", [("bf16", 64, BWD_MMA_SYNC), ("fp16", 128, BWD_MMA_SYNC),
+                                              ("fp32", 64, BWD_TORCH_MATH)])
+def test_fwd_bwd_cell_runs_ok(precision, D, path):
+    """A fwd_bwd cell of custom through the job function: checked against float64, timed
+    (in a CUDA graph), its record naming the backward path."""
+    from flashwatt.runner import run_cell
+
+    cell = Cell(suite="seed", kernel="custom", precision=precision, seq_len=512, batch=2, heads=4, head_dim=D,
+                causal=True, pass_="fwd_bwd")
+    settings = {"energy": False, "warmup_ms": 50, "min_repeats": 5, "min_time_ms": 50}
+    rec = run_cell(cell, settings).record
+    assert rec["status"] == "ok", rec.get("reason") or rec.get("traceback")
+    assert rec["check"]["grad_rel_err"] <= TOLERANCE[precision]["grad"]
+    assert rec["backward"]["path"] == path
+    if path == BWD_MMA_SYNC:
+        assert rec["backward"]["tile"] == DEFAULT_BWD_TILE[D] and rec["backward"]["local_bytes"] == 0
+    assert rec["timing"]["method"] == "cuda_graph", rec["timing"]
+
+
 # ---------------------------------------------------------------- memory checker (last: slowest)
 
 _SANITIZER_SCRIPT = textwrap.dedent(
@@ -315,6 +503,20 @@ _SANITIZER_SCRIPT = textwrap.dedent(
             v = torch.randn(1, 1, 77, D, device="cuda", dtype=dtype)
             out, lse = flash_forward(q, k, v, causal, variant, precision=precision)
             torch.cuda.synchronize()
+    # The backward: every CUDA tile, GQA, ragged lengths, and the PyTorch path.
+    from flashwatt.kernels.custom_autograd import flash_attention
+    from flashwatt.kernels.custom_backward import BWD_TILES
+    bwd_cases = [(dtype, D, tile) for dtype in (torch.float16, torch.bfloat16)
+                 for tile, t in BWD_TILES.items() for D in t.head_dims] + [(torch.float32, 64, None)]
+    for dtype, D, tile in bwd_cases:
+        for causal in (False, True):
+            for lq, lk in ((77, 77), (40, 130), (130, 40)):
+                q = torch.randn(1, 4, lq, D, device="cuda", dtype=dtype, requires_grad=True)
+                k = torch.randn(1, 2, lk, D, device="cuda", dtype=dtype, requires_grad=True)
+                v = torch.randn(1, 2, lk, D, device="cuda", dtype=dtype, requires_grad=True)
+                out = flash_attention(q, k, v, causal, backward_tile=tile)
+                torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
+                torch.cuda.synchronize()
     print("SANITIZER_SCRIPT_DONE")
     """
 )

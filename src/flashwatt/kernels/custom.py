@@ -8,7 +8,9 @@ fp32 runs an exact FFMA path; the opt-in tf32 precision runs fp32 inputs on tens
 rounded to tf32 (kernels/flash_fwd_tf32.cuh, d64/d128). Head dims 64, 128 and 256; causal
 (top-left aligned, as torch's is_causal) and full masks; any sequence length; (B, H, L, D)
 and (B, L, H, D) layouts through strides; grouped-query attention (q heads a multiple of
-k/v heads). Forward only.
+k/v heads). The backward (flashwatt.kernels.custom_backward: a CUDA kernel for fp16/bf16 at
+head dims 64 and 128, an exact PyTorch path from the saved LSE for fp32 and tf32) makes
+`Custom` differentiable through flashwatt.kernels.custom_autograd.
 
 A *variant* names the launch configuration, the knobs a power-aware scheduler turns:
     <tile>[_sm<N> | _ctas<N>]
@@ -342,7 +344,7 @@ def kernel_info(precision: str, head_dim: int, variant: str = "", len_k: int | N
 
 class Custom:
     name = "custom"
-    differentiable = False
+    differentiable = True
 
     def supports(self, cell: Cell, device) -> str | None:
         if getattr(device, "type", str(device)) != "cuda":
@@ -352,10 +354,15 @@ class Custom:
             return f"custom needs compute capability 8.0 or newer (device has {cap[0]}.{cap[1]})"
         if cell.head_dim not in HEAD_DIMS:
             return f"custom supports head_dim {', '.join(map(str, HEAD_DIMS))} (cell asks for {cell.head_dim})"
-        if cell.pass_ != "fwd":
-            return "custom has no backward pass yet (forward only)"
         if cell.precision not in PRECISIONS:
             return f"custom runs {', '.join(PRECISIONS)} (cell asks for {cell.precision})"
+        if cell.pass_ == "fwd_bwd":
+            from flashwatt.kernels.custom_backward import backward_plan
+
+            try:
+                backward_plan(cell.precision, cell.head_dim)
+            except ValueError as err:
+                return str(err)
         try:
             parse_variant(cell.variant, cell.precision, cell.head_dim, cap, cell.seq_len)
         except ValueError as err:
@@ -363,11 +370,20 @@ class Custom:
         return None
 
     def __call__(self, q, k, v, cell: Cell):
-        out, _ = flash_forward(q, k, v, cell.causal, cell.variant, precision=cell.precision)
-        return out
+        # Differentiable when a gradient may be asked for; otherwise the plain forward.
+        from flashwatt.kernels.custom_autograd import flash_attention
+
+        return flash_attention(q, k, v, cell.causal, cell.variant, precision=cell.precision)
 
     def describe(self, cell: Cell) -> dict:
-        """The build (key, build and load seconds) and the launch the cell's variant resolved to."""
+        """The build (key, build and load seconds), the launch the cell's variant resolved to
+        and, for a fwd_bwd cell, the backward's path (CUDA tile or the PyTorch path)."""
         from flashwatt.build import build_info
 
-        return {"build": build_info(), "launch": kernel_info(cell.precision, cell.head_dim, cell.variant, cell.seq_len)}
+        details = {"build": build_info(),
+                   "launch": kernel_info(cell.precision, cell.head_dim, cell.variant, cell.seq_len)}
+        if cell.pass_ == "fwd_bwd":
+            from flashwatt.kernels.custom_backward import backward_kernel_info
+
+            details["backward"] = backward_kernel_info(cell.precision, cell.head_dim)
+        return details

@@ -1,0 +1,57 @@
+"""flashwatt's attention as a differentiable torch operation: the custom forward
+(flashwatt.kernels.custom.flash_forward) and its backward (flashwatt.kernels.custom_backward).
+
+`flash_attention` goes through autograd only when a gradient can be asked for (grad mode
+on and some input requiring it); otherwise it is the plain forward, with nothing saved.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from flashwatt.kernels.custom import _check_inputs, _precision_of, flash_forward
+from flashwatt.kernels.custom_backward import BackwardPlan, backward_plan, flash_backward
+
+
+class FlashAttentionFunction(torch.autograd.Function):
+    """out = attention(q, k, v) on (B, H, L, D) views; saves q, k, v, out and the LSE."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal: bool, variant: str, precision: str | None, scale: float, plan: BackwardPlan):
+        out, lse = flash_forward(q, k, v, causal, variant, precision=precision, scale=scale)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.causal, ctx.scale, ctx.plan = causal, scale, plan
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dout):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = flash_backward(dout, q, k, v, out, lse, ctx.causal, ctx.scale, ctx.plan)
+        return dq, dk, dv, None, None, None, None, None
+
+
+def flash_attention(q, k, v, causal: bool, variant: str = "", layout: str = "bhld", *, scale: float | None = None,
+                    precision: str | None = None, backward_tile: str | None = None):
+    """Attention output, differentiable in q, k and v.
+
+    Arguments as flashwatt.kernels.custom.flash_forward (layout "bhld" or "blhd").
+    backward_tile: a name of custom_backward.BWD_TILES (None: the default for the head dim).
+    When a gradient may be needed, the backward plan is checked before the forward runs,
+    so an unsupported backward (fp16/bf16 head_dim 256) fails before any launch.
+    """
+    needs_grad = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v))
+    if not needs_grad:
+        out, _ = flash_forward(q, k, v, causal, variant, layout=layout, scale=scale, precision=precision)
+        return out
+    if layout not in ("bhld", "blhd"):
+        raise ValueError(f"custom kernel: layout {layout!r} not in ('bhld', 'blhd')")
+    if layout == "blhd":
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    _check_inputs(q, k, v)  # the forward's own refusals first, with its messages
+    plan = backward_plan(_precision_of(q.dtype, precision), q.shape[-1], backward_tile)
+    scale = float(scale if scale is not None else 1.0 / math.sqrt(q.shape[-1]))
+    out = FlashAttentionFunction.apply(q, k, v, bool(causal), variant, precision, scale, plan)
+    return out.transpose(1, 2) if layout == "blhd" else out

@@ -1,0 +1,187 @@
+"""The backward pass of flashwatt's own attention kernel: which path computes it, and the paths.
+
+Two paths, chosen by precision and head dim (`backward_plan`), never silently: the plan is
+part of what `Custom.describe` records for a fwd_bwd cell.
+
+- `mma.sync` (fp16, bf16; head dims 64 and 128): kernels/flash_bwd.cu, FlashAttention-2's
+  backward. P is recomputed per tile from q, k and the forward's LSE; dK and dV accumulate
+  in fp32 registers (summed over the query heads of a GQA group by the CTA itself), dQ in
+  an fp32 buffer through atomics, converted to the input dtype at the end. Not
+  bit-reproducible run to run (the order of the dQ atomics varies).
+- `torch.math_from_lse` (fp32, tf32): the same equations in PyTorch, chunked over query
+  rows so the scores never take more than about 256 MiB. Exact fp32 for fp32 cells; for
+  tf32 cells the matmuls run at whatever `torch.backends.cuda.matmul.allow_tf32` says,
+  which flashwatt.measure sets to tf32 for them.
+
+Head dim 256 in fp16/bf16 has no backward: a warp's 16 keys would need 256 fp32
+registers per thread for dK and dV alone (kernels/NOTES.md, "Backward").
+
+Conventions shared with the forward (kernels/flash_fwd.cuh): lse is float32 (B, H, Lq),
+the natural log of sum_j exp(scale * q_i . k_j) over the visible keys; causal is
+top-left aligned (key j visible to query i iff j <= i); query head h reads k/v head
+h // (H // Hkv).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+# The backward paths (recorded in a fwd_bwd cell's record).
+BWD_MMA_SYNC = "mma.sync"
+BWD_TORCH_MATH = "torch.math_from_lse"
+
+# Scores chunk of the PyTorch path: at most this many elements (float32: 256 MiB).
+MATH_CHUNK_ELEMENTS = 1 << 26
+
+
+@dataclass(frozen=True)
+class BwdTile:
+    block_n: int  # key/value rows per CTA (16 per warp)
+    block_m: int  # query rows per step
+    warps: int
+    head_dims: tuple[int, ...]
+    description: str
+
+    def as_dict(self) -> dict:
+        return {"block_n": self.block_n, "block_m": self.block_m, "warps": self.warps,
+                "head_dims": list(self.head_dims), "description": self.description}
+
+
+# The rows of FLASHWATT_BWD_CONFIGS in kernels/flash_bwd.cu (each for fp16 and bf16).
+BWD_TILES: dict[str, BwdTile] = {
+    "n128_m64_w8": BwdTile(128, 64, 8, (64,), "128 keys per CTA, 8 warps x 16 keys, 64-row query steps (d64 default)"),
+    "n64_m64_w4": BwdTile(64, 64, 4, (64, 128), "64 keys per CTA, 4 warps x 16 keys, 64-row query steps (d128 default)"),
+}
+DEFAULT_BWD_TILE = {64: "n128_m64_w8", 128: "n64_m64_w4"}
+BWD_HALF_PRECISIONS = ("fp16", "bf16")
+BWD_MATH_PRECISIONS = ("fp32", "tf32")
+
+
+@dataclass(frozen=True)
+class BackwardPlan:
+    path: str  # BWD_MMA_SYNC or BWD_TORCH_MATH
+    tile_name: str | None  # the CUDA tile (mma.sync path only)
+
+    @property
+    def tile(self) -> BwdTile | None:
+        return BWD_TILES[self.tile_name] if self.tile_name else None
+
+    def as_dict(self) -> dict:
+        row = {"path": self.path, "tile": self.tile_name}
+        if self.tile is not None:
+            row.update(self.tile.as_dict())
+        return row
+
+
+def backward_plan(precision: str, head_dim: int, tile: str | None = None) -> BackwardPlan:
+    """The backward path (and CUDA tile, None: the default) for a precision and head dim;
+    ValueError naming what is not supported."""
+    if precision in BWD_MATH_PRECISIONS:
+        if tile:
+            raise ValueError(f"custom backward: {precision} runs {BWD_TORCH_MATH}, which takes no tile (got {tile!r})")
+        return BackwardPlan(BWD_TORCH_MATH, None)
+    if precision not in BWD_HALF_PRECISIONS:
+        raise ValueError(f"custom backward: precision {precision!r} not supported "
+                         f"({', '.join(BWD_HALF_PRECISIONS + BWD_MATH_PRECISIONS)})")
+    if head_dim not in DEFAULT_BWD_TILE:
+        raise ValueError(
+            f"custom backward: head_dim {head_dim} is not supported for {precision} "
+            f"(the CUDA backward is built for head_dim {', '.join(map(str, DEFAULT_BWD_TILE))}; at {head_dim} the "
+            f"dK and dV accumulators of a warp's 16 keys alone would need {head_dim} registers per thread)")
+    name = tile or DEFAULT_BWD_TILE[head_dim]
+    if name not in BWD_TILES:
+        raise ValueError(f"unknown custom backward tile {name!r}; allowed: {', '.join(BWD_TILES)}")
+    if head_dim not in BWD_TILES[name].head_dims:
+        raise ValueError(f"custom backward tile {name!r} is built for head_dim {BWD_TILES[name].head_dims}, "
+                         f"not {head_dim}")
+    return BackwardPlan(BWD_MMA_SYNC, name)
+
+
+def _grad_buffer(t):
+    """An output buffer shaped and laid out like t where the kernel can write it with
+    16-byte stores (torch.empty_like keeps a dense tensor's strides), else contiguous."""
+    import torch
+
+    from flashwatt.kernels.custom import _kernel_ready
+
+    buf = torch.empty_like(t)
+    return buf if _kernel_ready(buf) is buf else torch.empty(t.shape, dtype=t.dtype, device=t.device)
+
+
+def flash_backward(dout, q, k, v, out, lse, causal: bool, scale: float, plan: BackwardPlan):
+    """(dq, dk, dv) of attention on (B, H, L, D) views, from the forward's out and lse,
+    by `plan` (see backward_plan). dq has q's shape, dk and dv k's."""
+    if plan.path == BWD_TORCH_MATH:
+        return math_backward_from_lse(dout, q, k, v, out, lse, causal, scale)
+    import torch
+
+    from flashwatt.build import load_extension
+    from flashwatt.kernels.custom import _kernel_ready
+
+    q_k, k_k, v_k, o_k, do_k = (_kernel_ready(t) for t in (q, k, v, out, dout))
+    B, H, Lq, D = q.shape
+    dq, dk, dv = _grad_buffer(q), _grad_buffer(k), _grad_buffer(v)
+    delta = torch.empty((B, H, Lq), dtype=torch.float32, device=q.device)
+    dq_accum = torch.empty((B, H, Lq, D), dtype=torch.float32, device=q.device)
+    tile = plan.tile
+    load_extension().backward(q_k, k_k, v_k, o_k, do_k, lse.contiguous(), dq, dk, dv, delta, dq_accum, bool(causal),
+                              float(scale), tile.block_n, tile.block_m, tile.warps)
+    return dq, dk, dv
+
+
+def math_backward_from_lse(dout, q, k, v, out, lse, causal: bool, scale: float,
+                           chunk_elements: int = MATH_CHUNK_ELEMENTS):
+    """The backward equations in PyTorch (float32, or float64 for float64 inputs), from
+    the forward's LSE, chunked over query rows:
+        P = exp(scale * q k^T - lse), delta = rowsum(dout * out),
+        dV = P^T dout, dS = P * (dout v^T - delta), dQ = scale * dS k, dK = scale * dS^T q,
+    dK and dV summed over the query heads of each k/v head. Any device."""
+    import torch
+
+    B, H, Lq, D = q.shape
+    Hkv, Lk = k.shape[1], k.shape[2]
+    group = H // Hkv
+    work = torch.float64 if q.dtype == torch.float64 else torch.float32
+    qf, kf, vf, of, dof = (t.to(work) for t in (q, k, v, out, dout))
+    if group > 1:
+        kf = kf.repeat_interleave(group, dim=1)
+        vf = vf.repeat_interleave(group, dim=1)
+    lse = lse.to(work)
+    delta = (dof * of).sum(-1)
+    dq = torch.empty((B, H, Lq, D), dtype=work, device=q.device)
+    dk = torch.zeros((B, H, Lk, D), dtype=work, device=q.device)
+    dv = torch.zeros((B, H, Lk, D), dtype=work, device=q.device)
+    rows = max(1, min(Lq, chunk_elements // max(1, B * H * Lk)))
+    keys = torch.arange(Lk, device=q.device)
+    for r0 in range(0, Lq, rows):
+        r1 = min(Lq, r0 + rows)
+        s = torch.matmul(qf[:, :, r0:r1], kf.transpose(-2, -1)) * scale
+        if causal:
+            queries = torch.arange(r0, r1, device=q.device)
+            s = s.masked_fill(keys[None, :] > queries[:, None], -math.inf)
+        p = torch.exp(s - lse[:, :, r0:r1, None])
+        do_rows = dof[:, :, r0:r1]
+        dv += torch.matmul(p.transpose(-2, -1), do_rows)
+        ds = p * (torch.matmul(do_rows, vf.transpose(-2, -1)) - delta[:, :, r0:r1, None])
+        dq[:, :, r0:r1] = torch.matmul(ds, kf) * scale
+        dk += torch.matmul(ds.transpose(-2, -1), qf[:, :, r0:r1])
+    dk *= scale
+    if group > 1:
+        dk = dk.view(B, Hkv, group, Lk, D).sum(2)
+        dv = dv.view(B, Hkv, group, Lk, D).sum(2)
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+def backward_kernel_info(precision: str, head_dim: int, tile: str | None = None) -> dict:
+    """The plan, and for the CUDA path the main kernel's registers, local memory, shared
+    memory and occupancy on the current device (needs a GPU)."""
+    plan = backward_plan(precision, head_dim, tile)
+    info = plan.as_dict()
+    if plan.path == BWD_MMA_SYNC:
+        from flashwatt.build import load_extension
+
+        ext = load_extension()
+        code = {"fp16": ext.DTYPE_FP16, "bf16": ext.DTYPE_BF16}[precision]
+        t = plan.tile
+        info.update(dict(ext.backward_kernel_info(code, head_dim, t.block_n, t.block_m, t.warps)))
+    return info

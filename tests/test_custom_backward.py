@@ -1,0 +1,292 @@
+"""The custom kernel's backward without a GPU: the choice of path, the PyTorch path, the
+autograd wiring, and the CUDA kernel's tiled algorithm emulated in float64.
+
+`tiled_backward` below follows kernels/flash_bwd.cu loop for loop (key blocks per CTA,
+the first query block under the causal mask, the query heads of a GQA group, which
+blocks take the mask branch, P from the natural-log LSE in base 2, dQ accumulated across
+key blocks, the scale applied at the end), so a wrong bound or convention in that design
+shows here, against autograd through float64 attention.
+"""
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from flashwatt.cell import Cell
+from flashwatt.kernels import custom, custom_autograd
+from flashwatt.kernels.custom import Custom
+from flashwatt.kernels.custom_backward import (
+    BWD_MMA_SYNC, BWD_TILES, BWD_TORCH_MATH, DEFAULT_BWD_TILE, backward_plan, math_backward_from_lse,
+)
+
+KERNELS = Path(__file__).resolve().parents[1] / "kernels"
+LOG2E = 1.4426950408889634
+
+
+def attention64(q, k, v, causal, scale):
+    """float64 attention and its natural-log LSE on (B, H, L, D), k/v heads repeated for groups."""
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    s = torch.matmul(q, k.transpose(-2, -1)) * scale
+    if causal:
+        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), -math.inf)
+    return torch.matmul(torch.softmax(s, -1), v), torch.logsumexp(s, -1)
+
+
+def inputs(B, H, Hkv, Lq, Lk, D, seed, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, H, Lq, D, generator=g, dtype=dtype)
+    k = torch.randn(B, Hkv, Lk, D, generator=g, dtype=dtype)
+    v = torch.randn(B, Hkv, Lk, D, generator=g, dtype=dtype)
+    dout = torch.randn(B, H, Lq, D, generator=g, dtype=dtype)
+    return q, k, v, dout
+
+
+def autograd_reference(q, k, v, dout, causal, scale):
+    q, k, v = (t.detach().double().requires_grad_(True) for t in (q, k, v))
+    out, _ = attention64(q, k, v, causal, scale)
+    return torch.autograd.grad(out, (q, k, v), dout.double())
+
+
+def rel(x, ref):
+    """||x - ref|| / ||ref||, or the absolute ||x|| where ref is exactly zero (dQ of a
+    query that sees one key)."""
+    err = (x.double() - ref).norm()
+    return (err / ref.norm() if ref.norm() > 0 else err).item()
+
+
+def tiled_backward(dout, q, k, v, out, lse, causal, scale, block_n, block_m):
+    """kernels/flash_bwd.cu in float64: preprocess, one 'CTA' per (key block, batch, k/v
+    head) walking (query head, query block) steps, then the dQ conversion."""
+    B, H, Lq, D = q.shape
+    Hkv, Lk = k.shape[1], k.shape[2]
+    group = H // Hkv
+    BN, BM = block_n, block_m
+
+    def rows(t, r0, n, end):  # rows r0 .. r0 + n - 1 of t, zero past `end` (cp.async zero fill)
+        tile = torch.zeros((n,) + tuple(t.shape[1:]), dtype=t.dtype)
+        valid = max(0, min(n, end - r0))
+        tile[:valid] = t[r0:r0 + valid]
+        return tile
+
+    delta = (dout * out).sum(-1)  # preprocess
+    dq_accum = torch.zeros(B, H, Lq, D, dtype=torch.float64)
+    dk, dv = torch.full_like(k, math.nan), torch.full_like(v, math.nan)
+    num_mb = (Lq + BM - 1) // BM
+    for nb in range((Lk + BN - 1) // BN):
+        for b in range(B):
+            for hk in range(Hkv):
+                n0 = nb * BN
+                mb_first = min(n0 // BM, num_mb) if causal else 0
+                mb_count = num_mb - mb_first
+                Kt, Vt = rows(k[b, hk], n0, BN, Lk), rows(v[b, hk], n0, BN, Lk)
+                dk_acc = torch.zeros(BN, D, dtype=torch.float64)
+                dv_acc = torch.zeros(BN, D, dtype=torch.float64)
+                for it in range(group * mb_count):
+                    h = hk * group + it // mb_count
+                    m0 = (mb_first + it % mb_count) * BM
+                    Qt, dOt = rows(q[b, h], m0, BM, Lq), rows(dout[b, h], m0, BM, Lq)
+                    lse_t, delta_t = rows(lse[b, h], m0, BM, Lq), rows(delta[b, h], m0, BM, Lq)
+                    sT = Kt @ Qt.T  # keys x queries
+                    if n0 + BN > Lk or m0 + BM > Lq or (causal and n0 + BN - 1 > m0):
+                        key = n0 + torch.arange(BN)[:, None]
+                        query = m0 + torch.arange(BM)[None, :]
+                        hidden = (key >= Lk) | (query >= Lq) | ((key > query) & causal)
+                        sT = sT.masked_fill(hidden, -math.inf)
+                    pT = torch.exp2(sT * (scale * LOG2E) - (lse_t * LOG2E)[None, :])
+                    dv_acc += pT @ dOt
+                    dsT = pT * (Vt @ dOt.T - delta_t[None, :])
+                    dk_acc += dsT @ Qt
+                    valid = max(0, min(BM, Lq - m0))
+                    dq_accum[b, h, m0:m0 + valid] += (dsT.T @ Kt)[:valid]
+                valid = max(0, min(BN, Lk - n0))
+                dk[b, hk, n0:n0 + valid] = (dk_acc * scale)[:valid]
+                dv[b, hk, n0:n0 + valid] = dv_acc[:valid]
+    return dq_accum * scale, dk, dv
+
+
+# ---------------------------------------------------------------- the tiled algorithm
+
+TILED_CASES = [
+    # B, H, Hkv, Lq, Lk, D
+    (1, 1, 1, 1, 1, 16),
+    (2, 2, 2, 17, 17, 16),
+    (1, 4, 2, 100, 100, 8),   # GQA
+    (1, 4, 1, 130, 130, 8),   # MQA, ragged last blocks of both
+    (1, 2, 1, 70, 200, 8),    # more keys than queries: key blocks no query sees
+    (1, 2, 2, 200, 70, 8),    # more queries than keys
+]
+
+
+@pytest.mark.parametrize("tile", sorted(BWD_TILES))
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("B,H,Hkv,Lq,Lk,D", TILED_CASES)
+def test_tiled_algorithm_matches_autograd(B, H, Hkv, Lq, Lk, D, causal, tile):
+    t = BWD_TILES[tile]
+    q, k, v, dout = inputs(B, H, Hkv, Lq, Lk, D, seed=Lq * 31 + Lk + H)
+    scale = 1 / math.sqrt(D)
+    out, lse = attention64(q, k, v, causal, scale)
+    got = tiled_backward(dout, q, k, v, out, lse, causal, scale, t.block_n, t.block_m)
+    for name, g, r in zip(("dq", "dk", "dv"), got, autograd_reference(q, k, v, dout, causal, scale)):
+        assert torch.isfinite(g).all(), f"{name}: unwritten or non-finite rows"
+        assert rel(g, r) < 1e-12, f"{name}: rel err {rel(g, r):.2e}"
+
+
+def test_tiled_algorithm_small_blocks_walk_many_steps():
+    """Blocks smaller than the sequences (many key blocks, many query steps, BN != BM)."""
+    q, k, v, dout = inputs(1, 4, 2, 45, 45, 8, seed=5)
+    out, lse = attention64(q, k, v, True, 0.3)
+    for bn, bm in ((16, 8), (8, 16), (16, 16)):
+        got = tiled_backward(dout, q, k, v, out, lse, True, 0.3, bn, bm)
+        for g, r in zip(got, autograd_reference(q, k, v, dout, True, 0.3)):
+            assert rel(g, r) < 1e-12
+
+
+# ---------------------------------------------------------------- the PyTorch path
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("B,H,Hkv,Lq,Lk,D", TILED_CASES)
+def test_math_backward_from_lse_matches_autograd(B, H, Hkv, Lq, Lk, D, causal):
+    q, k, v, dout = inputs(B, H, Hkv, Lq, Lk, D, seed=7 + Lq)
+    out, lse = attention64(q, k, v, causal, 0.25)
+    # Chunks of a few rows, so the chunk loop and its masks are exercised too.
+    got = math_backward_from_lse(dout, q, k, v, out, lse, causal, 0.25, chunk_elements=B * H * Lk * 7)
+    for g, r in zip(got, autograd_reference(q, k, v, dout, causal, 0.25)):
+        assert g.dtype == torch.float64 and rel(g, r) < 1e-12
+
+
+def test_math_backward_from_lse_in_float32():
+    q, k, v, dout = inputs(2, 4, 2, 90, 90, 32, seed=3)
+    out, lse = attention64(q, k, v, True, 1 / math.sqrt(32))
+    f32 = [t.float() for t in (dout, q, k, v, out)]
+    got = math_backward_from_lse(*f32, lse.float(), True, 1 / math.sqrt(32))
+    ref = autograd_reference(q, k, v, dout, True, 1 / math.sqrt(32))
+    for g, r in zip(got, ref):
+        assert g.dtype == torch.float32 and rel(g, r) < 5e-6
+
+
+# ---------------------------------------------------------------- which path
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+@pytest.mark.parametrize("D", [64, 128])
+def test_half_precisions_run_the_cuda_kernel(precision, D):
+    plan = backward_plan(precision, D)
+    assert plan.path == BWD_MMA_SYNC and plan.tile_name == DEFAULT_BWD_TILE[D]
+    assert D in plan.tile.head_dims and plan.as_dict()["block_n"] == plan.tile.block_n
+
+
+@pytest.mark.parametrize("precision", ["fp32", "tf32"])
+@pytest.mark.parametrize("D", [64, 128, 256])
+def test_fp32_and_tf32_run_the_pytorch_path(precision, D):
+    plan = backward_plan(precision, D)
+    assert plan.path == BWD_TORCH_MATH and plan.tile is None and plan.as_dict() == {"path": BWD_TORCH_MATH,
+                                                                                    "tile": None}
+
+
+def test_refusals_name_the_reason():
+    for precision in ("fp16", "bf16"):
+        with pytest.raises(ValueError, match=rf"head_dim 256 is not supported for {precision}"):
+            backward_plan(precision, 256)
+    with pytest.raises(ValueError, match="precision 'fp8'"):
+        backward_plan("fp8", 64)
+    with pytest.raises(ValueError, match="unknown custom backward tile 'nosuch'"):
+        backward_plan("bf16", 64, "nosuch")
+    with pytest.raises(ValueError, match=r"built for head_dim \(64,\), not 128"):
+        backward_plan("bf16", 128, "n128_m64_w8")
+    with pytest.raises(ValueError, match="takes no tile"):
+        backward_plan("fp32", 64, "n64_m64_w4")
+
+
+def test_tiles_match_the_compiled_table():
+    """BWD_TILES names exactly the rows of FLASHWATT_BWD_CONFIGS in kernels/flash_bwd.cu."""
+    text = (KERNELS / "flash_bwd.cu").read_text()
+    table = re.search(r"#define FLASHWATT_BWD_CONFIGS\(T, DT\)(.*?)\n\n", text, re.S).group(1)
+    compiled = {tuple(map(int, m)) for m in re.findall(r"bwd_entry<T, (\d+), (\d+), (\d+), (\d+)>", table)}
+    named = {(D, t.block_n, t.block_m, t.warps) for t in BWD_TILES.values() for D in t.head_dims}
+    assert named == compiled
+    for D, name in DEFAULT_BWD_TILE.items():
+        assert D in BWD_TILES[name].head_dims
+
+
+# ---------------------------------------------------------------- the adapter
+
+def _cell(**kw):
+    base = dict(suite="t", kernel="custom", precision="bf16", seq_len=256, batch=2, heads=4, head_dim=64,
+                causal=True, pass_="fwd_bwd")
+    return Cell(**{**base, **kw})
+
+
+def test_custom_is_differentiable_and_says_which_backward_it_cannot_run(monkeypatch):
+    monkeypatch.setattr(custom, "_capability", lambda device: (8, 0))
+    kern, dev = Custom(), torch.device("cuda", 0)
+    assert kern.differentiable
+    for precision in ("fp16", "bf16", "fp32", "tf32"):
+        for D in (64, 128):
+            assert kern.supports(_cell(precision=precision, head_dim=D), dev) is None
+    assert kern.supports(_cell(precision="fp32", head_dim=256), dev) is None
+    reason = kern.supports(_cell(precision="bf16", head_dim=256), dev)
+    assert "backward" in reason and "head_dim 256" in reason
+    assert kern.supports(_cell(precision="bf16", head_dim=256, pass_="fwd"), dev) is None
+
+
+def _cpu_forward(calls):
+    """Stands in for the CUDA forward: float64 attention on CPU, returning (out, lse)."""
+    def forward(q, k, v, causal, variant="", layout="bhld", *, out=None, scale=None, precision=None):
+        calls.append(dict(causal=causal, variant=variant, layout=layout, scale=scale, precision=precision))
+        if layout == "blhd":
+            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        scale = scale if scale is not None else 1 / math.sqrt(q.shape[-1])
+        o, lse = attention64(q.double(), k.double(), v.double(), causal, scale)
+        o = o.to(q.dtype)
+        return (o.transpose(1, 2) if layout == "blhd" else o), lse.float()
+    return forward
+
+
+@pytest.mark.parametrize("layout", ["bhld", "blhd"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_autograd_function_wiring(monkeypatch, layout, causal):
+    """flash_attention through autograd on CPU (the forward replaced by float64 attention;
+    float32 inputs take the PyTorch backward): grads, GQA sums and layouts as autograd's."""
+    calls = []
+    monkeypatch.setattr(custom_autograd, "flash_forward", _cpu_forward(calls))
+    monkeypatch.setattr(custom_autograd, "_check_inputs", lambda q, k, v: None)
+    q, k, v, dout = (t.float() for t in inputs(2, 4, 2, 37, 37, 16, seed=11))
+    if layout == "blhd":
+        q, k, v, dout = (t.transpose(1, 2).contiguous() for t in (q, k, v, dout))
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    out = custom_autograd.flash_attention(*leaves, causal, "m64_n64_w4_s2", layout)
+    dq, dk, dv = torch.autograd.grad(out, leaves, dout)
+    assert calls == [dict(causal=causal, variant="m64_n64_w4_s2", layout="bhld", scale=0.25, precision=None)]
+    ref_args = [t.transpose(1, 2) if layout == "blhd" else t for t in (q, k, v, dout)]
+    ref = autograd_reference(*ref_args, causal, 0.25)
+    for g, r, leaf in zip((dq, dk, dv), ref, leaves):
+        assert g.shape == leaf.shape
+        g = g.transpose(1, 2) if layout == "blhd" else g
+        assert rel(g, r) < 1e-5
+
+
+def test_no_grad_calls_the_plain_forward_and_saves_nothing(monkeypatch):
+    calls = []
+    monkeypatch.setattr(custom_autograd, "flash_forward", _cpu_forward(calls))
+    monkeypatch.setattr(custom_autograd, "FlashAttentionFunction", None)  # would fail if used
+    q, k, v, _ = (t.float() for t in inputs(1, 2, 2, 8, 8, 16, seed=1))
+    out = custom_autograd.flash_attention(q, k, v, True)  # no input requires grad
+    assert out.grad_fn is None and len(calls) == 1
+    leaves = [t.requires_grad_(True) for t in (q, k, v)]
+    with torch.no_grad():
+        out = custom_autograd.flash_attention(*leaves, True)
+    assert out.grad_fn is None and len(calls) == 2
+
+
+def test_unsupported_backward_fails_before_the_forward(monkeypatch):
+    calls = []
+    monkeypatch.setattr(custom_autograd, "flash_forward", _cpu_forward(calls))
+    monkeypatch.setattr(custom_autograd, "_check_inputs", lambda q, k, v: None)
+    q, k, v, _ = (t.to(torch.bfloat16).requires_grad_(True) for t in inputs(1, 2, 2, 8, 8, 256, seed=2))
+    with pytest.raises(ValueError, match="head_dim 256"):
+        custom_autograd.flash_attention(q, k, v, False)
+    assert calls == []
