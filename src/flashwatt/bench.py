@@ -1,6 +1,10 @@
-"""Forward TFLOP/s of our CUDA kernel beside PyTorch's FlashAttention-2 and cuDNN SDPA backends.
+"""TFLOP/s of our CUDA kernel beside PyTorch's FlashAttention-2 and cuDNN SDPA backends.
 
     python -m flashwatt.bench [--out bench.csv] [--variants] [--dtypes bf16,fp16] [--max-seq-len N]
+                              [--pass fwd|fwd_bwd]
+
+`--pass fwd_bwd` times forward and backward together (FLOPs 3.5x the forward's, as `Cell`
+counts them) and checks our kernel's gradients against FlashAttention-2's as well.
 
 Shapes: the flash-attention convention (16k tokens per batch, H*D = 2048, (B, L) from
 (32, 512) to (1, 16384), D in {64, 128}) plus the seed shape (B=16, H=8, L=1024, D=64),
@@ -40,10 +44,38 @@ def time_cell(cell, kernel, device, settings) -> dict:
     from flashwatt.timing import Workload, time_workload
 
     inputs = measure.make_inputs(cell, device, settings.seed, measure.input_sets_needed(cell, device))
-    call = measure.make_call(kernel, cell, inputs)
-    with torch.no_grad():
+    dout = _dout(cell, device) if cell.pass_ == "fwd_bwd" else None
+    call = measure.make_call(kernel, cell, inputs, dout)
+    with torch.enable_grad() if dout is not None else torch.no_grad():
         per_call_s = measure.warm_up(call, device, settings.warmup_ms)
         return time_workload(Workload.build(call, device, per_call_s), settings)
+
+
+def _dout(cell, device):
+    """The output gradient of a fwd_bwd run: seeded N(0, 1), as the pipeline's cells use."""
+    import torch
+
+    from flashwatt import measure
+
+    gen = torch.Generator(device=device).manual_seed(2)
+    shape = (cell.batch, cell.heads, cell.seq_len, cell.head_dim)
+    return torch.randn(shape, generator=gen, device=device).to(measure.DTYPES[cell.precision])
+
+
+def _outputs(kernel, cell, device) -> list:
+    """The forward's output and, for fwd_bwd, dQ, dK, dV, in float64."""
+    import torch
+
+    from flashwatt import measure
+
+    q, k, v = measure.make_inputs(cell, device, 0, 1)[0]
+    if cell.pass_ == "fwd":
+        with torch.no_grad():
+            return [kernel(q, k, v, cell).double()]
+    with torch.enable_grad():
+        out = kernel(q, k, v, cell)
+        grads = torch.autograd.grad(out, (q, k, v), _dout(cell, device))
+    return [t.detach().double() for t in (out, *grads)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-seq-len", type=int, default=16384, help="leave out the shapes with longer sequences")
     ap.add_argument("--variants", action="store_true", help="also time every custom tile variant")
     ap.add_argument("--min-time-ms", type=float, default=300, help="timed device time per point")
+    ap.add_argument("--pass", dest="pass_", choices=["fwd", "fwd_bwd"], default="fwd")
     args = ap.parse_args(argv)
 
     import torch
@@ -89,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
                 reference = None
                 result: dict[str, float] = {}
                 for kname, variant in runs:
-                    cell = Cell("bench", kname, precision, L, B, H, D, causal, "fwd", variant)
+                    cell = Cell("bench", kname, precision, L, B, H, D, causal, args.pass_, variant)
                     label = f"{kname}:{variant}" if variant else kname
                     kernel = get_kernel(kname)
                     err_vs_flash = math.nan
@@ -98,19 +131,20 @@ def main(argv: list[str] | None = None) -> int:
                         reason = kernel.supports(cell, device)
                         if reason:
                             raise RuntimeError(reason)
-                        q, k, v = measure.make_inputs(cell, device, 0, 1)[0]
-                        with torch.no_grad():
-                            out = kernel(q, k, v, cell).float()
+                        outs = _outputs(kernel, cell, device)
                         if kname == REFERENCE:
-                            reference = out.double()
+                            reference = outs
                         elif kname == "custom":
                             if reference is None:
                                 raise RuntimeError(f"no {REFERENCE} output to check it against: not timed")
-                            err_vs_flash = relative_error(out, reference)
-                            tol = TOLERANCE[precision]["fwd"]
-                            if not err_vs_flash <= tol:
-                                raise RuntimeError(f"output differs from {REFERENCE} by {err_vs_flash:.2e} (> {tol:.0e})")
-                        del q, k, v, out
+                            names = ["output", "dQ", "dK", "dV"]
+                            errors = [relative_error(a, b) for a, b in zip(outs, reference)]
+                            err_vs_flash = max(errors)
+                            for what, err in zip(names, errors):
+                                tol = TOLERANCE[precision]["fwd" if what == "output" else "grad"]
+                                if not err <= tol:
+                                    raise RuntimeError(f"{what} differs from {REFERENCE}'s by {err:.2e} (> {tol:.0e})")
+                        del outs
                         timing = time_cell(cell, kernel, device, settings)
                         tflops = cell.flops / (timing["median_ms"] * 1e-3) / 1e12
                     except Exception as err:  # a refused shape or a failed check is a result, not a crash
