@@ -259,3 +259,12 @@ def test_a_bursty_tenant_widens_the_margin_and_windows_stay_within_budget():
     assert (windows[windows["start"] >= 6]["power_w"] <= 500 * 1.03).mean() >= 0.95, windows
     quiet = run(governor(budget=500.0), Plant(PROFILES), 24.0)
     assert quiet[quiet["t"] > 8]["margin"].max() <= 0.025  # no throughput given up where nothing bursts
+
+
+def test_windows_the_energy_counter_did_not_cover_are_unknown_not_zero():
+    plant = Plant(PROFILES, telemetry_dead_after=6.0)
+    trace = with_counter(run(governor(budget=450.0), plant, 10.0))
+    trace.loc[trace["t"] >= 6.0, "energy_mj"] = None  # the counter fails with the rest of NVML
+    windows = window_power(trace)
+    assert windows[windows["start"] + 1.0 > 6.0]["power_w"].isna().all()
+    assert windows[windows["start"] + 1.0 <= 5.9]["power_w"].gt(200).all()

@@ -34,6 +34,9 @@ def window_power(trace: pd.DataFrame, window_s: float = 1.0) -> pd.DataFrame:
         ok = energy.notna().to_numpy()
         te, e = t[ok], energy.to_numpy(dtype=float)[ok] / 1e3
         for s in starts:
+            if s < te[0] or s + window_s > te[-1]:  # the counter was not read across it (NVML down)
+                rows.append((s, np.nan))
+                continue
             e0, e1 = np.interp([s, s + window_s], te, e)
             rows.append((s, (e1 - e0) / window_s))
     else:
