@@ -462,7 +462,8 @@ constexpr Entry bwd_entry(int dtype) {
 
 // The backward tiles of src/flashwatt/kernels/custom_backward.py map onto these rows.
 #define FLASHWATT_BWD_CONFIGS(T, DT) \
-  bwd_entry<T, 64, 128, 64, 8>(DT), bwd_entry<T, 64, 64, 64, 4>(DT), bwd_entry<T, 128, 64, 64, 4>(DT)
+  bwd_entry<T, 64, 128, 64, 8>(DT), bwd_entry<T, 64, 64, 64, 4>(DT), bwd_entry<T, 128, 64, 64, 4>(DT), \
+      bwd_entry<T, 128, 128, 64, 8>(DT)
 
 const Entry kEntries[] = {
     FLASHWATT_BWD_CONFIGS(__half, kFp16),
