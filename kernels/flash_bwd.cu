@@ -55,6 +55,18 @@ struct HalfPair<__nv_bfloat16> {
   }
 };
 
+// dst[0] += x, dst[1] += y in global memory (dst 8-byte aligned), without a return value.
+// sm_90 has a vector reduction: one instruction and one L2 request per 8 bytes instead of
+// two; older architectures take two scalar ones.
+__device__ __forceinline__ void red_add2(float* dst, float x, float y) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(dst), "f"(x), "f"(y));
+#else
+  atomicAdd(dst, x);
+  atomicAdd(dst + 1, y);
+#endif
+}
+
 // ------------------------------------------------ row kernels (pre and post)
 
 // Both row kernels give each query row D/8 threads of one warp, 8 elements (16 bytes of
@@ -412,10 +424,7 @@ __global__ void __launch_bounds__(NW * 32, 1) flash_bwd_kernel(const BwdParams p
       if (row < p.len_q) {
         float* dst = dq_rows + static_cast<int64_t>(row) * D + dq_c0 + 2 * t;
 #pragma unroll
-        for (int dt = 0; dt < DQT; ++dt) {
-          atomicAdd(dst + dt * 8, dq[dt][2 * r]);
-          atomicAdd(dst + dt * 8 + 1, dq[dt][2 * r + 1]);
-        }
+        for (int dt = 0; dt < DQT; ++dt) red_add2(dst + dt * 8, dq[dt][2 * r], dq[dt][2 * r + 1]);
       }
     }
     h = h_next;
