@@ -20,7 +20,7 @@ from flashwatt.cell import Cell
 from flashwatt.kernels import custom, custom_autograd
 from flashwatt.kernels.custom import Custom
 from flashwatt.kernels.custom_backward import (
-    BWD_MMA_SYNC, BWD_TILES, BWD_TORCH_MATH, DEFAULT_BWD_TILE, backward_plan, math_backward_from_lse,
+    BWD_MMA_SYNC, BWD_TILES, BWD_TORCH_MATH, DEFAULT_BWD_TILE, BwdTile, backward_plan, math_backward_from_lse,
 )
 
 KERNELS = Path(__file__).resolve().parents[1] / "kernels"
@@ -187,7 +187,7 @@ def test_fp32_and_tf32_run_the_pytorch_path(precision, D):
                                                                                     "tile": None}
 
 
-def test_refusals_name_the_reason():
+def test_refusals_name_the_reason(monkeypatch):
     for precision in ("fp16", "bf16"):
         with pytest.raises(ValueError, match=rf"head_dim 256 is not supported for {precision}"):
             backward_plan(precision, 256)
@@ -195,8 +195,12 @@ def test_refusals_name_the_reason():
         backward_plan("fp8", 64)
     with pytest.raises(ValueError, match="unknown custom backward tile 'nosuch'"):
         backward_plan("bf16", 64, "nosuch")
+    # Every compiled tile serves both head dims; a d64-only tile stands in for the refusal.
+    from flashwatt.kernels import custom_backward
+
+    monkeypatch.setitem(custom_backward.BWD_TILES, "d64_only", BwdTile(128, 64, 8, (64,), "test"))
     with pytest.raises(ValueError, match=r"built for head_dim \(64,\), not 128"):
-        backward_plan("bf16", 128, "n128_m64_w8")
+        backward_plan("bf16", 128, "d64_only")
     with pytest.raises(ValueError, match="takes no tile"):
         backward_plan("fp32", 64, "n64_m64_w4")
 

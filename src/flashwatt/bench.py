@@ -1,10 +1,13 @@
 """TFLOP/s of our CUDA kernel beside PyTorch's FlashAttention-2 and cuDNN SDPA backends.
 
     python -m flashwatt.bench [--out bench.csv] [--variants] [--dtypes bf16,fp16] [--max-seq-len N]
-                              [--pass fwd|fwd_bwd]
+                              [--pass fwd|fwd_bwd] [--bwd-tiles n128_m64_w8,n64_m64_w4]
 
 `--pass fwd_bwd` times forward and backward together (FLOPs 3.5x the forward's, as `Cell`
 counts them) and checks our kernel's gradients against FlashAttention-2's as well.
+`--bwd-tiles` (fwd_bwd only) also times the custom kernel with each named backward tile
+(custom_backward.BWD_TILES; the forward is the default launch) beside it, as
+`custom:bwd=<tile>` columns and rows with the tile in the CSV's `backward_tile` column.
 
 Shapes: the flash-attention convention (16k tokens per batch, H*D = 2048, (B, L) from
 (32, 512) to (1, 16384), D in {64, 128}) plus the seed shape (B=16, H=8, L=1024, D=64),
@@ -34,6 +37,36 @@ def cases(head_dims: list[int], max_seq_len: int) -> list[tuple[int, int, int, i
     if SEED not in out and SEED[2] <= max_seq_len:
         out.insert(0, SEED)
     return out
+
+
+class BackwardTileCustom:
+    """The custom kernel with a named backward tile: fwd_bwd comparisons of backward tiles."""
+
+    name = "custom"
+    differentiable = True
+
+    def __init__(self, tile: str):
+        from flashwatt.kernels.custom import Custom
+
+        self.tile = tile
+        self._custom = Custom()
+
+    def supports(self, cell, device) -> str | None:
+        from flashwatt.kernels.custom_backward import backward_plan
+
+        reason = self._custom.supports(cell, device)
+        if reason:
+            return reason
+        try:
+            backward_plan(cell.precision, cell.head_dim, self.tile)
+        except ValueError as err:
+            return str(err)
+        return None
+
+    def __call__(self, q, k, v, cell):
+        from flashwatt.kernels.custom_autograd import flash_attention
+
+        return flash_attention(q, k, v, cell.causal, cell.variant, precision=cell.precision, backward_tile=self.tile)
 
 
 def time_cell(cell, kernel, device, settings) -> dict:
@@ -87,7 +120,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--variants", action="store_true", help="also time every custom tile variant")
     ap.add_argument("--min-time-ms", type=float, default=300, help="timed device time per point")
     ap.add_argument("--pass", dest="pass_", choices=["fwd", "fwd_bwd"], default="fwd")
+    ap.add_argument("--bwd-tiles", default="",
+                    help="fwd_bwd: also time the custom kernel with each of these backward tiles (comma-separated)")
     args = ap.parse_args(argv)
+    bwd_tiles = [t for t in args.bwd_tiles.split(",") if t]
+    if bwd_tiles:
+        from flashwatt.kernels.custom_backward import BWD_TILES
+
+        if args.pass_ != "fwd_bwd":
+            ap.error("--bwd-tiles needs --pass fwd_bwd")
+        unknown = [t for t in bwd_tiles if t not in BWD_TILES]
+        if unknown:
+            ap.error(f"unknown backward tile(s) {', '.join(unknown)}; allowed: {', '.join(BWD_TILES)}")
 
     import torch
 
@@ -110,21 +154,24 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict] = []
     failed_checks = 0
     header = (f"{'dtype':5} {'B':>3} {'H':>3} {'L':>6} {'D':>4} {'mask':6} {'custom':>8} {'flash':>8} {'cudnn':>8} "
-              f"{'cust/fl':>8} {'cust/cu':>8}" + (f" {'wgmma':>8} {'wg/fl':>6}" if hopper else ""))
+              f"{'cust/fl':>8} {'cust/cu':>8}" + (f" {'wgmma':>8} {'wg/fl':>6}" if hopper else "")
+              + "".join(f" {'bwd=' + t:>16} {'/fl':>6}" for t in bwd_tiles))
     print(header + "\n" + "-" * len(header), flush=True)
     for precision in args.dtypes.split(","):
         for B, H, L, D in cases([int(x) for x in args.head_dims.split(",")], args.max_seq_len):
             for causal in (False, True):
-                runs = [(REFERENCE, ""), ("custom", ""), ("sdpa_cudnn", "")]
-                runs += [("custom", t) for t, tile in TILES.items()
+                runs = [(REFERENCE, "", ""), ("custom", "", ""), ("sdpa_cudnn", "", "")]
+                runs += [("custom", t, "") for t, tile in TILES.items()
                          if D in tile.head_dims and precision in tile.precisions
                          and (args.variants or (hopper and tile.mma == WGMMA))]
+                runs += [("custom", "", t) for t in bwd_tiles]
                 reference = None
                 result: dict[str, float] = {}
-                for kname, variant in runs:
+                for kname, variant, bwd_tile in runs:
                     cell = Cell("bench", kname, precision, L, B, H, D, causal, args.pass_, variant)
                     label = f"{kname}:{variant}" if variant else kname
-                    kernel = get_kernel(kname)
+                    label = f"{label}:bwd={bwd_tile}" if bwd_tile else label
+                    kernel = BackwardTileCustom(bwd_tile) if bwd_tile else get_kernel(kname)
                     err_vs_flash = math.nan
                     timing: dict = {}
                     try:
@@ -154,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
                         tflops = math.nan
                     result[label] = tflops
                     rows.append(dict(device=name, dtype=precision, batch=B, heads=H, seq_len=L, head_dim=D,
-                                     causal=causal, kernel=kname, variant=variant, method=timing.get("method"),
+                                     causal=causal, kernel=kname, variant=variant, backward_tile=bwd_tile,
+                                     method=timing.get("method"),
                                      ms=timing.get("median_ms", math.nan), eager_ms=timing.get("eager_ms", math.nan),
                                      tflops=round(tflops, 2), rel_err_vs_flash=err_vs_flash))
                     torch.cuda.empty_cache()
@@ -164,6 +212,9 @@ def main(argv: list[str] | None = None) -> int:
                 if hopper:
                     wg = max((t for n, t in result.items() if n.startswith("custom:wgmma") and t == t), default=math.nan)
                     line += f" {wg:8.1f} {wg / fl:6.3f}"
+                for t in bwd_tiles:
+                    bt = result[f"custom:bwd={t}"]
+                    line += f" {bt:16.1f} {bt / fl:6.3f}"
                 print(line, flush=True)
     if args.out and rows:
         with open(args.out, "w", newline="") as f:

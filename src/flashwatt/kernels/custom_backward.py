@@ -49,10 +49,12 @@ class BwdTile:
 
 # The rows of FLASHWATT_BWD_CONFIGS in kernels/flash_bwd.cu (each for fp16 and bf16).
 BWD_TILES: dict[str, BwdTile] = {
-    "n128_m64_w8": BwdTile(128, 64, 8, (64,), "128 keys per CTA, 8 warps x 16 keys, 64-row query steps (d64 default)"),
-    "n64_m64_w4": BwdTile(64, 64, 4, (64, 128), "64 keys per CTA, 4 warps x 16 keys, 64-row query steps (d128 default)"),
+    "n128_m64_w8": BwdTile(128, 64, 8, (64, 128),
+                           "128 keys per CTA, 8 warps x 16 keys, 64-row query steps (d64 and d128 default)"),
+    "n64_m64_w4": BwdTile(64, 64, 4, (64, 128),
+                          "64 keys per CTA, 4 warps x 16 keys, 64-row query steps (the first d128 default)"),
 }
-DEFAULT_BWD_TILE = {64: "n128_m64_w8", 128: "n64_m64_w4"}
+DEFAULT_BWD_TILE = {64: "n128_m64_w8", 128: "n128_m64_w8"}
 BWD_HALF_PRECISIONS = ("fp16", "bf16")
 BWD_MATH_PRECISIONS = ("fp32", "tf32")
 
