@@ -56,6 +56,8 @@ def test_nvml_failure_falls_back_and_output_stays_correct(board):
     assert len(late) and (late["phase"] == "fallback").all()
     assert "injected failure" in " ".join(trace["event"].dropna())
     assert merit["calls"] > 0
+    # measured by an independent reader of NVML while the controller's had failed
+    assert merit["fallback_observed_w"] is not None and merit["fallback_observed_w"] <= 450.0 * 1.03
 
 
 def test_control_cells_run_as_the_pipeline_runs_them(board, tmp_path):
@@ -71,8 +73,10 @@ def test_control_cells_run_as_the_pipeline_runs_them(board, tmp_path):
                                   "duties": [0.5], "seconds": 1.5}}
     oracle = run_control_cell(oracle_cell, spec).record
     assert oracle["status"] == "ok", oracle
-    rows = oracle["oracle"]
+    rows = [r for r in oracle["oracle"] if not r["repeat"]]
     assert [(r["config"], r["duty"]) for r in rows] == [("sdpa_default", 1.0), ("sdpa_cudnn", 1.0), ("sdpa_cudnn", 0.5)]
+    (again,) = [r for r in oracle["oracle"] if r["repeat"]]
+    assert (again["config"], again["duty"]) == ("sdpa_default", 1.0) and again["check_passed"]
     assert all(r["check_passed"] and r["avg_power_w"] > oracle["idle_w"] for r in rows)
     paced, full = rows[2], rows[1]
     assert paced["avg_power_w"] < full["avg_power_w"] and paced["tokens_per_s"] < 0.7 * full["tokens_per_s"]
@@ -90,6 +94,7 @@ def test_control_cells_run_as_the_pipeline_runs_them(board, tmp_path):
     runs, _ = runs_table([tmp_path / oracle_cell.path, tmp_path / budget_cell.path])
     judged = runs.iloc[0]
     assert judged["scenario"] == "budget-450w" and judged["oracle_same_device"]
+    assert abs(judged["oracle_drift_pct"]) < 10
     under = [r for r in rows if r["avg_power_w"] <= 450]
     if under:
         best = max(under, key=lambda r: r["tokens_per_s"])

@@ -87,7 +87,7 @@ def main(argv=None) -> int:
     record(merit, trace)
     merit, trace = run_scenario(Scenario("energy", steady, "energy", seconds=15.0 * scale + 3), telemetry, device, idle)
     default = table[(table["config"] == "sdpa_default") & (table["duty"] == 1.0)]
-    best = table.dropna(subset=["j_per_token"]).sort_values("j_per_token").iloc[0]
+    best = table[~table["repeat"]].dropna(subset=["j_per_token"]).sort_values("j_per_token").iloc[0]
     record(merit, trace, static_default_j_per_token=float(default["j_per_token"].iloc[0]) if len(default) else None,
            best_static_j=f"{best['config']} d{best['duty']:g}", best_static_j_per_token=float(best["j_per_token"]),
            vs_best_static_j=merit.get("j_per_token") / float(best["j_per_token"]) if merit.get("j_per_token") else None)

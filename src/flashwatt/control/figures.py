@@ -113,6 +113,10 @@ def draw_power(tables: ControlTables) -> plt.Figure:
         if len(explored):
             ax.axvspan(0, explored.max(), color="0.92", label="exploration", lw=0)
         ax.plot(trace["t"], trace["power_w"], lw=0.6, color="0.55", label="instant power (NVML)")
+        if "observed_power_w" in trace and trace["observed_power_w"].notna().any():
+            after = trace[trace["power_w"].isna()]
+            ax.plot(after["t"], pd.to_numeric(after["observed_power_w"], errors="coerce"), lw=0.8, ls=":",
+                    color="C4", label="power read independently while the controller's NVML failed")
         windows = window_power(trace).dropna(subset=["power_w"])
         if len(windows):
             ends = windows["start"].iloc[-1] + 1.0
@@ -160,6 +164,8 @@ def _usable_oracle(tables: ControlTables) -> pd.DataFrame:
     rows = tables.oracle.dropna(subset=["tokens_per_s", "avg_power_w"]) if len(tables.oracle) else tables.oracle
     if rows.empty:
         return rows
+    if "repeat" in rows:
+        rows = rows[~rows["repeat"].fillna(False).astype(bool)]
     return rows[rows["check_passed"].fillna(False).astype(bool)]
 
 

@@ -10,6 +10,8 @@ every run's trace, with each run judged against its workload's oracle.
 - In energy mode, with the static configuration of least joules per token and with the
   static default (`sdpa_default` at full duty: `F.scaled_dot_product_attention` with no
   backend forced, what a PyTorch user gets).
+- `oracle_drift_pct`: the oracle ends by repeating its first configuration; the change of
+  its power says how much the card drifted (warmed) over the oracle.
 - `oracle_same_device` says whether the oracle ran on the same GPU (by UUID) as the run: on
   a cluster, cells may land on different cards, and a comparison across cards is weaker.
 """
@@ -26,7 +28,7 @@ from flashwatt.records import read_record
 # Figures of merit copied from a run's record (flashwatt.control.metrics, study.run_scenario).
 MERIT_COLUMNS = [
     "wall_s", "tokens", "tokens_per_s", "avg_power_w", "j_per_token", "windows", "windows_within_pct",
-    "worst_overshoot_pct", "window_source", "settling_max_s", "disturbance_recovery_s", "switches", "explore_s", "steady_tokens_per_s",
+    "worst_overshoot_pct", "window_source", "settling_max_s", "disturbance_recovery_s", "fallback_observed_w", "switches", "explore_s", "steady_tokens_per_s",
     "steady_avg_power_w", "steady_windows_within_pct", "steady_j_per_token", "final_config", "calls", "slept_s",
     "check_rel_err", "check_tol", "check_passed", "idle_w", "limit_w",
 ]
@@ -35,7 +37,7 @@ COMPARISON_COLUMNS = [
     "front_tokens_per_s", "steady_vs_front",
     "best_static_j", "best_static_j_per_token", "vs_best_static_j", "steady_vs_best_static_j",
     "static_default_tokens_per_s", "static_default_power_w", "static_default_j_per_token", "vs_static_default_j",
-    "oracle_same_device",
+    "oracle_same_device", "oracle_drift_pct",
 ]
 DEVICE_COLUMNS = ["device", "device_type", "device_uuid"]
 
@@ -79,6 +81,8 @@ def runs_table(paths: list[str | Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
 def _usable(oracle: pd.DataFrame) -> pd.DataFrame:
     """Static rows that measured a throughput and power and passed their float64 check."""
     rows = oracle.dropna(subset=["tokens_per_s", "avg_power_w"])
+    if "repeat" in rows:  # the oracle's closing repeat measures drift; it is not another configuration
+        rows = rows[~rows["repeat"].fillna(False).astype(bool)]
     return rows[rows["check_passed"].fillna(False).astype(bool)]
 
 
@@ -112,6 +116,23 @@ def front_at(oracle: pd.DataFrame, power_w: float) -> float | None:
     return float(np.interp(power_w, powers, speeds))
 
 
+def oracle_drift_pct(oracle: pd.DataFrame) -> float | None:
+    """How much the power of the oracle's first configuration changed by its closing repeat
+    (in %): the card warms over the oracle, and rows measured early read a little low."""
+    if "repeat" not in oracle or not oracle["repeat"].fillna(False).astype(bool).any():
+        return None
+    rows = oracle.dropna(subset=["avg_power_w"])
+    repeat = rows[rows["repeat"].fillna(False).astype(bool)]
+    if repeat.empty:
+        return None
+    again = repeat.iloc[0]
+    first = rows[(rows["config"] == again["config"]) & (rows["duty"] == again["duty"])
+                 & ~rows["repeat"].fillna(False).astype(bool)]
+    if first.empty:
+        return None
+    return float((again["avg_power_w"] / first["avg_power_w"].iloc[0] - 1) * 100)
+
+
 def static_default(oracle: pd.DataFrame) -> pd.Series | None:
     rows = _usable(oracle)
     rows = rows[(rows["config"] == "sdpa_default") & (rows["duty"] == 1.0)]
@@ -136,6 +157,7 @@ def compare_with_oracle(runs: pd.DataFrame, oracle: pd.DataFrame) -> pd.DataFram
             continue
         values: dict = {"oracle_same_device": bool(run["device_uuid"] is not None
                                                    and (rows["device_uuid"] == run["device_uuid"]).all())}
+        values["oracle_drift_pct"] = oracle_drift_pct(rows)
         default = static_default(rows)
         if default is not None:
             values.update(static_default_tokens_per_s=default["tokens_per_s"],
