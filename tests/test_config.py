@@ -68,7 +68,11 @@ def test_seed_suite_is_the_seed_study():
     assert {(c.batch, c.heads, c.head_dim) for c in cells} == {(16, 8, 64)}
     assert {c.seq_len for c in cells} == {512, 1024}
     assert {c.precision for c in cells} == {"fp32", "fp16", "bf16"}
-    assert len(cells) == 6 * 3 * 2
+    forward = [c for c in cells if c.pass_ == "fwd"]
+    assert len(forward) == 6 * 3 * 2
+    backward = [c for c in cells if c.pass_ == "fwd_bwd"]
+    assert {c.kernel for c in backward} == {"sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "custom"}
+    assert len(backward) == 4 * 2 * 2
 
 
 def test_sweep_follows_flash_attention_convention():
