@@ -18,7 +18,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
 
     q (B, H, L/W, D), k/v (B, Hkv, L/W, D): this rank's parts as `shard_sequence` cuts them
     for the same strategy and group. block: 'auto', 'math' (float64), 'flash', 'efficient',
-    'cudnn', 'custom' (forward only), or an object with forward/backward/differentiable.
+    'cudnn', 'custom' (our CUDA kernels), or an object with forward/backward/differentiable.
     group: a process group (ring, zigzag, ulysses; None = world) or a 2-D DeviceMesh
     (hybrid: dim 0 ring across nodes, dim 1 Ulysses inside a node; None = default).
     """
@@ -28,7 +28,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
             t.requires_grad for t in (q, k, v)):
         raise NotImplementedError(
             f"block {getattr(blk, 'name', blk)!r} is forward-only (no backward pass yet); run it under "
-            "torch.no_grad() or pick block 'flash', 'efficient' or 'cudnn'")
+            "torch.no_grad() or pick block 'flash', 'efficient', 'cudnn' or 'custom'")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     world = coords["world"]
     if strategy in ("ring", "zigzag"):

@@ -140,10 +140,13 @@ class CudnnBlock:
 
 
 class CustomBlock:
-    """flashwatt's CUDA kernel (flashwatt.kernels.custom.flash_forward). Forward only."""
+    """flashwatt's CUDA kernels: the forward (flashwatt.kernels.custom.flash_forward) and the
+    backward from the merged out and LSE (flashwatt.kernels.custom_backward, the plan it
+    picks for the precision and head dim: the CUDA kernel for fp16/bf16, the exact PyTorch
+    equations for fp32)."""
 
     name = "custom"
-    differentiable = False
+    differentiable = True
 
     def __init__(self, variant: str = ""):
         self.variant = variant
@@ -153,10 +156,12 @@ class CustomBlock:
 
         return flash_forward(q, k, v, causal, self.variant, scale=scale)
 
-    def backward(self, *args, **kwargs):
-        raise NotImplementedError(
-            "block 'custom' is forward-only: the custom CUDA kernel has no backward pass yet; "
-            "use block 'flash', 'efficient' or 'cudnn' for a backward pass")
+    def backward(self, dout, q, k, v, out, lse, causal: bool, scale: float):
+        from flashwatt.kernels.custom import _precision_of
+        from flashwatt.kernels.custom_backward import backward_plan, flash_backward
+
+        plan = backward_plan(_precision_of(q.dtype, None), q.shape[-1])
+        return flash_backward(dout, q, k, v, out, lse, causal, scale, plan)
 
 
 BLOCK_NAMES = ("auto", "math", "flash", "efficient", "cudnn", "custom")

@@ -80,9 +80,6 @@ def job(spec: dict, rank: int | None = None, world: int | None = None, local_ran
     check_spec(spec)
     rdv = rendezvous.from_environment(rank, world, local_rank, addr, port)
     wanted = int(spec["gpus"])
-    if spec["block"] == "custom" and spec["pass"] == "fwd_bwd":
-        return _skip(spec, "block 'custom' is forward-only (the custom kernel has no backward pass yet)") \
-            if rdv.rank == 0 else None
     if torch.cuda.is_available():
         have = _available_gpus(rdv)
         if have < wanted:
