@@ -161,7 +161,7 @@ std::map<std::string, int64_t> kernel_info(int64_t math, int64_t dtype, int64_t 
 void backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
               const at::Tensor& dout, const at::Tensor& lse, at::Tensor& dq, at::Tensor& dk, at::Tensor& dv,
               at::Tensor& delta, at::Tensor& dq_accum, bool causal, double scale, int64_t block_n, int64_t block_m,
-              int64_t warps) {
+              int64_t warps, int64_t math) {
   for (const auto& [t, name] : {std::pair<const at::Tensor*, const char*>{&q, "q"}, {&k, "k"}, {&v, "v"},
                                 {&out, "out"}, {&dout, "dout"}, {&dq, "dq"}, {&dk, "dk"}, {&dv, "dv"}})
     check_operand(*t, name, q, true);
@@ -194,9 +194,10 @@ void backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, con
                   B * Hkv * ((Lk + 15) / 16) < std::numeric_limits<int32_t>::max(),
               "flashwatt custom backward: too many tiles");
   const int index = flashwatt::bwd_find_config(dt, static_cast<int>(D), static_cast<int>(block_n),
-                                               static_cast<int>(block_m), static_cast<int>(warps));
+                                               static_cast<int>(block_m), static_cast<int>(warps),
+                                               static_cast<int>(math));
   TORCH_CHECK(index >= 0, "flashwatt custom backward: no compiled kernel for dtype ", q.scalar_type(), ", head_dim ",
-              D, ", block_n ", block_n, ", block_m ", block_m, ", warps ", warps);
+              D, ", block_n ", block_n, ", block_m ", block_m, ", warps ", warps, ", math ", math);
 
   flashwatt::BwdParams p{};
   p.q = q.data_ptr();
@@ -237,16 +238,16 @@ std::vector<std::vector<int64_t>> backward_configs() {
   std::vector<std::vector<int64_t>> rows;
   for (int i = 0; i < flashwatt::bwd_num_configs(); ++i) {
     const flashwatt::BwdConfig c = flashwatt::bwd_config(i);
-    rows.push_back({c.dtype, c.head_dim, c.block_n, c.block_m, c.warps});
+    rows.push_back({c.dtype, c.head_dim, c.block_n, c.block_m, c.warps, c.math});
   }
   return rows;
 }
 
 std::map<std::string, int64_t> backward_kernel_info(int64_t dtype, int64_t head_dim, int64_t block_n,
-                                                    int64_t block_m, int64_t warps) {
+                                                    int64_t block_m, int64_t warps, int64_t math) {
   const int index = flashwatt::bwd_find_config(static_cast<int>(dtype), static_cast<int>(head_dim),
                                                static_cast<int>(block_n), static_cast<int>(block_m),
-                                               static_cast<int>(warps));
+                                               static_cast<int>(warps), static_cast<int>(math));
   TORCH_CHECK(index >= 0, "flashwatt custom backward: no such compiled configuration");
   flashwatt::BwdKernelInfo info{};
   char err[512] = {0};
@@ -268,8 +269,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("kernel_info", &kernel_info, "registers, local bytes, shared memory and occupancy of one configuration");
   m.def("backward", &backward,
         "attention backward (q, k, v, out, dout, lse, dq, dk, dv, delta, dq_accum, causal, scale, block_n, block_m, "
-        "warps)");
-  m.def("backward_configs", &backward_configs, "compiled backward configurations: [dtype, head_dim, block_n, block_m, warps]");
+        "warps, math)");
+  m.def("backward_configs", &backward_configs,
+        "compiled backward configurations: [dtype, head_dim, block_n, block_m, warps, math]");
   m.def("backward_kernel_info", &backward_kernel_info,
         "registers, local bytes, shared memory and occupancy of one backward configuration's main kernel");
   m.attr("DTYPE_FP16") = static_cast<int>(flashwatt::kFp16);

@@ -450,6 +450,16 @@ __global__ void __launch_bounds__(NW * 32, 1) flash_bwd_kernel(const BwdParams p
   }
 }
 
+}  // namespace
+}  // namespace flashwatt
+
+#if defined(FLASHWATT_WGMMA)
+#include "flash_bwd_wgmma.cuh"
+#endif
+
+namespace flashwatt {
+namespace {
+
 // ------------------------------------------------------------ config table
 
 using KernelFn = void (*)(const BwdParams);
@@ -469,7 +479,17 @@ constexpr Entry bwd_entry(int dtype) {
                &flash_bwd_convert_dq_kernel<T, D>, BwdShape<D, BN, BM, NW>::kSmemBytes, NW * 32};
 }
 
-// The backward tiles of src/flashwatt/kernels/custom_backward.py map onto these rows.
+#if defined(FLASHWATT_WGMMA)
+template <typename T, int D, int NWG>
+constexpr Entry bwd_wgmma_entry(int dtype) {
+  using S = BwdWgShape<D, NWG>;
+  return Entry{BwdConfig{dtype, D, S::BN, S::BM, 4 * NWG, kBwdWgmma}, &flash_bwd_preprocess_kernel<T, D>,
+               &flash_bwd_wgmma_kernel<T, D, NWG>, &flash_bwd_convert_dq_kernel<T, D>, S::kSmemBytes, S::kThreads};
+}
+#endif
+
+// The backward tiles of src/flashwatt/kernels/custom_backward.py map onto these rows
+// (the wgmma rows exist only in sm_90a builds).
 #define FLASHWATT_BWD_CONFIGS(T, DT) \
   bwd_entry<T, 64, 128, 64, 8>(DT), bwd_entry<T, 64, 64, 64, 4>(DT), bwd_entry<T, 128, 64, 64, 4>(DT), \
       bwd_entry<T, 128, 128, 64, 8>(DT)
@@ -477,6 +497,10 @@ constexpr Entry bwd_entry(int dtype) {
 const Entry kEntries[] = {
     FLASHWATT_BWD_CONFIGS(__half, kFp16),
     FLASHWATT_BWD_CONFIGS(__nv_bfloat16, kBf16),
+#if defined(FLASHWATT_WGMMA)
+    bwd_wgmma_entry<__half, 128, 2>(kFp16),
+    bwd_wgmma_entry<__nv_bfloat16, 128, 2>(kBf16),
+#endif
 };
 constexpr int kNumEntries = sizeof(kEntries) / sizeof(kEntries[0]);
 
@@ -491,10 +515,11 @@ int bwd_num_configs() { return kNumEntries; }
 
 BwdConfig bwd_config(int index) { return kEntries[index].cfg; }
 
-int bwd_find_config(int dtype, int head_dim, int block_n, int block_m, int warps) {
+int bwd_find_config(int dtype, int head_dim, int block_n, int block_m, int warps, int math) {
   for (int i = 0; i < kNumEntries; ++i) {
     const BwdConfig& c = kEntries[i].cfg;
-    if (c.dtype == dtype && c.head_dim == head_dim && c.block_n == block_n && c.block_m == block_m && c.warps == warps)
+    if (c.dtype == dtype && c.head_dim == head_dim && c.block_n == block_n && c.block_m == block_m &&
+        c.warps == warps && c.math == math)
       return i;
   }
   return -1;

@@ -37,13 +37,20 @@ struct BwdParams {
   int causal;   // top-left aligned, as the forward: key j is visible to query i iff j <= i
 };
 
-// One compiled backward tile configuration (mma.sync, fp16/bf16).
+// How a backward tile's main kernel multiplies.
+enum BwdMath : int {
+  kBwdMmaSync = 0,  // mma.sync m16n8k16 (sm_80+), flash_bwd.cu
+  kBwdWgmma = 1,    // wgmma (sm_90a builds only), flash_bwd_wgmma.cuh
+};
+
+// One compiled backward tile configuration (fp16/bf16).
 struct BwdConfig {
   int dtype;     // FwdDtype (flash_fwd.cuh)
   int head_dim;
-  int block_n;   // key/value rows per CTA (16 per warp)
+  int block_n;   // key/value rows per CTA (mma.sync: 16 per warp; wgmma: 64 per warpgroup)
   int block_m;   // query rows per step of the CTA's loop
   int warps;
+  int math;      // BwdMath
 };
 
 struct BwdKernelInfo {
@@ -58,7 +65,7 @@ int bwd_num_configs();
 BwdConfig bwd_config(int index);
 
 // Returns the index of the compiled configuration, or -1 when none matches.
-int bwd_find_config(int dtype, int head_dim, int block_n, int block_m, int warps);
+int bwd_find_config(int dtype, int head_dim, int block_n, int block_m, int warps, int math);
 
 // Runs the three kernels of the backward on `stream` (a cudaStream_t): the row
 // preprocessing (delta, zeroed dq_accum), the main kernel (dk, dv, dq_accum) and the dq

@@ -20,7 +20,8 @@ from flashwatt.cell import Cell
 from flashwatt.kernels import custom, custom_autograd
 from flashwatt.kernels.custom import Custom
 from flashwatt.kernels.custom_backward import (
-    BWD_MMA_SYNC, BWD_TILES, BWD_TORCH_MATH, DEFAULT_BWD_TILE, BwdTile, backward_plan, math_backward_from_lse,
+    BWD_MMA_SYNC, BWD_TILES, BWD_TORCH_MATH, BWD_WGMMA, DEFAULT_BWD_TILE, BwdTile, backward_plan,
+    math_backward_from_lse,
 )
 
 KERNELS = Path(__file__).resolve().parents[1] / "kernels"
@@ -195,7 +196,7 @@ def test_refusals_name_the_reason(monkeypatch):
         backward_plan("fp8", 64)
     with pytest.raises(ValueError, match="unknown custom backward tile 'nosuch'"):
         backward_plan("bf16", 64, "nosuch")
-    # Every compiled tile serves both head dims; a d64-only tile stands in for the refusal.
+    # The mma.sync tiles serve both head dims; a d64-only tile stands in for the refusal.
     from flashwatt.kernels import custom_backward
 
     monkeypatch.setitem(custom_backward.BWD_TILES, "d64_only", BwdTile(128, 64, 8, (64,), "test"))
@@ -206,12 +207,22 @@ def test_refusals_name_the_reason(monkeypatch):
 
 
 def test_tiles_match_the_compiled_table():
-    """BWD_TILES names exactly the rows of FLASHWATT_BWD_CONFIGS in kernels/flash_bwd.cu."""
+    """BWD_TILES names exactly the rows of FLASHWATT_BWD_CONFIGS in kernels/flash_bwd.cu (mma.sync)
+    and the bwd_wgmma_entry rows of kEntries (wgmma: 64 keys and 4 warps per warpgroup, 64-row
+    query steps), each for fp16 and bf16."""
     text = (KERNELS / "flash_bwd.cu").read_text()
     table = re.search(r"#define FLASHWATT_BWD_CONFIGS\(T, DT\)(.*?)\n\n", text, re.S).group(1)
     compiled = {tuple(map(int, m)) for m in re.findall(r"bwd_entry<T, (\d+), (\d+), (\d+), (\d+)>", table)}
-    named = {(D, t.block_n, t.block_m, t.warps) for t in BWD_TILES.values() for D in t.head_dims}
+    named = {(D, t.block_n, t.block_m, t.warps) for t in BWD_TILES.values() if t.math == BWD_MMA_SYNC
+             for D in t.head_dims}
     assert named == compiled
+    entries = re.search(r"const Entry kEntries\[\] = \{(.*?)\n\};", text, re.S).group(1)
+    rows = re.findall(r"bwd_wgmma_entry<(__half|__nv_bfloat16), (\d+), (\d+)>\((kFp16|kBf16)\)", entries)
+    assert all((ty == "__half") == (code == "kFp16") for ty, _, _, code in rows), rows
+    wg_compiled = {(int(D), 64 * int(nwg), 64, 4 * int(nwg), ty) for ty, D, nwg, _ in rows}
+    wg_named = {(D, t.block_n, t.block_m, t.warps, ty) for t in BWD_TILES.values() if t.math == BWD_WGMMA
+                for D in t.head_dims for ty in ("__half", "__nv_bfloat16")}
+    assert wg_named and wg_named == wg_compiled
     for D, name in DEFAULT_BWD_TILE.items():
         assert D in BWD_TILES[name].head_dims
 
@@ -294,3 +305,20 @@ def test_unsupported_backward_fails_before_the_forward(monkeypatch):
     with pytest.raises(ValueError, match="head_dim 256"):
         custom_autograd.flash_attention(q, k, v, False)
     assert calls == []
+
+
+def test_wgmma_tile_plan():
+    """A wgmma tile is chosen only by name, for head dim 128, on compute capability 9.0."""
+    wg = [name for name, t in BWD_TILES.items() if t.math == BWD_WGMMA]
+    assert wg and all(BWD_TILES[name].math == BWD_MMA_SYNC for name in DEFAULT_BWD_TILE.values())
+    for name in wg:
+        for precision in ("fp16", "bf16"):
+            plan = backward_plan(precision, 128, name, (9, 0))
+            assert plan.path == BWD_WGMMA and plan.tile_name == name and plan.as_dict()["math"] == BWD_WGMMA
+            assert backward_plan(precision, 128, name).path == BWD_WGMMA  # capability not known: not checked
+            for cap in ((8, 0), (8, 9), (10, 0)):
+                with pytest.raises(ValueError, match=r"uses wgmma, built only for compute capability 9\.0"):
+                    backward_plan(precision, 128, name, cap)
+            with pytest.raises(ValueError, match=r"built for head_dim \(128,\), not 64"):
+                backward_plan(precision, 64, name, (9, 0))
+    assert backward_plan("bf16", 128, None, (8, 0)).path == BWD_MMA_SYNC

@@ -110,12 +110,22 @@ def test_backward_kernels_compiled(bwd_ptxas_report):
 
     arch, kernels, _ = bwd_ptxas_report
     main = [k for k in kernels if "flash_bwd_kernel" in k]
+    wg = [k for k in kernels if "flash_bwd_wgmma_kernel" in k]
     pre = [k for k in kernels if "flash_bwd_preprocess_kernel" in k]
     conv = [k for k in kernels if "flash_bwd_convert_dq_kernel" in k]
-    tiles = sum(len(t.head_dims) for t in BWD_TILES.values())
+    tiles = sum(len(t.head_dims) for t in BWD_TILES.values() if t.math == "mma.sync")
+    wg_tiles = sum(len(t.head_dims) for t in BWD_TILES.values() if t.math == "wgmma")
     head_dims = {D for t in BWD_TILES.values() for D in t.head_dims}
     assert len(main) == 2 * tiles, f"sm_{arch}: expected {2 * tiles} backward kernels, found {len(main)}"
+    expected_wg = 2 * wg_tiles if arch == "90a" else 0
+    assert wg_tiles and len(wg) == expected_wg, f"sm_{arch}: expected {expected_wg} wgmma backward kernels: {wg}"
     assert len(pre) == len(conv) == 2 * len(head_dims), f"sm_{arch}: row kernels {pre} {conv}"
+
+
+def test_backward_wgmma_never_serialised(bwd_ptxas_report):
+    arch, _, report = bwd_ptxas_report
+    found = [m.group(0) for m in _WGMMA_SERIALISED.finditer(report)]
+    assert not found, f"sm_{arch}: ptxas serialised wgmma in the backward:\n" + "\n".join(found[:4])
 
 
 def test_backward_no_spills_no_stack(bwd_ptxas_report):

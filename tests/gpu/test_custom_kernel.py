@@ -35,7 +35,7 @@ from flashwatt.kernels.custom import (
 )
 from flashwatt.kernels.custom_autograd import flash_attention
 from flashwatt.kernels.custom_backward import (
-    BWD_MMA_SYNC, BWD_TILES, BWD_TORCH_MATH, DEFAULT_BWD_TILE, backward_kernel_info,
+    BWD_MMA_SYNC, BWD_TILES, BWD_TORCH_MATH, BWD_WGMMA, DEFAULT_BWD_TILE, backward_kernel_info,
 )
 from flashwatt.vocabulary import TOLERANCE
 
@@ -383,12 +383,62 @@ def test_backward_matrix(poisoned_grads, precision, D, causal, L, layout, heads)
     check_backward(q, k, v, causal, precision, layout, seed=seed)
 
 
+WGMMA_BWD_TILES = [name for name, t in BWD_TILES.items() if t.math == BWD_WGMMA]
+
+
+@pytest.mark.parametrize("tile", WGMMA_BWD_TILES)
+@pytest.mark.parametrize("heads", sorted(HEADS) + ["mha"])
+@pytest.mark.parametrize("layout", ["bhld", "blhd"])
+@pytest.mark.parametrize("L", [1, 17, 128, 1000, 2048])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_backward_matrix_wgmma_tiles(poisoned_grads, precision, D, causal, L, layout, heads, tile):
+    """The matrix of test_backward_matrix through each wgmma backward tile (Hopper; elsewhere,
+    and at head dims the tile is not built for, the refusal)."""
+    H, Hkv = HEADS.get(heads, (4, 4))
+    B = 2 if L <= 128 else 1
+    seed = zlib.crc32(f"bwdwg-{precision}-{D}-{causal}-{L}-{layout}-{heads}".encode()) % 100_000
+    dt = DTYPES[precision]
+    if layout == "blhd":
+        q, k, v = make((B, L, H, D), dt, seed), make((B, L, Hkv, D), dt, seed + 1), make((B, L, Hkv, D), dt, seed + 2)
+    else:
+        q, k, v = qkv(B, H, L, D, dt, seed, Hkv=Hkv)
+    if D not in BWD_TILES[tile].head_dims:
+        with pytest.raises(ValueError, match="is built for head_dim"):
+            check_backward(q, k, v, causal, precision, layout, backward_tile=tile, seed=seed)
+        return
+    if not HOPPER:
+        with pytest.raises(ValueError, match="wgmma"):
+            check_backward(q, k, v, causal, precision, layout, backward_tile=tile, seed=seed)
+        return
+    check_backward(q, k, v, causal, precision, layout, backward_tile=tile, seed=seed)
+
+
+@pytest.mark.parametrize("tile", WGMMA_BWD_TILES)
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_backward_cross_lengths_wgmma_tiles(poisoned_grads, precision, tile):
+    """Lq != Lk through each wgmma tile (head dim 128): key blocks no query sees, the causal
+    first query block past the end, a single query or key."""
+    if not HOPPER:
+        pytest.skip("wgmma tiles run only on compute capability 9.0")
+    for lq, lk in ((100, 700), (700, 100), (1, 300), (300, 1), (64, 192), (200, 64)):
+        for causal in (False, True):
+            args = qkv(2, 4, lq, 128, DTYPES[precision], 95 + lq, Hkv=2, Lk=lk)
+            check_backward(*args, causal, precision, backward_tile=tile, seed=lq)
+
+
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("tile,D", [(name, D) for name, t in BWD_TILES.items() for D in t.head_dims])
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 def test_backward_every_tile_after_the_mma_sync_forward(poisoned_grads, precision, tile, D, causal):
-    """Each compiled backward tile, after the mma.sync forward (its LSE) on every device."""
+    """Each compiled backward tile, after the mma.sync forward (its LSE) on every device
+    (a wgmma tile off Hopper: the refusal)."""
     args = qkv(2, 4, 1000, D, DTYPES[precision], 91, Hkv=2)
+    if BWD_TILES[tile].math == BWD_WGMMA and not HOPPER:
+        with pytest.raises(ValueError, match="uses wgmma"):
+            check_backward(*args, causal, precision, variant=DEFAULT_TILE[(precision, D)], backward_tile=tile)
+        return
     check_backward(*args, causal, precision, variant=DEFAULT_TILE[(precision, D)], backward_tile=tile, seed=91)
 
 
@@ -458,10 +508,12 @@ def test_backward_refusals():
 
 def test_backward_kernels_have_no_local_memory():
     for name, tile in BWD_TILES.items():
+        if tile.math == BWD_WGMMA and not HOPPER:
+            continue
         for D in tile.head_dims:
             for precision in ("fp16", "bf16"):
                 info = backward_kernel_info(precision, D, name)
-                assert info["path"] == BWD_MMA_SYNC and info["local_bytes"] == 0, info
+                assert info["path"] == tile.math and info["local_bytes"] == 0, info
                 assert info["max_ctas_per_sm"] >= 1, f"{name} d{D} {precision}: does not fit on an SM: {info}"
 
 
@@ -507,7 +559,8 @@ _SANITIZER_SCRIPT = textwrap.dedent(
     from flashwatt.kernels.custom_autograd import flash_attention
     from flashwatt.kernels.custom_backward import BWD_TILES
     bwd_cases = [(dtype, D, tile) for dtype in (torch.float16, torch.bfloat16)
-                 for tile, t in BWD_TILES.items() for D in t.head_dims] + [(torch.float32, 64, None)]
+                 for tile, t in BWD_TILES.items() for D in t.head_dims
+                 if hopper or t.math != "wgmma"] + [(torch.float32, 64, None)]
     for dtype, D, tile in bwd_cases:
         for causal in (False, True):
             for lq, lk in ((77, 77), (40, 130), (130, 40)):

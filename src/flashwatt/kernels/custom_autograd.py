@@ -11,7 +11,7 @@ import math
 import torch
 from torch.autograd.function import once_differentiable
 
-from flashwatt.kernels.custom import _check_inputs, _precision_of, flash_forward
+from flashwatt.kernels.custom import _capability, _check_inputs, _precision_of, flash_forward
 from flashwatt.kernels.custom_backward import BackwardPlan, backward_plan, flash_backward
 
 
@@ -51,7 +51,8 @@ def flash_attention(q, k, v, causal: bool, variant: str = "", layout: str = "bhl
     if layout == "blhd":
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     _check_inputs(q, k, v)  # the forward's own refusals first, with its messages
-    plan = backward_plan(_precision_of(q.dtype, precision), q.shape[-1], backward_tile)
+    capability = _capability(q.device) if q.is_cuda else None  # a wgmma tile needs 9.0
+    plan = backward_plan(_precision_of(q.dtype, precision), q.shape[-1], backward_tile, capability)
     scale = float(scale if scale is not None else 1.0 / math.sqrt(q.shape[-1]))
     out = FlashAttentionFunction.apply(q, k, v, bool(causal), variant, precision, scale, plan)
     return out.transpose(1, 2) if layout == "blhd" else out

@@ -8,6 +8,9 @@ part of what `Custom.describe` records for a fwd_bwd cell.
   in fp32 registers (summed over the query heads of a GQA group by the CTA itself), dQ in
   an fp32 buffer through atomics, converted to the input dtype at the end. Not
   bit-reproducible run to run (the order of the dQ atomics varies).
+- `wgmma` (fp16, bf16; head dim 128; Hopper, compute capability 9.0 only): the same
+  algorithm with the five GEMMs of a step on wgmma (kernels/flash_bwd_wgmma.cuh), one
+  warpgroup per 64 keys; chosen by naming its tile (`wgmma_n128_m64_w8`), not a default.
 - `torch.math_from_lse` (fp32, tf32): the same equations in PyTorch, chunked over query
   rows so the scores never take more than about 256 MiB. Exact fp32 for fp32 cells; for
   tf32 cells the matmuls run at whatever `torch.backends.cuda.matmul.allow_tf32` says,
@@ -28,6 +31,11 @@ from dataclasses import dataclass
 
 # The backward paths (recorded in a fwd_bwd cell's record).
 BWD_MMA_SYNC = "mma.sync"
+BWD_WGMMA = "wgmma"
+# The wgmma kernels are built only for compute capability 9.0 (sm_90a; flashwatt.build).
+BWD_WGMMA_CAPABILITY = (9, 0)
+# BwdMath of kernels/flash_bwd.cuh.
+_BWD_MATH_CODE = {BWD_MMA_SYNC: 0, BWD_WGMMA: 1}
 BWD_TORCH_MATH = "torch.math_from_lse"
 
 # Scores chunk of the PyTorch path: at most this many elements (float32: 256 MiB).
@@ -41,18 +49,23 @@ class BwdTile:
     warps: int
     head_dims: tuple[int, ...]
     description: str
+    math: str = BWD_MMA_SYNC  # BWD_MMA_SYNC or BWD_WGMMA
 
     def as_dict(self) -> dict:
-        return {"block_n": self.block_n, "block_m": self.block_m, "warps": self.warps,
+        return {"block_n": self.block_n, "block_m": self.block_m, "warps": self.warps, "math": self.math,
                 "head_dims": list(self.head_dims), "description": self.description}
 
 
-# The rows of FLASHWATT_BWD_CONFIGS in kernels/flash_bwd.cu (each for fp16 and bf16).
+# The rows of kEntries in kernels/flash_bwd.cu (each for fp16 and bf16; wgmma rows only in
+# sm_90a builds).
 BWD_TILES: dict[str, BwdTile] = {
     "n128_m64_w8": BwdTile(128, 64, 8, (64, 128),
                            "128 keys per CTA, 8 warps x 16 keys, 64-row query steps (d64 and d128 default)"),
     "n64_m64_w4": BwdTile(64, 64, 4, (64, 128),
                           "64 keys per CTA, 4 warps x 16 keys, 64-row query steps (the first d128 default)"),
+    "wgmma_n128_m64_w8": BwdTile(128, 64, 8, (128,),
+                                 "Hopper: 128 keys per CTA, 2 warpgroups x 64 keys, 64-row query steps, "
+                                 "all five GEMMs on wgmma", BWD_WGMMA),
 }
 DEFAULT_BWD_TILE = {64: "n128_m64_w8", 128: "n128_m64_w8"}
 BWD_HALF_PRECISIONS = ("fp16", "bf16")
@@ -61,7 +74,7 @@ BWD_MATH_PRECISIONS = ("fp32", "tf32")
 
 @dataclass(frozen=True)
 class BackwardPlan:
-    path: str  # BWD_MMA_SYNC or BWD_TORCH_MATH
+    path: str  # BWD_MMA_SYNC, BWD_WGMMA or BWD_TORCH_MATH
     tile_name: str | None  # the CUDA tile (mma.sync path only)
 
     @property
@@ -75,9 +88,11 @@ class BackwardPlan:
         return row
 
 
-def backward_plan(precision: str, head_dim: int, tile: str | None = None) -> BackwardPlan:
+def backward_plan(precision: str, head_dim: int, tile: str | None = None,
+                  capability: tuple[int, int] | None = None) -> BackwardPlan:
     """The backward path (and CUDA tile, None: the default) for a precision and head dim;
-    ValueError naming what is not supported."""
+    ValueError naming what is not supported. capability: the device's compute capability
+    (None: not checked), which a wgmma tile needs to be 9.0."""
     if precision in BWD_MATH_PRECISIONS:
         if tile:
             raise ValueError(f"custom backward: {precision} runs {BWD_TORCH_MATH}, which takes no tile (got {tile!r})")
@@ -96,7 +111,12 @@ def backward_plan(precision: str, head_dim: int, tile: str | None = None) -> Bac
     if head_dim not in BWD_TILES[name].head_dims:
         raise ValueError(f"custom backward tile {name!r} is built for head_dim {BWD_TILES[name].head_dims}, "
                          f"not {head_dim}")
-    return BackwardPlan(BWD_MMA_SYNC, name)
+    math_kind = BWD_TILES[name].math
+    if math_kind == BWD_WGMMA and capability is not None and tuple(capability) != BWD_WGMMA_CAPABILITY:
+        cap = ".".join(map(str, capability))
+        raise ValueError(f"custom backward tile {name!r} uses wgmma, built only for compute capability 9.0 "
+                         f"(device has {cap})")
+    return BackwardPlan(math_kind, name)
 
 
 def _grad_buffer(t):
@@ -127,7 +147,7 @@ def flash_backward(dout, q, k, v, out, lse, causal: bool, scale: float, plan: Ba
     dq_accum = torch.empty((B, H, Lq, D), dtype=torch.float32, device=q.device)
     tile = plan.tile
     load_extension().backward(q_k, k_k, v_k, o_k, do_k, lse.contiguous(), dq, dk, dv, delta, dq_accum, bool(causal),
-                              float(scale), tile.block_n, tile.block_m, tile.warps)
+                              float(scale), tile.block_n, tile.block_m, tile.warps, _BWD_MATH_CODE[tile.math])
     return dq, dk, dv
 
 
@@ -177,13 +197,18 @@ def math_backward_from_lse(dout, q, k, v, out, lse, causal: bool, scale: float,
 def backward_kernel_info(precision: str, head_dim: int, tile: str | None = None) -> dict:
     """The plan, and for the CUDA path the main kernel's registers, local memory, shared
     memory and occupancy on the current device (needs a GPU)."""
-    plan = backward_plan(precision, head_dim, tile)
+    import torch
+
+    from flashwatt.kernels.custom import _capability
+
+    plan = backward_plan(precision, head_dim, tile, _capability(torch.device("cuda")))
     info = plan.as_dict()
-    if plan.path == BWD_MMA_SYNC:
+    if plan.path != BWD_TORCH_MATH:
         from flashwatt.build import load_extension
 
         ext = load_extension()
         code = {"fp16": ext.DTYPE_FP16, "bf16": ext.DTYPE_BF16}[precision]
         t = plan.tile
-        info.update(dict(ext.backward_kernel_info(code, head_dim, t.block_n, t.block_m, t.warps)))
+        info.update(dict(ext.backward_kernel_info(code, head_dim, t.block_n, t.block_m, t.warps,
+                                                  _BWD_MATH_CODE[t.math])))
     return info
