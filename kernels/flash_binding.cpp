@@ -283,4 +283,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("MATH_MMA_TF32") = static_cast<int>(flashwatt::kMmaTf32);
   m.attr("SCHEDULE_LOCKSTEP") = static_cast<int>(flashwatt::kLockstep);
   m.attr("SCHEDULE_PING_PONG") = static_cast<int>(flashwatt::kPingPong);
+  m.attr("SCHEDULE_WARP_SPECIALIZED") = static_cast<int>(flashwatt::kWarpSpecialized);
+  m.attr("SCHEDULE_WARP_SPECIALIZED_PING_PONG") = static_cast<int>(flashwatt::kWarpSpecializedPingPong);
 }

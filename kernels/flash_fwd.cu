@@ -31,6 +31,7 @@
 #include "tile_schedule.cuh"
 #if defined(FLASHWATT_WGMMA)
 #include "flash_fwd_wgmma.cuh"
+#include "flash_fwd_wgmma_ws.cuh"
 #endif
 
 namespace flashwatt {
@@ -454,6 +455,7 @@ struct Entry {
   KernelFn fn;
   int smem;
   int threads;
+  bool persistent = false;  // grid of one CTA per SM when no cap is given
 };
 
 template <typename T, int D, int BM, int BN, int NW, int ST>
@@ -469,6 +471,14 @@ constexpr Entry wg_entry(int dtype) {
   return Entry{FwdConfig{kWgmma, dtype, D, S::BM, BN, NWG * 4, ST, PP ? kPingPong : kLockstep},
                &flash_fwd_wgmma_kernel<T, D, BN, NWG, ST, PP>,
                S::kSmemBytes, S::kThreads};
+}
+
+// Warp-specialised: 2 consumer warpgroups (128 q rows) + 1 producer warpgroup = 12 warps.
+template <typename T, int D, int BN, int ST, bool PP>
+constexpr Entry ws_entry(int dtype) {
+  using S = WsShape<D, BN, ST, PP>;
+  return Entry{FwdConfig{kWgmma, dtype, D, S::BM, BN, S::kThreads / 32, ST, PP ? kWarpSpecializedPingPong : kWarpSpecialized},
+               &flash_fwd_wgmma_ws_kernel<T, D, BN, ST, PP>, S::kSmemBytes, S::kThreads, true};
 }
 #endif
 
@@ -492,14 +502,18 @@ constexpr Entry tf32_entry() {
       tc_entry<T, 128, 128, 64, 8, 2>(DT), tc_entry<T, 128, 64, 64, 4, 2>(DT),                              \
       tc_entry<T, 256, 64, 32, 4, 2>(DT), tc_entry<T, 256, 64, 64, 4, 2>(DT)
 
-// Hopper (sm_90a builds): wgmma tiles, rows of Q = 64 per warpgroup; lockstep, then ping-pong.
+// Hopper (sm_90a builds): wgmma tiles, rows of Q = 64 per warpgroup; lockstep, then ping-pong,
+// then warp-specialised (free-running consumers, then ping-pong consumers).
 #define FLASHWATT_WGMMA_CONFIGS(T, DT)                                                                      \
   wg_entry<T, 64, 128, 2, 2, false>(DT), wg_entry<T, 64, 128, 2, 3, false>(DT),                             \
       wg_entry<T, 64, 64, 2, 3, false>(DT), wg_entry<T, 128, 128, 2, 2, false>(DT),                         \
       wg_entry<T, 128, 128, 2, 3, false>(DT), wg_entry<T, 128, 64, 2, 3, false>(DT),                        \
       wg_entry<T, 128, 64, 3, 2, false>(DT), wg_entry<T, 64, 128, 2, 3, true>(DT),                          \
       wg_entry<T, 64, 128, 2, 4, true>(DT), wg_entry<T, 128, 128, 2, 3, true>(DT),                          \
-      wg_entry<T, 128, 64, 2, 4, true>(DT)
+      wg_entry<T, 128, 64, 2, 4, true>(DT),                                                                 \
+      ws_entry<T, 64, 128, 2, false>(DT), ws_entry<T, 128, 128, 2, false>(DT),                              \
+      ws_entry<T, 64, 128, 2, true>(DT), ws_entry<T, 128, 128, 2, true>(DT),                                \
+      ws_entry<T, 64, 128, 3, true>(DT), ws_entry<T, 128, 64, 4, true>(DT)
 
 const Entry kEntries[] = {
     FLASHWATT_TC_CONFIGS(__half, kFp16),
@@ -558,6 +572,16 @@ int fwd_launch(int index, const FwdParams& params, void* stream, char* err, size
       static_cast<long long>((params.len_q + e.cfg.block_m - 1) / e.cfg.block_m) * params.batch * params.heads;
   long long grid = tiles;
   if (params.grid_cap > 0 && grid > params.grid_cap) grid = params.grid_cap;
+  if (params.grid_cap <= 0 && e.persistent) {
+    // One CTA per SM (these kernels fit one per SM); the multiprocessor count per device, looked up once.
+    static int sm_count[64] = {};
+    int& sms = sm_count[device & 63];
+    if (sms == 0) {
+      st = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+      if (st != cudaSuccess) return report(err, errlen, "cudaDeviceGetAttribute(multiprocessor count)", st);
+    }
+    if (grid > sms) grid = sms;
+  }
   if (grid > 0x7fffffffLL) grid = 0x7fffffffLL;
   if (grid <= 0) return 0;
   e.fn<<<static_cast<unsigned>(grid), e.threads, e.smem, static_cast<cudaStream_t>(stream)>>>(params);

@@ -26,7 +26,8 @@ struct FwdParams {
   int batch, heads, kv_heads, len_q, len_k, head_dim;
   float scale;  // softmax scale applied to q.k
   int causal;   // top-left aligned: key j is visible to query i iff j <= i
-  int grid_cap; // 0: one CTA per (q tile, batch, head); > 0: persistent grid of at most this many CTAs
+  int grid_cap; // 0: one CTA per (q tile, batch, head), or one per SM for the persistent (warp-specialised)
+                // kernels; > 0: persistent grid of at most this many CTAs
 };
 
 // The instructions a configuration computes with.
@@ -41,6 +42,10 @@ enum FwdMath : int {
 enum FwdSchedule : int {
   kLockstep = 0,  // all warpgroups issue their wgmma after the same barrier (every non-wgmma kernel too)
   kPingPong = 1,  // odd warpgroups half an iteration behind: softmax of one under the other's wgmma
+  // Warp-specialised (kernels/flash_fwd_wgmma_ws.cuh): a producer warpgroup copies K/V/Q
+  // into mbarrier-guarded rings, two consumer warpgroups compute; persistent grid.
+  kWarpSpecialized = 2,          // the consumers run free
+  kWarpSpecializedPingPong = 3,  // the consumers take turns issuing their wgmma (named barriers)
 };
 
 // One compiled tile configuration.

@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 
 from flashwatt.kernels.custom import (
-    DEFAULT_TILE, LOCKSTEP, PING_PONG, TILES, VARIANTS, WGMMA, WGMMA_DEFAULT_TILE, default_tile, parse_variant,
+    DEFAULT_TILE, LOCKSTEP, PING_PONG, TILES, VARIANTS, WARP_SPECIALIZED, WARP_SPECIALIZED_PING_PONG, WGMMA,
+    WGMMA_DEFAULT_TILE, WS_SCHEDULES, default_tile, parse_variant,
 )
 
 HOPPER, AMPERE, ADA = (9, 0), (8, 0), (8, 9)
@@ -74,7 +75,8 @@ def test_wgmma_tiles_are_consistent_with_the_compiled_shapes():
     for name, tile in TILES.items():
         if tile.mma == WGMMA:
             assert name in VARIANTS and VARIANTS[name]["mma"] == WGMMA
-            assert tile.block_m % 64 == 0 and tile.warps == 4 * tile.block_m // 64, name
+            producer = 4 if tile.schedule in WS_SCHEDULES else 0  # the producer warpgroup
+            assert tile.block_m % 64 == 0 and tile.warps == 4 * tile.block_m // 64 + producer, name
             assert set(tile.head_dims) <= {64, 128} and tile.precisions == ("fp16", "bf16"), name
 
 
@@ -91,8 +93,28 @@ def test_ping_pong_tiles_have_what_the_lagging_warpgroup_needs():
     """kernels/flash_fwd_wgmma.cuh: a second warpgroup to lag, and a K/V stage more than
     lockstep needs (the static_assert in WgShape)."""
     schedules = {tile.schedule for tile in TILES.values()}
-    assert schedules == {LOCKSTEP, PING_PONG}
+    assert schedules == {LOCKSTEP, PING_PONG, WARP_SPECIALIZED, WARP_SPECIALIZED_PING_PONG}
     for name, tile in TILES.items():
         if tile.schedule == PING_PONG:
             assert tile.mma == WGMMA and tile.block_m // 64 >= 2 and tile.stages >= 3, name
             assert VARIANTS[name]["schedule"] == PING_PONG
+
+
+def test_warp_specialized_tiles_match_the_kernel():
+    """kernels/flash_fwd_wgmma_ws.cuh (WsShape): 2 consumer warpgroups (128 q rows) + a
+    producer warpgroup, Q double-buffered plus K and V rings of <stages> slots in at most
+    227 KB of shared memory, and no Hopper default changed by their addition."""
+    ws = {name: tile for name, tile in TILES.items() if tile.schedule in WS_SCHEDULES}
+    assert len(ws) >= 2 and {t.schedule for t in ws.values()} == set(WS_SCHEDULES)
+    for name, tile in ws.items():
+        assert name.startswith("wgmma_ws_") and tile.mma == WGMMA, name
+        assert (tile.block_m, tile.warps) == (128, 12) and tile.block_n in (64, 128) and tile.stages >= 2, name
+        for D in tile.head_dims:
+            smem = 2 * tile.block_m * D * 2 + 2 * tile.stages * tile.block_n * D * 2 + 1024
+            assert smem <= 227 * 1024, (name, D, smem)
+        assert parse_variant(name, "bf16", tile.head_dims[0], HOPPER).tile is tile
+        assert parse_variant(f"{name}_ctas3", "fp16", tile.head_dims[0], HOPPER).max_ctas == 3
+        with pytest.raises(ValueError, match="wgmma"):
+            parse_variant(name, "bf16", tile.head_dims[0], AMPERE)
+    defaults = {name for choices in WGMMA_DEFAULT_TILE.values() for _, name in choices}
+    assert not defaults & set(ws), "the warp-specialised tiles are opt-in until measured"

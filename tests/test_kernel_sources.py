@@ -79,12 +79,30 @@ def test_all_kernels_compiled(ptxas_report):
     f32 = [k for k in kernels if "flash_fwd_f32_kernel" in k]
     wg = [k for k in kernels if "flash_fwd_wgmma_kernel" in k]
     tf32 = [k for k in kernels if "flash_fwd_tf32_kernel" in k]
+    ws = [k for k in kernels if "flash_fwd_wgmma_ws_kernel" in k]
     # 11 tile configurations x 2 half types, 3 head dims of fp32, 2 of tf32; 11 wgmma tiles x 2 half types
     # (7 lockstep, 4 ping-pong).
     assert len(tc) == 22, f"sm_{arch}: expected 22 tensor-core kernels, found {len(tc)}"
     assert len(f32) == 3, f"sm_{arch}: expected 3 fp32 kernels, found {len(f32)}"
     assert len(tf32) == 2, f"sm_{arch}: expected 2 tf32 kernels, found {len(tf32)}"
     assert len(wg) == (22 if arch == "90a" else 0), f"sm_{arch}: found {len(wg)} wgmma kernels"
+    # Warp-specialised: the wgmma_ws_ tiles of custom.TILES, per head dim, x 2 half types.
+    from flashwatt.kernels.custom import TILES, WS_SCHEDULES
+
+    n_ws = 2 * sum(len(t.head_dims) for t in TILES.values() if t.schedule in WS_SCHEDULES)
+    assert len(ws) == (n_ws if arch == "90a" else 0), f"sm_{arch}: found {len(ws)} warp-specialised kernels"
+
+
+def test_warp_specialized_register_budget(ptxas_report):
+    """setmaxnreg in the warp-specialised kernels moves registers between warpgroups inside
+    the CTA's allocation: 384 threads x 168 at launch = 128 x 24 (producer) + 256 x 240
+    (consumers). With fewer than 168 at launch the consumers' setmaxnreg.inc would wait
+    forever, so ptxas must report exactly 168 (__launch_bounds__(384, 1))."""
+    arch, kernels, _ = ptxas_report
+    ws = {name: info for name, info in kernels.items() if "flash_fwd_wgmma_ws_kernel" in name}
+    assert (arch == "90a") == bool(ws)
+    bad = {name: info.get("regs") for name, info in ws.items() if info.get("regs") != 168}
+    assert not bad, f"sm_{arch}: warp-specialised kernels not at 168 registers: {bad}"
 
 
 def test_wgmma_never_serialised(ptxas_report):

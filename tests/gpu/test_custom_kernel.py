@@ -30,8 +30,8 @@ import torch
 from flashwatt.cell import Cell
 from flashwatt.kernels import custom_backward
 from flashwatt.kernels.custom import (
-    DEFAULT_TILE, TILES, VARIANTS, WGMMA, WGMMA_CAPABILITY, Custom, default_tile, flash_forward, kernel_info,
-    parse_variant,
+    DEFAULT_TILE, TILES, VARIANTS, WGMMA, WGMMA_CAPABILITY, WS_SCHEDULES, Custom, default_tile, flash_forward,
+    kernel_info, parse_variant,
 )
 from flashwatt.kernels.custom_autograd import flash_attention
 from flashwatt.kernels.custom_backward import (
@@ -121,12 +121,13 @@ def test_matrix(precision, D, causal, L):
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
-@pytest.mark.parametrize("path", ["mma.sync", "wgmma.lockstep", "wgmma.ping-pong"])
+@pytest.mark.parametrize("path", ["mma.sync", "wgmma.lockstep", "wgmma.ping-pong", "wgmma.ws", "wgmma.ws-ping-pong"])
 def test_matrix_all_paths(path, precision, D, causal, L):
     """The same cases on the mma.sync default tile and on a wgmma tile of each schedule
     (Hopper; elsewhere the wgmma tiles must be refused with the reason)."""
     variant = {"mma.sync": DEFAULT_TILE[(precision, D)], "wgmma.lockstep": "wgmma_m128_n128_s2",
-               "wgmma.ping-pong": "wgmma_pp_m128_n128_s3"}[path]
+               "wgmma.ping-pong": "wgmma_pp_m128_n128_s3", "wgmma.ws": "wgmma_ws_m128_n128_s2",
+               "wgmma.ws-ping-pong": "wgmma_ws_pp_m128_n128_s2"}[path]
     B, H = (1, 2) if L > 1000 else (2, 3)
     seed = zlib.crc32(f"{path}-{precision}-{D}-{causal}-{L}".encode()) % 100_000
     args = qkv(B, H, L, D, DTYPES[precision], seed)
@@ -230,6 +231,39 @@ def test_many_ctas_per_sm():
         check(*qkv(32, 16, 512, 64, torch.float16, 65), False, "fp16", variant="wgmma_m128_n128_s2")
         check(*qkv(8, 16, 2048, 128, torch.bfloat16, 66), True, "bf16", variant="wgmma_pp_m128_n64_s4")
         check(*qkv(32, 16, 512, 64, torch.float16, 67), False, "fp16", variant="wgmma_pp_m128_n128_s4_sm1")
+
+
+def _ws_cases():
+    return [(name, D, precision) for name, tile in TILES.items() if tile.schedule in WS_SCHEDULES
+            for D in tile.head_dims for precision in tile.precisions]
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("tile,D,precision", _ws_cases())
+def test_warp_specialized_tiles(tile, D, precision, causal):
+    """The persistent warp-specialised kernels (kernels/flash_fwd_wgmma_ws.cuh): many work
+    items per CTA (rings and Q buffers wrap, mbarrier phases flip many times), one CTA for
+    everything (_ctas1) and an odd grid (_ctas3), ragged and cross lengths, both layouts,
+    packed strided views, GQA and MQA."""
+    dt = DTYPES[precision]
+    if not HOPPER:
+        with pytest.raises(ValueError, match="wgmma"):
+            flash_forward(*qkv(1, 1, 64, D, dt, 1), causal, tile)
+        return
+    seed = zlib.crc32(f"ws-{tile}-{D}-{precision}-{causal}".encode()) % 100_000
+    check(*qkv(8, 16, 2048, D, dt, seed), causal, precision, variant=tile)          # 2048 items on 132 CTAs
+    check(*qkv(2, 3, 1000, D, dt, seed + 1), causal, precision, variant=f"{tile}_ctas1")  # one CTA walks all 48
+    check(*qkv(3, 2, 777, D, dt, seed + 2), causal, precision, variant=f"{tile}_ctas3")
+    for L in (1, 7, 127, 129, 4097):
+        check(*qkv(1, 2, L, D, dt, seed + 3 + L), causal, precision, variant=tile)
+    for lq, lk in ((100, 700), (700, 100), (1, 300)):
+        check(*qkv(2, 2, lq, D, dt, seed + 5, Lk=lk), causal, precision, variant=tile)
+    q, k, v = make((2, 333, 4, D), dt, seed + 6), make((2, 333, 4, D), dt, seed + 7), make((2, 333, 4, D), dt, seed + 8)
+    check(q, k, v, causal, precision, variant=tile, layout="blhd")
+    packed = make((2, 515, 3, 4, D), dt, seed + 9)
+    check(*(packed[:, :, i].transpose(1, 2) for i in range(3)), causal, precision, variant=tile)
+    for hkv in (1, 2):
+        check(*qkv(2, 8, 777, D, dt, seed + 10 + hkv, Hkv=hkv), causal, precision, variant=tile)
 
 
 def test_compiled_kernels_have_no_local_memory():

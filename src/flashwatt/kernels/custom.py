@@ -3,7 +3,9 @@
 fp16/bf16 run on tensor cores with fp32 accumulation through mma.sync (FlashAttention-2
 style); on Hopper (compute capability 9.0, an sm_90a build) the `wgmma_` tiles run a
 wgmma kernel (kernels/flash_fwd_wgmma.cuh), the `wgmma_pp_` ones with the warpgroups in
-ping-pong, and a wgmma tile is the fp16/bf16 default there (by head dim and key length).
+ping-pong, the `wgmma_ws_` ones a warp-specialised persistent kernel (a producer warpgroup,
+mbarriers; kernels/flash_fwd_wgmma_ws.cuh), and a wgmma tile is the fp16/bf16 default there
+(by head dim and key length).
 fp32 runs an exact FFMA path; the opt-in tf32 precision runs fp32 inputs on tensor cores,
 rounded to tf32 (kernels/flash_fwd_tf32.cuh, d64/d128). Head dims 64, 128 and 256; causal
 (top-left aligned, as torch's is_causal) and full masks; any sequence length; (B, H, L, D)
@@ -16,7 +18,8 @@ A *variant* names the launch configuration, the knobs a power-aware scheduler tu
     <tile>[_sm<N> | _ctas<N>]
 where <tile> is one of TILES (rows of Q per CTA, K/V rows per tile, warps, pipeline
 stages; `wgmma_` tiles need Hopper), `_sm<N>` runs a persistent grid of N CTAs per multiprocessor and `_ctas<N>` a
-persistent grid of at most N CTAs in total. The tile may be left out ("sm1", "ctas64")
+persistent grid of at most N CTAs in total (`wgmma_ws_` tiles are persistent already: one CTA
+per SM without a cap). The tile may be left out ("sm1", "ctas64")
 to keep the default tile; "" is the default tile with one CTA per query tile.
 """
 from __future__ import annotations
@@ -39,6 +42,11 @@ WGMMA_CAPABILITY = (9, 0)
 # How a wgmma CTA's warpgroups share the tensor cores (FwdSchedule, kernels/flash_fwd_wgmma.cuh):
 # all after the same barrier, or odd warpgroups half an iteration behind (ping-pong).
 LOCKSTEP, PING_PONG = "lockstep", "ping-pong"
+# Warp-specialised wgmma kernels (kernels/flash_fwd_wgmma_ws.cuh): a producer warpgroup feeds
+# two consumer warpgroups through mbarrier-guarded shared-memory rings on a persistent grid
+# (one CTA per SM unless capped); the consumers run free or take turns (ping-pong).
+WARP_SPECIALIZED, WARP_SPECIALIZED_PING_PONG = "ws", "ws-ping-pong"
+WS_SCHEDULES = (WARP_SPECIALIZED, WARP_SPECIALIZED_PING_PONG)
 
 
 @dataclass(frozen=True)
@@ -89,6 +97,13 @@ TILES: dict[str, Tile] = {
     "wgmma_pp_m128_n128_s3": Tile(128, 128, 8, 3, (64, 128), _HALF, "wgmma ping-pong, 2 warpgroups x 64 q rows, 128-row K/V tiles, 3 stages", WGMMA, PING_PONG),
     "wgmma_pp_m128_n128_s4": Tile(128, 128, 8, 4, (64,), _HALF, "as wgmma_pp_m128_n128_s3 with 4 stages", WGMMA, PING_PONG),
     "wgmma_pp_m128_n64_s4": Tile(128, 64, 8, 4, (128,), _HALF, "wgmma ping-pong, 2 warpgroups x 64 q rows, 64-row K/V tiles, 4 stages", WGMMA, PING_PONG),
+    # Warp-specialised, persistent: 12 warps = a producer warpgroup (cp.async into K and V
+    # rings of <stages> slots each, completion on mbarriers, 24 registers) + 2 consumer
+    # warpgroups x 64 q rows (240 registers); Q double-buffered across work items.
+    "wgmma_ws_m128_n128_s2": Tile(128, 128, 12, 2, (64, 128), _HALF, "wgmma warp-specialised, persistent: producer warpgroup + 2 free-running consumer warpgroups x 64 q rows, 128-row K/V tiles, 2 slots", WGMMA, WARP_SPECIALIZED),
+    "wgmma_ws_pp_m128_n128_s2": Tile(128, 128, 12, 2, (64, 128), _HALF, "as wgmma_ws_m128_n128_s2 with the consumers taking turns to issue their wgmma (ping-pong)", WGMMA, WARP_SPECIALIZED_PING_PONG),
+    "wgmma_ws_pp_m128_n128_s3": Tile(128, 128, 12, 3, (64,), _HALF, "as wgmma_ws_pp_m128_n128_s2 with 3 K/V slots", WGMMA, WARP_SPECIALIZED_PING_PONG),
+    "wgmma_ws_pp_m128_n64_s4": Tile(128, 64, 12, 4, (128,), _HALF, "wgmma warp-specialised ping-pong, persistent: 64-row K/V tiles, 4 slots", WGMMA, WARP_SPECIALIZED_PING_PONG),
 }
 
 DEFAULT_TILE = {
@@ -321,7 +336,9 @@ def _mma_code(ext, tile: Tile) -> int:
 
 
 def _schedule_code(ext, tile: Tile) -> int:
-    return {LOCKSTEP: ext.SCHEDULE_LOCKSTEP, PING_PONG: ext.SCHEDULE_PING_PONG}[tile.schedule]
+    return {LOCKSTEP: ext.SCHEDULE_LOCKSTEP, PING_PONG: ext.SCHEDULE_PING_PONG,
+            WARP_SPECIALIZED: ext.SCHEDULE_WARP_SPECIALIZED,
+            WARP_SPECIALIZED_PING_PONG: ext.SCHEDULE_WARP_SPECIALIZED_PING_PONG}[tile.schedule]
 
 
 def kernel_info(precision: str, head_dim: int, variant: str = "", len_k: int | None = None) -> dict:

@@ -1,0 +1,391 @@
+// flashwatt attention forward on Hopper (sm_90a): warp-specialised, persistent wgmma kernel.
+//
+// Why (kernels/NOTES.md, v6): at L = 1024 a CTA of flash_fwd_wgmma.cuh visits only 8-16
+// K/V tiles. Each CTA first loads Q and the first K/V tiles with nothing to compute
+// (one CTA per SM: the SM idles), then drains its pipeline and stores O while no load
+// for the next query tile is in flight; every K/V tile costs a CTA-wide barrier in which
+// the compute warps also issue and wait for their own cp.async. Here:
+//   * warpgroup 0 is a producer: it only copies (cp.async, 16 B per thread) into
+//     shared-memory rings and signals each copy's completion on an mbarrier
+//     (cp.async.mbarrier.arrive.noinc); it gives its registers to the consumers
+//     (setmaxnreg: 24 for the producer, 240 for each consumer).
+//   * warpgroups 1 and 2 are consumers, 64 query rows each, as the wgmma kernel: S_j = Q K_j^T
+//     issued with O += P_{j-1} V_{j-1}, P straight from the S registers. They wait on the
+//     "full" mbarrier of the slot they read and release it on its "empty" mbarrier once
+//     the wgmma that read it has completed; no CTA-wide barrier in the loop.
+//   * the grid is persistent (one CTA per SM, work items strided by gridDim.x, longest
+//     causal items first as everywhere); K and V slots form one ring across work items
+//     and Q is double-buffered, so the producer loads the next item's Q and first K/V
+//     tiles while the consumers finish the current one and store its O.
+//   * ping-pong (PP): the two consumers take turns to issue their wgmma, ordered by two
+//     named barriers (FlashAttention-3), so one consumer's softmax runs under the other's
+//     GEMMs. Without PP they run free.
+// K and V have separate rings (ST slots each) with their own barriers, so S_j can start
+// as soon as K_j has landed, before V_j.
+//
+// Barrier phases: slot s of a ring is used for the ring's tiles u = s, s + ST, s + 2 ST, ...
+// (u counts tiles over all work items of the CTA). Use n = u / ST of the slot completes
+// phase n of its full barrier (the producer's 128 cp.async arrivals) and phase n of its
+// empty barrier (the consumers' 256 arrivals). Consumers wait full with parity n & 1; the
+// producer, before filling use n, waits for phase n - 1 of empty: parity (n & 1) ^ 1, which
+// for n = 0 (a fresh barrier in phase 0) returns at once. Q buffers likewise by work item.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "flash_fwd.cuh"
+#include "flash_fwd_wgmma.cuh"
+#include "online_softmax.cuh"
+#include "ptx.cuh"
+#include "tile_schedule.cuh"
+#include "wgmma.cuh"
+
+namespace flashwatt {
+namespace {
+
+// ------------------------------------------------------------- mbarrier, named barriers
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+
+// Blocks until the phase of parity `parity` of the barrier has completed (acquire).
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "FW_MBAR_WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra FW_MBAR_WAIT;\n"
+      "}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+
+// One arrival (release): this thread's earlier shared-memory reads and writes are done.
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+
+// One arrival once every cp.async this thread issued so far has completed; .noinc: the
+// arrival is one of the count the barrier was initialised with.
+__device__ __forceinline__ void cp_async_mbar_arrive(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+
+__device__ __forceinline__ void named_bar_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+__device__ __forceinline__ void named_bar_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+
+// ------------------------------------------------------------------------------ kernel
+
+template <int D, int BN, int ST, bool PP>
+struct WsShape {
+  static constexpr int NWG = 2;  // consumer warpgroups
+  static constexpr int BM = 64 * NWG;
+  static constexpr int kThreads = 128 * (NWG + 1);  // + the producer warpgroup
+  static constexpr int kQBytes = BM * D * 2;         // one of two Q buffers
+  static constexpr int kTileBytes = BN * D * 2;      // one K or V slot
+  // + 1 KB: the dynamic shared-memory base is rounded up to the 1 KB swizzle atom.
+  static constexpr int kSmemBytes = 2 * kQBytes + 2 * ST * kTileBytes + 1024;
+  static constexpr int SN = BN / 2;
+  static constexpr int ON = D / 2;
+  // setmaxnreg: 128 * 24 + 256 * 240 = 64512 of the 65536 registers (the launch gives each
+  // of the 384 threads 168).
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegs = 240;
+  // Barriers: Q full/empty x 2 buffers, K full/empty x ST, V full/empty x ST.
+  static constexpr int kBarriers = 4 + 4 * ST;
+  static_assert(D == 64 || D == 128, "wgmma kernel: head_dim 64 or 128");
+  static_assert(BN == 64 || BN == 128, "wgmma kernel: block_n 64 or 128");
+  static_assert(ST >= 2, "warp-specialised kernel: at least two K/V slots");
+  static_assert(kSmemBytes <= 227 * 1024, "warp-specialised kernel: shared memory");
+  static_assert(128 * kProducerRegs + 128 * NWG * kConsumerRegs <= 65536, "setmaxnreg: register file");
+};
+
+template <typename T, int D, int BN, int ST, bool PP>
+__global__ void __launch_bounds__(384, 1) flash_fwd_wgmma_ws_kernel(const FwdParams p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using S = WsShape<D, BN, ST, PP>;
+  using Ops = TypeOps<T>;
+  constexpr int BM = S::BM, SN = S::SN, ON = S::ON;
+  constexpr int KD = D / 16;   // k steps of Q K^T
+  constexpr int KN = BN / 16;  // k steps of P V
+  constexpr int CH = D / 8;    // 16-byte chunks per row
+  constexpr int CONSUMERS = 128 * S::NWG;
+
+  extern __shared__ unsigned char smem[];
+  __shared__ __align__(8) uint64_t bars[S::kBarriers];
+  const uint32_t sQ = (smem_addr(smem) + 1023u) & ~1023u;  // Q buffers 0 and 1
+  const uint32_t sK = sQ + 2 * S::kQBytes;
+  const uint32_t sV = sK + ST * S::kTileBytes;
+  const uint32_t q_full = smem_addr(bars);  // + 8 * buffer
+  const uint32_t q_empty = q_full + 2 * 8;
+  const uint32_t k_full = q_empty + 2 * 8;  // + 8 * slot
+  const uint32_t k_empty = k_full + ST * 8;
+  const uint32_t v_full = k_empty + ST * 8;
+  const uint32_t v_empty = v_full + ST * 8;
+
+  const int tid = threadIdx.x;
+  const int wg = tid >> 7;
+  if (tid == 0) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      mbar_init(q_full + 8 * i, 128);
+      mbar_init(q_empty + 8 * i, CONSUMERS);
+    }
+#pragma unroll
+    for (int i = 0; i < ST; ++i) {
+      mbar_init(k_full + 8 * i, 128);
+      mbar_init(k_empty + 8 * i, CONSUMERS);
+      mbar_init(v_full + 8 * i, 128);
+      mbar_init(v_empty + 8 * i, CONSUMERS);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  const TileGrid<BM, BN> grid(p);
+
+  if (wg == 0) {
+    // ---------------------------------------------------------------- producer
+    setmaxnreg_dec<S::kProducerRegs>();
+    const int ptid = tid;  // 0 .. 127
+    int u0 = 0;            // ring tiles used by earlier work items
+    int li = 0;            // work items of this CTA so far
+#pragma unroll 1
+    for (int tile = blockIdx.x; tile < grid.total; tile += gridDim.x, ++li) {
+      const TileWork<T> w = grid.template work<T>(p, tile);
+      const int qb = li & 1;
+      mbar_wait(q_empty + 8 * qb, ((li >> 1) & 1) ^ 1);
+      load_tile_sw128<BM, D, 128>(sQ + qb * S::kQBytes, w.q, p.q_sl, w.m0, p.len_q, ptid);
+      cp_async_mbar_arrive(q_full + 8 * qb);
+      int slot = u0 % ST;
+      int par = (u0 / ST) & 1;
+#pragma unroll 1
+      for (int j = 0; j < w.n_tiles; ++j) {
+        mbar_wait(k_empty + 8 * slot, par ^ 1);
+        load_tile_sw128<BN, D, 128>(sK + slot * S::kTileBytes, w.k, p.k_sl, j * BN, p.len_k, ptid);
+        cp_async_mbar_arrive(k_full + 8 * slot);
+        mbar_wait(v_empty + 8 * slot, par ^ 1);
+        load_tile_sw128<BN, D, 128>(sV + slot * S::kTileBytes, w.v, p.v_sl, j * BN, p.len_k, ptid);
+        cp_async_mbar_arrive(v_full + 8 * slot);
+        if (++slot == ST) {
+          slot = 0;
+          par ^= 1;
+        }
+      }
+      u0 += w.n_tiles;
+    }
+    cp_async_wait<0>();  // nothing of this thread's still in flight when it exits
+    return;
+  }
+
+  // ------------------------------------------------------------------ consumers
+  setmaxnreg_inc<S::kConsumerRegs>();
+  const int cw = wg - 1;             // consumer warpgroup: query rows cw*64 .. cw*64+63
+  const int wl = (tid >> 5) & 3;     // warp within the warpgroup: 16 of those rows
+  const int lane = tid & 31;
+  const int g = lane >> 2;
+  const int t = lane & 3;
+  const int warp_row0 = cw * 64 + wl * 16;
+  const float scale_log2 = p.scale * kLog2e;
+  // Ping-pong: consumer cw issues its wgmma after bar.sync on barrier 1 + cw, then passes
+  // the turn by bar.arrive on the other's barrier (each barrier: 128 syncing + 128 arriving).
+  // Consumer 1 hands consumer 0 the first turn.
+  const int my_turn = 1 + cw;
+  const int other_turn = 2 - cw;
+  if (PP && cw == 1) named_bar_arrive(1, CONSUMERS);
+
+  int u0 = 0;
+  int li = 0;
+#pragma unroll 1
+  for (int tile = blockIdx.x; tile < grid.total; tile += gridDim.x, ++li) {
+    const TileWork<T> w = grid.template work<T>(p, tile);
+    const int b = w.b, h = w.h, m0 = w.m0, n_tiles = w.n_tiles;
+    const int qb = li & 1;
+    const uint32_t sQb = sQ + qb * S::kQBytes;
+    const uint32_t q_base = sQb + cw * 64 * 128;
+
+    float o[ON];
+#pragma unroll
+    for (int i = 0; i < ON; ++i) o[i] = 0.f;
+    float row_max[2] = {-INFINITY, -INFINITY};
+    float row_sum[2] = {0.f, 0.f};
+    float s[SN];
+    uint32_t pf[KN][4];
+
+    auto slot_of = [&](int j) { return (u0 + j) % ST; };
+    auto parity_of = [&](int j) { return static_cast<uint32_t>(((u0 + j) / ST) & 1); };
+    // Wait until tile j of a ring has landed; make it visible to the tensor cores' proxy.
+    auto wait_full = [&](uint32_t full, int j) {
+      mbar_wait(full + 8 * slot_of(j), parity_of(j));
+      fence_proxy_async_smem();
+    };
+    auto release = [&](uint32_t empty, int j) { mbar_arrive(empty + 8 * slot_of(j)); };
+    auto turn_wait = [&]() {
+      if constexpr (PP) named_bar_sync(my_turn, CONSUMERS);
+    };
+    auto turn_pass = [&]() {
+      if constexpr (PP) named_bar_arrive(other_turn, CONSUMERS);
+    };
+    auto issue_s = [&](int j) {  // S_j = Q K_j^T
+      const uint32_t k_base = sK + slot_of(j) * S::kTileBytes;
+#pragma unroll
+      for (int kk = 0; kk < KD; ++kk) {
+        const uint32_t off = (kk & 3) * 32;
+        const uint64_t da = wgmma_desc_sw128(q_base + (kk >> 2) * BM * 128 + off, 16, 1024);
+        const uint64_t db = wgmma_desc_sw128(k_base + (kk >> 2) * BN * 128 + off, 16, 1024);
+        wgmma_ss(s, da, db, kk > 0 ? 1 : 0, T{});
+      }
+      wgmma_commit();
+    };
+    auto issue_pv = [&](int j) {  // O += P_j V_j
+      const uint32_t v_base = sV + slot_of(j) * S::kTileBytes;
+#pragma unroll
+      for (int kk = 0; kk < KN; ++kk)
+        wgmma_rs(o, pf[kk], wgmma_desc_sw128(v_base + kk * 16 * 128, BN * 128, 1024), 1, T{});
+      wgmma_commit();
+    };
+    auto softmax = [&](int j, float (&alpha)[2], auto mask) {
+      constexpr bool kMask = decltype(mask)::value;
+      const int n0 = j * BN;
+      if (kMask && (n0 + BN > p.len_k || (p.causal && n0 + BN - 1 > m0 + warp_row0))) {
+#pragma unroll
+        for (int i = 0; i < SN; ++i) {
+          const int row = m0 + warp_row0 + g + ((i >> 1) & 1) * 8;
+          const int col = n0 + (i >> 2) * 8 + 2 * t + (i & 1);
+          if (col >= p.len_k || (p.causal && col > row)) s[i] = -INFINITY;
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+        alpha[r] = online_softmax_row<BN / 8>([&](int nt, int e) -> float& { return s[4 * nt + 2 * r + e]; },
+                                              row_max[r], row_sum[r], scale_log2);
+    };
+    auto pack_p = [&]() {
+#pragma unroll
+      for (int kk = 0; kk < KN; ++kk) {
+        pf[kk][0] = Ops::pack(s[8 * kk + 0], s[8 * kk + 1]);
+        pf[kk][1] = Ops::pack(s[8 * kk + 2], s[8 * kk + 3]);
+        pf[kk][2] = Ops::pack(s[8 * kk + 4], s[8 * kk + 5]);
+        pf[kk][3] = Ops::pack(s[8 * kk + 6], s[8 * kk + 7]);
+      }
+    };
+    // Iteration j >= 1: S_j with P_{j-1} V_{j-1}; K_j is released once S_j is done, V_{j-1}
+    // once P V is. Nothing between a wgmma's issue and its wait branches.
+    auto step = [&](int j, auto mask) {
+      float alpha[2];
+      wait_full(k_full, j);
+      wait_full(v_full, j - 1);
+      turn_wait();
+      wgmma_fence();
+      issue_s(j);
+      issue_pv(j - 1);
+      turn_pass();
+      wgmma_wait<1>();
+      fence_regs(s);
+      release(k_empty, j);
+      softmax(j, alpha, mask);
+      wgmma_wait<0>();
+      fence_regs(o);
+      fence_regs(pf);
+      release(v_empty, j - 1);
+#pragma unroll
+      for (int i = 0; i < ON; ++i) o[i] *= alpha[(i >> 1) & 1];
+      pack_p();
+    };
+
+    mbar_wait(q_full + 8 * qb, (li >> 1) & 1);
+    {  // tile 0: no P V in flight yet
+      float alpha[2];
+      wait_full(k_full, 0);  // also publishes Q (same fence)
+      turn_wait();
+      wgmma_fence();
+      issue_s(0);
+      turn_pass();
+      wgmma_wait<0>();
+      fence_regs(s);
+      release(k_empty, 0);
+      softmax(0, alpha, std::true_type{});
+      pack_p();
+    }
+    const int n_clean = min(n_tiles, p.causal ? min(p.len_k, m0 + 1) / BN : p.len_k / BN);
+#pragma unroll 1
+    for (int j = 1; j < n_clean; ++j) step(j, std::false_type{});
+#pragma unroll 1
+    for (int j = max(1, n_clean); j < n_tiles; ++j) step(j, std::true_type{});
+    {  // O += P V of the last tile
+      wait_full(v_full, n_tiles - 1);
+      turn_wait();
+      wgmma_fence();
+      issue_pv(n_tiles - 1);
+      turn_pass();
+      wgmma_wait<0>();
+      fence_regs(o);
+      release(v_empty, n_tiles - 1);
+    }
+    u0 += n_tiles;
+
+    // ---- epilogue: normalise, write LSE, stage O in this warp's own rows of its Q buffer
+    // (this warpgroup's S wgmma, the only readers of those rows, are done), 16 B per lane.
+    float* lse = p.lse + static_cast<int64_t>(b * p.heads + h) * p.len_q;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float l = quad_sum(row_sum[r]);
+      const float inv = l > 0.f ? 1.f / l : 0.f;
+      const int lrow = warp_row0 + g + r * 8;
+      const int row = m0 + lrow;
+      if (t == 0 && row < p.len_q) lse[row] = row_lse(row_max[r], l);
+#pragma unroll
+      for (int dt = 0; dt < D / 8; ++dt) {
+        const uint32_t packed = Ops::pack(o[4 * dt + 2 * r] * inv, o[4 * dt + 2 * r + 1] * inv);
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sQb + sw128_off<BM>(lrow, dt) + t * 4), "r"(packed));
+      }
+    }
+    __syncwarp();
+    T* gO = static_cast<T*>(p.o) + b * p.o_sb + h * p.o_sh;
+#pragma unroll
+    for (int it = 0; it < 16 * CH / 32; ++it) {
+      const int idx = lane + it * 32;
+      const int r = idx / CH;
+      const int c = idx % CH;
+      const int row = m0 + warp_row0 + r;
+      uint4 val;
+      asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                   : "=r"(val.x), "=r"(val.y), "=r"(val.z), "=r"(val.w)
+                   : "r"(sQb + sw128_off<BM>(warp_row0 + r, c)));
+      if (row < p.len_q) *reinterpret_cast<uint4*>(gO + static_cast<int64_t>(row) * p.o_sl + c * 8) = val;
+    }
+    mbar_arrive(q_empty + 8 * qb);  // this buffer may take the Q of work item li + 2
+  }
+  // Consumer 0 takes the turn consumer 1 passed after its last wgmma, so no arrival on a
+  // named barrier is left pending when the CTA exits.
+  if (PP && cw == 0) named_bar_sync(1, CONSUMERS);
+#else
+  __trap();  // built without sm_90a: never launched
+#endif
+}
+
+}  // namespace
+}  // namespace flashwatt
