@@ -30,11 +30,14 @@ def test_hopper_defaults_name_wgmma_tiles_that_fit():
 
 
 def test_hopper_default_follows_the_key_length():
-    short, long = WGMMA_DEFAULT_TILE[("bf16", 128)][0][1], WGMMA_DEFAULT_TILE[("bf16", 128)][-1][1]
-    assert short != long
+    choices = WGMMA_DEFAULT_TILE[("bf16", 128)]
+    (b1, short), (b2, middle), (_, long) = choices
+    assert len({short, middle, long}) == 3 and (b1, b2) == (2048, 4096)
     assert parse_variant("", "bf16", 128, HOPPER, 1024).tile_name == short
     assert parse_variant("", "bf16", 128, HOPPER, 2048).tile_name == short
-    assert parse_variant("", "bf16", 128, HOPPER, 2049).tile_name == long
+    assert parse_variant("", "bf16", 128, HOPPER, 2049).tile_name == middle
+    assert parse_variant("", "bf16", 128, HOPPER, 4096).tile_name == middle
+    assert parse_variant("", "bf16", 128, HOPPER, 4097).tile_name == long
     assert parse_variant("", "bf16", 128, HOPPER).tile_name == long
     assert parse_variant("ctas66", "bf16", 128, HOPPER, 1000).tile_name == short
     assert default_tile("bf16", 128, False, 1024) == DEFAULT_TILE[("bf16", 128)]  # off Hopper: no length rule
@@ -103,7 +106,7 @@ def test_ping_pong_tiles_have_what_the_lagging_warpgroup_needs():
 def test_warp_specialized_tiles_match_the_kernel():
     """kernels/flash_fwd_wgmma_ws.cuh (WsShape): 2 consumer warpgroups (128 q rows) + a
     producer warpgroup, Q double-buffered plus K and V rings of <stages> slots in at most
-    227 KB of shared memory, and no Hopper default changed by their addition."""
+    227 KB of shared memory, and Hopper defaults at short keys only."""
     ws = {name: tile for name, tile in TILES.items() if tile.schedule in WS_SCHEDULES}
     assert len(ws) >= 2 and {t.schedule for t in ws.values()} == set(WS_SCHEDULES)
     for name, tile in ws.items():
@@ -116,5 +119,8 @@ def test_warp_specialized_tiles_match_the_kernel():
         assert parse_variant(f"{name}_ctas3", "fp16", tile.head_dims[0], HOPPER).max_ctas == 3
         with pytest.raises(ValueError, match="wgmma"):
             parse_variant(name, "bf16", tile.head_dims[0], AMPERE)
-    defaults = {name for choices in WGMMA_DEFAULT_TILE.values() for _, name in choices}
-    assert not defaults & set(ws), "the warp-specialised tiles are opt-in until measured"
+    # Defaults where the H100 measured them ahead (kernels/NOTES.md v6): short keys only;
+    # beyond 4096 keys the v5 ping-pong tiles stay, as nothing was measured there.
+    for key, choices in WGMMA_DEFAULT_TILE.items():
+        for bound, name in choices:
+            assert (name in ws) == (bound is not None), (key, bound, name)

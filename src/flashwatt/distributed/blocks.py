@@ -157,10 +157,10 @@ class CustomBlock:
         return flash_forward(q, k, v, causal, self.variant, scale=scale)
 
     def backward(self, dout, q, k, v, out, lse, causal: bool, scale: float):
-        from flashwatt.kernels.custom import _precision_of
+        from flashwatt.kernels.custom import _capability, _precision_of
         from flashwatt.kernels.custom_backward import backward_plan, flash_backward
 
-        plan = backward_plan(_precision_of(q.dtype, None), q.shape[-1])
+        plan = backward_plan(_precision_of(q.dtype, None), q.shape[-1], capability=_capability(q.device))
         return flash_backward(dout, q, k, v, out, lse, causal, scale, plan)
 
 

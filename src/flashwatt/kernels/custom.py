@@ -125,11 +125,16 @@ DEFAULT_TILE = {
 # length. The fastest over the flash-attention shapes (L 512..16384) on an H100
 # (kernels/NOTES.md, v5): for head_dim 128 three lockstep warpgroups win up to 2048 keys,
 # the ping-pong pair beyond.
+# Up to 2048 keys (4096 at head_dim 128) the warp-specialised persistent tiles lead (v6:
+# 1.00-1.22x the v5 defaults at bf16 L 512-4096 on an H100, ties at D64 L 2048-4096);
+# longer keys keep v5's ping-pong tiles, measured there.
 WGMMA_DEFAULT_TILE: dict[tuple[str, int], tuple[tuple[int | None, str], ...]] = {
-    ("fp16", 64): ((None, "wgmma_pp_m128_n128_s4"),),
-    ("bf16", 64): ((None, "wgmma_pp_m128_n128_s4"),),
-    ("fp16", 128): ((2048, "wgmma_m192_n64_s2"), (None, "wgmma_pp_m128_n128_s3")),
-    ("bf16", 128): ((2048, "wgmma_m192_n64_s2"), (None, "wgmma_pp_m128_n128_s3")),
+    ("fp16", 64): ((2048, "wgmma_ws_pp_m128_n128_s2"), (None, "wgmma_pp_m128_n128_s4")),
+    ("bf16", 64): ((2048, "wgmma_ws_pp_m128_n128_s2"), (None, "wgmma_pp_m128_n128_s4")),
+    ("fp16", 128): ((2048, "wgmma_ws_pp_m128_n64_s4"), (4096, "wgmma_ws_pp_m128_n128_s2"),
+                    (None, "wgmma_pp_m128_n128_s3")),
+    ("bf16", 128): ((2048, "wgmma_ws_pp_m128_n64_s4"), (4096, "wgmma_ws_pp_m128_n128_s2"),
+                    (None, "wgmma_pp_m128_n128_s3")),
 }
 
 

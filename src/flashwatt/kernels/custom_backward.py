@@ -10,7 +10,7 @@ part of what `Custom.describe` records for a fwd_bwd cell.
   bit-reproducible run to run (the order of the dQ atomics varies).
 - `wgmma` (fp16, bf16; head dim 128; Hopper, compute capability 9.0 only): the same
   algorithm with the five GEMMs of a step on wgmma (kernels/flash_bwd_wgmma.cuh), one
-  warpgroup per 64 keys; chosen by naming its tile (`wgmma_n128_m64_w8`), not a default.
+  warpgroup per 64 keys; the default for D128 on Hopper (`wgmma_n128_m64_w8`).
 - `torch.math_from_lse` (fp32, tf32): the same equations in PyTorch, chunked over query
   rows so the scores never take more than about 256 MiB. Exact fp32 for fp32 cells; for
   tf32 cells the matmuls run at whatever `torch.backends.cuda.matmul.allow_tf32` says,
@@ -68,6 +68,10 @@ BWD_TILES: dict[str, BwdTile] = {
                                  "all five GEMMs on wgmma", BWD_WGMMA),
 }
 DEFAULT_BWD_TILE = {64: "n128_m64_w8", 128: "n128_m64_w8"}
+# On Hopper (compute capability 9.0) the wgmma tile where one exists: on an H100 it ran
+# fwd+bwd at 1.03-1.36x the mma.sync tile for bf16 D128, L 512-16384, causal and full
+# (kernels/NOTES.md, "Backward on wgmma: measured").
+WGMMA_DEFAULT_BWD_TILE = {128: "wgmma_n128_m64_w8"}
 BWD_HALF_PRECISIONS = ("fp16", "bf16")
 BWD_MATH_PRECISIONS = ("fp32", "tf32")
 
@@ -92,7 +96,7 @@ def backward_plan(precision: str, head_dim: int, tile: str | None = None,
                   capability: tuple[int, int] | None = None) -> BackwardPlan:
     """The backward path (and CUDA tile, None: the default) for a precision and head dim;
     ValueError naming what is not supported. capability: the device's compute capability
-    (None: not checked), which a wgmma tile needs to be 9.0."""
+    (None: unknown), which a wgmma tile needs to be 9.0 and which picks the Hopper default."""
     if precision in BWD_MATH_PRECISIONS:
         if tile:
             raise ValueError(f"custom backward: {precision} runs {BWD_TORCH_MATH}, which takes no tile (got {tile!r})")
@@ -105,7 +109,8 @@ def backward_plan(precision: str, head_dim: int, tile: str | None = None,
             f"custom backward: head_dim {head_dim} is not supported for {precision} "
             f"(the CUDA backward is built for head_dim {', '.join(map(str, DEFAULT_BWD_TILE))}; at {head_dim} the "
             f"dK and dV accumulators of a warp's 16 keys alone would need {head_dim} registers per thread)")
-    name = tile or DEFAULT_BWD_TILE[head_dim]
+    hopper = capability is not None and tuple(capability) == BWD_WGMMA_CAPABILITY
+    name = tile or (WGMMA_DEFAULT_BWD_TILE.get(head_dim) if hopper else None) or DEFAULT_BWD_TILE[head_dim]
     if name not in BWD_TILES:
         raise ValueError(f"unknown custom backward tile {name!r}; allowed: {', '.join(BWD_TILES)}")
     if head_dim not in BWD_TILES[name].head_dims:
