@@ -27,7 +27,7 @@ def board():
 @pytest.mark.parametrize("budget", [350.0, 550.0])
 def test_budget_is_held_after_exploration(board, budget):
     device, telemetry, idle = board
-    merit, trace = run_scenario(Scenario("budget", Workload(), "budget", budget_w=budget, seconds=16.0),
+    merit, trace = run_scenario(Scenario("budget", Workload(), "budget", budget_w=budget, seconds=20.0),
                                 telemetry, device, idle)
     assert merit["check_passed"], merit
     after = trace[trace["t"] > merit["explore_s"] + 1.0].reset_index(drop=True)
