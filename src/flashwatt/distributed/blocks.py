@@ -111,11 +111,8 @@ class EfficientBlock:
         lse_in = torch.zeros(lse.shape[:2] + (padded,), dtype=torch.float32, device=lse.device)
         lse_in[..., :Lq] = lse
         none = torch.zeros((), dtype=torch.int64, device=q.device)
-        # Contiguous operands: the kernel's gradients follow its inputs' strides, and for a
-        # slice of a longer sequence (a ring block) half-precision runs wrote past the rows.
         dq, dk, dv, _ = aten._scaled_dot_product_efficient_attention_backward(
-            dout.contiguous(), q.contiguous(), _expand_kv(k, H).contiguous(), _expand_kv(v, H).contiguous(), None,
-            out.contiguous(), lse_in,
+            dout.contiguous(), q, _expand_kv(k, H), _expand_kv(v, H), None, out.contiguous(), lse_in,
             none, none, 0.0, [True, True, True, False], causal, scale=scale)
         return dq, _reduce_kv(dk, Hkv), _reduce_kv(dv, Hkv)
 
