@@ -163,4 +163,5 @@ def test_control_suite_without_a_gpu_records_why_and_still_reports(tmp_path):
         assert (workdir / f"figures/ctl/{name}.pdf").stat().st_size > 0
     report = (workdir / "results/ctl/report.html")
     assert report.exists()
+    assert "WARNING/2" not in proc.stdout + proc.stderr  # every caption renders as reStructuredText
     assert not (workdir / "results/ctl/summary.parquet").exists()  # no attention cells, no summary

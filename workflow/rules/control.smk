@@ -66,7 +66,7 @@ rule control_figure:
     output:
         report(
             "figures/{suite}/{control_figure}.pdf",
-            caption="../report/figure.rst",
+            caption="../report/control_figure.rst",
             category="Figures",
             labels={"suite": "{suite}", "figure": "{control_figure}"},
         ),
