@@ -1,4 +1,4 @@
-"""flashwatt's own FlashAttention forward kernels (kernels/flash_fwd.cu).
+"""flashwatt's own FlashAttention kernels: the forward (kernels/flash_fwd.cu) and its backward.
 
 fp16/bf16 run on tensor cores with fp32 accumulation through mma.sync (FlashAttention-2
 style); on Hopper (compute capability 9.0, an sm_90a build) the `wgmma_` tiles run a
