@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -278,6 +279,13 @@ def test_pareto_figure_draws_the_static_front_and_the_controller(tables):
     good = usable(tables.oracle)
     assert set(zip(x, y)) <= set(zip(good["avg_power_w"], good["tokens_per_s"] / 1e6))
     assert (50.0 not in y)  # the row that failed its check is not on the front
+    from flashwatt.control.summary import front_at
+
+    sharing = lines["time-sharing two static runs"]
+    assert list(sharing.get_xdata()) == list(x)
+    for budget in (300.0, 450.0, 650.0):  # the line is the bar steady_vs_front judges against
+        assert np.interp(budget, sharing.get_xdata(), sharing.get_ydata()) * 1e6 == pytest.approx(
+            front_at(tables.oracle, budget))
     crosses = [line for line in ax.lines if line.get_label() == "controller (after exploration)"]
     assert len(crosses) == (tables.runs["status"] == "ok").sum()
     assert {t.get_text() for t in ax.texts} >= {"300 W", "450 W", "650 W", "600 W steps", "energy"}

@@ -4,7 +4,8 @@
   1 s window averages it is judged by, the exploration phase, the configuration switches
   and the start of a disturbance;
 - control_pareto: throughput against power for every static configuration and duty of
-  the oracle, its Pareto front, and where each controlled run operated;
+  the oracle, its Pareto front (and the line time-sharing its points gives), and where each
+  controlled run operated;
 - control_energy: joules per token against the budget for the controller, the oracle's
   most frugal static configuration within that budget and the static default.
 
@@ -188,6 +189,10 @@ def draw_pareto(tables: ControlTables) -> plt.Figure:
         front = pareto_front(rows)
         ax.step(front["avg_power_w"], front["tokens_per_s"] / 1e6, where="post", color="k", lw=1.2, ls="--",
                 label="Pareto front of static runs")
+        # Between two front points, time-sharing them gives the straight line: the bar that
+        # `steady_vs_front` (flashwatt.control.summary.front_at) judges a run against.
+        ax.plot(front["avg_power_w"], front["tokens_per_s"] / 1e6, color="k", lw=0.8, ls=":",
+                label="time-sharing two static runs")
         runs = tables.ok_runs()
         runs = runs[runs["group"] == group]
         for run in runs.itertuples():
@@ -264,8 +269,9 @@ CONTROL_FIGURES: dict[str, ControlFigure] = {
                       draw_power),
         ControlFigure("control_pareto", "pdf", "Throughput against power: static configurations and the controller",
                       "Every static configuration of the oracle (each duty a point, measured side by side in the "
-                      "suite), the Pareto front of those static runs (dashed), and each controlled run's operating "
-                      "point after its exploration (red crosses, labelled by budget).", draw_pareto),
+                      "suite), the Pareto front of those static runs (dashed: the best single static run within a "
+                      "power; dotted: time-sharing two of them), and each controlled run's operating point after "
+                      "its exploration (red crosses, labelled by budget).", draw_pareto),
         ControlFigure("control_energy", "pdf", "Energy per token against the power budget",
                       "Joules per token of the controller at each budget (whole run, and after exploration), of "
                       "the oracle's least-energy static configuration whose power stays within that budget, of "
