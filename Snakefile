@@ -17,6 +17,7 @@ include: "workflow/rules/cells.smk"
 include: "workflow/rules/aggregate.smk"
 include: "workflow/rules/plots.smk"
 include: "workflow/rules/control.smk"
+include: "workflow/rules/distributed.smk"
 
 
 rule all:

@@ -90,10 +90,12 @@ def validate_config(config: dict, schema_file: Traversable | Path = SCHEMA) -> d
                     check_variant_name(variant)
                 except ValueError as err:
                     raise ConfigError(f"config key suites.{name}.grids[{i}].variants[{j}]: {err}") from None
-    from flashwatt.control.suite import control_runs  # it raises ConfigError, defined here
+    from flashwatt.control.suite import control_runs  # they raise ConfigError, defined here
+    from flashwatt.distributed.suite import distributed_runs
 
     for name in config["suites"]:
         control_runs(config, name)
+        distributed_runs(config, name)
     return config
 
 
@@ -183,12 +185,13 @@ def suite_cells(config: dict, suite: str | None = None, filtered: bool = True) -
 
 
 def every_cell(config: dict, suite: str | None = None) -> list:
-    """The suite's attention cells (filtered) and then its control cells: everything a run
-    of the suite writes a record for."""
+    """The suite's attention cells (filtered), then its control and distributed cells:
+    everything a run of the suite writes a record for."""
     from flashwatt.control.suite import control_runs
+    from flashwatt.distributed.suite import distributed_runs
 
     suite = suite or resolve_suite(config)
-    return [*suite_cells(config, suite), *control_runs(config, suite)]
+    return [*suite_cells(config, suite), *control_runs(config, suite), *distributed_runs(config, suite)]
 
 
 def _filter_columns() -> list[str]:

@@ -165,3 +165,58 @@ def test_control_suite_without_a_gpu_records_why_and_still_reports(tmp_path):
     assert report.exists()
     assert "WARNING/2" not in proc.stdout + proc.stderr  # every caption renders as reStructuredText
     assert not (workdir / "results/ctl/summary.parquet").exists()  # no attention cells, no summary
+
+
+DISTRIBUTED_OVERLAY = """
+suites:
+  dist:
+    description: two distributed cells on CPU processes
+    distributed:
+      repeats: 2
+      warmup: 1
+      grids:
+        - strategies: [zigzag, ulysses]
+          gpus: [2]
+          blocks: [math]
+          precisions: [fp64]
+          seq_lens: [16]
+          batches: [1]
+          heads: [2]
+          kv_heads: [2]
+          head_dims: [8]
+          causal: [true]
+          passes: [fwd_bwd]
+        - strategies: [ring]
+          gpus: [2]
+          blocks: [flash]
+          precisions: [bf16]
+          seq_lens: [16]
+          batches: [1]
+          heads: [2]
+          kv_heads: [2]
+          head_dims: [8]
+"""
+
+
+def test_distributed_cells_run_as_one_job_with_a_task_per_gpu(tmp_path):
+    """Two-rank cells through submitit's local executor (two processes meeting over gloo),
+    checked against float64, in the suite's table, figures and report; a GPU precision on
+    a host without one is recorded as skipped."""
+    import pandas as pd
+
+    workdir = copy_workflow(tmp_path)
+    (workdir / "overlay.yaml").write_text(DISTRIBUTED_OVERLAY)
+    proc = flashwatt(workdir, "run", "--cores", "2", "--configfile", "config/config.yaml", "overlay.yaml",
+                     "--config", "suite=dist")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "flashwatt: suite dist, 3 cells" in proc.stdout and "cells by status: 2 ok, 1 skipped" in proc.stdout
+    table = pd.read_parquet(workdir / "results/dist/distributed.parquet").set_index("strategy")
+    for strategy in ("zigzag", "ulysses"):
+        row = table.loc[strategy]
+        assert row["status"] == "ok" and row["world_size"] == 2 and bool(row["check_passed"])
+        assert row["error_dq"] < 1e-12 and row["total_ms"] > 0 and row["speedup"] > 0
+    assert table.loc["ring", "status"] == "skipped" and "no CUDA device" in table.loc["ring", "reason"]
+    for name in ("distributed_scaling", "distributed_memory", "distributed_time", "distributed_error"):
+        assert (workdir / f"figures/dist/{name}.pdf").stat().st_size > 0
+    assert (workdir / "results/dist/report.html").exists()
+    assert "WARNING/2" not in proc.stdout + proc.stderr

@@ -5,6 +5,8 @@ from flashwatt.cell import WILDCARD_CONSTRAINTS
 from flashwatt.config import ConfigError, measure_settings, resolve_suite, suite_cells, validate_config
 from flashwatt.control.figures import CONTROL_FIGURES
 from flashwatt.control.suite import control_runs
+from flashwatt.distributed.figures import DISTRIBUTED_FIGURES
+from flashwatt.distributed.suite import distributed_runs
 from flashwatt.plots import FIGURES
 from flashwatt.submit.resources import refuse_unknown_resources
 
@@ -14,6 +16,7 @@ try:
     config["suite"] = SUITE  # what ran, for the report (auto is resolved once, here)
     CELLS = {SUITE: suite_cells(config, SUITE)}
     CONTROL = {SUITE: control_runs(config, SUITE)}
+    DISTRIBUTED = {SUITE: distributed_runs(config, SUITE)}
     # Resources set for the cells (profile or --set-resources), checked before any job
     # starts: a misspelt name (slurm_acount) would otherwise fail every cell.
     refuse_unknown_resources("cell", workflow.resource_settings.overwrite_resources.get("cell", {}))
@@ -27,7 +30,8 @@ except (ConfigError, ValueError) as error:
 from flashwatt.report_method import report_method
 
 config["report_method"] = report_method(f"results/{SUITE}/summary.parquet")
-config["report_parts"] = {"cells": bool(CELLS[SUITE]), "control": bool(CONTROL[SUITE])}
+config["report_parts"] = {"cells": bool(CELLS[SUITE]), "control": bool(CONTROL[SUITE]),
+                          "distributed": bool(DISTRIBUTED[SUITE])}
 
 wildcard_constraints:
     **WILDCARD_CONSTRAINTS,
@@ -55,14 +59,39 @@ def control_spec(cell):
         raise WorkflowError(f"flashwatt: {cell.path} is not a control cell of suite {cell.suite} in this config")
     return CONTROL[cell.suite][cell]
 
+def distributed_cells_of(suite):
+    """The suite's distributed cells (empty for a suite without a distributed section)."""
+    if suite not in DISTRIBUTED:
+        try:
+            DISTRIBUTED[suite] = distributed_runs(config, suite)
+        except ConfigError as error:
+            raise WorkflowError(f"flashwatt: {error}") from None
+    return list(DISTRIBUTED[suite])
+
+def distributed_cell_of(wc):
+    """The distributed cell a job's wildcards name."""
+    from flashwatt.distributed.cell import DistributedCell
+
+    return DistributedCell.from_wildcards(wc.suite, wc.method, wc.dprecision, wc.dname)
+
+def distributed_spec(cell):
+    """The job spec of a distributed cell (its shape, strategy, block, repeats and warmup)."""
+    distributed_cells_of(cell.suite)
+    if cell not in DISTRIBUTED[cell.suite]:
+        raise WorkflowError(f"flashwatt: {cell.path} is not a distributed cell of suite {cell.suite} in this config")
+    return DISTRIBUTED[cell.suite][cell]
+
 def suite_outputs(suite):
-    """What the default target builds for a suite: the attention cells' summary and figures, the
-    control runs' tables and figures, or both."""
+    """What the default target builds for a suite: the attention cells' summary and figures,
+    the control runs' and the distributed cells' tables and figures, as the suite has them."""
     out = []
     if cells_of(suite):
         out += [f"results/{suite}/summary.parquet", f"results/{suite}/flagged.csv", *figure_paths(suite)]
     if control_cells_of(suite):
         out += [f"results/{suite}/control.parquet", *(f"figures/{suite}/{name}.pdf" for name in CONTROL_FIGURES)]
+    if distributed_cells_of(suite):
+        out += [f"results/{suite}/distributed.parquet",
+                *(f"figures/{suite}/{name}.pdf" for name in DISTRIBUTED_FIGURES)]
     return out
 
 def recorded_cells_of(suite):

@@ -8,9 +8,15 @@ Layout (B, H, L, D), sequence dimension 2, over torch.distributed (NCCL on GPUs,
 CPU). Exact: partial results merge by log-sum-exp in float32 (float64 for float64
 inputs); backward recomputes blocks from the saved LSE.
 """
-from flashwatt.distributed.api import attention
-from flashwatt.distributed.groups import STRATEGIES
-from flashwatt.distributed.layout import gather_sequence, shard_sequence
-from flashwatt.distributed.split_mode import split_mode
+import importlib
 
-__all__ = ["attention", "shard_sequence", "gather_sequence", "split_mode", "STRATEGIES"]
+__all__ = ["attention", "shard_sequence", "gather_sequence", "STRATEGIES"]
+# Loaded on first use: the workflow reads this package's cell names and config section
+# while it plans, where torch is not needed.
+_PUBLIC = {"attention": "api", "STRATEGIES": "groups", "gather_sequence": "layout", "shard_sequence": "layout"}
+
+
+def __getattr__(name: str):
+    if name in _PUBLIC:
+        return getattr(importlib.import_module(f"flashwatt.distributed.{_PUBLIC[name]}"), name)
+    raise AttributeError(name)

@@ -1,0 +1,148 @@
+"""A distributed cell: one sequence-parallel attention problem on `gpus` GPUs, the single
+source of its names and paths, as `flashwatt.cell.Cell` is for one-GPU cells.
+
+    results/cells/<suite>/distributed/<strategy>-<block>/<precision>/G<gpus>-L<L>-B<B>-H<H>-K<Hkv>-D<D>-<mask>-<pass>.json
+
+`DistributedCell.from_path(cell.path) == cell` holds, so asking for a file reruns exactly
+that cell. `spec` is what `flashwatt.distributed.job.job` runs on every rank.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+
+from flashwatt.cell import RESULTS_ROOT
+
+STRATEGIES = ("ring", "zigzag", "ulysses", "hybrid")
+BLOCKS = ("auto", "math", "flash", "efficient", "cudnn", "custom")  # flashwatt.distributed.blocks.BLOCK_NAMES
+PRECISIONS = ("fp64", "fp32", "tf32", "fp16", "bf16")  # fp64: the CPU checks (block math)
+PASSES = ("fwd", "fwd_bwd")
+
+FOLDER = "distributed"
+RECORD_SUFFIX, TRACE_SUFFIX = ".json", ".trace.parquet"
+_WHERE = "/{suite}/" + FOLDER + "/{method}/{dprecision}/{dname}"
+RECORD_PATTERN = RESULTS_ROOT + _WHERE + RECORD_SUFFIX
+TRACE_PATTERN = RESULTS_ROOT + _WHERE + TRACE_SUFFIX
+LOG_PATTERN = "results/logs/cells" + _WHERE + ".log"
+
+_METHOD_RE = f"(?P<strategy>{'|'.join(STRATEGIES)})-(?P<block>{'|'.join(BLOCKS)})"
+_NAME_RE = (r"G(?P<gpus>\d+)-L(?P<seq_len>\d+)-B(?P<batch>\d+)-H(?P<heads>\d+)-K(?P<kv_heads>\d+)"
+            r"-D(?P<head_dim>\d+)-(?P<mask>full|causal)-(?P<pass_>fwd_bwd|fwd)")
+_METHOD, _NAME = re.compile(f"^{_METHOD_RE}$"), re.compile(f"^{_NAME_RE}$")
+_TOKEN = re.compile("^[a-z0-9_]+$")
+WILDCARD_CONSTRAINTS = {
+    "method": re.sub(r"\?P<\w+>", "", _METHOD_RE),
+    "dprecision": "|".join(PRECISIONS),
+    "dname": re.sub(r"\?P<\w+>", "", _NAME_RE),
+}
+
+
+@dataclass(frozen=True, order=True)
+class DistributedCell:
+    suite: str
+    strategy: str
+    block: str
+    precision: str
+    gpus: int
+    seq_len: int
+    batch: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    causal: bool = False
+    pass_: str = "fwd"
+
+    def __post_init__(self) -> None:
+        def refuse(what: str) -> None:
+            raise ValueError(f"distributed cell {what}")
+
+        if not _TOKEN.match(self.suite):
+            refuse(f"suite={self.suite!r}: use lower-case letters, digits, _")
+        for key, allowed in (("strategy", STRATEGIES), ("block", BLOCKS), ("precision", PRECISIONS),
+                             ("pass_", PASSES)):
+            if getattr(self, key) not in allowed:
+                refuse(f"{key.rstrip('_')}={getattr(self, key)!r}: allowed {', '.join(allowed)}")
+        for key in ("gpus", "seq_len", "batch", "heads", "kv_heads", "head_dim"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                refuse(f"{key}={value!r}: must be a positive integer")
+        if self.heads % self.kv_heads:
+            refuse(f"heads={self.heads} is not a multiple of kv_heads={self.kv_heads}")
+        if self.strategy in ("ring", "zigzag", "hybrid") and self.seq_len % (2 * self.gpus):
+            refuse(f"seq_len={self.seq_len} is not divisible by 2 x world size ({2 * self.gpus}) for strategy "
+                   f"{self.strategy}")
+        if self.strategy == "ulysses" and (self.heads % self.gpus or self.seq_len % self.gpus):
+            refuse(f"strategy ulysses needs heads ({self.heads}) and seq_len ({self.seq_len}) divisible by the "
+                   f"world size ({self.gpus})")
+
+    # ---- names -------------------------------------------------------------------
+    @property
+    def method(self) -> str:
+        return f"{self.strategy}-{self.block}"
+
+    @property
+    def name(self) -> str:
+        mask = "causal" if self.causal else "full"
+        return (f"G{self.gpus}-L{self.seq_len}-B{self.batch}-H{self.heads}-K{self.kv_heads}-D{self.head_dim}"
+                f"-{mask}-{self.pass_}")
+
+    @property
+    def id(self) -> str:
+        return f"{self.suite}/{FOLDER}/{self.method}/{self.precision}/{self.name}"
+
+    @property
+    def wildcards(self) -> dict[str, str]:
+        return {"suite": self.suite, "method": self.method, "dprecision": self.precision, "dname": self.name}
+
+    @property
+    def path(self) -> str:
+        return RECORD_PATTERN.format(**self.wildcards)
+
+    @property
+    def trace_path(self) -> str:
+        return TRACE_PATTERN.format(**self.wildcards)
+
+    @property
+    def log_path(self) -> str:
+        return LOG_PATTERN.format(**self.wildcards)
+
+    @property
+    def job_name(self) -> str:
+        return "fw-" + self.id.replace("/", "-")
+
+    @classmethod
+    def from_wildcards(cls, suite: str, method: str, dprecision: str, dname: str) -> "DistributedCell":
+        m, n = _METHOD.match(method), _NAME.match(dname)
+        if not m:
+            raise ValueError(f"not a distributed method: {method!r} (expected <strategy>-<block>, e.g. zigzag-flash)")
+        if not n:
+            raise ValueError(f"not a distributed cell name: {dname!r} (expected e.g. G2-L4096-B1-H32-K8-D128-causal-fwd)")
+        g = n.groupdict()
+        return cls(suite, m["strategy"], m["block"], dprecision, int(g["gpus"]), int(g["seq_len"]), int(g["batch"]),
+                   int(g["heads"]), int(g["kv_heads"]), int(g["head_dim"]), g["mask"] == "causal", g["pass_"])
+
+    @classmethod
+    def from_path(cls, path: str) -> "DistributedCell":
+        parts = PurePosixPath(str(path)).parts
+        root = PurePosixPath(RESULTS_ROOT).parts
+        for i in range(len(parts) - len(root) - 4):
+            if parts[i:i + len(root)] == root and parts[i + len(root) + 1] == FOLDER:
+                suite, _, method, precision, leaf = parts[i + len(root):i + len(root) + 5]
+                if leaf.endswith(RECORD_SUFFIX):
+                    return cls.from_wildcards(suite, method, precision, leaf[:-len(RECORD_SUFFIX)])
+        raise ValueError(f"not a distributed cell record: {path!r} (expected {RECORD_PATTERN})")
+
+    # ---- what the job runs ----------------------------------------------------------
+    def spec(self, **options) -> dict:
+        """The job's spec (flashwatt.distributed.job), with options such as repeats and warmup."""
+        return {"strategy": self.strategy, "gpus": self.gpus, "batch": self.batch, "heads": self.heads,
+                "kv_heads": self.kv_heads, "seq_len": self.seq_len, "head_dim": self.head_dim,
+                "precision": self.precision, "causal": self.causal, "pass": self.pass_, "block": self.block,
+                **options}
+
+    def as_row(self) -> dict:
+        return {"suite": self.suite, "strategy": self.strategy, "block": self.block, "precision": self.precision,
+                "gpus": self.gpus, "seq_len": self.seq_len, "batch": self.batch, "heads": self.heads,
+                "kv_heads": self.kv_heads, "head_dim": self.head_dim, "causal": self.causal, "pass": self.pass_,
+                "cell_id": self.id}

@@ -1,0 +1,159 @@
+"""The distributed suite's figures, from its table (flashwatt.distributed.summary):
+
+- distributed_scaling: speedup and parallel efficiency against GPUs, a line per strategy;
+- distributed_memory: peak memory per GPU against the sequence length, per world size;
+- distributed_time: forward, backward and exposed communication per strategy and world size;
+- distributed_error: error of the output and dQ against float64, against the world size.
+
+Only cells that finished `ok` are drawn; a figure with nothing to draw says why.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+import seaborn as sns  # noqa: E402
+
+from flashwatt.plots import measured_where  # noqa: E402
+
+
+@dataclass(frozen=True)
+class DistributedFigure:
+    name: str
+    ext: str
+    title: str
+    caption: str
+    draw: Callable[[pd.DataFrame], plt.Figure]
+
+    def render(self, table: pd.DataFrame) -> plt.Figure:
+        sns.set_theme(style="whitegrid", context="paper")
+        fig = self.draw(table)
+        fig.suptitle(f"{self.title}\n{measured_where(table)}", y=1.0, va="bottom", fontsize=11)
+        return fig
+
+
+def _placeholder(message: str) -> plt.Figure:
+    fig, ax = plt.subplots(figsize=(7, 3))
+    ax.text(0.5, 0.5, "Nothing to draw.\n" + message, ha="center", va="center", wrap=True)
+    ax.set_axis_off()
+    return fig
+
+
+def _ok(table: pd.DataFrame, column: str) -> tuple[pd.DataFrame, str | None]:
+    """The ok cells with a value in `column`, or why there are none."""
+    ok = table[(table["status"] == "ok") & table[column].notna()].copy()
+    if len(ok):
+        return ok, None
+    if table.empty:
+        return ok, "the suite has no distributed cells in its summary"
+    done = table[table["status"] == "ok"]
+    if len(done):
+        return ok, f"none of the {len(done)} ok cells has {column.replace('_', ' ')}"
+    reasons = table["reason"].dropna().unique()
+    return ok, f"none of the {len(table)} distributed cells finished ok" + (f"; reason: {reasons[0]}" if len(reasons) else "")
+
+
+def _shape(data: pd.DataFrame) -> pd.Series:
+    mask = data["causal"].map({True: "causal", False: "full"})
+    return ("L=" + data["seq_len"].astype(str) + " H=" + data["heads"].astype(str) + "/" + data["kv_heads"].astype(str)
+            + " D=" + data["head_dim"].astype(str) + " " + data["precision"] + " " + mask + " " + data["pass"])
+
+
+def draw_scaling(table: pd.DataFrame) -> plt.Figure:
+    data, why = _ok(table, "speedup")
+    if why:
+        return _placeholder(why)
+    data["shape"] = _shape(data)
+    data["method"] = data["strategy"] + " / " + data["block"]
+    long = data.melt(id_vars=["gpus", "method", "shape"], value_vars=["speedup", "efficiency"], var_name="measure")
+    grid = sns.relplot(data=long, x="gpus", y="value", hue="method", col="measure", row="shape", kind="line",
+                       marker="o", height=3.0, aspect=1.3, facet_kws={"sharey": False})
+    for (shape, measure), ax in grid.axes_dict.items():
+        gpus = sorted(data["gpus"].unique())
+        ax.plot(gpus, gpus if measure == "speedup" else [1.0] * len(gpus), color="0.6", ls=":", label="ideal")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(gpus, [str(g) for g in gpus])
+    grid.set_axis_labels("GPUs", "")
+    return grid.figure
+
+
+def draw_memory(table: pd.DataFrame) -> plt.Figure:
+    data, why = _ok(table, "peak_bytes_per_gpu")
+    if why:
+        return _placeholder(why)
+    data["GiB per GPU"] = data["peak_bytes_per_gpu"] / 2**30
+    data["method"] = data["strategy"] + " / " + data["block"]
+    grid = sns.relplot(data=data, x="seq_len", y="GiB per GPU", hue="method", style="gpus", kind="line", marker="o",
+                       col="pass", height=3.2, aspect=1.3)
+    for ax in grid.axes.flat:
+        ax.set_xscale("log", base=2)
+    grid.set_axis_labels("sequence length L (whole sequence)", "peak memory per GPU (GiB)")
+    return grid.figure
+
+
+def draw_time(table: pd.DataFrame) -> plt.Figure:
+    data, why = _ok(table, "total_ms")
+    if why:
+        return _placeholder(why)
+    data["label"] = data["strategy"] + " " + data["gpus"].astype(str) + " GPUs, L=" + data["seq_len"].astype(str)
+    parts = pd.DataFrame({
+        "forward compute": data["forward_ms"] - data["forward_comm_exposed_ms"].fillna(0),
+        "forward exposed communication": data["forward_comm_exposed_ms"].fillna(0),
+        "backward compute": (data["backward_ms"] - data["backward_comm_exposed_ms"].fillna(0)).fillna(0),
+        "backward exposed communication": data["backward_comm_exposed_ms"].fillna(0),
+    }).set_index(data["label"])
+    fig, ax = plt.subplots(figsize=(8, 0.35 * len(parts) + 1.5))
+    parts.plot.barh(stacked=True, ax=ax, width=0.8)
+    ax.set_xlabel("time per step, slowest rank (ms)")
+    ax.set_ylabel("")
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    return fig
+
+
+def draw_error(table: pd.DataFrame) -> plt.Figure:
+    data, why = _ok(table, "error_out")
+    if why:
+        return _placeholder(why)
+    data["shape"] = _shape(data)
+    value_vars = [c for c in ("error_out", "error_dq", "error_dk", "error_dv") if data[c].notna().any()]
+    long = data.melt(id_vars=["gpus", "strategy", "shape"], value_vars=value_vars, var_name="tensor", value_name="error")
+    long["tensor"] = long["tensor"].str.replace("error_", "")
+    grid = sns.relplot(data=long.dropna(subset=["error"]), x="gpus", y="error", hue="strategy", style="tensor",
+                       col="shape", kind="line", marker="o", height=3.2, aspect=1.2, col_wrap=3)
+    for ax in grid.axes.flat:
+        ax.set_yscale("log")
+        ax.set_xscale("log", base=2)
+    grid.set_axis_labels("GPUs", "||x - ref|| / ||ref|| against float64")
+    return grid.figure
+
+
+DISTRIBUTED_FIGURES: dict[str, DistributedFigure] = {
+    f.name: f
+    for f in [
+        DistributedFigure("distributed_scaling", "pdf", "Speedup and parallel efficiency against GPUs",
+                          "Each strategy's time for the whole problem against one GPU running the same block backend "
+                          "in the same job (speedup), and that over the number of GPUs (efficiency); dotted: ideal.",
+                          draw_scaling),
+        DistributedFigure("distributed_memory", "pdf", "Peak memory per GPU against the sequence length",
+                          "The largest peak memory of any rank for one step (forward, and backward where run).",
+                          draw_memory),
+        DistributedFigure("distributed_time", "pdf", "Where the time goes: compute and exposed communication",
+                          "Forward and backward per step on the slowest rank, each split into compute and the "
+                          "communication not hidden under it (the record says how each is measured).", draw_time),
+        DistributedFigure("distributed_error", "pdf", "Error against float64 as the world grows",
+                          "The gathered output and gradients against a float64 reference on the same data; each must "
+                          "stay within twice the same block backend's single-GPU error.", draw_error),
+    ]
+}
+
+
+def draw(name: str, table_path: str, out: str) -> None:
+    figure = DISTRIBUTED_FIGURES[name].render(pd.read_parquet(table_path))
+    figure.savefig(out, bbox_inches="tight")
+    plt.close(figure)
