@@ -188,7 +188,11 @@ def cmd_run(argv: list[str]) -> int:
             print(f"flashwatt: report written to {report.resolve()}")
     counts = status_counts(cells)
     print("flashwatt: cells by status: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
-    print(f"flashwatt: cells to look at: {(Path('results') / suite / 'flagged.csv').resolve()}")
+    tables = {"flagged.csv": "cells to look at", "control.csv": "controlled runs against their oracle",
+              "distributed.csv": "distributed cells"}
+    for name, what in tables.items():
+        if (Path("results") / suite / name).exists():
+            print(f"flashwatt: {what}: {(Path('results') / suite / name).resolve()}")
     failed = sum(n for s, n in counts.items() if s not in EXPECTED_STATUSES and s != "missing")
     if failed and not accept_failed:
         print(f"flashwatt: {failed} cell(s) ended error, incorrect or job_failed "

@@ -58,12 +58,24 @@ def _explain(error) -> str:
 
 
 def load_schema(schema_file: Traversable | Path = SCHEMA) -> dict:
-    """The config schema with the grid's enums filled in from flashwatt.vocabulary, the one
-    place that names kernels, precisions, passes and head dims."""
+    """The config schema with its enums filled in from the code that names them:
+    flashwatt.vocabulary (kernels, precisions, passes, head dims of a grid), the control and
+    distributed cells (their modes, workloads, strategies, blocks, ...)."""
+    from flashwatt.control import cell as control
+    from flashwatt.distributed import cell as distributed
+
     schema = yaml.safe_load(schema_file.read_text())
     grid = schema["properties"]["suites"]["additionalProperties"]["properties"]["grids"]["items"]["properties"]
     for key, names in SCHEMA_ENUMS.items():
         grid[key]["items"] = {"enum": list(names)}
+    spread = schema["$defs"]["distributed"]["properties"]["grids"]["items"]["properties"]
+    for key, names in (("strategies", distributed.STRATEGIES), ("blocks", distributed.BLOCKS),
+                       ("precisions", distributed.PRECISIONS), ("passes", distributed.PASSES)):
+        spread[key]["items"] = {"enum": list(names)}
+    run = schema["$defs"]["control"]["properties"]["runs"]["items"]["properties"]
+    for key, names in (("mode", [m for m in control.CONTROL_MODES if m != "oracle"]), ("workload", control.WORKLOADS),
+                       ("precision", control.CONTROL_PRECISIONS), ("disturbance", control.DISTURBANCES)):
+        run[key] = {"enum": list(names)}
     return schema
 
 

@@ -155,6 +155,7 @@ def test_control_suite_without_a_gpu_records_why_and_still_reports(tmp_path):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "flashwatt: suite ctl, 3 cells" in proc.stdout
     assert "cells by status: 3 skipped" in proc.stdout
+    assert "controlled runs against their oracle: " in proc.stdout and "flagged.csv" not in proc.stdout
     runs = pd.read_parquet(workdir / "results/ctl/control.parquet")
     assert sorted(runs["scenario"]) == ["budget-450w", "energy"]
     assert set(runs["status"]) == {"skipped"} and runs["reason"].str.contains("CUDA GPU").all()
