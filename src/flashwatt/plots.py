@@ -70,7 +70,8 @@ def _ok(frame: pd.DataFrame, column: str) -> pd.DataFrame:
     return frame[(frame["status"] == "ok") & frame[column].notna()].copy()
 
 
-def _placeholder(message: str) -> plt.Figure:
+def nothing_to_draw(message: str) -> plt.Figure:
+    """The canvas of a figure with nothing to draw: the words say why."""
     fig, ax = plt.subplots(figsize=(7, 3))
     ax.text(0.5, 0.5, "Nothing to draw.\n" + message, ha="center", va="center", wrap=True)
     ax.set_axis_off()
@@ -139,14 +140,14 @@ def _lines_vs_L(data: pd.DataFrame, y: str, ylabel: str, log_y: bool, unit: str 
 def latency(frame: pd.DataFrame, options: dict) -> plt.Figure:
     data = _ok(frame, "median_ms")
     if data.empty:
-        return _placeholder(no_values(frame, "median_ms", "a timed latency"))
+        return nothing_to_draw(no_values(frame, "median_ms", "a timed latency"))
     return _lines_vs_L(data, "median_ms", "median latency per call (ms)", log_y=True)
 
 
 def tflops(frame: pd.DataFrame, options: dict) -> plt.Figure:
     data = _ok(frame, "tflops")
     if data.empty:
-        return _placeholder(no_values(frame, "tflops", "a TFLOP/s figure"))
+        return nothing_to_draw(no_values(frame, "tflops", "a TFLOP/s figure"))
     return _lines_vs_L(data, "tflops", "TFLOP/s", log_y=False, peak=True)
 
 
@@ -163,11 +164,11 @@ def speedups(frame: pd.DataFrame, baseline: str) -> pd.DataFrame:
 def _speedup(frame: pd.DataFrame, baseline: str) -> plt.Figure:
     why = no_baseline(frame, baseline)
     if why:
-        return _placeholder(why)
+        return nothing_to_draw(why)
     merged = speedups(frame, baseline)
     if merged.empty:
         n = int(((frame["kernel"] == baseline) & (frame["status"] == "ok")).sum())
-        return _placeholder(f"No other kernel finished ok at the {n} cells where {baseline} did.")
+        return nothing_to_draw(f"No other kernel finished ok at the {n} cells where {baseline} did.")
     return _lines_vs_L(merged, "speedup", f"speedup over {baseline}", log_y=True, unit="×", reference=1.0)
 
 
@@ -188,7 +189,7 @@ def _length_order(data: pd.DataFrame) -> tuple[pd.Series, list[str]]:
 def power(frame: pd.DataFrame, options: dict) -> plt.Figure:
     data = _ok(frame, "avg_power_w")
     if data.empty:
-        return _placeholder(no_values(frame, "avg_power_w", "a power measurement", "energy_reason"))
+        return nothing_to_draw(no_values(frame, "avg_power_w", "a power measurement", "energy_reason"))
     long = data.melt(id_vars=[c for c in data.columns if c not in ("avg_power_w", "peak_power_w")],
                      value_vars=["avg_power_w", "peak_power_w"], var_name="power", value_name="W")
     long["power"] = long["power"].map({"avg_power_w": "average (counter)", "peak_power_w": "peak (instant)"})
@@ -209,7 +210,7 @@ def power(frame: pd.DataFrame, options: dict) -> plt.Figure:
 def _bars(frame: pd.DataFrame, y: str, ylabel: str, what: str, log_y: bool) -> plt.Figure:
     data = _ok(frame, y)
     if data.empty:
-        return _placeholder(no_values(frame, y, what, "energy_reason"))
+        return nothing_to_draw(no_values(frame, y, what, "energy_reason"))
     data["kernel"] = _label(data)
     data["shape"] = _shape(data) + " B=" + data["batch"].astype(str)
     data["L"], order = _length_order(data)
@@ -267,13 +268,13 @@ def overview(frame: pd.DataFrame, options: dict) -> plt.Figure:
     frame = frame.assign(energy_per_call_mj=frame["energy_per_call_j"] * 1e3)
     why = no_cells_ok(frame)
     if why:
-        return _placeholder(why)
+        return nothing_to_draw(why)
     data = frame[frame["status"] == "ok"].copy()
     data["kernel"] = _label(data)
     data["cell"] = cell_labels(data)
     cells = data["cell"].nunique()
     if cells > MAX_OVERVIEW_CELLS:
-        return _placeholder(f"This suite has {cells} different cells per kernel, too many to read as bars side "
+        return nothing_to_draw(f"This suite has {cells} different cells per kernel, too many to read as bars side "
                             f"by side (at most {MAX_OVERVIEW_CELLS}).\nThe latency, energy_per_call and "
                             "gflops_per_w figures show them by shape.")
     order = list(dict.fromkeys(data.sort_values(CELL_FIELDS)["cell"]))
@@ -311,8 +312,8 @@ def power_trace(frame: pd.DataFrame, options: dict) -> plt.Figure:
     chosen = trace_cells(frame, query)
     if chosen.empty:
         if query:
-            return _placeholder(f"trace_filter {query!r} selects none of the ok cells with a power trace.")
-        return _placeholder(no_values(frame, "peak_power_w", "a power trace", "energy_reason"))
+            return nothing_to_draw(f"trace_filter {query!r} selects none of the ok cells with a power trace.")
+        return nothing_to_draw(no_values(frame, "peak_power_w", "a power trace", "energy_reason"))
     traces = []
     for _, row in chosen.iterrows():
         path = Path(Cell.trace_of(row["record"]))
@@ -322,7 +323,7 @@ def power_trace(frame: pd.DataFrame, options: dict) -> plt.Figure:
                 trace["cell"] = row["cell_id"]
                 traces.append(trace)
     if not traces:
-        return _placeholder(f"The power traces of the {len(chosen)} chosen cells are missing or empty "
+        return nothing_to_draw(f"The power traces of the {len(chosen)} chosen cells are missing or empty "
                             f"(e.g. {Cell.trace_of(chosen['record'].iloc[0])}).")
     n = len(traces)
     fig, axes = plt.subplots(n, 1, figsize=(10, 2.4 * n), squeeze=False)

@@ -27,7 +27,7 @@ import seaborn as sns  # noqa: E402
 
 from flashwatt.control.metrics import TOLERANCE, window_power  # noqa: E402
 from flashwatt.control.summary import least_energy_static, static_default  # noqa: E402
-from flashwatt.plots import measured_where  # noqa: E402
+from flashwatt.plots import measured_where, nothing_to_draw  # noqa: E402
 
 PANEL_COLUMNS = 3
 # Switches labelled in a panel (after exploration); more would overprint one another.
@@ -69,12 +69,6 @@ class ControlFigure:
         return fig
 
 
-def _placeholder(message: str) -> plt.Figure:
-    fig, ax = plt.subplots(figsize=(7, 3))
-    ax.text(0.5, 0.5, "Nothing to draw.\n" + message, ha="center", va="center", wrap=True)
-    ax.set_axis_off()
-    return fig
-
 
 def _why_no_runs(tables: ControlTables) -> str:
     runs = tables.runs
@@ -104,7 +98,7 @@ def draw_power(tables: ControlTables) -> plt.Figure:
     runs = tables.ok_runs()
     runs = runs[runs["cell_id"].isin(set(tables.traces["cell_id"]))]
     if runs.empty:
-        return _placeholder(_why_no_runs(tables) if tables.ok_runs().empty else "no run recorded a trace")
+        return nothing_to_draw(_why_no_runs(tables) if tables.ok_runs().empty else "no run recorded a trace")
     fig, axes = _panels(len(runs), sharey=True)
     for ax, run in zip(axes, runs.itertuples()):
         trace = tables.traces[tables.traces["cell_id"] == run.cell_id].sort_values("t")
@@ -173,7 +167,7 @@ def _usable_oracle(tables: ControlTables) -> pd.DataFrame:
 def draw_pareto(tables: ControlTables) -> plt.Figure:
     oracle = _usable_oracle(tables)
     if oracle.empty:
-        return _placeholder("no oracle measured throughput and power (its cells need a GPU with NVML)"
+        return nothing_to_draw("no oracle measured throughput and power (its cells need a GPU with NVML)"
                             if tables.oracle.empty or tables.oracle["avg_power_w"].isna().all()
                             else "no static configuration of the oracle passed its check")
     groups = sorted(oracle["group"].unique())
@@ -224,7 +218,7 @@ def draw_energy(tables: ControlTables) -> plt.Figure:
     plain = runs[(runs["mode"] == "budget") & ~runs["budget_schedule"].fillna("").str.contains(" ")
                  & (runs["disturbance"].fillna("") == "") & runs["j_per_token"].notna()]
     if plain.empty:
-        return _placeholder(_why_no_runs(tables) if runs.empty else
+        return nothing_to_draw(_why_no_runs(tables) if runs.empty else
                             "no run held a single budget without a disturbance and measured its energy")
     oracle = _usable_oracle(tables)
     groups = sorted(plain["group"].unique())

@@ -19,7 +19,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
-from flashwatt.plots import measured_where  # noqa: E402
+from flashwatt.plots import measured_where, nothing_to_draw  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -36,12 +36,6 @@ class DistributedFigure:
         fig.suptitle(f"{self.title}\n{measured_where(table)}", y=1.0, va="bottom", fontsize=11)
         return fig
 
-
-def _placeholder(message: str) -> plt.Figure:
-    fig, ax = plt.subplots(figsize=(7, 3))
-    ax.text(0.5, 0.5, "Nothing to draw.\n" + message, ha="center", va="center", wrap=True)
-    ax.set_axis_off()
-    return fig
 
 
 def _ok(table: pd.DataFrame, column: str) -> tuple[pd.DataFrame, str | None]:
@@ -67,7 +61,7 @@ def _shape(data: pd.DataFrame) -> pd.Series:
 def draw_scaling(table: pd.DataFrame) -> plt.Figure:
     data, why = _ok(table, "speedup")
     if why:
-        return _placeholder(why)
+        return nothing_to_draw(why)
     data["shape"] = _shape(data)
     data["method"] = data["strategy"] + " / " + data["block"]
     long = data.melt(id_vars=["gpus", "method", "shape"], value_vars=["speedup", "efficiency"], var_name="measure")
@@ -85,7 +79,7 @@ def draw_scaling(table: pd.DataFrame) -> plt.Figure:
 def draw_memory(table: pd.DataFrame) -> plt.Figure:
     data, why = _ok(table, "peak_bytes_per_gpu")
     if why:
-        return _placeholder(why)
+        return nothing_to_draw(why)
     data["GiB per GPU"] = data["peak_bytes_per_gpu"] / 2**30
     data["method"] = data["strategy"] + " / " + data["block"]
     grid = sns.relplot(data=data, x="seq_len", y="GiB per GPU", hue="method", style="gpus", kind="line", marker="o",
@@ -99,7 +93,7 @@ def draw_memory(table: pd.DataFrame) -> plt.Figure:
 def draw_time(table: pd.DataFrame) -> plt.Figure:
     data, why = _ok(table, "total_ms")
     if why:
-        return _placeholder(why)
+        return nothing_to_draw(why)
     data["label"] = data["strategy"] + " " + data["gpus"].astype(str) + " GPUs, L=" + data["seq_len"].astype(str)
     parts = pd.DataFrame({
         "forward compute": data["forward_ms"] - data["forward_comm_exposed_ms"].fillna(0),
@@ -119,7 +113,7 @@ def draw_time(table: pd.DataFrame) -> plt.Figure:
 def draw_error(table: pd.DataFrame) -> plt.Figure:
     data, why = _ok(table, "error_out")
     if why:
-        return _placeholder(why)
+        return nothing_to_draw(why)
     data["shape"] = _shape(data)
     value_vars = [c for c in ("error_out", "error_dq", "error_dk", "error_dv") if data[c].notna().any()]
     long = data.melt(id_vars=["gpus", "strategy", "shape"], value_vars=value_vars, var_name="tensor", value_name="error")
