@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
+from flashwatt.cell_files import CellFiles
 from flashwatt.vocabulary import KERNEL_NAMES, PASSES, PRECISIONS
 RESULTS_ROOT = "results/cells"
 # Every file of a cell, as Snakemake patterns over the cell's wildcards.
@@ -37,7 +38,9 @@ _TOKEN = re.compile(f"^{_TOKEN_RE}$")
 
 
 @dataclass(frozen=True, order=True)
-class Cell:
+class Cell(CellFiles):
+    RECORD_PATTERN, TRACE_PATTERN, LOG_PATTERN = RECORD_PATTERN, TRACE_PATTERN, LOG_PATTERN
+
     suite: str
     kernel: str
     precision: str
@@ -76,24 +79,6 @@ class Cell:
     @property
     def id(self) -> str:
         return f"{self.suite}/{self.kernel}/{self.precision}/{self.name}"
-
-    @property
-    def path(self) -> str:
-        """The cell's result record, relative to the workflow directory."""
-        return RECORD_PATTERN.format(**self.wildcards)
-
-    @property
-    def log_path(self) -> str:
-        return LOG_PATTERN.format(**self.wildcards)
-
-    @property
-    def trace_path(self) -> str:
-        """Telemetry trace (Parquet) written next to the record."""
-        return TRACE_PATTERN.format(**self.wildcards)
-
-    @property
-    def job_name(self) -> str:
-        return "fw-" + self.id.replace("/", "-")
 
     @property
     def wildcards(self) -> dict[str, str]:

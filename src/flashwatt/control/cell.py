@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 from flashwatt.cell import RESULTS_ROOT
+from flashwatt.cell_files import CellFiles
 
 WORKLOADS = ("steady", "stream")
 CONTROL_PRECISIONS = ("bf16", "fp16", "fp32")
@@ -57,7 +58,9 @@ WILDCARD_CONSTRAINTS = {
 
 
 @dataclass(frozen=True, order=True)
-class ControlCell:
+class ControlCell(CellFiles):
+    RECORD_PATTERN, TRACE_PATTERN, LOG_PATTERN = RECORD_PATTERN, TRACE_PATTERN, LOG_PATTERN
+
     suite: str
     workload: str = "steady"
     precision: str = "bf16"
@@ -122,22 +125,6 @@ class ControlCell:
     @property
     def wildcards(self) -> dict[str, str]:
         return {"suite": self.suite, "group": self.group, "scenario": self.scenario}
-
-    @property
-    def path(self) -> str:
-        return RECORD_PATTERN.format(**self.wildcards)
-
-    @property
-    def trace_path(self) -> str:
-        return TRACE_PATTERN.format(**self.wildcards)
-
-    @property
-    def log_path(self) -> str:
-        return LOG_PATTERN.format(**self.wildcards)
-
-    @property
-    def job_name(self) -> str:
-        return "fw-" + self.id.replace("/", "-")
 
     @property
     def budget_w(self) -> int | None:

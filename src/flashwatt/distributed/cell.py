@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 from flashwatt.cell import RESULTS_ROOT
+from flashwatt.cell_files import CellFiles
 
 STRATEGIES = ("ring", "zigzag", "ulysses", "hybrid")
 BLOCKS = ("auto", "math", "flash", "efficient", "cudnn", "custom")  # flashwatt.distributed.blocks.BLOCK_NAMES
@@ -39,7 +40,9 @@ WILDCARD_CONSTRAINTS = {
 
 
 @dataclass(frozen=True, order=True)
-class DistributedCell:
+class DistributedCell(CellFiles):
+    RECORD_PATTERN, TRACE_PATTERN, LOG_PATTERN = RECORD_PATTERN, TRACE_PATTERN, LOG_PATTERN
+
     suite: str
     strategy: str
     block: str
@@ -94,22 +97,6 @@ class DistributedCell:
     @property
     def wildcards(self) -> dict[str, str]:
         return {"suite": self.suite, "method": self.method, "dprecision": self.precision, "dname": self.name}
-
-    @property
-    def path(self) -> str:
-        return RECORD_PATTERN.format(**self.wildcards)
-
-    @property
-    def trace_path(self) -> str:
-        return TRACE_PATTERN.format(**self.wildcards)
-
-    @property
-    def log_path(self) -> str:
-        return LOG_PATTERN.format(**self.wildcards)
-
-    @property
-    def job_name(self) -> str:
-        return "fw-" + self.id.replace("/", "-")
 
     @classmethod
     def from_wildcards(cls, suite: str, method: str, dprecision: str, dname: str) -> "DistributedCell":
