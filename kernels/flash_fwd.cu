@@ -28,6 +28,7 @@
 #include "flash_fwd_tf32.cuh"
 #include "online_softmax.cuh"
 #include "ptx.cuh"
+#include "smem_tile.cuh"
 #include "tile_schedule.cuh"
 #if defined(FLASHWATT_WGMMA)
 #include "flash_fwd_wgmma.cuh"
@@ -59,44 +60,6 @@ struct TcShape {
   static_assert((BM * CH) % kThreads == 0 && (BN * CH) % kThreads == 0, "tile loads must divide evenly");
 };
 
-// Shared-memory tiles are row-major with each row padded by 16 bytes: the 8 row
-// addresses of one ldmatrix phase (and of one 16-byte cp.async phase) then fall in
-// 8 different 16-byte bank groups, and every fragment address is a per-lane base
-// plus a compile-time offset (no per-step address registers, unlike an XOR swizzle).
-template <int D>
-__host__ __device__ constexpr int row_bytes() {
-  return D * 2 + 16;
-}
-
-template <int D>
-__device__ __forceinline__ uint32_t tile_off(int row, int chunk) {
-  return static_cast<uint32_t>(row * row_bytes<D>() + chunk * 16);
-}
-
-// Copies ROWS rows of a [rows, D] tile starting at global row `row0` into padded smem.
-// Each thread moves the same 16-byte column chunk of rows r0, r0 + RSTEP, ...
-template <int ROWS, int D, int THREADS, typename T>
-__device__ __forceinline__ void load_tile(uint32_t dst, const T* __restrict__ src, int64_t row_stride, int row0,
-                                          int row_end, int tid) {
-  constexpr int CH = D / 8;
-  constexpr int RSTEP = THREADS / CH;
-  constexpr int ITERS = ROWS / RSTEP;
-  static_assert(THREADS % CH == 0 && ROWS % RSTEP == 0, "tile loads must divide evenly");
-  const int r0 = tid / CH;
-  const int c = tid % CH;
-  const T* g = src + static_cast<int64_t>(row0 + r0) * row_stride + c * 8;
-  const int64_t step = static_cast<int64_t>(RSTEP) * row_stride;
-  dst += tile_off<D>(r0, c);
-  int rows_left = row_end - row0 - r0;
-#pragma unroll
-  for (int it = 0; it < ITERS; ++it) {
-    const bool ok = rows_left > 0;
-    cp_async16(dst + it * RSTEP * row_bytes<D>(), ok ? g : src, ok ? 16 : 0);
-    g += step;
-    rows_left -= RSTEP;
-  }
-}
-
 template <typename T, int D, int BM, int BN, int NW, int ST>
 __global__ void __launch_bounds__(NW * 32, 1) flash_fwd_tc_kernel(const FwdParams p) {
   using S = TcShape<D, BM, BN, NW, ST>;
@@ -107,8 +70,8 @@ __global__ void __launch_bounds__(NW * 32, 1) flash_fwd_tc_kernel(const FwdParam
 
   extern __shared__ __align__(128) unsigned char smem[];
   const uint32_t sQ = smem_addr(smem);
-  constexpr uint32_t kKVStageBytes = BN * row_bytes<D>();
-  const uint32_t sK = sQ + BM * row_bytes<D>();
+  constexpr uint32_t kKVStageBytes = BN * padded_row_bytes<D>();
+  const uint32_t sK = sQ + BM * padded_row_bytes<D>();
   const uint32_t sV = sK + ST * kKVStageBytes;
 
   const int tid = threadIdx.x;
@@ -139,13 +102,13 @@ __global__ void __launch_bounds__(NW * 32, 1) flash_fwd_tc_kernel(const FwdParam
 
     __syncthreads();  // the previous tile's readers of shared memory are done
 
-    load_tile<BM, D, THREADS>(sQ, gQ, p.q_sl, m0, p.len_q, tid);
+    load_padded_tile<BM, D, THREADS>(sQ, gQ, p.q_sl, m0, p.len_q, tid);
     cp_async_commit();
 #pragma unroll
     for (int s = 0; s < ST - 1; ++s) {
       if (s < n_tiles) {
-        load_tile<BN, D, THREADS>(sK + s * kKVStageBytes, gK, p.k_sl, s * BN, p.len_k, tid);
-        load_tile<BN, D, THREADS>(sV + s * kKVStageBytes, gV, p.v_sl, s * BN, p.len_k, tid);
+        load_padded_tile<BN, D, THREADS>(sK + s * kKVStageBytes, gK, p.k_sl, s * BN, p.len_k, tid);
+        load_padded_tile<BN, D, THREADS>(sV + s * kKVStageBytes, gV, p.v_sl, s * BN, p.len_k, tid);
       }
       cp_async_commit();
     }
@@ -173,8 +136,8 @@ __global__ void __launch_bounds__(NW * 32, 1) flash_fwd_tc_kernel(const FwdParam
         const int jn = j + ST - 1;
         if (jn < n_tiles) {
           const int slot = jn % ST;
-          load_tile<BN, D, THREADS>(sK + slot * kKVStageBytes, gK, p.k_sl, jn * BN, p.len_k, tid);
-          load_tile<BN, D, THREADS>(sV + slot * kKVStageBytes, gV, p.v_sl, jn * BN, p.len_k, tid);
+          load_padded_tile<BN, D, THREADS>(sK + slot * kKVStageBytes, gK, p.k_sl, jn * BN, p.len_k, tid);
+          load_padded_tile<BN, D, THREADS>(sV + slot * kKVStageBytes, gV, p.v_sl, jn * BN, p.len_k, tid);
         }
         cp_async_commit();
       }
@@ -184,7 +147,7 @@ __global__ void __launch_bounds__(NW * 32, 1) flash_fwd_tc_kernel(const FwdParam
           for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
             for (int kk = 0; kk < KD; ++kk)
-              ldmatrix_x4(qf[mt][kk], sQ + tile_off<D>(warp_row0 + mt * 16 + a_row, kk * 2 + a_chk));
+              ldmatrix_x4(qf[mt][kk], sQ + padded_off<D>(warp_row0 + mt * 16 + a_row, kk * 2 + a_chk));
           }
         }
       }
@@ -210,13 +173,13 @@ __global__ void __launch_bounds__(NW * 32, 1) flash_fwd_tc_kernel(const FwdParam
 #pragma unroll
             for (int e = 0; e < 4; ++e) a[mt][e] = qf[mt][kk][e];
           } else {
-            ldmatrix_x4(a[mt], sQ + tile_off<D>(warp_row0 + mt * 16 + a_row, kk * 2 + a_chk));
+            ldmatrix_x4(a[mt], sQ + padded_off<D>(warp_row0 + mt * 16 + a_row, kk * 2 + a_chk));
           }
         }
 #pragma unroll
         for (int nn = 0; nn < NT / 2; ++nn) {
           uint32_t bk[4];
-          ldmatrix_x4(bk, sKs + tile_off<D>(nn * 16 + b_row, kk * 2 + b_chk));
+          ldmatrix_x4(bk, sKs + padded_off<D>(nn * 16 + b_row, kk * 2 + b_chk));
 #pragma unroll
           for (int mt = 0; mt < MT; ++mt) {
             Ops::mma(s[mt][2 * nn], a[mt], bk[0], bk[1]);
@@ -285,7 +248,7 @@ __global__ void __launch_bounds__(NW * 32, 1) flash_fwd_tc_kernel(const FwdParam
 #pragma unroll
         for (int dd = 0; dd < DT / 2; ++dd) {
           uint32_t bv[4];
-          ldmatrix_x4_trans(bv, sVs + tile_off<D>(kk * 16 + v_row, dd * 2 + v_chk));
+          ldmatrix_x4_trans(bv, sVs + padded_off<D>(kk * 16 + v_row, dd * 2 + v_chk));
 #pragma unroll
           for (int mt = 0; mt < MT; ++mt) {
             Ops::mma(o[mt][2 * dd], pa[mt], bv[0], bv[1]);
@@ -311,7 +274,7 @@ __global__ void __launch_bounds__(NW * 32, 1) flash_fwd_tc_kernel(const FwdParam
 #pragma unroll
         for (int dt = 0; dt < DT; ++dt) {
           const uint32_t packed = Ops::pack(o[mt][dt][2 * r] * inv, o[mt][dt][2 * r + 1] * inv);
-          const uint32_t addr = sQ + tile_off<D>(lrow, dt) + t * 4;
+          const uint32_t addr = sQ + padded_off<D>(lrow, dt) + t * 4;
           asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(packed));
         }
       }
@@ -328,7 +291,7 @@ __global__ void __launch_bounds__(NW * 32, 1) flash_fwd_tc_kernel(const FwdParam
       uint4 val;
       asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
                    : "=r"(val.x), "=r"(val.y), "=r"(val.z), "=r"(val.w)
-                   : "r"(sQ + tile_off<D>(warp_row0 + r, c)));
+                   : "r"(sQ + padded_off<D>(warp_row0 + r, c)));
       if (row < p.len_q) *reinterpret_cast<uint4*>(gO + static_cast<int64_t>(row) * p.o_sl + c * 8) = val;
     }
   }

@@ -1,7 +1,8 @@
 // Row-major 16-bit tiles in shared memory with each row padded by 16 bytes, as the
-// mma.sync forward lays them out (flash_fwd.cu, kernels/NOTES.md v1): the 8 row addresses
+// mma.sync forward and backward lay them out (kernels/NOTES.md v1): the 8 row addresses
 // of one ldmatrix phase, and of one phase of 16-byte cp.async or 32-bit stores, fall in
-// different bank groups, and every fragment address is a per-lane base plus a constant.
+// different bank groups, and every fragment address is a per-lane base plus a constant
+// (no per-step address registers, unlike an XOR swizzle).
 #pragma once
 
 #include <cuda_runtime.h>
