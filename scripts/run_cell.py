@@ -1,8 +1,8 @@
 """Snakemake entry point of rule `cell`: submit the cell, wait, write its record once."""
 from flashwatt.cell import Cell
 from flashwatt.cell_job import submit_and_record
-from flashwatt.runner import failed_job_record, run_cell
+from flashwatt.runner import base_record, run_cell
 
 snakemake = globals()["snakemake"]  # injected by Snakemake's script directive
 cell = Cell.from_wildcards(**dict(snakemake.wildcards.items()))
-submit_and_record(cell, run_cell, snakemake.params.settings, failed_job_record, snakemake)
+submit_and_record(cell, run_cell, snakemake.params.settings, base_record, snakemake)

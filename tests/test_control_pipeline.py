@@ -16,12 +16,12 @@ import pytest
 from control_plant import CTAS33, CUDNN, CUSTOM, FLASH, PROFILES, Plant, run
 from flashwatt.config import ConfigError, every_cell, load_config, validate_config
 from flashwatt.control.cell import ControlCell
-from flashwatt.control.figures import CONTROL_FIGURES, ControlTables, pareto_front
+from flashwatt.control.figures import CONTROL_FIGURES, ControlTables
 from flashwatt.control.governor import Governor
 from flashwatt.control.job import base_record, run_control_cell
 from flashwatt.control.metrics import run_merit
 from flashwatt.control.suite import control_runs
-from flashwatt.control.summary import runs_table, traces_table
+from flashwatt.control.summary import pareto_front, runs_table, traces_table
 from flashwatt.records import write_record, write_trace
 
 

@@ -10,13 +10,14 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from flashwatt.records import write_record, write_trace
-from flashwatt.runner import CellOutcome
+from flashwatt.runner import CellOutcome, job_failed
 from flashwatt.submit.jobs import JobFailed, run_job
 
 
 def submit_and_record(cell: Any, job: Callable[[Any, dict], CellOutcome], spec: dict,
-                      failed_record: Callable[[Any, dict, str, "str | None"], dict], snakemake: Any) -> dict:
-    """Run `job(cell, spec)` as the cell's job and write its outputs; returns the record."""
+                      base_record: Callable[[Any, dict], dict], snakemake: Any) -> dict:
+    """Run `job(cell, spec)` as the cell's job and write its outputs; returns the record.
+    `base_record(cell, spec)` starts the record of a job that died without returning one."""
     log = snakemake.log[0]
     try:
         outcome = run_job(
@@ -30,7 +31,7 @@ def submit_and_record(cell: Any, job: Callable[[Any, dict], CellOutcome], spec: 
     except JobFailed as failure:
         # The job died before returning (killed, out of host memory, node failure): the
         # failure is this cell's outcome, recorded so that the rest of the run goes on.
-        outcome = CellOutcome(failed_record(cell, spec, str(failure), failure.job_id))
+        outcome = CellOutcome(job_failed(base_record(cell, spec), str(failure), failure.job_id))
     write_trace(snakemake.output.trace, outcome.trace)
     write_record(snakemake.output.record, outcome.record)
     record = outcome.record

@@ -36,11 +36,16 @@ def base_record(cell: Cell, settings: "MeasureSettings | dict") -> dict:
     }
 
 
-def failed_job_record(cell: Cell, settings: "MeasureSettings | dict", message: str, job_id: str | None) -> dict:
-    """The record for a job that died before it could return one (killed, node failure)."""
-    record = base_record(cell, settings)
+def job_failed(record: dict, message: str, job_id: str | None) -> dict:
+    """A cell's base record, of any kind, completed for a job that died before it could
+    return one (killed, node failure)."""
     record.update(status="job_failed", reason=message, provenance={"job_id": job_id}, finished=utc_now())
     return record
+
+
+def failed_job_record(cell: Cell, settings: "MeasureSettings | dict", message: str, job_id: str | None) -> dict:
+    """The record for an attention cell whose job died before it could return one."""
+    return job_failed(base_record(cell, settings), message, job_id)
 
 
 def select_device():

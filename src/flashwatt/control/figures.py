@@ -26,7 +26,7 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
 from flashwatt.control.metrics import TOLERANCE, window_power  # noqa: E402
-from flashwatt.control.summary import least_energy_static, static_default  # noqa: E402
+from flashwatt.control.summary import least_energy_static, pareto_front, static_default, usable_static  # noqa: E402
 from flashwatt.plots import measured_where, nothing_to_draw  # noqa: E402
 
 PANEL_COLUMNS = 3
@@ -144,24 +144,8 @@ def draw_power(tables: ControlTables) -> plt.Figure:
     return fig
 
 
-def pareto_front(rows: pd.DataFrame) -> pd.DataFrame:
-    """Static rows no other row beats on both power (lower) and throughput (higher)."""
-    ordered = rows.sort_values(["avg_power_w", "tokens_per_s"], ascending=[True, False])
-    best, keep = -math.inf, []
-    for i, row in ordered.iterrows():
-        if row["tokens_per_s"] > best:
-            best = row["tokens_per_s"]
-            keep.append(i)
-    return ordered.loc[keep]
-
-
 def _usable_oracle(tables: ControlTables) -> pd.DataFrame:
-    rows = tables.oracle.dropna(subset=["tokens_per_s", "avg_power_w"]) if len(tables.oracle) else tables.oracle
-    if rows.empty:
-        return rows
-    if "repeat" in rows:
-        rows = rows[~rows["repeat"].fillna(False).astype(bool)]
-    return rows[rows["check_passed"].fillna(False).astype(bool)]
+    return usable_static(tables.oracle) if len(tables.oracle) else tables.oracle
 
 
 def draw_pareto(tables: ControlTables) -> plt.Figure:

@@ -31,12 +31,6 @@ def base_record(cell: ControlCell, spec: dict) -> dict:
             "reason": None, "spec": dict(spec), "started": utc_now()}
 
 
-def failed_job_record(cell: ControlCell, spec: dict, message: str, job_id: str | None) -> dict:
-    """The record of a job that died before it could return one (killed, node failure)."""
-    record = base_record(cell, spec)
-    record.update(status="job_failed", reason=message, provenance={"job_id": job_id}, finished=utc_now())
-    return record
-
 
 def scenario_of(cell: ControlCell, spec: dict):
     """The run a cell names, with the lengths and loads its spec gives."""

@@ -78,7 +78,7 @@ def runs_table(paths: list[str | Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
     return compare_with_oracle(run_frame, oracle_frame), oracle_frame
 
 
-def _usable(oracle: pd.DataFrame) -> pd.DataFrame:
+def usable_static(oracle: pd.DataFrame) -> pd.DataFrame:
     """Static rows that measured a throughput and power and passed their float64 check."""
     rows = oracle.dropna(subset=["tokens_per_s", "avg_power_w"])
     if "repeat" in rows:  # the oracle's closing repeat measures drift; it is not another configuration
@@ -88,14 +88,14 @@ def _usable(oracle: pd.DataFrame) -> pd.DataFrame:
 
 def best_static_under(oracle: pd.DataFrame, budget_w: float) -> pd.Series | None:
     """The fastest static row whose average power stayed at or under the budget."""
-    rows = _usable(oracle)
+    rows = usable_static(oracle)
     rows = rows[rows["avg_power_w"] <= budget_w]
     return None if rows.empty else rows.loc[rows["tokens_per_s"].idxmax()]
 
 
 def least_energy_static(oracle: pd.DataFrame, budget_w: float | None = None) -> pd.Series | None:
     """The static row of least joules per token (at or under `budget_w` where given)."""
-    rows = _usable(oracle).dropna(subset=["j_per_token"])
+    rows = usable_static(oracle).dropna(subset=["j_per_token"])
     if budget_w is not None:
         rows = rows[rows["avg_power_w"] <= budget_w]
     return None if rows.empty else rows.loc[rows["j_per_token"].idxmin()]
@@ -104,16 +104,21 @@ def least_energy_static(oracle: pd.DataFrame, budget_w: float | None = None) -> 
 def front_at(oracle: pd.DataFrame, power_w: float) -> float | None:
     """Throughput of the static Pareto front at `power_w`, linear between the front's points
     (None below its lowest point); past its highest point, the highest."""
-    rows = _usable(oracle).sort_values(["avg_power_w", "tokens_per_s"], ascending=[True, False])
-    powers, speeds, best = [], [], -1.0
-    for p, v in zip(rows["avg_power_w"], rows["tokens_per_s"]):
-        if v > best:
-            powers.append(float(p))
-            speeds.append(float(v))
-            best = v
-    if not powers or power_w < powers[0]:
+    front = pareto_front(usable_static(oracle))
+    if front.empty or power_w < front["avg_power_w"].iloc[0]:
         return None
-    return float(np.interp(power_w, powers, speeds))
+    return float(np.interp(power_w, front["avg_power_w"], front["tokens_per_s"]))
+
+
+def pareto_front(rows: pd.DataFrame) -> pd.DataFrame:
+    """Static rows no other row beats on both power (lower) and throughput (higher), by power."""
+    ordered = rows.sort_values(["avg_power_w", "tokens_per_s"], ascending=[True, False])
+    best, keep = -np.inf, []
+    for i, row in ordered.iterrows():
+        if row["tokens_per_s"] > best:
+            best = row["tokens_per_s"]
+            keep.append(i)
+    return ordered.loc[keep]
 
 
 def oracle_drift_pct(oracle: pd.DataFrame) -> float | None:
@@ -134,7 +139,7 @@ def oracle_drift_pct(oracle: pd.DataFrame) -> float | None:
 
 
 def static_default(oracle: pd.DataFrame) -> pd.Series | None:
-    rows = _usable(oracle)
+    rows = usable_static(oracle)
     rows = rows[(rows["config"] == "sdpa_default") & (rows["duty"] == 1.0)]
     return None if rows.empty else rows.iloc[0]
 

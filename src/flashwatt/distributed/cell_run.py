@@ -22,12 +22,6 @@ def base_record(cell: DistributedCell, spec: dict) -> dict:
             "reason": None, "spec": dict(spec), "started": utc_now()}
 
 
-def failed_job_record(cell: DistributedCell, spec: dict, message: str, job_id: str | None) -> dict:
-    """The record of a job that died before it could return one (killed, node failure)."""
-    record = base_record(cell, spec)
-    record.update(status="job_failed", reason=message, provenance={"job_id": job_id}, finished=utc_now())
-    return record
-
 
 def outcome_of(result: dict) -> tuple[str, str | None]:
     """The cell's status and reason from the job's result."""
