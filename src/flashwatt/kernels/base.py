@@ -1,8 +1,10 @@
 """The one contract every attention backend implements.
 
 A kernel takes q, k, v of shape (batch, heads, seq_len, head_dim) on one device, in the
-cell's storage dtype, and returns the attention output of the same shape and dtype,
-softmax(q kᵀ / sqrt(head_dim)) v with the causal mask when the cell asks for it.
+cell's storage dtype, and returns the attention output of q's shape and dtype,
+softmax(q kᵀ / sqrt(head_dim)) v with the causal mask when the cell asks for it. k and v
+may have fewer heads than q, a divisor of them (grouped-query attention: query head h
+reads K/V head h // (heads / kv_heads)), as the Llama models flashwatt runs have.
 `supports` answers before any work is done: None when the kernel can run the cell, or
 a sentence saying why not, which becomes the reason of a "skipped" record.
 

@@ -20,6 +20,9 @@ class Naive:
         return None
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cell: Cell) -> torch.Tensor:
+        if k.shape[1] != q.shape[1]:  # grouped-query attention, materialised like the scores
+            group = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
         scores = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
         if cell.causal:
             L = q.shape[-2]

@@ -43,6 +43,8 @@ class ForcedSdpa:
         with warnings.catch_warnings(record=True) as caught, forced:
             warnings.simplefilter("always")
             try:
+                if k.shape[1] != q.shape[1]:  # grouped-query attention: the backend's own path
+                    return F.scaled_dot_product_attention(q, k, v, is_causal=cell.causal, enable_gqa=True)
                 return F.scaled_dot_product_attention(q, k, v, is_causal=cell.causal)
             except RuntimeError as err:
                 if "No available kernel" not in str(err):

@@ -1,0 +1,134 @@
+"""Plugging an attention backend into a transformers model.
+
+transformers 5 calls `ALL_ATTENTION_FUNCTIONS[config._attn_implementation]` in every
+attention layer, with q, k, v in (B, H, L, D), and builds the layer's mask with
+`ALL_MASK_ATTENTION_FUNCTIONS[...]` under the same name. A function registered without
+its mask function gets *no* causal mask and no error (transformers treats it as a
+backend that needs none), so every name registered here registers both.
+
+Backends:
+  eager          transformers' own eager attention (matmul, softmax, matmul): the naive baseline
+  sdpa_default   transformers' own SDPA path, nothing forced: what a user gets by default
+  sdpa_math, sdpa_flash, sdpa_efficient, sdpa_cudnn, custom
+                 flashwatt's kernel registry (flashwatt.kernels), the backend forced
+
+The registry's kernels take full, unpadded sequences with the default scale 1/sqrt(D),
+which is what prefill and training on packed contexts give them; a padded batch, a
+scale, attention dropout or a KV cache they cannot take is refused with the reason
+(`UnsupportedCell`), never run as something else.
+"""
+from __future__ import annotations
+
+import math
+import sys
+from typing import Callable
+
+from flashwatt.kernels.base import UnsupportedCell
+
+BUILTIN = {"eager": "eager", "sdpa_default": "sdpa"}  # backend -> transformers' own implementation
+REGISTRY = ("sdpa_math", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "custom")
+BACKENDS = (*BUILTIN, *REGISTRY)
+
+
+class RegistryAttention:
+    """One registry kernel as a transformers attention function (for one model's dtype)."""
+
+    def __init__(self, kernel_name: str, precision: str, train: bool):
+        from flashwatt.kernels import get_kernel
+
+        self.kernel = get_kernel(kernel_name)
+        self.precision = precision
+        self.pass_ = "fwd_bwd" if train else "fwd"
+        # Whether K/V go to the kernel with fewer heads than Q (its own GQA path) or
+        # expanded first; a kernel that refuses GQA is asked once, then always expanded.
+        self.kv_expanded = False
+        self._cells: dict[tuple, object] = {}
+
+    def cell(self, batch: int, heads: int, seq_len: int, head_dim: int, causal: bool):
+        key = (batch, heads, seq_len, head_dim, causal)
+        if key not in self._cells:
+            from flashwatt.cell import Cell
+
+            self._cells[key] = Cell("model", self.kernel.name, self.precision, seq_len, batch, heads, head_dim,
+                                    causal, self.pass_)
+        return self._cells[key]
+
+    def __call__(self, module, query, key, value, attention_mask, scaling: float | None = None, dropout: float = 0.0,
+                 is_causal: bool | None = None, **kwargs):
+        name = self.kernel.name
+        if attention_mask is not None:
+            raise UnsupportedCell(f"{name} takes unpadded sequences only (the model passed an attention mask)")
+        if dropout and module.training:
+            raise UnsupportedCell(f"{name} has no attention dropout (the model asks for p={dropout})")
+        B, H, Lq, D = query.shape
+        if scaling is not None and not math.isclose(scaling, D ** -0.5, rel_tol=1e-6):
+            raise UnsupportedCell(f"{name} scales scores by 1/sqrt(head_dim) only (the model asks for {scaling:g})")
+        if key.shape[2] != Lq:
+            raise UnsupportedCell(f"{name} runs self-attention over the whole context only (no KV cache: "
+                                  f"{Lq} queries, {key.shape[2]} keys)")
+        causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True)) and Lq > 1
+        cell = self.cell(B, H, Lq, D, causal)
+        if key.shape[1] != H and self.kv_expanded:
+            key, value = _expand(key, H), _expand(value, H)
+        try:
+            out = self.kernel(query, key, value, cell)
+        except UnsupportedCell:
+            if key.shape[1] == H:
+                raise
+            self.kv_expanded = True
+            out = self.kernel(query, _expand(key, H), _expand(value, H), cell)
+        return out.transpose(1, 2), None
+
+
+def _expand(t, heads: int):
+    return t.repeat_interleave(heads // t.shape[1], dim=1)
+
+
+def _interfaces():
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface, flash_attention_mask
+
+    return AttentionInterface, AttentionMaskInterface, ALL_MASK_ATTENTION_FUNCTIONS, flash_attention_mask
+
+
+def registered_name(backend: str) -> str:
+    """The name a registry backend is registered under. transformers takes any name with
+    "flash" in it for a request of the flash-attn package (or a hub kernel), so neither
+    the project's name nor sdpa_flash's may appear in it."""
+    return "fw_" + backend.replace("flash", "fa2")
+
+
+def register(name: str, function: Callable, mask_function: Callable) -> str:
+    """Register an attention function and its mask function under one name."""
+    attention_interface, mask_interface, _, _ = _interfaces()
+    attention_interface.register(name, function)
+    mask_interface.register(name, mask_function)
+    return name
+
+
+def use_backend(model, backend: str, precision: str, train: bool) -> RegistryAttention | None:
+    """Switch `model` to `backend`; the registry adapter it runs (None for a built-in)."""
+    if backend in BUILTIN:
+        model.set_attn_implementation(BUILTIN[backend])
+        return None
+    if backend not in REGISTRY:
+        raise ValueError(f"unknown model backend {backend!r}; allowed: {', '.join(BACKENDS)}")
+    _, _, _, unpadded_mask = _interfaces()
+    adapter = RegistryAttention(backend, precision, train)
+    # flash_attention_mask: None for an unpadded causal batch (the kernel's causal flag
+    # does the masking), the 2-D padding mask otherwise (which the adapter refuses).
+    model.set_attn_implementation(register(registered_name(backend), adapter, unpadded_mask))
+    return adapter
+
+
+def current_function(model) -> tuple[Callable, Callable]:
+    """The attention function and mask function the model runs now."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    _, _, masks, _ = _interfaces()
+    impl = model.config._attn_implementation
+    if impl == "eager":
+        # eager is each model's own function, in its modeling module, not in the interface
+        layer = next(m for m in model.modules() if hasattr(m, "is_causal") and hasattr(m, "layer_idx"))
+        return sys.modules[type(layer).__module__].eager_attention_forward, masks["eager"]
+    return ALL_ATTENTION_FUNCTIONS[impl], masks[impl]

@@ -1,0 +1,116 @@
+"""A model cell: one step of a whole model (prefill or a training step) with one attention
+backend, the single source of its names and paths.
+
+    results/cells/<suite>/model/<model>/<backend>/<precision>/<phase>-L<L>-B<B>[-recompute][-compiled].json
+
+`ModelCell.from_path(cell.path) == cell` holds, so asking for a file reruns that cell.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+
+from flashwatt.cell import RESULTS_ROOT
+from flashwatt.cell_files import CellFiles
+
+# flashwatt.models.attention.BACKENDS (kept torch-free here; a test checks they agree)
+MODEL_BACKENDS = ("eager", "sdpa_default", "sdpa_math", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "custom")
+# Storage and arithmetic of the whole model: weights, activations, gradients and AdamW's
+# states all in this dtype (pure half-precision training, as the anchors measured).
+MODEL_PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
+PHASES = ("prefill", "train")
+
+FOLDER = "model"
+RECORD_SUFFIX, TRACE_SUFFIX = ".json", ".trace.parquet"
+_TOKEN_RE = "[a-z0-9_]+"
+_WHERE = "/{suite}/" + FOLDER + "/{mmodel}/{mbackend}/{mprecision}/{mname}"
+RECORD_PATTERN = RESULTS_ROOT + _WHERE + RECORD_SUFFIX
+TRACE_PATTERN = RESULTS_ROOT + _WHERE + TRACE_SUFFIX
+LOG_PATTERN = "results/logs/cells" + _WHERE + ".log"
+_NAME_RE = (rf"(?P<phase>{'|'.join(PHASES)})-L(?P<seq_len>\d+)-B(?P<batch>\d+)"
+            r"(?P<recompute>-recompute)?(?P<compiled>-compiled)?")
+_NAME = re.compile(f"^{_NAME_RE}$")
+_TOKEN = re.compile(f"^{_TOKEN_RE}$")
+WILDCARD_CONSTRAINTS = {
+    "mmodel": _TOKEN_RE,
+    "mbackend": "|".join(MODEL_BACKENDS),
+    "mprecision": "|".join(MODEL_PRECISIONS),
+    "mname": re.sub(r"\?P<\w+>", "", _NAME_RE),
+}
+
+
+@dataclass(frozen=True, order=True)
+class ModelCell(CellFiles):
+    RECORD_PATTERN, TRACE_PATTERN, LOG_PATTERN = RECORD_PATTERN, TRACE_PATTERN, LOG_PATTERN
+
+    suite: str
+    model: str
+    backend: str
+    precision: str
+    phase: str
+    seq_len: int
+    batch: int
+    recompute: bool = False  # activation checkpointing: each block's forward is rerun in the backward
+    compiled: bool = False   # torch.compile of the model
+
+    def __post_init__(self) -> None:
+        def refuse(what: str) -> None:
+            raise ValueError(f"model cell {what}")
+
+        for key in ("suite", "model"):
+            if not _TOKEN.match(getattr(self, key)):
+                refuse(f"{key}={getattr(self, key)!r}: use lower-case letters, digits, _")
+        for key, allowed in (("backend", MODEL_BACKENDS), ("precision", MODEL_PRECISIONS), ("phase", PHASES)):
+            if getattr(self, key) not in allowed:
+                refuse(f"{key}={getattr(self, key)!r}: allowed {', '.join(allowed)}")
+        for key in ("seq_len", "batch"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                refuse(f"{key}={value!r}: must be a positive integer")
+        if self.recompute and self.phase != "train":
+            refuse("recompute: activation checkpointing applies to train steps only")
+
+    @property
+    def name(self) -> str:
+        return (f"{self.phase}-L{self.seq_len}-B{self.batch}" + ("-recompute" if self.recompute else "")
+                + ("-compiled" if self.compiled else ""))
+
+    @property
+    def tokens(self) -> int:
+        return self.batch * self.seq_len
+
+    @property
+    def id(self) -> str:
+        return f"{self.suite}/{FOLDER}/{self.model}/{self.backend}/{self.precision}/{self.name}"
+
+    @property
+    def wildcards(self) -> dict[str, str]:
+        return {"suite": self.suite, "mmodel": self.model, "mbackend": self.backend, "mprecision": self.precision,
+                "mname": self.name}
+
+    @classmethod
+    def from_wildcards(cls, suite: str, mmodel: str, mbackend: str, mprecision: str, mname: str) -> "ModelCell":
+        match = _NAME.match(mname)
+        if not match:
+            raise ValueError(f"not a model cell name: {mname!r} (expected e.g. train-L4096-B2 or prefill-L8192-B1-compiled)")
+        g = match.groupdict()
+        return cls(suite, mmodel, mbackend, mprecision, g["phase"], int(g["seq_len"]), int(g["batch"]),
+                   bool(g["recompute"]), bool(g["compiled"]))
+
+    @classmethod
+    def from_path(cls, path: str) -> "ModelCell":
+        parts = PurePosixPath(str(path)).parts
+        root = PurePosixPath(RESULTS_ROOT).parts
+        n = len(root)
+        for i in range(len(parts) - n - 5):
+            if parts[i:i + n] == root and parts[i + n + 1] == FOLDER:
+                suite, _, model, backend, precision, leaf = parts[i + n:i + n + 6]
+                if leaf.endswith(RECORD_SUFFIX):
+                    return cls.from_wildcards(suite, model, backend, precision, leaf[:-len(RECORD_SUFFIX)])
+        raise ValueError(f"not a model cell record: {path!r} (expected {RECORD_PATTERN})")
+
+    def as_row(self) -> dict:
+        return {"suite": self.suite, "model": self.model, "backend": self.backend, "precision": self.precision,
+                "phase": self.phase, "seq_len": self.seq_len, "batch": self.batch, "recompute": self.recompute,
+                "compiled": self.compiled, "tokens": self.tokens, "cell_id": self.id}

@@ -1,0 +1,140 @@
+"""Is the model with this backend computing the model? Three checks on the cell's own
+weights, before anything is timed.
+
+1. Logits and loss against a reference: the same weights in float32 (float64 on CPU)
+   with transformers' SDPA forced to its math backend. The error allowed is measured,
+   not guessed: the same model in the cell's precision with the math backend gives the
+   precision's own error (bf16 activations through every layer), and a backend passes
+   when its error is at most twice that plus a small floor (`FLOOR`), the rule the
+   distributed checks use against one GPU.
+2. Causality: the second half of the tokens is replaced; the logits of the first half
+   must not move (at most `CAUSAL_LEAK` of how far the second half's moved). This is
+   what catches a backend whose causal mask was silently dropped, which with random
+   weights can hide inside the logits' error of check 1.
+3. For a train cell, the gradients of one block (the middle one) against the reference,
+   under the same rule as the logits.
+
+The check runs on one sequence of at most `CHECK_TOKENS` tokens (the kernels' long-L
+numerics are the attention cells' business; here it is the wiring: mask, GQA, layout,
+scale), and only the middle block's parameters ask for gradients, so the float32
+reference of an 8B model fits beside the model.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+CHECK_TOKENS = 1024
+FLOOR = {"fp64": 1e-10, "fp32": 1e-5, "tf32": 1e-3, "fp16": 2e-3, "bf16": 5e-3}
+CAUSAL_LEAK = 1e-3
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
+    return float(torch.linalg.vector_norm(a - b) / torch.linalg.vector_norm(b).clamp_min(1e-300))
+
+
+@contextlib.contextmanager
+def _math_sdpa(model):
+    """The model on transformers' SDPA with the math backend forced, restored afterwards."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    previous = model.config._attn_implementation
+    model.set_attn_implementation("sdpa")
+    try:
+        with sdpa_kernel([SDPBackend.MATH]):
+            yield
+    finally:
+        model.set_attn_implementation(previous)
+
+
+def _middle_block(model) -> str:
+    """Parameter-name prefix of the middle decoder block (model.layers.N. / transformer.h.N.)."""
+    blocks = sorted({name.rsplit(".", 1)[0] for name, _ in model.named_parameters()
+                     if ".layers." in name or ".h." in name})
+    prefix = "model.layers." if any(".layers." in b for b in blocks) else "transformer.h."
+    count = 1 + max(int(b[len(prefix):].split(".")[0]) for b in blocks if b.startswith(prefix))
+    return f"{prefix}{count // 2}."
+
+
+def _run(model, ids, train: bool, block: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    for p in model.parameters():
+        p.grad = None
+    with torch.set_grad_enabled(train):
+        out = model(input_ids=ids, labels=ids, use_cache=False)
+    logits, loss = out.logits.detach(), out.loss.detach()
+    grads = None
+    if train:
+        out.loss.backward()
+        grads = torch.cat([p.grad.detach().double().flatten() for n, p in model.named_parameters() if n.startswith(block)])
+        for p in model.parameters():
+            p.grad = None
+    return logits, loss, grads
+
+
+def _verdict(error: float, baseline: float, precision: str) -> tuple[bool, float]:
+    tolerance = 2.0 * baseline + FLOOR[precision]
+    return (error == error and error <= tolerance), tolerance  # NaN never passes
+
+
+def check_model(model, reference_factory, precision: str, vocab: int, train: bool, seed: int) -> dict:
+    """Run the three checks on `model` (already on its backend and device).
+
+    reference_factory() returns the reference model (float32 on a GPU, float64 on CPU)
+    holding the same weights; it is built here and freed before returning.
+    """
+    device = next(model.parameters()).device
+    length = min(CHECK_TOKENS, model.config.max_position_embeddings if hasattr(model.config, "max_position_embeddings")
+                 else model.config.n_positions)
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    ids = torch.randint(0, vocab, (1, length), generator=gen).to(device)
+    half = length // 2
+    changed = ids.clone()
+    changed[:, half:] = torch.randint(0, vocab, (1, length - half), generator=gen).to(device)
+    block = _middle_block(model)
+
+    # Only the middle block asks for gradients: the reference's other grads never exist.
+    wanted = {n: p.requires_grad for n, p in model.named_parameters()}
+    for n, p in model.named_parameters():
+        p.requires_grad_(n.startswith(block))
+    was_training = model.training
+    model.train(train)
+    try:
+        logits, loss, grads = _run(model, ids, train, block)
+        moved, _, _ = _run(model, changed, False, block)
+        with _math_sdpa(model):
+            base_logits, base_loss, base_grads = _run(model, ids, train, block)
+
+        reference = reference_factory()
+        for n, p in reference.named_parameters():
+            p.requires_grad_(n.startswith(block))
+        reference.train(train)
+        with _math_sdpa(reference):
+            ref_logits, ref_loss, ref_grads = _run(reference, ids, train, block)
+        ref_precision = "fp64" if next(reference.parameters()).dtype == torch.float64 else "fp32"
+        del reference
+    finally:
+        for n, p in model.named_parameters():
+            p.requires_grad_(wanted[n])
+        model.train(was_training)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    result: dict = {"tokens": length, "reference": f"transformers SDPA, math backend, {ref_precision}",
+                    "rule": "error <= 2 x (same precision, math backend) + floor", "floor": FLOOR[precision]}
+    error, baseline = _rel(logits, ref_logits), _rel(base_logits, ref_logits)
+    result["logits"] = {"error": error, "baseline_error": baseline}
+    result["logits"]["passed"], result["logits"]["tolerance"] = _verdict(error, baseline, precision)
+    result["loss"] = {"value": float(loss), "reference": float(ref_loss), "baseline": float(base_loss),
+                      "abs_error": abs(float(loss) - float(ref_loss))}
+    prefix = float((moved[:, :half] - logits[:, :half]).abs().max())
+    suffix = float((moved[:, half:] - logits[:, half:]).abs().max())
+    result["causal"] = {"prefix_change": prefix, "suffix_change": suffix,
+                        "passed": bool(suffix > 0 and prefix <= CAUSAL_LEAK * suffix), "leak_allowed": CAUSAL_LEAK}
+    if train:
+        error, baseline = _rel(grads, ref_grads), _rel(base_grads, ref_grads)
+        result["grad"] = {"block": block.rstrip("."), "error": error, "baseline_error": baseline}
+        result["grad"]["passed"], result["grad"]["tolerance"] = _verdict(error, baseline, precision)
+    result["passed"] = all(result[k]["passed"] for k in ("logits", "causal", "grad") if k in result)
+    return result

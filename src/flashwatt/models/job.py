@@ -1,0 +1,244 @@
+"""What a model cell's job runs: build the model, check it, time its step, split out the
+attention, and measure the energy of whole steps.
+
+Every outcome is a record: ok, incorrect (measured, but a check failed), skipped (the
+backend cannot run the model, with why), oom (with the stage that ran out: build, check,
+warm-up, timed steps, attention steps, energy window) or error with the traceback.
+
+Timing: `warmup_steps` untimed steps (the compile of a compiled cell among them, its
+seconds recorded), then `timed_steps` steps with CUDA events around forward, backward
+and optimizer; the record's step time is their median. The attention share is measured
+in `attention_steps` steps of their own (flashwatt.models.attention_timer). Energy: the
+NVML counter over a window of whole steps run back to back (flashwatt.energy), at least
+the suite's `energy_window_s`, warm-up excluded; joules per token = window energy /
+tokens in the window.
+"""
+from __future__ import annotations
+
+import time
+import traceback
+
+from flashwatt.models.cell import ModelCell
+from flashwatt.provenance import provenance, utc_now
+from flashwatt.runner import CellOutcome
+
+SCHEMA_VERSION = 1
+DEFAULT_STEPS = {"warmup_steps": 3, "timed_steps": 10, "attention_steps": 3}
+
+
+def base_record(cell: ModelCell, spec: dict) -> dict:
+    return {"schema_version": SCHEMA_VERSION, "kind": "model", "cell": cell.as_row(), "status": None, "reason": None,
+            "spec": dict(spec), "started": utc_now()}
+
+
+def why_not(cell: ModelCell, shape, device) -> str | None:
+    """Why the cell cannot run here (before the model is built), or None."""
+    from flashwatt.cell import Cell
+    from flashwatt.kernels import get_kernel
+    from flashwatt.models.attention import REGISTRY
+
+    if device.type == "cpu" and cell.precision != "fp32":
+        return f"on CPU the models run fp32 only (cell asks for {cell.precision})"
+    if cell.seq_len > shape.max_positions:
+        return f"context {cell.seq_len} is longer than {cell.model}'s {shape.max_positions} positions"
+    if cell.compiled and device.type != "cuda":
+        return "torch.compile cells run on a GPU only"
+    if cell.backend in REGISTRY:
+        attention = Cell("model", cell.backend, cell.precision, cell.seq_len, cell.batch, shape.heads, shape.head_dim,
+                         True, "fwd_bwd" if cell.phase == "train" else "fwd")
+        kernel = get_kernel(cell.backend)
+        reason = kernel.supports(attention, device)
+        if reason is None and cell.phase == "train" and not kernel.differentiable:
+            reason = f"{cell.backend} has no backward pass"
+        return reason
+    if device.type != "cuda" and cell.backend != "eager" and cell.backend != "sdpa_default":
+        return f"{cell.backend} needs a CUDA device"
+    return None
+
+
+def run_model_cell(cell: ModelCell, spec: dict) -> CellOutcome:
+    """Measure one model cell; never raises for a problem of the cell itself."""
+    record = base_record(cell, spec)
+    trace: list[dict] = []
+    t0 = time.perf_counter()
+    telemetry = None
+    try:
+        record["provenance"] = provenance()
+        import torch
+
+        from flashwatt import measure
+        from flashwatt.kernels.base import UnsupportedCell
+        from flashwatt.models.presets import build_config, shape_of
+        from flashwatt.runner import _open_telemetry, device_identity, select_device
+        from flashwatt.settings import MeasureSettings
+
+        settings = MeasureSettings.from_mapping(spec.get("measure", {}))
+        device = select_device()
+        telemetry = _open_telemetry(device, settings)
+        record["device"] = device_identity(device, telemetry)
+        shape = shape_of(build_config(spec["model"]))
+        reason = why_not(cell, shape, device)
+        if reason is not None:
+            record.update(status="skipped", reason=reason)
+            return CellOutcome(record, trace)
+        stage = {"now": "build"}
+        try:
+            with measure.precision_mode(cell):
+                trace = _measure(cell, spec, settings, device, telemetry, record, stage)
+        except UnsupportedCell as err:
+            record.update(status="skipped", reason=str(err))
+        except Exception as err:
+            if not measure.is_oom(err):
+                raise
+            record.update(status="oom", reason=f"out of memory during {stage['now']}: {str(err).splitlines()[0]}",
+                          oom_stage=stage["now"])
+        finally:
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    except Exception as err:
+        record.update(status="error", reason=f"{type(err).__name__}: {err}", traceback=traceback.format_exc())
+    finally:
+        if telemetry is not None:
+            telemetry.close()
+        record["finished"] = utc_now()
+        record["duration_s"] = round(time.perf_counter() - t0, 3)
+    return CellOutcome(record, trace)
+
+
+def _memory(device) -> dict:
+    import torch
+
+    if device.type != "cuda":
+        return {}
+    return {"peak_allocated_bytes": torch.cuda.max_memory_allocated(device),
+            "peak_reserved_bytes": torch.cuda.max_memory_reserved(device),
+            "device_total_bytes": torch.cuda.get_device_properties(device).total_memory}
+
+
+def _measure(cell: ModelCell, spec: dict, settings, device, telemetry, record: dict, stage: dict) -> list[dict]:
+    import torch
+
+    from flashwatt.energy import measure_energy
+    from flashwatt.models.attention import use_backend
+    from flashwatt.models.attention_timer import AttentionTimer
+    from flashwatt.models.check import check_model
+    from flashwatt.models.flops import dense_peak_tflops, step_flops
+    from flashwatt.models.presets import shape_of
+    from flashwatt.models.step import body_matmul_parameters, make_step, reference_factory, time_steps, build_model
+
+    steps = {**DEFAULT_STEPS, **spec.get("steps", {})}
+    seed = int(spec.get("seed", 0))
+    train = cell.phase == "train"
+    cuda = device.type == "cuda"
+
+    model = build_model(spec["model"], cell.precision, device, seed)
+    shape = shape_of(model.config)
+    body = body_matmul_parameters(model)
+    record["model"] = {"parameters": sum(p.numel() for p in model.parameters()), "body_matmul_parameters": body,
+                       "shape": shape.__dict__, "weights": "random (seeded)" if "path" not in spec["model"]
+                       else spec["model"]["path"], "dropout": 0.0}
+    adapter = use_backend(model, cell.backend, cell.precision, train)
+
+    stage["now"] = "check"
+    record["check"] = check_model(model, reference_factory(model, device), cell.precision, shape.vocab, train, seed)
+
+    stage["now"] = "warm-up"
+    step = make_step(model, cell, device, seed)
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats(device)
+    warm = []
+    for _ in range(int(steps["warmup_steps"])):
+        t = time.perf_counter()
+        step.run()
+        if cuda:
+            torch.cuda.synchronize()
+        warm.append(time.perf_counter() - t)
+
+    stage["now"] = "timed steps"
+    timing = time_steps(step, device, int(steps["timed_steps"]))
+    timing["warmup_s"] = warm
+    if cell.compiled:
+        timing["compile_s"] = warm[0] if warm else None  # the first call compiles
+    step_s = timing["step_ms"] / 1e3
+    timing["tokens_per_s"] = cell.tokens / step_s
+    record["timing"] = timing
+    record["memory"] = _memory(device)
+    if train:
+        record["memory"]["optimizer"] = "AdamW" + (" (fused)" if cuda else "") + f", states in {cell.precision}"
+    record["memory"]["recompute"] = cell.recompute
+
+    flops = step_flops(shape, body, cell.batch, cell.seq_len, cell.phase, causal=True,
+                       logits_of_last_only=not train)
+    peak = dense_peak_tflops((record.get("device") or {}).get("name"), cell.precision)
+    flops["achieved_tflops"] = flops["total"] / step_s / 1e12
+    flops["peak_tflops"] = peak
+    flops["mfu"] = flops["achieved_tflops"] / peak if peak else None
+    record["flops"] = flops
+
+    stage["now"] = "attention steps"
+    record["attention"] = _attention_share(step, model, cell, device, int(steps["attention_steps"]))
+    if adapter is not None:
+        record["attention"]["kv_expanded"] = adapter.kv_expanded
+
+    trace: list[dict] = []
+    stage["now"] = "energy window"
+    if telemetry.available:
+        window = measure_energy(step.run, lambda: torch.cuda.synchronize(device), telemetry,
+                                min_window_s=settings.energy_window_s, idle_settle_s=settings.idle_settle_s,
+                                idle_window_s=settings.idle_window_s, sampler_period_s=settings.sampler_period_s)
+        energy = window.as_dict()
+        energy["unit"] = "one call = one step"
+        if window.energy_per_call_j is not None:
+            energy["j_per_token"] = window.energy_per_call_j / cell.tokens
+            energy["tokens_per_j"] = cell.tokens / window.energy_per_call_j
+        if window.time_per_call_s:
+            energy["window_tokens_per_s"] = cell.tokens / window.time_per_call_s
+        record["energy"] = energy
+        trace = [dict(row) for row in window.trace]
+    else:
+        record["energy"] = {"reason": telemetry.reason}
+
+    check = record["check"]
+    record["status"] = "ok" if check["passed"] else "incorrect"
+    if not check["passed"]:
+        failed = [k for k in ("logits", "causal", "grad") if k in check and not check[k]["passed"]]
+        record["reason"] = "model check failed: " + ", ".join(
+            f"{k} {check[k].get('error', check[k].get('prefix_change')):.3g}" for k in failed)
+    return trace
+
+
+def _attention_share(step, model, cell: ModelCell, device, count: int) -> dict:
+    """Attention milliseconds per step (forward, backward) and their share of the step,
+    in steps with markers (flashwatt.models.attention_timer)."""
+    from flashwatt.models.attention_timer import AttentionTimer
+    from flashwatt.models.step import _Clock
+
+    method = "CUDA events around every attention call (hooks), forward and backward, in marked steps"
+    if device.type != "cuda":
+        return {"method": None, "reason": "timed on CUDA devices only"}
+    if cell.compiled:
+        return {"method": None, "reason": "not measured under torch.compile (the markers would break its graph)"}
+    if count <= 0:
+        return {"method": None, "reason": "attention_steps is 0"}
+    timer = AttentionTimer()
+    timer.attach(model)
+    try:
+        step.run()  # warm the marked path
+        timer.take()
+        clock = _Clock(device)
+        shares, forward, backward, totals = [], [], [], []
+        for _ in range(count):
+            spans = step.timed(clock)
+            attn = timer.take()
+            forward.append(attn["forward"])
+            backward.append(attn["backward"])
+            totals.append(spans["step"])
+            shares.append((attn["forward"] + attn["backward"]) / spans["step"])
+    finally:
+        timer.detach(model)
+    import statistics
+
+    return {"method": method, "forward_ms": statistics.median(forward), "backward_ms": statistics.median(backward),
+            "marked_step_ms": statistics.median(totals), "share": statistics.median(shares),
+            "calls_per_step": timer.calls // (count + 1)}

@@ -1,0 +1,154 @@
+"""A model step, built and timed: prefill (the forward of a full context, logits of the last
+position only, as a server's prefill keeps) or train (forward with the loss, backward,
+optimizer step), each phase between CUDA events.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def build_model(spec: dict, precision: str, device: torch.device, seed: int, dropout: float = 0.0):
+    """The model of a spec (flashwatt.models.presets.model_spec) on `device` in the cell's dtype:
+    random weights drawn under `seed`, or the folder's weights when the spec is a path that has them."""
+    import transformers
+
+    from flashwatt.models.presets import build_config
+
+    config = build_config(spec, dropout)
+    dtype = DTYPES[precision]
+    torch.manual_seed(seed)
+    if "path" in spec and any(p.suffix in (".safetensors", ".bin") for p in __import__("pathlib").Path(spec["path"]).iterdir()):
+        model = transformers.AutoModelForCausalLM.from_pretrained(spec["path"], config=config, dtype=dtype,
+                                                                  local_files_only=True).to(device)
+    else:
+        with torch.device(device):
+            model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
+    return model
+
+
+def reference_factory(model, device: torch.device) -> Callable:
+    """Builds the check's reference: the same weights in float32 (float64 on CPU)."""
+    import transformers
+
+    def build():
+        dtype = torch.float64 if device.type == "cpu" else torch.float32
+        with torch.device(device):
+            reference = transformers.AutoModelForCausalLM.from_config(model.config, dtype=dtype)
+        reference.load_state_dict(model.state_dict())
+        return reference
+
+    return build
+
+
+def body_matmul_parameters(model) -> int:
+    """Parameters of the weight matrices a token multiplies by in the blocks: every
+    parameter of 2 or more dims but the embedding tables and the LM head."""
+    skip = {id(model.get_input_embeddings().weight), id(model.get_output_embeddings().weight)}
+    for module in model.modules():
+        if isinstance(module, torch.nn.Embedding):
+            skip.add(id(module.weight))
+    return sum(p.numel() for p in model.parameters() if p.dim() >= 2 and id(p) not in skip)
+
+
+def random_tokens(vocab: int, batch: int, seq_len: int, seed: int, device: torch.device) -> torch.Tensor:
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    return torch.randint(0, vocab, (batch, seq_len), generator=gen).to(device)
+
+
+class _Clock:
+    """CUDA events on a GPU, perf_counter on CPU; `mark()` then `spans()` in ms."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.marks: list = []
+
+    def mark(self) -> None:
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self.marks.append(event)
+        else:
+            self.marks.append(time.perf_counter())
+
+    def spans(self) -> list[float]:
+        if self.cuda:
+            torch.cuda.synchronize()
+            out = [a.elapsed_time(b) for a, b in zip(self.marks, self.marks[1:])]
+        else:
+            out = [(b - a) * 1e3 for a, b in zip(self.marks, self.marks[1:])]
+        self.marks = []
+        return out
+
+
+@dataclass
+class Step:
+    """One step of a phase; `run()` does it, `timed()` does it and returns its phases in ms."""
+    model: torch.nn.Module
+    forward: Callable  # the model or its compiled form
+    tokens: torch.Tensor
+    phase: str
+    optimizer: torch.optim.Optimizer | None = None
+    parts: tuple[str, ...] = field(init=False)
+
+    def __post_init__(self):
+        self.parts = ("forward", "backward", "optimizer") if self.phase == "train" else ("forward",)
+
+    def _go(self, clock: _Clock | None) -> None:
+        mark = clock.mark if clock else (lambda: None)
+        mark()
+        if self.phase == "prefill":
+            with torch.no_grad():
+                self.forward(input_ids=self.tokens, use_cache=False, logits_to_keep=1)
+            mark()
+            return
+        loss = self.forward(input_ids=self.tokens, labels=self.tokens, use_cache=False).loss
+        mark()
+        loss.backward()
+        mark()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        mark()
+
+    def run(self) -> None:
+        self._go(None)
+
+    def timed(self, clock: _Clock) -> dict[str, float]:
+        self._go(clock)
+        spans = clock.spans()
+        return dict(zip(self.parts, spans)) | {"step": sum(spans)}
+
+
+def make_step(model, cell, device: torch.device, seed: int, lr: float = 1e-5, weight_decay: float = 0.1) -> Step:
+    """The cell's step: its tokens, its optimizer (AdamW, fused on a GPU) and its compiled
+    forward when the cell asks for torch.compile."""
+    vocab = model.get_output_embeddings().weight.shape[0]
+    tokens = random_tokens(vocab, cell.batch, cell.seq_len, seed + 1, device)
+    optimizer = None
+    if cell.phase == "train":
+        model.train()
+        if cell.recompute:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay,
+                                      fused=device.type == "cuda")
+    else:
+        model.eval()
+    forward = torch.compile(model) if cell.compiled else model
+    return Step(model, forward, tokens, cell.phase, optimizer)
+
+
+def time_steps(step: Step, device: torch.device, count: int) -> dict:
+    """Median milliseconds of each phase over `count` steps, and every step's total."""
+    clock = _Clock(device)
+    runs = [step.timed(clock) for _ in range(count)]
+    out = {f"{part}_ms": statistics.median(r[part] for r in runs) for part in (*step.parts, "step")}
+    out["steps_ms"] = [r["step"] for r in runs]
+    out["method"] = "CUDA events around each phase, median of steps" if device.type == "cuda" else \
+        "perf_counter around each phase (CPU), median of steps"
+    return out
