@@ -18,6 +18,7 @@ include: "workflow/rules/aggregate.smk"
 include: "workflow/rules/plots.smk"
 include: "workflow/rules/control.smk"
 include: "workflow/rules/distributed.smk"
+include: "workflow/rules/models.smk"
 
 
 rule all:

@@ -72,6 +72,12 @@ def load_schema(schema_file: Traversable | Path = SCHEMA) -> dict:
     for key, names in (("strategies", distributed.STRATEGIES), ("blocks", distributed.BLOCKS),
                        ("precisions", distributed.PRECISIONS), ("passes", distributed.PASSES)):
         spread[key]["items"] = {"enum": list(names)}
+    from flashwatt.models import cell as models
+
+    grid_of_models = schema["$defs"]["models"]["properties"]["grids"]["items"]["properties"]
+    for key, names in (("backends", models.MODEL_BACKENDS), ("precisions", models.MODEL_PRECISIONS),
+                       ("phases", models.PHASES)):
+        grid_of_models[key]["items"] = {"enum": list(names)}
     run = schema["$defs"]["control"]["properties"]["runs"]["items"]["properties"]
     for key, names in (("mode", [m for m in control.CONTROL_MODES if m != "oracle"]), ("workload", control.WORKLOADS),
                        ("precision", control.CONTROL_PRECISIONS), ("disturbance", control.DISTURBANCES)):
@@ -104,10 +110,12 @@ def validate_config(config: dict, schema_file: Traversable | Path = SCHEMA) -> d
                     raise ConfigError(f"config key suites.{name}.grids[{i}].variants[{j}]: {err}") from None
     from flashwatt.control.suite import control_runs  # they raise ConfigError, defined here
     from flashwatt.distributed.suite import distributed_runs
+    from flashwatt.models.suite import model_runs
 
     for name in config["suites"]:
         control_runs(config, name)
         distributed_runs(config, name)
+        model_runs(config, name)
     return config
 
 
@@ -197,13 +205,15 @@ def suite_cells(config: dict, suite: str | None = None, filtered: bool = True) -
 
 
 def every_cell(config: dict, suite: str | None = None) -> list:
-    """The suite's attention cells (filtered), then its control and distributed cells:
+    """The suite's attention cells (filtered), then its control, distributed and model cells:
     everything a run of the suite writes a record for."""
     from flashwatt.control.suite import control_runs
     from flashwatt.distributed.suite import distributed_runs
+    from flashwatt.models.suite import model_runs
 
     suite = suite or resolve_suite(config)
-    return [*suite_cells(config, suite), *control_runs(config, suite), *distributed_runs(config, suite)]
+    return [*suite_cells(config, suite), *control_runs(config, suite), *distributed_runs(config, suite),
+            *model_runs(config, suite)]
 
 
 def _filter_columns() -> list[str]:

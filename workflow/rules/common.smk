@@ -7,6 +7,8 @@ from flashwatt.control.figures import CONTROL_FIGURES
 from flashwatt.control.suite import control_runs
 from flashwatt.distributed.figures import DISTRIBUTED_FIGURES
 from flashwatt.distributed.suite import distributed_runs
+from flashwatt.models.figures import MODEL_FIGURES
+from flashwatt.models.suite import model_runs
 from flashwatt.plots import FIGURES
 from flashwatt.submit.resources import refuse_unknown_resources
 
@@ -17,6 +19,7 @@ try:
     CELLS = {SUITE: suite_cells(config, SUITE)}
     CONTROL = {SUITE: control_runs(config, SUITE)}
     DISTRIBUTED = {SUITE: distributed_runs(config, SUITE)}
+    MODELS = {SUITE: model_runs(config, SUITE, measure_settings(config, SUITE))}
     # Resources set for the cells (profile or --set-resources), checked before any job
     # starts: a misspelt name (slurm_acount) would otherwise fail every cell.
     refuse_unknown_resources("cell", workflow.resource_settings.overwrite_resources.get("cell", {}))
@@ -31,7 +34,7 @@ from flashwatt.report_method import report_method
 
 config["report_method"] = report_method(f"results/{SUITE}/summary.parquet")
 config["report_parts"] = {"cells": bool(CELLS[SUITE]), "control": bool(CONTROL[SUITE]),
-                          "distributed": bool(DISTRIBUTED[SUITE])}
+                          "distributed": bool(DISTRIBUTED[SUITE]), "models": bool(MODELS[SUITE])}
 
 wildcard_constraints:
     **WILDCARD_CONSTRAINTS,
@@ -81,9 +84,31 @@ def distributed_spec(cell):
         raise WorkflowError(f"flashwatt: {cell.path} is not a distributed cell of suite {cell.suite} in this config")
     return DISTRIBUTED[cell.suite][cell]
 
+def model_cells_of(suite):
+    """The suite's model cells (empty for a suite without a models section)."""
+    if suite not in MODELS:
+        try:
+            MODELS[suite] = model_runs(config, suite, measure_settings(config, suite))
+        except ConfigError as error:
+            raise WorkflowError(f"flashwatt: {error}") from None
+    return list(MODELS[suite])
+
+def model_cell_of(wc):
+    """The model cell a job's wildcards name."""
+    from flashwatt.models.cell import ModelCell
+
+    return ModelCell.from_wildcards(wc.suite, wc.mmodel, wc.mbackend, wc.mprecision, wc.mname)
+
+def model_spec_of(cell):
+    """The job spec of a model cell (its model's config, steps, seed and measure settings)."""
+    model_cells_of(cell.suite)
+    if cell not in MODELS[cell.suite]:
+        raise WorkflowError(f"flashwatt: {cell.path} is not a model cell of suite {cell.suite} in this config")
+    return MODELS[cell.suite][cell]
+
 def suite_outputs(suite):
     """What the default target builds for a suite: the attention cells' summary and figures,
-    the control runs' and the distributed cells' tables and figures, as the suite has them."""
+    the control runs', distributed cells' and model cells' tables and figures, as the suite has them."""
     out = []
     if cells_of(suite):
         out += [f"results/{suite}/summary.parquet", f"results/{suite}/flagged.csv", *figure_paths(suite)]
@@ -92,6 +117,8 @@ def suite_outputs(suite):
     if distributed_cells_of(suite):
         out += [f"results/{suite}/distributed.parquet",
                 *(f"figures/{suite}/{name}.pdf" for name in DISTRIBUTED_FIGURES)]
+    if model_cells_of(suite):
+        out += [f"results/{suite}/models.parquet", *(f"figures/{suite}/{name}.pdf" for name in MODEL_FIGURES)]
     return out
 
 def recorded_cells_of(suite):

@@ -1,0 +1,119 @@
+"""The models suite's figures, from its table (flashwatt.models.summary):
+
+- model_throughput: tokens per second per backend, for each model, phase and context;
+- model_energy: joules per token per backend, the same cells;
+- model_memory: peak memory of a training step against the context, with and without
+  activation recompute;
+- model_attention_share: the attention's share of the step per backend.
+
+Only cells that finished `ok` are drawn; a figure with nothing to draw says why.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+import seaborn as sns  # noqa: E402
+
+from flashwatt.plots import measured_where, nothing_to_draw  # noqa: E402
+
+
+@dataclass(frozen=True)
+class ModelFigure:
+    name: str
+    ext: str
+    title: str
+    caption: str
+    draw: Callable[[pd.DataFrame], plt.Figure]
+
+    def render(self, table: pd.DataFrame) -> plt.Figure:
+        sns.set_theme(style="whitegrid", context="paper")
+        fig = self.draw(table)
+        fig.suptitle(f"{self.title}\n{measured_where(table)}", y=1.0, va="bottom", fontsize=11)
+        return fig
+
+
+def _ok(table: pd.DataFrame, column: str) -> tuple[pd.DataFrame, str | None]:
+    ok = table[(table["status"] == "ok") & table[column].notna()].copy()
+    if len(ok):
+        return ok, None
+    if table.empty:
+        return ok, "the suite has no model cells in its summary"
+    reasons = table["reason"].dropna().unique()
+    return ok, (f"none of the {len(table)} model cells has {column.replace('_', ' ')}"
+                + (f"; reason: {reasons[0]}" if len(reasons) else ""))
+
+
+def _label(data: pd.DataFrame) -> pd.Series:
+    options = data["recompute"].map({True: " recompute", False: ""}) + data["compiled"].map({True: " compiled",
+                                                                                              False: ""})
+    return (data["model"] + "\nL=" + data["seq_len"].astype(str) + " B=" + data["batch"].astype(str) + " "
+            + data["precision"] + options)
+
+
+def _bars(table: pd.DataFrame, column: str, xlabel: str) -> plt.Figure:
+    data, why = _ok(table, column)
+    if why:
+        return nothing_to_draw(why)
+    data["cell"] = _label(data)
+    grid = sns.catplot(data=data, y="cell", x=column, hue="backend", col="phase", kind="bar", height=0.5 * max(
+        4, data["cell"].nunique() * data["backend"].nunique() / 3), aspect=1.1, sharex=False, orient="h")
+    grid.set_axis_labels(xlabel, "")
+    return grid.figure
+
+
+def draw_throughput(table: pd.DataFrame) -> plt.Figure:
+    return _bars(table, "tokens_per_s", "tokens per second")
+
+
+def draw_energy(table: pd.DataFrame) -> plt.Figure:
+    return _bars(table, "j_per_token", "joules per token (NVML counter over whole steps)")
+
+
+def draw_share(table: pd.DataFrame) -> plt.Figure:
+    return _bars(table.assign(attention_percent=table["attention_share"] * 100), "attention_percent",
+                 "attention share of the step (%)")
+
+
+def draw_memory(table: pd.DataFrame) -> plt.Figure:
+    data, why = _ok(table[table["phase"] == "train"], "peak_allocated_bytes")
+    if why:
+        return nothing_to_draw(why if not table.empty else "the suite has no model cells in its summary")
+    data["GiB"] = data["peak_allocated_bytes"] / 2**30
+    data["recompute"] = data["recompute"].map({True: "recompute", False: "no recompute"})
+    grid = sns.relplot(data=data, x="seq_len", y="GiB", hue="backend", style="recompute", col="model", kind="line",
+                       marker="o", height=3.2, aspect=1.2, facet_kws={"sharey": False})
+    for ax in grid.axes.flat:
+        ax.set_xscale("log", base=2)
+    grid.set_axis_labels("context length L", "peak memory of a train step (GiB)")
+    return grid.figure
+
+
+MODEL_FIGURES: dict[str, ModelFigure] = {
+    f.name: f
+    for f in [
+        ModelFigure("model_throughput", "pdf", "Tokens per second of a model step, per attention backend",
+                    "Median of timed steps (CUDA events), warm-up and compile excluded; prefill keeps the last "
+                    "position's logits; train is forward, backward and a fused AdamW step.", draw_throughput),
+        ModelFigure("model_energy", "pdf", "Joules per token, per attention backend",
+                    "NVML energy counter over a window of whole steps run back to back, divided by the tokens in "
+                    "the window.", draw_energy),
+        ModelFigure("model_memory", "pdf", "Peak memory of a training step against the context",
+                    "torch.cuda.max_memory_allocated over the timed steps (weights, gradients, AdamW states and "
+                    "activations), with and without activation recompute.", draw_memory),
+        ModelFigure("model_attention_share", "pdf", "How much of the step is attention",
+                    "CUDA events around every attention call, forward and backward, in marked steps of their own, "
+                    "over the marked step's time.", draw_share),
+    ]
+}
+
+
+def draw(name: str, table_path: str, out: str) -> None:
+    figure = MODEL_FIGURES[name].render(pd.read_parquet(table_path))
+    figure.savefig(out, bbox_inches="tight")
+    plt.close(figure)

@@ -1,0 +1,74 @@
+"""A suite's `models` section, expanded into model cells and the job spec of each.
+
+    models:
+      steps: {warmup_steps: 3, timed_steps: 10, attention_steps: 3}
+      presets:                       # models of your own, beside flashwatt.models.presets
+        my_llama: {path: /scratch/llama-3.2-1b}          # config.json (+ weights if present)
+        wide_gpt2: {family: gpt2, n_embd: 1024, n_layer: 24, n_head: 16}
+      grids:
+        - models: [llama_3_2_1b, gpt2_124m]
+          backends: [eager, sdpa_default, sdpa_cudnn, custom]
+          precisions: [bf16]
+          phases: [prefill, train]
+          seq_lens: [1024, 4096]
+          batches: [2]
+          recompute: [false, true]   # activation checkpointing (train cells only)
+          compiled: [false]          # torch.compile
+
+A prefill with recompute is not a combination (checkpointing applies to training) and is
+left out of the product. An unknown model, or a context longer than a preset's
+positions, is refused with the grid's key before any job starts; a batch that does not
+fit is a cell recorded `oom`, and a backend that cannot run the model one recorded
+`skipped`, while the rest of the suite goes on.
+"""
+from __future__ import annotations
+
+import itertools
+
+from flashwatt.config import ConfigError
+from flashwatt.models.cell import ModelCell
+from flashwatt.models.presets import model_spec
+
+DEFAULT_STEPS = {"warmup_steps": 3, "timed_steps": 10, "attention_steps": 3}
+_POSITIONS = ("max_position_embeddings", "n_positions")
+
+
+def _positions(spec: dict) -> int | None:
+    settings = spec.get("settings", {})
+    return next((int(settings[k]) for k in _POSITIONS if k in settings), None)
+
+
+def model_runs(config: dict, suite: str, measure: dict | None = None) -> dict[ModelCell, dict]:
+    """Each model cell of the suite and its job spec (plain data), in a stable order; empty
+    for a suite without a models section. `measure`: the suite's measure settings."""
+    section = config["suites"][suite].get("models")
+    if not section:
+        return {}
+    where = f"suites.{suite}.models"
+    steps = {**DEFAULT_STEPS, **section.get("steps", {})}
+    seed = int((measure or {}).get("seed", 0))
+    user = section.get("presets", {})
+    cells: dict[ModelCell, dict] = {}
+    for i, grid in enumerate(section["grids"]):
+        key = f"{where}.grids[{i}]"
+        specs = {}
+        for j, name in enumerate(grid["models"]):
+            try:
+                specs[name] = model_spec(name, user, f"{key}.models[{j}]")
+            except ValueError as err:
+                raise ConfigError(str(err)) from None
+        for name, backend, precision, phase, seq_len, batch, recompute, compiled in itertools.product(
+                grid["models"], grid["backends"], grid["precisions"], grid["phases"], grid["seq_lens"],
+                grid["batches"], grid.get("recompute", [False]), grid.get("compiled", [False])):
+            if recompute and phase != "train":
+                continue
+            positions = _positions(specs[name])
+            if positions is not None and seq_len > positions:
+                raise ConfigError(f"config key {key}.seq_lens: {seq_len} is longer than model {name}'s "
+                                  f"{positions} positions")
+            try:
+                cell = ModelCell(suite, name, backend, precision, phase, seq_len, batch, recompute, compiled)
+            except ValueError as err:
+                raise ConfigError(f"config key {key}: {err}") from None
+            cells[cell] = {"model": specs[name], "steps": steps, "seed": seed, "measure": dict(measure or {})}
+    return {cell: cells[cell] for cell in sorted(cells)}

@@ -1,0 +1,74 @@
+"""The model cells of a suite as one table: a row per cell with its step time split,
+tokens per second, MFU (formula in the record), attention share, memory, joules per
+token, the check, and each against transformers' SDPA default on the same model, phase,
+context, batch and options in the same suite."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from flashwatt.models.cell import ModelCell
+from flashwatt.records import read_record
+
+BASELINE = "sdpa_default"
+COLUMNS = [
+    "status", "reason", "device", "device_type", "parameters", "step_ms", "forward_ms", "backward_ms",
+    "optimizer_ms", "tokens_per_s", "achieved_tflops", "mfu", "peak_tflops", "attention_share",
+    "attention_forward_ms", "attention_backward_ms", "attention_method", "kv_expanded", "peak_allocated_bytes",
+    "peak_reserved_bytes", "j_per_token", "tokens_per_j", "avg_power_w", "peak_power_w", "energy_window_s",
+    "energy_flags", "check_passed", "logits_error", "logits_tolerance", "causal_passed", "grad_error",
+    "grad_tolerance", "loss", "compile_s", "oom_stage", "speedup_vs_sdpa_default", "energy_vs_sdpa_default",
+    "duration_s",
+]
+_SAME_STEP = ["suite", "model", "precision", "phase", "seq_len", "batch", "recompute", "compiled"]
+
+
+def _row(cell: ModelCell, record: dict) -> dict:
+    timing = record.get("timing") or {}
+    flops = record.get("flops") or {}
+    attention = record.get("attention") or {}
+    memory = record.get("memory") or {}
+    energy = record.get("energy") or {}
+    check = record.get("check") or {}
+    device = record.get("device") or {}
+    return {**cell.as_row(), "status": record.get("status"), "reason": record.get("reason"),
+            "device": device.get("name"), "device_type": device.get("type"),
+            "parameters": (record.get("model") or {}).get("parameters"),
+            "step_ms": timing.get("step_ms"), "forward_ms": timing.get("forward_ms"),
+            "backward_ms": timing.get("backward_ms"), "optimizer_ms": timing.get("optimizer_ms"),
+            "tokens_per_s": timing.get("tokens_per_s"), "achieved_tflops": flops.get("achieved_tflops"),
+            "mfu": flops.get("mfu"), "peak_tflops": flops.get("peak_tflops"),
+            "attention_share": attention.get("share"), "attention_forward_ms": attention.get("forward_ms"),
+            "attention_backward_ms": attention.get("backward_ms"), "attention_method": attention.get("method"),
+            "kv_expanded": attention.get("kv_expanded"),
+            "peak_allocated_bytes": memory.get("peak_allocated_bytes"),
+            "peak_reserved_bytes": memory.get("peak_reserved_bytes"),
+            "j_per_token": energy.get("j_per_token"), "tokens_per_j": energy.get("tokens_per_j"),
+            "avg_power_w": energy.get("avg_power_w"), "peak_power_w": energy.get("peak_power_w"),
+            "energy_window_s": energy.get("window_s"),
+            "energy_flags": ",".join(energy.get("flags") or []) or None,
+            "check_passed": check.get("passed"), "logits_error": (check.get("logits") or {}).get("error"),
+            "logits_tolerance": (check.get("logits") or {}).get("tolerance"),
+            "causal_passed": (check.get("causal") or {}).get("passed"),
+            "grad_error": (check.get("grad") or {}).get("error"),
+            "grad_tolerance": (check.get("grad") or {}).get("tolerance"),
+            "loss": (check.get("loss") or {}).get("value"), "compile_s": timing.get("compile_s"),
+            "oom_stage": record.get("oom_stage"), "duration_s": record.get("duration_s")}
+
+
+def model_table(paths: list[str | Path]) -> pd.DataFrame:
+    rows = [_row(ModelCell.from_path(str(p)), read_record(p)) for p in paths]
+    columns = [*ModelCell("x", "x", "eager", "fp32", "prefill", 1, 1).as_row(), *COLUMNS]
+    table = pd.DataFrame(rows).reindex(columns=columns)
+    if table.empty:
+        return table
+    base = table[(table["backend"] == BASELINE) & (table["status"] == "ok")]
+    base = base[_SAME_STEP + ["tokens_per_s", "j_per_token"]].rename(
+        columns={"tokens_per_s": "_base_tps", "j_per_token": "_base_jpt"})
+    table = table.drop(columns=["speedup_vs_sdpa_default", "energy_vs_sdpa_default"]).merge(
+        base, on=_SAME_STEP, how="left")
+    ok = table["status"] == "ok"
+    table["speedup_vs_sdpa_default"] = (table["tokens_per_s"] / table["_base_tps"]).where(ok)
+    table["energy_vs_sdpa_default"] = (table["j_per_token"] / table["_base_jpt"]).where(ok)
+    return table.drop(columns=["_base_tps", "_base_jpt"]).reindex(columns=columns)
