@@ -58,11 +58,11 @@ def _middle_block(model) -> str:
     return f"{prefix}{count // 2}."
 
 
-def _run(model, ids, train: bool, block: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+def _run(model, ids, train: bool, block: str, forward=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     for p in model.parameters():
         p.grad = None
     with torch.set_grad_enabled(train):
-        out = model(input_ids=ids, labels=ids, use_cache=False)
+        out = (forward or model)(input_ids=ids, labels=ids, use_cache=False)
     logits, loss = out.logits.detach(), out.loss.detach()
     grads = None
     if train:
@@ -78,11 +78,13 @@ def _verdict(error: float, baseline: float, precision: str) -> tuple[bool, float
     return (error == error and error <= tolerance), tolerance  # NaN never passes
 
 
-def check_model(model, reference_factory, precision: str, vocab: int, train: bool, seed: int) -> dict:
+def check_model(model, reference_factory, precision: str, vocab: int, train: bool, seed: int,
+                forward=None) -> dict:
     """Run the three checks on `model` (already on its backend and device).
 
     reference_factory() returns the reference model (float32 on a GPU, float64 on CPU)
-    holding the same weights; it is built here and freed before returning.
+    holding the same weights; it is built here and freed before returning. `forward`: what
+    the step calls instead of the model (its torch.compile'd form), checked in its place.
     """
     device = next(model.parameters()).device
     length = min(CHECK_TOKENS, model.config.max_position_embeddings if hasattr(model.config, "max_position_embeddings")
@@ -101,8 +103,8 @@ def check_model(model, reference_factory, precision: str, vocab: int, train: boo
     was_training = model.training
     model.train(train)
     try:
-        logits, loss, grads = _run(model, ids, train, block)
-        moved, _, _ = _run(model, changed, False, block)
+        logits, loss, grads = _run(model, ids, train, block, forward)
+        moved, _, _ = _run(model, changed, False, block, forward)
         with _math_sdpa(model):
             base_logits, base_loss, base_grads = _run(model, ids, train, block)
 

@@ -61,8 +61,10 @@ def _bars(table: pd.DataFrame, column: str, xlabel: str) -> plt.Figure:
     if why:
         return nothing_to_draw(why)
     data["cell"] = _label(data)
-    grid = sns.catplot(data=data, y="cell", x=column, hue="backend", col="phase", kind="bar", height=0.5 * max(
-        4, data["cell"].nunique() * data["backend"].nunique() / 3), aspect=1.1, sharex=False, orient="h")
+    bars = data["cell"].nunique() * data["backend"].nunique()
+    height = max(3.0, 0.22 * bars + 1.0)  # a bar a quarter inch high; panels 6 inches wide
+    grid = sns.catplot(data=data, y="cell", x=column, hue="backend", col="phase", kind="bar", height=height,
+                       aspect=6.0 / height, sharex=False, sharey=False, orient="h")
     grid.set_axis_labels(xlabel, "")
     return grid.figure
 
@@ -81,9 +83,12 @@ def draw_share(table: pd.DataFrame) -> plt.Figure:
 
 
 def draw_memory(table: pd.DataFrame) -> plt.Figure:
-    data, why = _ok(table[table["phase"] == "train"], "peak_allocated_bytes")
+    train = table[table["phase"] == "train"]
+    if train.empty:
+        return nothing_to_draw("the suite has no train cells in its summary (memory is drawn for training steps)")
+    data, why = _ok(train, "peak_allocated_bytes")
     if why:
-        return nothing_to_draw(why if not table.empty else "the suite has no model cells in its summary")
+        return nothing_to_draw(why)
     data["GiB"] = data["peak_allocated_bytes"] / 2**30
     data["recompute"] = data["recompute"].map({True: "recompute", False: "no recompute"})
     grid = sns.relplot(data=data, x="seq_len", y="GiB", hue="backend", style="recompute", col="model", kind="line",

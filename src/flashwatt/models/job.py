@@ -120,11 +120,10 @@ def _measure(cell: ModelCell, spec: dict, settings, device, telemetry, record: d
 
     from flashwatt.energy import measure_energy
     from flashwatt.models.attention import use_backend
-    from flashwatt.models.attention_timer import AttentionTimer
     from flashwatt.models.check import check_model
     from flashwatt.models.flops import dense_peak_tflops, step_flops
     from flashwatt.models.presets import shape_of
-    from flashwatt.models.step import body_matmul_parameters, make_step, reference_factory, time_steps, build_model
+    from flashwatt.models.step import body_matmul_parameters, build_model, make_step, reference_factory, time_steps
 
     steps = {**DEFAULT_STEPS, **spec.get("steps", {})}
     seed = int(spec.get("seed", 0))
@@ -139,11 +138,14 @@ def _measure(cell: ModelCell, spec: dict, settings, device, telemetry, record: d
                        else spec["model"]["path"], "dropout": 0.0}
     adapter = use_backend(model, cell.backend, cell.precision, train)
 
+    step = make_step(model, cell, device, seed)
     stage["now"] = "check"
-    record["check"] = check_model(model, reference_factory(model, device), cell.precision, shape.vocab, train, seed)
+    # A compiled cell is checked through its compiled forward: that is what it times.
+    record["check"] = check_model(model, reference_factory(model, device), cell.precision, shape.vocab, train, seed,
+                                  forward=step.forward if cell.compiled else None)
+    record["check"]["through"] = "torch.compile'd model" if cell.compiled else "model"
 
     stage["now"] = "warm-up"
-    step = make_step(model, cell, device, seed)
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats(device)

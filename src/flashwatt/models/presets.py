@@ -60,14 +60,15 @@ PRESETS: dict[str, Preset] = {
         n_embd=768, n_layer=12, n_head=12, n_inner=None, vocab_size=50257, n_positions=1024,
         activation_function="gelu_new", layer_norm_epsilon=1e-5, tie_word_embeddings=True,
         bos_token_id=50256, eos_token_id=50256), 124_439_808, "openai-community/gpt2"),
-    # Small shapes of each family: the CPU tests and the training study's quick grid.
+    # Small shapes of each family (head dim 64, which every backend runs): the CPU tests
+    # and the training study's quick grid.
     "llama_tiny": Preset("llama", dict(
-        hidden_size=128, intermediate_size=352, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=32, vocab_size=512, max_position_embeddings=2048,
+        hidden_size=256, intermediate_size=688, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=64, vocab_size=512, max_position_embeddings=2048,
         rms_norm_eps=1e-5, tie_word_embeddings=True,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0})),
     "gpt2_tiny": Preset("gpt2", dict(
-        n_embd=128, n_layer=2, n_head=4, vocab_size=512, n_positions=2048, tie_word_embeddings=True,
+        n_embd=256, n_layer=2, n_head=4, vocab_size=512, n_positions=2048, tie_word_embeddings=True,
         bos_token_id=0, eos_token_id=0)),
 }
 

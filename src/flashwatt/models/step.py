@@ -134,7 +134,10 @@ def make_step(model, cell, device: torch.device, seed: int, lr: float = 1e-5, we
     if cell.phase == "train":
         model.train()
         if cell.recompute:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            if hasattr(model, "activation_checkpointing_enable"):  # its name from transformers 5.23 on
+                model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay,
                                       fused=device.type == "cuda")
     else:
