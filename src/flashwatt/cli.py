@@ -189,7 +189,7 @@ def cmd_run(argv: list[str]) -> int:
     counts = status_counts(cells)
     print("flashwatt: cells by status: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
     tables = {"flagged.csv": "cells to look at", "control.csv": "controlled runs against their oracle",
-              "distributed.csv": "distributed cells"}
+              "distributed.csv": "distributed cells", "models.csv": "model cells against the SDPA default"}
     for name, what in tables.items():
         if (Path("results") / suite / name).exists():
             print(f"flashwatt: {what}: {(Path('results') / suite / name).resolve()}")

@@ -48,6 +48,15 @@ if summary.exists():
             "tflops", "rel_err", "energy_per_call_j", "avg_power_w", "peak_power_w", "gflops_per_w",
             "counter_vs_integral_pct", "clock_reasons"]
     print(f[cols].to_string(index=False, float_format=fmt))
+models = Path(f"results/{sys.argv[1]}/models.parquet")
+if models.exists():
+    m = pd.read_parquet(models)
+    m["GiB"] = m["peak_allocated_bytes"] / 2**30
+    cols = ["model", "backend", "phase", "seq_len", "batch", "recompute", "compiled", "status", "step_ms", "forward_ms",
+            "backward_ms", "optimizer_ms", "tokens_per_s", "mfu", "attention_share", "GiB", "j_per_token",
+            "avg_power_w", "check_passed", "logits_error", "grad_error", "speedup_vs_sdpa_default",
+            "energy_vs_sdpa_default", "compile_s", "oom_stage", "device"]
+    print(m[cols].to_string(index=False, float_format=fmt))
 if control.exists():
     runs = pd.read_parquet(control)
     oracle = pd.read_parquet(f"results/{sys.argv[1]}/control_oracle.parquet")
