@@ -136,6 +136,28 @@ def test_a_registry_backend_that_ignored_causality_would_fail(tiny, monkeypatch)
     assert not result["causal"]["passed"] and not result["logits"]["passed"]
 
 
+class CompiledLike:
+    """Calls the model as torch.compile's wrapper does, and like it refuses len()."""
+
+    def __init__(self, model):
+        self.model, self.calls = model, 0
+
+    def __call__(self, **kwargs):
+        self.calls += 1
+        return self.model(**kwargs)
+
+    def __len__(self):
+        raise TypeError("LlamaForCausalLM does not support len()")
+
+
+def test_a_compiled_step_is_checked_through_its_own_forward(tiny):
+    use_backend(tiny, "sdpa_default", "fp32", True)
+    forward = CompiledLike(tiny)
+    result = check_model(tiny, reference_factory(tiny, CPU), "fp32", tiny.config.vocab_size, True, seed=0,
+                         forward=forward)
+    assert result["passed"] and forward.calls == 2  # the checked logits and the causality probe
+
+
 def test_a_registry_backend_refuses_a_padded_batch_instead_of_dropping_the_mask(tiny):
     use_backend(tiny, "sdpa_math", "fp32", False)
     ids = torch.randint(0, 100, (2, 16))

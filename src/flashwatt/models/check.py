@@ -62,7 +62,8 @@ def _run(model, ids, train: bool, block: str, forward=None) -> tuple[torch.Tenso
     for p in model.parameters():
         p.grad = None
     with torch.set_grad_enabled(train):
-        out = (forward or model)(input_ids=ids, labels=ids, use_cache=False)
+        # `is None`, not truthiness: a torch.compile'd module refuses len()
+        out = (model if forward is None else forward)(input_ids=ids, labels=ids, use_cache=False)
     logits, loss = out.logits.detach(), out.loss.detach()
     grads = None
     if train:
