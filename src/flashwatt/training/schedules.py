@@ -16,7 +16,9 @@ warm-up step reaches the peak. Then:
 - `constant`: the peak after warm-up.
 
 Steps past the end keep the last step's value. The returned object is a
-torch.optim.lr_scheduler.LambdaLR, so it checkpoints with its state_dict.
+torch.optim.lr_scheduler.LambdaLR, so it checkpoints with its state_dict. To resume, make
+the optimizer and the schedule first, then load both states: making a schedule sets every
+group's learning rate to step 0's value, over whatever an earlier load put there.
 """
 from __future__ import annotations
 

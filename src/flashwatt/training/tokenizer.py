@@ -98,8 +98,11 @@ def load_gpt2_tokenizer(folder: str | Path, *, key: str) -> TextTokenizer:
             # What GPT-2's own tokenizer.json declares: byte-level, no space added in front.
             backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
             backend.decoder = decoders.ByteLevel()
-            # Already in the vocabulary (id 50256); declared special so that it is matched
-            # whole in text rather than split into bytes.
+            # In GPT-2's vocabulary (id 50256); declared special so that it is matched whole
+            # in text rather than split into bytes. Never added: a vocabulary without it is
+            # not GPT-2's.
+            if backend.token_to_id(EOS) is None:
+                raise ValueError(f"{vocab}: the vocabulary has no {EOS} token to separate documents")
             backend.add_special_tokens([AddedToken(EOS, special=True, normalized=False)])
             return TextTokenizer.of(backend, "gpt2", vocab)
     except Exception as err:  # a corrupt or foreign file: say which and why
