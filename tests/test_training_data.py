@@ -63,6 +63,7 @@ def write_corpus(root: Path, kilobytes: int = 300, seed: int = 0) -> Path:
     (root / ".git").mkdir(exist_ok=True)
     (root / ".git" / "HEAD").write_text("not read: under a hidden folder\n")
     (root / "table.dat").write_bytes(bytes(range(256)))
+    (root / "zz-link").symlink_to(root / "story.txt")  # the same text again: read once
     return root
 
 
@@ -101,8 +102,8 @@ def test_a_directory_reads_txt_and_extensionless_files_in_sorted_order(corpus_di
 
 
 def test_documents_are_the_paragraphs_between_blank_lines():
-    text = "first line\nstill first\n\nsecond\r\n\r\nthird\n \t\n\n\nfourth  \n"
-    assert paragraphs(text) == ["first line\nstill first", "second", "third", "fourth"]
+    text = "first line\nstill first\n\nsecond\r\n\r\nthird\n \t\n\n\nfourth  \n  \nfifth\n"
+    assert paragraphs(text) == ["first line\nstill first", "second", "third", "fourth", "fifth"]
 
 
 def test_undecodable_bytes_are_replaced(tmp_path):
@@ -123,6 +124,9 @@ def test_validation_is_a_seeded_fraction_of_the_documents(corpus):
     other = load_corpus(corpus.source, key=KEY, seed=1)
     assert list(other.documents("validation")) != validation
     assert sorted(list(other.documents("train")) + list(other.documents("validation"))) == sorted(train + validation)
+    everything = [d for f in corpus.files for d in paragraphs((Path(corpus.source) / f).read_text())]
+    assert [d for d in everything if d in set(validation)] == validation  # in corpus order
+    assert [d for d in everything if d in set(train)] == train
     tenth = load_corpus(corpus.source, key=KEY, validation_fraction=0.1)
     assert tenth.documents_per_split["validation"] == round(0.1 * total)
 

@@ -6,8 +6,8 @@ A corpus is named by one config value:
   `wikitext-103-raw-v1`) through the optional `datasets` package, for machines with a
   network. Its own train and validation splits are used; a document is an article.
 - a path: a plain-text file, or a directory whose every `*.txt` file and file without
-  an extension (recursively, hidden names left out, in sorted order) is read as UTF-8,
-  undecodable bytes replaced. A document is a paragraph: text between blank lines. A
+  an extension (recursively, hidden names left out, linked files once, in sorted order)
+  is read as UTF-8, undecodable bytes replaced. A document is a paragraph: text between blank lines. A
   seeded permutation sends a fixed fraction of the documents (at least one) to
   validation, so the split is the same on every machine and does not depend on the
   order in which the filesystem lists the files.
@@ -95,7 +95,9 @@ def load_corpus(source: str | os.PathLike, *, key: str, validation_fraction: flo
 def text_files(root: Path) -> list[Path]:
     """Every *.txt file and file without an extension under `root`, in sorted order of
     relative path. Hidden names (and all below a hidden directory) are left out: they are
-    version-control internals and editor files, not text anyone meant to train on."""
+    version-control internals and editor files, not text anyone meant to train on. A file
+    reached twice (through a symbolic link) is read once, under its first name: a copy in
+    each split would put validation text into training."""
     if root.is_file():
         return [root]
     found = []
@@ -105,7 +107,12 @@ def text_files(root: Path) -> list[Path]:
             path = Path(folder, name)
             if not name.startswith(".") and path.suffix in ("", ".txt") and path.is_file():
                 found.append(path)
-    return sorted(found, key=lambda p: p.relative_to(root).as_posix())
+    seen, files = set(), []
+    for path in sorted(found, key=lambda p: p.relative_to(root).as_posix()):
+        if path.resolve() not in seen:
+            seen.add(path.resolve())
+            files.append(path)
+    return files
 
 
 def paragraphs(text: str) -> list[str]:
@@ -116,9 +123,9 @@ def paragraphs(text: str) -> list[str]:
 
 def validation_indices(count: int, fraction: float, seed: int) -> np.ndarray:
     """Which of `count` documents go to validation: round(fraction * count), at least one,
-    the first of a permutation drawn from `seed`, returned sorted (corpus order)."""
+    the first of a permutation drawn from `seed`."""
     chosen = max(1, round(fraction * count))
-    return np.sort(np.random.default_rng(seed).permutation(count)[:chosen])
+    return np.random.default_rng(seed).permutation(count)[:chosen]
 
 
 def _load_text(path: Path, *, key: str, fraction: float, seed: int) -> Corpus:
@@ -148,6 +155,7 @@ def _load_text(path: Path, *, key: str, fraction: float, seed: int) -> Corpus:
         raise ConfigError(f"config key {key}: {len(documents)} document(s) (paragraphs) in {str(path)!r}; "
                           f"validation takes {len(held_out)} of them (validation_fraction {fraction}, at least "
                           f"one) and leaves none to train on; give more text")
+    # Both splits keep corpus order: validation reads as the text it was cut from.
     is_validation = np.zeros(len(documents), dtype=bool)
     is_validation[held_out] = True
     splits = {"train": [d for d, v in zip(documents, is_validation) if not v],
