@@ -19,7 +19,7 @@ from flashwatt.config import ConfigError
 from flashwatt.training.corpus import load_corpus, paragraphs, text_files, wikitext_articles
 from flashwatt.training.shards import (BatchSampler, prepare_shards, steps_for_budget, token_dtype,
                                        validation_windows)
-from flashwatt.training.tokenizer import EOS, load_gpt2_tokenizer, load_tokenizer
+from flashwatt.training.tokenizer import EOS, load_gpt2_tokenizer, load_tokenizer, new_bpe
 
 KEY = "suites.training.train.corpus"
 TOKENIZER_KEY = "suites.training.train.tokenizer"
@@ -246,6 +246,11 @@ def test_the_bpe_learns_from_the_training_split_only(tmp_path, cache):
 
     assert all(pieces(d) == 1 for d in corpus.documents("train"))
     assert all(pieces(d) > 1 for d in corpus.documents("validation"))
+
+
+def test_bpe_training_draws_nothing_at_random(corpus, tokenizer):
+    # Why the tokenizer cache needs no seed of its own: training again gives the same file.
+    assert new_bpe(corpus, 1024).to_str() == tokenizer.backend.to_str()
 
 
 def test_the_bpe_is_trained_once_and_loaded_from_the_cache(corpus, cache, tokenizer):
