@@ -155,7 +155,7 @@ def test_a_compiled_step_is_checked_through_its_own_forward(tiny):
     forward = CompiledLike(tiny)
     result = check_model(tiny, reference_factory(tiny, CPU), "fp32", tiny.config.vocab_size, True, seed=0,
                          forward=forward)
-    assert result["passed"] and forward.calls == 2  # the checked logits and the causality probe
+    assert result["passed"] and forward.calls == 3  # the checked step, and both forwards of the causality probe
 
 
 def test_a_registry_backend_refuses_a_padded_batch_instead_of_dropping_the_mask(tiny):
