@@ -70,6 +70,44 @@ def _ok(frame: pd.DataFrame, column: str) -> pd.DataFrame:
     return frame[(frame["status"] == "ok") & frame[column].notna()].copy()
 
 
+@dataclass(frozen=True)
+class TableFigure:
+    """A figure drawn from one kind's table (distributed cells, model cells), titled like the
+    attention figures and written atomically."""
+    name: str
+    ext: str
+    title: str
+    caption: str
+    draw: Callable[[pd.DataFrame], plt.Figure]
+
+    def render(self, table: pd.DataFrame) -> plt.Figure:
+        sns.set_theme(style="whitegrid", context="paper")
+        fig = self.draw(table)
+        fig.suptitle(f"{self.title}\n{measured_where(table)}", y=1.0, va="bottom", fontsize=11)
+        return fig
+
+    def save(self, table_path: str | Path, out: str | Path) -> None:
+        from flashwatt.records import atomic_write
+
+        fig = self.render(pd.read_parquet(table_path))
+        atomic_write(out, lambda tmp: fig.savefig(tmp, format=self.ext, bbox_inches="tight"))
+        plt.close(fig)
+
+
+def ok_rows_or_why(table: pd.DataFrame, column: str, kind: str) -> tuple[pd.DataFrame, str | None]:
+    """The `ok` rows of a kind's table with a value in `column`, or why there are none."""
+    ok = table[(table["status"] == "ok") & table[column].notna()].copy()
+    if len(ok):
+        return ok, None
+    if table.empty:
+        return ok, f"the suite has no {kind} cells in its summary"
+    done = table[table["status"] == "ok"]
+    if len(done):
+        return ok, f"none of the {len(done)} ok cells has {column.replace('_', ' ')}"
+    reasons = table["reason"].dropna().unique()
+    return ok, f"none of the {len(table)} {kind} cells finished ok" + (f"; reason: {reasons[0]}" if len(reasons) else "")
+
+
 def nothing_to_draw(message: str) -> plt.Figure:
     """The canvas of a figure with nothing to draw: the words say why."""
     fig, ax = plt.subplots(figsize=(7, 3))

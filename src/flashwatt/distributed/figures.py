@@ -9,8 +9,6 @@ Only cells that finished `ok` are drawn; a figure with nothing to draw says why.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
 
 import matplotlib
 
@@ -19,37 +17,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
-from flashwatt.plots import measured_where, nothing_to_draw  # noqa: E402
-
-
-@dataclass(frozen=True)
-class DistributedFigure:
-    name: str
-    ext: str
-    title: str
-    caption: str
-    draw: Callable[[pd.DataFrame], plt.Figure]
-
-    def render(self, table: pd.DataFrame) -> plt.Figure:
-        sns.set_theme(style="whitegrid", context="paper")
-        fig = self.draw(table)
-        fig.suptitle(f"{self.title}\n{measured_where(table)}", y=1.0, va="bottom", fontsize=11)
-        return fig
-
-
-
-def _ok(table: pd.DataFrame, column: str) -> tuple[pd.DataFrame, str | None]:
-    """The ok cells with a value in `column`, or why there are none."""
-    ok = table[(table["status"] == "ok") & table[column].notna()].copy()
-    if len(ok):
-        return ok, None
-    if table.empty:
-        return ok, "the suite has no distributed cells in its summary"
-    done = table[table["status"] == "ok"]
-    if len(done):
-        return ok, f"none of the {len(done)} ok cells has {column.replace('_', ' ')}"
-    reasons = table["reason"].dropna().unique()
-    return ok, f"none of the {len(table)} distributed cells finished ok" + (f"; reason: {reasons[0]}" if len(reasons) else "")
+from flashwatt.plots import TableFigure, nothing_to_draw, ok_rows_or_why  # noqa: E402
 
 
 def _shape(data: pd.DataFrame) -> pd.Series:
@@ -59,7 +27,7 @@ def _shape(data: pd.DataFrame) -> pd.Series:
 
 
 def draw_scaling(table: pd.DataFrame) -> plt.Figure:
-    data, why = _ok(table, "speedup")
+    data, why = ok_rows_or_why(table, "speedup", "distributed")
     if why:
         return nothing_to_draw(why)
     data["shape"] = _shape(data)
@@ -77,7 +45,7 @@ def draw_scaling(table: pd.DataFrame) -> plt.Figure:
 
 
 def draw_memory(table: pd.DataFrame) -> plt.Figure:
-    data, why = _ok(table, "peak_bytes_per_gpu")
+    data, why = ok_rows_or_why(table, "peak_bytes_per_gpu", "distributed")
     if why:
         return nothing_to_draw(why)
     data["GiB per GPU"] = data["peak_bytes_per_gpu"] / 2**30
@@ -91,7 +59,7 @@ def draw_memory(table: pd.DataFrame) -> plt.Figure:
 
 
 def draw_time(table: pd.DataFrame) -> plt.Figure:
-    data, why = _ok(table, "total_ms")
+    data, why = ok_rows_or_why(table, "total_ms", "distributed")
     if why:
         return nothing_to_draw(why)
     data["label"] = data["strategy"] + " " + data["gpus"].astype(str) + " GPUs, L=" + data["seq_len"].astype(str)
@@ -111,7 +79,7 @@ def draw_time(table: pd.DataFrame) -> plt.Figure:
 
 
 def draw_error(table: pd.DataFrame) -> plt.Figure:
-    data, why = _ok(table, "error_out")
+    data, why = ok_rows_or_why(table, "error_out", "distributed")
     if why:
         return nothing_to_draw(why)
     data["shape"] = _shape(data)
@@ -127,20 +95,20 @@ def draw_error(table: pd.DataFrame) -> plt.Figure:
     return grid.figure
 
 
-DISTRIBUTED_FIGURES: dict[str, DistributedFigure] = {
+DISTRIBUTED_FIGURES: dict[str, TableFigure] = {
     f.name: f
     for f in [
-        DistributedFigure("distributed_scaling", "pdf", "Speedup and parallel efficiency against GPUs",
+        TableFigure("distributed_scaling", "pdf", "Speedup and parallel efficiency against GPUs",
                           "Each strategy's time for the whole problem against one GPU running the same block backend "
                           "in the same job (speedup), and that over the number of GPUs (efficiency); dotted: ideal.",
                           draw_scaling),
-        DistributedFigure("distributed_memory", "pdf", "Peak memory per GPU against the sequence length",
+        TableFigure("distributed_memory", "pdf", "Peak memory per GPU against the sequence length",
                           "The largest peak memory of any rank for one step (forward, and backward where run).",
                           draw_memory),
-        DistributedFigure("distributed_time", "pdf", "Where the time goes: compute and exposed communication",
+        TableFigure("distributed_time", "pdf", "Where the time goes: compute and exposed communication",
                           "Forward and backward per step on the slowest rank, each split into compute and the "
                           "communication not hidden under it (the record says how each is measured).", draw_time),
-        DistributedFigure("distributed_error", "pdf", "Error against float64 as the world grows",
+        TableFigure("distributed_error", "pdf", "Error against float64 as the world grows",
                           "The gathered output and gradients against a float64 reference on the same data; each must "
                           "stay within twice the same block backend's single-GPU error.", draw_error),
     ]
@@ -148,6 +116,4 @@ DISTRIBUTED_FIGURES: dict[str, DistributedFigure] = {
 
 
 def draw(name: str, table_path: str, out: str) -> None:
-    figure = DISTRIBUTED_FIGURES[name].render(pd.read_parquet(table_path))
-    figure.savefig(out, bbox_inches="tight")
-    plt.close(figure)
+    DISTRIBUTED_FIGURES[name].save(table_path, out)

@@ -10,8 +10,6 @@ Only cells that finished `ok` are drawn; a figure with nothing to draw says why.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
 
 import matplotlib
 
@@ -20,33 +18,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
-from flashwatt.plots import measured_where, nothing_to_draw  # noqa: E402
-
-
-@dataclass(frozen=True)
-class ModelFigure:
-    name: str
-    ext: str
-    title: str
-    caption: str
-    draw: Callable[[pd.DataFrame], plt.Figure]
-
-    def render(self, table: pd.DataFrame) -> plt.Figure:
-        sns.set_theme(style="whitegrid", context="paper")
-        fig = self.draw(table)
-        fig.suptitle(f"{self.title}\n{measured_where(table)}", y=1.0, va="bottom", fontsize=11)
-        return fig
-
-
-def _ok(table: pd.DataFrame, column: str) -> tuple[pd.DataFrame, str | None]:
-    ok = table[(table["status"] == "ok") & table[column].notna()].copy()
-    if len(ok):
-        return ok, None
-    if table.empty:
-        return ok, "the suite has no model cells in its summary"
-    reasons = table["reason"].dropna().unique()
-    return ok, (f"none of the {len(table)} model cells has {column.replace('_', ' ')}"
-                + (f"; reason: {reasons[0]}" if len(reasons) else ""))
+from flashwatt.plots import TableFigure, nothing_to_draw, ok_rows_or_why  # noqa: E402
 
 
 def _label(data: pd.DataFrame) -> pd.Series:
@@ -57,7 +29,7 @@ def _label(data: pd.DataFrame) -> pd.Series:
 
 
 def _bars(table: pd.DataFrame, column: str, xlabel: str) -> plt.Figure:
-    data, why = _ok(table, column)
+    data, why = ok_rows_or_why(table, column, "model")
     if why:
         return nothing_to_draw(why)
     data["cell"] = _label(data)
@@ -86,7 +58,7 @@ def draw_memory(table: pd.DataFrame) -> plt.Figure:
     train = table[table["phase"] == "train"]
     if train.empty:
         return nothing_to_draw("the suite has no train cells in its summary (memory is drawn for training steps)")
-    data, why = _ok(train, "peak_allocated_bytes")
+    data, why = ok_rows_or_why(train, "peak_allocated_bytes", "model")
     if why:
         return nothing_to_draw(why)
     data["GiB"] = data["peak_allocated_bytes"] / 2**30
@@ -99,19 +71,19 @@ def draw_memory(table: pd.DataFrame) -> plt.Figure:
     return grid.figure
 
 
-MODEL_FIGURES: dict[str, ModelFigure] = {
+MODEL_FIGURES: dict[str, TableFigure] = {
     f.name: f
     for f in [
-        ModelFigure("model_throughput", "pdf", "Tokens per second of a model step, per attention backend",
+        TableFigure("model_throughput", "pdf", "Tokens per second of a model step, per attention backend",
                     "Median of timed steps (CUDA events), warm-up and compile excluded; prefill keeps the last "
                     "position's logits; train is forward, backward and a fused AdamW step.", draw_throughput),
-        ModelFigure("model_energy", "pdf", "Joules per token, per attention backend",
+        TableFigure("model_energy", "pdf", "Joules per token, per attention backend",
                     "NVML energy counter over a window of whole steps run back to back, divided by the tokens in "
                     "the window.", draw_energy),
-        ModelFigure("model_memory", "pdf", "Peak memory of a training step against the context",
+        TableFigure("model_memory", "pdf", "Peak memory of a training step against the context",
                     "torch.cuda.max_memory_allocated over the timed steps (weights, gradients, AdamW states and "
                     "activations), with and without activation recompute.", draw_memory),
-        ModelFigure("model_attention_share", "pdf", "How much of the step is attention",
+        TableFigure("model_attention_share", "pdf", "How much of the step is attention",
                     "CUDA events around every attention call, forward and backward, in marked steps of their own, "
                     "over the marked step's time.", draw_share),
     ]
@@ -119,6 +91,4 @@ MODEL_FIGURES: dict[str, ModelFigure] = {
 
 
 def draw(name: str, table_path: str, out: str) -> None:
-    figure = MODEL_FIGURES[name].render(pd.read_parquet(table_path))
-    figure.savefig(out, bbox_inches="tight")
-    plt.close(figure)
+    MODEL_FIGURES[name].save(table_path, out)
