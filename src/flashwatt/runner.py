@@ -78,7 +78,8 @@ def device_identity(device, telemetry) -> dict:
     return ident
 
 
-def _open_telemetry(device, settings: MeasureSettings):
+def open_cell_telemetry(device, settings: MeasureSettings):
+    """NVML for the cell's GPU, or a NullTelemetry saying why there is none."""
     from flashwatt.telemetry import NullTelemetry, open_telemetry
 
     if device.type != "cuda":
@@ -107,7 +108,7 @@ def run_cell(cell: Cell, settings: "MeasureSettings | dict") -> CellOutcome:
         from flashwatt.kernels.base import UnsupportedCell
 
         device = select_device()
-        telemetry = _open_telemetry(device, settings)
+        telemetry = open_cell_telemetry(device, settings)
         record["device"] = device_identity(device, telemetry)
         kernel = get_kernel(cell.kernel)
         reason = kernel.supports(cell, device)

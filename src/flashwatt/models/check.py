@@ -88,8 +88,9 @@ def check_model(model, reference_factory, precision: str, vocab: int, train: boo
     the step calls instead of the model (its torch.compile'd form), checked in its place.
     """
     device = next(model.parameters()).device
-    length = min(CHECK_TOKENS, model.config.max_position_embeddings if hasattr(model.config, "max_position_embeddings")
-                 else model.config.n_positions)
+    from flashwatt.models.presets import shape_of
+
+    length = min(CHECK_TOKENS, shape_of(model.config).max_positions)
     gen = torch.Generator(device="cpu").manual_seed(seed)
     ids = torch.randint(0, vocab, (1, length), generator=gen).to(device)
     half = length // 2

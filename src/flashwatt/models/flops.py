@@ -34,11 +34,6 @@ DENSE_PEAK_TFLOPS = {
 }
 
 
-def matmul_parameters(shape: Shape, body_matmul: int) -> dict:
-    """N_matmul split into the blocks' weight matrices (counted from the model) and the LM head."""
-    return {"body": body_matmul, "head": shape.vocab * shape.hidden}
-
-
 def step_flops(shape: Shape, body_matmul: int, batch: int, seq_len: int, phase: str, causal: bool = True,
                logits_of_last_only: bool = False) -> dict:
     """FLOPs of one step of `phase` ("prefill" or "train") on batch x seq_len tokens."""

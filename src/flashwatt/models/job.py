@@ -51,9 +51,7 @@ def why_not(cell: ModelCell, shape, device) -> str | None:
         if reason is None and cell.phase == "train" and not kernel.differentiable:
             reason = f"{cell.backend} has no backward pass"
         return reason
-    if device.type != "cuda" and cell.backend != "eager" and cell.backend != "sdpa_default":
-        return f"{cell.backend} needs a CUDA device"
-    return None
+    return None  # transformers' own eager and SDPA run anywhere
 
 
 def run_model_cell(cell: ModelCell, spec: dict) -> CellOutcome:
@@ -69,12 +67,12 @@ def run_model_cell(cell: ModelCell, spec: dict) -> CellOutcome:
         from flashwatt import measure
         from flashwatt.kernels.base import UnsupportedCell
         from flashwatt.models.presets import build_config, shape_of
-        from flashwatt.runner import _open_telemetry, device_identity, select_device
+        from flashwatt.runner import device_identity, open_cell_telemetry, select_device
         from flashwatt.settings import MeasureSettings
 
         settings = MeasureSettings.from_mapping(spec.get("measure", {}))
         device = select_device()
-        telemetry = _open_telemetry(device, settings)
+        telemetry = open_cell_telemetry(device, settings)
         record["device"] = device_identity(device, telemetry)
         shape = shape_of(build_config(spec["model"]))
         reason = why_not(cell, shape, device)
@@ -214,7 +212,7 @@ def _attention_share(step, model, cell: ModelCell, device, count: int) -> dict:
     """Attention milliseconds per step (forward, backward) and their share of the step,
     in steps with markers (flashwatt.models.attention_timer)."""
     from flashwatt.models.attention_timer import AttentionTimer
-    from flashwatt.models.step import _Clock
+    from flashwatt.models.step import StepClock
 
     method = "CUDA events around every attention call (hooks), forward and backward, in marked steps"
     if device.type != "cuda":
@@ -228,7 +226,7 @@ def _attention_share(step, model, cell: ModelCell, device, count: int) -> dict:
     try:
         step.run()  # warm the marked path
         timer.take()
-        clock = _Clock(device)
+        clock = StepClock(device)
         shares, forward, backward, totals = [], [], [], []
         for _ in range(count):
             spans = step.timed(clock)

@@ -25,7 +25,6 @@ class Preset:
     family: str
     settings: dict = field(default_factory=dict)
     published_parameters: int | None = None  # the model card's count, checked by the tests
-    source: str = ""
 
 
 PRESETS: dict[str, Preset] = {
@@ -34,32 +33,32 @@ PRESETS: dict[str, Preset] = {
         hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
         num_key_value_heads=8, head_dim=64, vocab_size=128256, max_position_embeddings=131072,
         rms_norm_eps=1e-5, tie_word_embeddings=True, rope_parameters=_LLAMA3_ROPE,
-        bos_token_id=128000, eos_token_id=128001), 1_235_814_400, "meta-llama/Llama-3.2-1B"),
+        bos_token_id=128000, eos_token_id=128001), 1_235_814_400),
     # meta-llama/Llama-3.2-3B config.json
     "llama_3_2_3b": Preset("llama", dict(
         hidden_size=3072, intermediate_size=8192, num_hidden_layers=28, num_attention_heads=24,
         num_key_value_heads=8, head_dim=128, vocab_size=128256, max_position_embeddings=131072,
         rms_norm_eps=1e-5, tie_word_embeddings=True, rope_parameters=_LLAMA3_ROPE,
-        bos_token_id=128000, eos_token_id=128001), 3_212_749_824, "meta-llama/Llama-3.2-3B"),
+        bos_token_id=128000, eos_token_id=128001), 3_212_749_824),
     # meta-llama/Llama-2-7b-hf config.json
     "llama_2_7b": Preset("llama", dict(
         hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
         num_key_value_heads=32, head_dim=128, vocab_size=32000, max_position_embeddings=4096,
         rms_norm_eps=1e-5, tie_word_embeddings=False,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-        bos_token_id=1, eos_token_id=2), 6_738_415_616, "meta-llama/Llama-2-7b-hf"),
+        bos_token_id=1, eos_token_id=2), 6_738_415_616),
     # meta-llama/Meta-Llama-3-8B config.json
     "llama_3_8b": Preset("llama", dict(
         hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
         num_key_value_heads=8, head_dim=128, vocab_size=128256, max_position_embeddings=8192,
         rms_norm_eps=1e-5, tie_word_embeddings=False,
         rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
-        bos_token_id=128000, eos_token_id=128001), 8_030_261_248, "meta-llama/Meta-Llama-3-8B"),
+        bos_token_id=128000, eos_token_id=128001), 8_030_261_248),
     # openai-community/gpt2 config.json (124M)
     "gpt2_124m": Preset("gpt2", dict(
         n_embd=768, n_layer=12, n_head=12, n_inner=None, vocab_size=50257, n_positions=1024,
         activation_function="gelu_new", layer_norm_epsilon=1e-5, tie_word_embeddings=True,
-        bos_token_id=50256, eos_token_id=50256), 124_439_808, "openai-community/gpt2"),
+        bos_token_id=50256, eos_token_id=50256), 124_439_808),
     # Small shapes of each family (head dim 64, which every backend runs): the CPU tests
     # and the training study's quick grid.
     "llama_tiny": Preset("llama", dict(

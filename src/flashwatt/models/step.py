@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -24,7 +25,7 @@ def build_model(spec: dict, precision: str, device: torch.device, seed: int, dro
     config = build_config(spec, dropout)
     dtype = DTYPES[precision]
     torch.manual_seed(seed)
-    if "path" in spec and any(p.suffix in (".safetensors", ".bin") for p in __import__("pathlib").Path(spec["path"]).iterdir()):
+    if "path" in spec and any(p.suffix in (".safetensors", ".bin") for p in Path(spec["path"]).iterdir()):
         model = transformers.AutoModelForCausalLM.from_pretrained(spec["path"], config=config, dtype=dtype,
                                                                   local_files_only=True).to(device)
     else:
@@ -62,7 +63,7 @@ def random_tokens(vocab: int, batch: int, seq_len: int, seed: int, device: torch
     return torch.randint(0, vocab, (batch, seq_len), generator=gen).to(device)
 
 
-class _Clock:
+class StepClock:
     """CUDA events on a GPU, perf_counter on CPU; `mark()` then `spans()` in ms."""
 
     def __init__(self, device: torch.device):
@@ -100,7 +101,7 @@ class Step:
     def __post_init__(self):
         self.parts = ("forward", "backward", "optimizer") if self.phase == "train" else ("forward",)
 
-    def _go(self, clock: _Clock | None) -> None:
+    def _go(self, clock: StepClock | None) -> None:
         mark = clock.mark if clock else (lambda: None)
         mark()
         if self.phase == "prefill":
@@ -119,7 +120,7 @@ class Step:
     def run(self) -> None:
         self._go(None)
 
-    def timed(self, clock: _Clock) -> dict[str, float]:
+    def timed(self, clock: StepClock) -> dict[str, float]:
         self._go(clock)
         spans = clock.spans()
         return dict(zip(self.parts, spans)) | {"step": sum(spans)}
@@ -148,7 +149,7 @@ def make_step(model, cell, device: torch.device, seed: int, lr: float = 1e-5, we
 
 def time_steps(step: Step, device: torch.device, count: int) -> dict:
     """Median milliseconds of each phase over `count` steps, and every step's total."""
-    clock = _Clock(device)
+    clock = StepClock(device)
     runs = [step.timed(clock) for _ in range(count)]
     out = {f"{part}_ms": statistics.median(r[part] for r in runs) for part in (*step.parts, "step")}
     out["steps_ms"] = [r["step"] for r in runs]

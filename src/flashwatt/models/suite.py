@@ -27,9 +27,9 @@ import itertools
 
 from flashwatt.config import ConfigError
 from flashwatt.models.cell import ModelCell
+from flashwatt.models.job import DEFAULT_STEPS
 from flashwatt.models.presets import model_spec
 
-DEFAULT_STEPS = {"warmup_steps": 3, "timed_steps": 10, "attention_steps": 3}
 _POSITIONS = ("max_position_embeddings", "n_positions")
 
 
