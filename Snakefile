@@ -19,6 +19,7 @@ include: "workflow/rules/plots.smk"
 include: "workflow/rules/control.smk"
 include: "workflow/rules/distributed.smk"
 include: "workflow/rules/models.smk"
+include: "workflow/rules/training.smk"
 
 
 rule all:

@@ -111,11 +111,13 @@ def validate_config(config: dict, schema_file: Traversable | Path = SCHEMA) -> d
     from flashwatt.control.suite import control_runs  # they raise ConfigError, defined here
     from flashwatt.distributed.suite import distributed_runs
     from flashwatt.models.suite import model_runs
+    from flashwatt.training.suite import training_runs
 
     for name in config["suites"]:
         control_runs(config, name)
         distributed_runs(config, name)
         model_runs(config, name)
+        training_runs(config, name)
     return config
 
 

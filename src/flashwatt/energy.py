@@ -127,7 +127,7 @@ class EdgeReading:
     calls: float = 0.0
 
 
-def _await_ticks(telemetry: Telemetry, clock: Callable[[], float], timeout_s: float) -> list[EdgeReading]:
+def await_ticks(telemetry: Telemetry, clock: Callable[[], float], timeout_s: float) -> list[EdgeReading]:
     """Spin until each GPU's energy counter moves from its value now.
 
     A GPU whose counter did not move before the timeout gets the last reading and
@@ -495,7 +495,7 @@ def measure_energy(
 
     identity = telemetry.identity()
     n_gpus = len(identity)
-    read_edge = (lambda: _await_ticks(telemetry, clock, edge_timeout_s)) if align_edges \
+    read_edge = (lambda: await_ticks(telemetry, clock, edge_timeout_s)) if align_edges \
         else (lambda: _read_edge(telemetry, clock))
 
     sampler = Sampler(telemetry, sampler_period_s)

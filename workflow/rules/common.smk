@@ -10,6 +10,8 @@ from flashwatt.distributed.suite import distributed_runs
 from flashwatt.models.figures import MODEL_FIGURES
 from flashwatt.models.suite import model_runs
 from flashwatt.plots import FIGURES
+from flashwatt.training.figures import TRAINING_FIGURES
+from flashwatt.training.suite import training_runs, training_section
 from flashwatt.submit.resources import refuse_unknown_resources
 
 try:
@@ -20,6 +22,7 @@ try:
     CONTROL = {SUITE: control_runs(config, SUITE)}
     DISTRIBUTED = {SUITE: distributed_runs(config, SUITE)}
     MODELS = {SUITE: model_runs(config, SUITE, measure_settings(config, SUITE))}
+    TRAINING = {SUITE: training_runs(config, SUITE, measure_settings(config, SUITE))}
     # Resources set for the cells (profile or --set-resources), checked before any job
     # starts: a misspelt name (slurm_acount) would otherwise fail every cell.
     refuse_unknown_resources("cell", workflow.resource_settings.overwrite_resources.get("cell", {}))
@@ -34,7 +37,8 @@ from flashwatt.report_method import report_method
 
 config["report_method"] = report_method(f"results/{SUITE}/summary.parquet")
 config["report_parts"] = {"cells": bool(CELLS[SUITE]), "control": bool(CONTROL[SUITE]),
-                          "distributed": bool(DISTRIBUTED[SUITE]), "models": bool(MODELS[SUITE])}
+                          "distributed": bool(DISTRIBUTED[SUITE]), "models": bool(MODELS[SUITE]),
+                          "training": bool(TRAINING[SUITE])}
 
 wildcard_constraints:
     **WILDCARD_CONSTRAINTS,
@@ -106,6 +110,35 @@ def model_spec_of(cell):
         raise WorkflowError(f"flashwatt: {cell.path} is not a model cell of suite {cell.suite} in this config")
     return MODELS[cell.suite][cell]
 
+def train_cells_of(suite):
+    """The suite's training cells (empty for a suite without a training section)."""
+    if suite not in TRAINING:
+        try:
+            TRAINING[suite] = training_runs(config, suite, measure_settings(config, suite))
+        except ConfigError as error:
+            raise WorkflowError(f"flashwatt: {error}") from None
+    return list(TRAINING[suite])
+
+def train_cell_of(wc):
+    """The training cell a job's wildcards name."""
+    from flashwatt.training.cell import TrainCell
+
+    return TrainCell.from_wildcards(wc.suite, wc.tmodel, wc.tbackend, wc.tprecision, wc.tname)
+
+def train_spec_of(cell):
+    """The job spec of a training cell (model, data manifest, evaluation, schedule, target)."""
+    train_cells_of(cell.suite)
+    if cell not in TRAINING[cell.suite]:
+        raise WorkflowError(f"flashwatt: {cell.path} is not a training cell of suite {cell.suite} in this config")
+    return TRAINING[cell.suite][cell]
+
+def training_section_of(suite):
+    """The suite's training section with its defaults (what the data rule reads)."""
+    section = training_section(config, suite)
+    if section is None:
+        raise WorkflowError(f"flashwatt: suite {suite} has no training section")
+    return section
+
 def suite_outputs(suite):
     """What the default target builds for a suite: the attention cells' summary and figures,
     the control runs', distributed cells' and model cells' tables and figures, as the suite has them."""
@@ -119,6 +152,8 @@ def suite_outputs(suite):
                 *(f"figures/{suite}/{name}.pdf" for name in DISTRIBUTED_FIGURES)]
     if model_cells_of(suite):
         out += [f"results/{suite}/models.parquet", *(f"figures/{suite}/{name}.pdf" for name in MODEL_FIGURES)]
+    if train_cells_of(suite):
+        out += [f"results/{suite}/training.parquet", *(f"figures/{suite}/{name}.pdf" for name in TRAINING_FIGURES)]
     return out
 
 def recorded_cells_of(suite):

@@ -58,10 +58,11 @@ def _middle_block(model) -> str:
     return f"{prefix}{count // 2}."
 
 
-def _run(model, ids, train: bool, block: str, forward=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+def _run(model, ids, train: bool, block: str, forward=None,
+         autocast=contextlib.nullcontext) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     for p in model.parameters():
         p.grad = None
-    with torch.set_grad_enabled(train):
+    with torch.set_grad_enabled(train), autocast():
         # `is None`, not truthiness: a torch.compile'd module refuses len()
         out = (model if forward is None else forward)(input_ids=ids, labels=ids, use_cache=False)
     logits, loss = out.logits.detach(), out.loss.detach()
@@ -80,13 +81,16 @@ def _verdict(error: float, baseline: float, precision: str) -> tuple[bool, float
 
 
 def check_model(model, reference_factory, precision: str, vocab: int, train: bool, seed: int,
-                forward=None) -> dict:
+                forward=None, autocast=None) -> dict:
     """Run the three checks on `model` (already on its backend and device).
 
     reference_factory() returns the reference model (float32 on a GPU, float64 on CPU)
     holding the same weights; it is built here and freed before returning. `forward`: what
     the step calls instead of the model (its torch.compile'd form), checked in its place.
+    `autocast`: the context every run of the model (not the reference) is made in, for a
+    model trained in mixed precision (float32 weights, `precision` arithmetic).
     """
+    autocast = autocast or contextlib.nullcontext
     device = next(model.parameters()).device
     from flashwatt.models.presets import shape_of
 
@@ -105,14 +109,14 @@ def check_model(model, reference_factory, precision: str, vocab: int, train: boo
     was_training = model.training
     model.train(train)
     try:
-        logits, loss, grads = _run(model, ids, train, block, forward)
+        logits, loss, grads = _run(model, ids, train, block, forward, autocast)
         # The causality probe compares two forwards run the same way: a compiled model
         # runs another graph with gradients off, whose roundings differ from the train
         # graph's, which is no leak.
-        same_way = _run(model, ids, False, block, forward)[0] if train else logits
-        moved, _, _ = _run(model, changed, False, block, forward)
+        same_way = _run(model, ids, False, block, forward, autocast)[0] if train else logits
+        moved, _, _ = _run(model, changed, False, block, forward, autocast)
         with _math_sdpa(model):
-            base_logits, base_loss, base_grads = _run(model, ids, train, block)
+            base_logits, base_loss, base_grads = _run(model, ids, train, block, autocast=autocast)
 
         reference = reference_factory()
         for n, p in reference.named_parameters():

@@ -59,8 +59,15 @@ PRESETS: dict[str, Preset] = {
         n_embd=768, n_layer=12, n_head=12, n_inner=None, vocab_size=50257, n_positions=1024,
         activation_function="gelu_new", layer_norm_epsilon=1e-5, tie_word_embeddings=True,
         bos_token_id=50256, eos_token_id=50256), 124_439_808),
-    # Small shapes of each family (head dim 64, which every backend runs): the CPU tests
-    # and the training study's quick grid.
+    # The training study's small Llama (12.6M parameters with an 8192-id vocabulary; the
+    # study sets the vocabulary to its tokenizer's): 6 blocks of width 384, grouped-query
+    # attention with 6 heads and 2 K/V heads of dim 64.
+    "llama_small": Preset("llama", dict(
+        hidden_size=384, intermediate_size=1024, num_hidden_layers=6, num_attention_heads=6,
+        num_key_value_heads=2, head_dim=64, vocab_size=8192, max_position_embeddings=2048,
+        rms_norm_eps=1e-5, tie_word_embeddings=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0})),
+    # Small shapes of each family (head dim 64, which every backend runs): the CPU tests.
     "llama_tiny": Preset("llama", dict(
         hidden_size=256, intermediate_size=688, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, head_dim=64, vocab_size=512, max_position_embeddings=2048,
@@ -91,14 +98,23 @@ def model_spec(name: str, user_presets: dict | None = None, where: str = "model"
     return {"name": name, "family": preset.family, "settings": dict(preset.settings)}
 
 
-# Every dropout a family's config has: the published GPT-2 config trains with 0.1, but
+# The dropouts of each family's config. The published GPT-2 config trains with 0.1, but
 # kernels have no attention dropout, and a benchmark step is measured without it (as
-# pretraining runs mostly are); the training study sets it per cell.
-DROPOUT_KEYS = {"llama": ("attention_dropout",), "gpt2": ("attn_pdrop", "resid_pdrop", "embd_pdrop")}
+# pretraining runs mostly are); the training study sets the residual and embedding
+# dropout per cell and never drops attention probabilities, so that every backend
+# computes the same function. Llama has attention dropout only.
+ATTENTION_DROPOUT_KEYS = {"llama": ("attention_dropout",), "gpt2": ("attn_pdrop",)}
+RESIDUAL_DROPOUT_KEYS = {"llama": (), "gpt2": ("resid_pdrop", "embd_pdrop")}
 
 
-def build_config(spec: dict, dropout: float = 0.0):
-    """The transformers config of a model spec (model_spec's output), every dropout set to `dropout`."""
+def has_residual_dropout(family: str) -> bool:
+    return bool(RESIDUAL_DROPOUT_KEYS.get(family))
+
+
+def build_config(spec: dict, dropout: float = 0.0, attention_dropout: float = 0.0, **overrides):
+    """The transformers config of a model spec (model_spec's output): residual and
+    embedding dropout `dropout`, attention dropout `attention_dropout`, and any other
+    config key set by `overrides` (the training study's vocabulary size)."""
     import transformers
 
     if "path" in spec:
@@ -110,8 +126,12 @@ def build_config(spec: dict, dropout: float = 0.0):
         config = transformers.AutoConfig.from_pretrained(str(path), local_files_only=True)
     else:
         config = getattr(transformers, FAMILIES[spec["family"]])(**spec["settings"])
-    for key in DROPOUT_KEYS.get(config.model_type, ()):
+    for key in ATTENTION_DROPOUT_KEYS.get(config.model_type, ()):
+        setattr(config, key, attention_dropout)
+    for key in RESIDUAL_DROPOUT_KEYS.get(config.model_type, ()):
         setattr(config, key, dropout)
+    for key, value in overrides.items():
+        setattr(config, key, value)
     return config
 
 

@@ -15,14 +15,16 @@ import torch
 DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
-def build_model(spec: dict, precision: str, device: torch.device, seed: int, dropout: float = 0.0):
+def build_model(spec: dict, precision: str, device: torch.device, seed: int, dropout: float = 0.0,
+                **overrides):
     """The model of a spec (flashwatt.models.presets.model_spec) on `device` in the cell's dtype:
-    random weights drawn under `seed`, or the folder's weights when the spec is a path that has them."""
+    random weights drawn under `seed`, or the folder's weights when the spec is a path that has them.
+    `dropout` and `overrides`: as flashwatt.models.presets.build_config takes them."""
     import transformers
 
     from flashwatt.models.presets import build_config
 
-    config = build_config(spec, dropout)
+    config = build_config(spec, dropout, **overrides)
     dtype = DTYPES[precision]
     torch.manual_seed(seed)
     if "path" in spec and any(p.suffix in (".safetensors", ".bin") for p in Path(spec["path"]).iterdir()):

@@ -14,12 +14,12 @@ docs/training_data.md has the choices and where to find a corpus offline.
 import importlib
 
 __all__ = ["BatchSampler", "Corpus", "OPTIMIZERS", "SCHEDULES", "TextTokenizer", "TokenShards", "load_corpus",
-           "load_tokenizer", "lr_multiplier", "make_optimizer", "make_schedule", "prepare_shards",
+           "load_tokenizer", "lr_multiplier", "make_optimizer", "make_schedule", "open_shards", "prepare_shards",
            "steps_for_budget", "validation_windows"]
 # Loaded on first use: the workflow reads names (OPTIMIZERS, SCHEDULES) while it plans, where
 # torch and tokenizers are not needed.
 _PUBLIC = {"Corpus": "corpus", "load_corpus": "corpus", "TextTokenizer": "tokenizer", "load_tokenizer": "tokenizer",
-           "BatchSampler": "shards", "TokenShards": "shards", "prepare_shards": "shards",
+           "BatchSampler": "shards", "TokenShards": "shards", "prepare_shards": "shards", "open_shards": "shards",
            "steps_for_budget": "shards", "validation_windows": "shards", "OPTIMIZERS": "optimizers",
            "make_optimizer": "optimizers", "SCHEDULES": "schedules", "lr_multiplier": "schedules",
            "make_schedule": "schedules"}

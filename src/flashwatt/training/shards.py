@@ -104,6 +104,16 @@ def prepare_shards(corpus: Corpus, tokenizer: TextTokenizer, cache_dir: str | Pa
                     meta["tokens"][split], meta["documents"][split] = int(ids.size), documents
                 text = json.dumps(meta, indent=1)
                 atomic_write(meta_path, lambda tmp: Path(tmp).write_text(text + "\n"))
+    return open_shards(directory)
+
+
+def open_shards(directory: str | Path) -> TokenShards:
+    """Shards prepare_shards wrote, memory-mapped (a training job opens the suite's shards
+    without reading the corpus)."""
+    directory = Path(directory)
+    meta_path = directory / "meta.json"
+    if not meta_path.is_file():
+        raise FileNotFoundError(f"{directory} holds no finished token shards (no meta.json)")
     meta = json.loads(meta_path.read_text())
     splits = {split: np.load(directory / f"{split}.npy", mmap_mode="r") for split in SPLITS}
     return TokenShards(directory, splits, meta)

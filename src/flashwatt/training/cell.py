@@ -1,0 +1,161 @@
+"""A training cell: one training run of a model to a token budget with one attention
+backend, optimizer, schedule and seed; the single source of its names and paths.
+
+    results/cells/<suite>/train/<model>/<backend>/<precision>/
+        <optimizer>-<schedule>-lr<lr>-do<dropout>-wd<weight_decay>-B<batch>-L<context>-T<tokens>-s<seed>.json
+
+`TrainCell.from_path(cell.path) == cell` holds, so asking for a file reruns that run.
+Numbers in the name are written with `format(x, "g")` (3e-4 -> 0.0003), which reads back
+to the same float, so a learning rate of more than six significant digits is refused
+rather than silently rounded.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+
+from flashwatt.cell import RESULTS_ROOT
+from flashwatt.cell_files import CellFiles
+from flashwatt.models.cell import MODEL_BACKENDS
+
+# Mixed precision: weights, gradients and optimizer states in float32; the forward and
+# backward under autocast to the cell's precision (fp16 with a gradient scaler). A
+# convergence study in pure bf16 would measure bf16's rounding of small updates.
+TRAIN_PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+# flashwatt.training.optimizers.OPTIMIZERS and schedules.SCHEDULES (kept torch-free here;
+# a test checks they agree)
+TRAIN_OPTIMIZERS = ("adamw", "lion")
+TRAIN_SCHEDULES = ("cosine", "wsd", "constant")
+
+FOLDER = "train"
+RECORD_SUFFIX, TRACE_SUFFIX = ".json", ".trace.parquet"
+_TOKEN_RE = "[a-z0-9_]+"
+_NUMBER_RE = r"[0-9.]+(?:e[-+]?[0-9]+)?"
+_WHERE = "/{suite}/" + FOLDER + "/{tmodel}/{tbackend}/{tprecision}/{tname}"
+RECORD_PATTERN = RESULTS_ROOT + _WHERE + RECORD_SUFFIX
+TRACE_PATTERN = RESULTS_ROOT + _WHERE + TRACE_SUFFIX
+LOG_PATTERN = "results/logs/cells" + _WHERE + ".log"
+_NAME_RE = (rf"(?P<optimizer>{'|'.join(TRAIN_OPTIMIZERS)})-(?P<schedule>{'|'.join(TRAIN_SCHEDULES)})"
+            rf"-lr(?P<lr>{_NUMBER_RE})-do(?P<dropout>{_NUMBER_RE})-wd(?P<weight_decay>{_NUMBER_RE})"
+            r"-B(?P<batch>\d+)-L(?P<context>\d+)-T(?P<tokens>\d+)-s(?P<seed>\d+)")
+_NAME = re.compile(f"^{_NAME_RE}$")
+_TOKEN = re.compile(f"^{_TOKEN_RE}$")
+WILDCARD_CONSTRAINTS = {
+    "tmodel": _TOKEN_RE,
+    "tbackend": "|".join(MODEL_BACKENDS),
+    "tprecision": "|".join(TRAIN_PRECISIONS),
+    "tname": re.sub(r"\?P<\w+>", "", _NAME_RE),
+}
+
+
+def number(x: float) -> str:
+    return format(x, "g")
+
+
+@dataclass(frozen=True, order=True)
+class TrainCell(CellFiles):
+    RECORD_PATTERN, TRACE_PATTERN, LOG_PATTERN = RECORD_PATTERN, TRACE_PATTERN, LOG_PATTERN
+
+    suite: str
+    model: str
+    backend: str
+    precision: str
+    optimizer: str
+    schedule: str
+    lr: float            # peak learning rate
+    dropout: float       # residual and embedding dropout (attention probabilities are never dropped)
+    weight_decay: float  # decoupled, on the weight matrices only
+    batch: int           # sequences per step
+    context: int         # tokens per sequence
+    tokens: int          # token budget: steps = tokens // (batch * context)
+    seed: int            # weights, batches and dropout
+
+    def __post_init__(self) -> None:
+        def refuse(what: str) -> None:
+            raise ValueError(f"training cell {what}")
+
+        for key in ("suite", "model"):
+            if not _TOKEN.match(getattr(self, key)):
+                refuse(f"{key}={getattr(self, key)!r}: use lower-case letters, digits, _")
+        for key, allowed in (("backend", MODEL_BACKENDS), ("precision", TRAIN_PRECISIONS),
+                             ("optimizer", TRAIN_OPTIMIZERS), ("schedule", TRAIN_SCHEDULES)):
+            if getattr(self, key) not in allowed:
+                refuse(f"{key}={getattr(self, key)!r}: allowed {', '.join(allowed)}")
+        for key in ("batch", "context", "tokens"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                refuse(f"{key}={value!r}: must be a positive integer")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
+            refuse(f"seed={self.seed!r}: must be an integer >= 0")
+        for key, low, high in (("lr", 0.0, None), ("dropout", 0.0, 1.0), ("weight_decay", 0.0, None)):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                refuse(f"{key}={value!r}: must be a number")
+            value = float(value)
+            if value < low or (high is not None and value >= high) or (key == "lr" and value == 0.0):
+                refuse(f"{key}={value!r}: must be " + ("> 0" if key == "lr" else f">= {low:g}")
+                       + (f" and < {high:g}" if high is not None else ""))
+            if float(number(value)) != value:
+                refuse(f"{key}={value!r}: at most 6 significant digits (the file name holds {number(value)})")
+            object.__setattr__(self, key, value)
+        if self.tokens < self.batch * self.context:
+            refuse(f"tokens={self.tokens}: the budget is smaller than one batch ({self.batch} x {self.context} "
+                   f"= {self.batch * self.context} tokens)")
+
+    @property
+    def name(self) -> str:
+        return (f"{self.optimizer}-{self.schedule}-lr{number(self.lr)}-do{number(self.dropout)}"
+                f"-wd{number(self.weight_decay)}-B{self.batch}-L{self.context}-T{self.tokens}-s{self.seed}")
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.batch * self.context
+
+    @property
+    def steps(self) -> int:
+        return self.tokens // self.tokens_per_step
+
+    @property
+    def setting(self) -> str:
+        """The run without its seed: the runs the spread over seeds is taken across."""
+        return self.id.rsplit("-s", 1)[0]
+
+    @property
+    def id(self) -> str:
+        return f"{self.suite}/{FOLDER}/{self.model}/{self.backend}/{self.precision}/{self.name}"
+
+    @property
+    def wildcards(self) -> dict[str, str]:
+        return {"suite": self.suite, "tmodel": self.model, "tbackend": self.backend, "tprecision": self.precision,
+                "tname": self.name}
+
+    @classmethod
+    def from_wildcards(cls, suite: str, tmodel: str, tbackend: str, tprecision: str, tname: str) -> "TrainCell":
+        match = _NAME.match(tname)
+        if not match:
+            raise ValueError(f"not a training cell name: {tname!r} "
+                             "(expected e.g. adamw-cosine-lr0.001-do0-wd0.1-B32-L256-T4000000-s0)")
+        g = match.groupdict()
+        return cls(suite, tmodel, tbackend, tprecision, g["optimizer"], g["schedule"], float(g["lr"]),
+                   float(g["dropout"]), float(g["weight_decay"]), int(g["batch"]), int(g["context"]),
+                   int(g["tokens"]), int(g["seed"]))
+
+    @classmethod
+    def from_path(cls, path: str) -> "TrainCell":
+        parts = PurePosixPath(str(path)).parts
+        root = PurePosixPath(RESULTS_ROOT).parts
+        n = len(root)
+        for i in range(len(parts) - n - 5):
+            if parts[i:i + n] == root and parts[i + n + 1] == FOLDER:
+                suite, _, model, backend, precision, leaf = parts[i + n:i + n + 6]
+                if leaf.endswith(RECORD_SUFFIX):
+                    return cls.from_wildcards(suite, model, backend, precision, leaf[:-len(RECORD_SUFFIX)])
+        raise ValueError(f"not a training cell record: {path!r} (expected {RECORD_PATTERN})")
+
+    def as_row(self) -> dict:
+        return {"suite": self.suite, "model": self.model, "backend": self.backend, "precision": self.precision,
+                "optimizer": self.optimizer, "schedule": self.schedule, "lr": self.lr, "dropout": self.dropout,
+                "weight_decay": self.weight_decay, "batch": self.batch, "context": self.context,
+                "token_budget": self.tokens, "seed": self.seed, "steps": self.steps, "setting": self.setting,
+                "cell_id": self.id}
