@@ -57,6 +57,19 @@ if models.exists():
             "avg_power_w", "check_passed", "logits_error", "grad_error", "speedup_vs_sdpa_default",
             "energy_vs_sdpa_default", "compile_s", "oom_stage", "device"]
     print(m[cols].to_string(index=False, float_format=fmt))
+training = Path(f"results/{sys.argv[1]}/training.parquet")
+if training.exists():
+    t = pd.read_parquet(training)
+    t["GiB"] = t["peak_allocated_bytes"] / 2**30
+    cols = ["model", "backend", "optimizer", "schedule", "lr", "seed", "status", "initial_val_loss",
+            "initial_loss_agrees", "final_val_loss", "tokens_per_s", "steady_tokens_per_s", "wall_s", "eval_share",
+            "energy_j", "mean_power_w", "GiB", "target_reached", "tokens_to_target", "wall_s_to_target",
+            "energy_j_to_target", "duration_s", "device"]
+    print(t[cols].to_string(index=False, float_format=fmt))
+    s = pd.read_csv(f"results/{sys.argv[1]}/training_settings.csv")
+    cols = [c for c in s.columns if c.startswith(("wall_s_to_target", "energy_j_to_target", "final_val_loss",
+                                                  "steady_tokens"))]
+    print(s[["setting", "runs", "ok", "reached", *cols]].to_string(index=False, float_format=fmt))
 if control.exists():
     runs = pd.read_parquet(control)
     oracle = pd.read_parquet(f"results/{sys.argv[1]}/control_oracle.parquet")
