@@ -71,6 +71,7 @@ def run_train_cell(cell: TrainCell, spec: dict) -> CellOutcome:
     record = base_record(cell, spec)
     t0 = time.perf_counter()
     telemetry = None
+    stage = Stages(record, "startup")
     try:
         record["provenance"] = provenance()
         import torch
@@ -83,7 +84,7 @@ def run_train_cell(cell: TrainCell, spec: dict) -> CellOutcome:
         device = select_device()
         telemetry = open_cell_telemetry(device, settings)
         record["device"] = device_identity(device, telemetry)
-        stage = {"now": "build"}
+        stage.enter("build")
         try:
             with measure.precision_mode(cell):
                 _train(cell, spec, device, telemetry, record, stage)
@@ -93,8 +94,8 @@ def run_train_cell(cell: TrainCell, spec: dict) -> CellOutcome:
             if isinstance(err, UnsupportedCell):
                 record.update(status="skipped", reason=str(err))
             elif measure.is_oom(err):
-                record.update(status="oom", oom_stage=stage["now"],
-                              reason=f"out of memory during {stage['now']}: {str(err).splitlines()[0]}")
+                record.update(status="oom", oom_stage=stage.now,
+                              reason=f"out of memory during {stage.now}: {str(err).splitlines()[0]}")
             else:
                 raise
         finally:
@@ -103,6 +104,7 @@ def run_train_cell(cell: TrainCell, spec: dict) -> CellOutcome:
     except Exception as err:
         record.update(status="error", reason=f"{type(err).__name__}: {err}", traceback=traceback.format_exc())
     finally:
+        stage.enter(None)
         if telemetry is not None:
             telemetry.close()
         record["finished"] = utc_now()
@@ -110,7 +112,23 @@ def run_train_cell(cell: TrainCell, spec: dict) -> CellOutcome:
     return CellOutcome(record, record.pop("_steps", []))
 
 
-def _train(cell: TrainCell, spec: dict, device, telemetry, record: dict, stage: dict) -> None:
+class Stages:
+    """The stage a job is in (named by an out-of-memory record) and the seconds spent in
+    each, summed over its visits: `stages_s` in the record, where a job's time goes beside
+    the run's own clocks."""
+
+    def __init__(self, record: dict, first: str = "build"):
+        self.seconds = record.setdefault("stages_s", {})
+        self.now, self.since = first, time.perf_counter()
+
+    def enter(self, name: str | None) -> None:
+        now = time.perf_counter()
+        if self.now is not None:
+            self.seconds[self.now] = self.seconds.get(self.now, 0.0) + now - self.since
+        self.now, self.since = name, now
+
+
+def _train(cell: TrainCell, spec: dict, device, telemetry, record: dict, stage: Stages) -> None:
     import torch
 
     from flashwatt.models.attention import use_backend
@@ -153,7 +171,7 @@ def _train(cell: TrainCell, spec: dict, device, telemetry, record: dict, stage: 
                        else cell.precision}
     adapter = use_backend(model, cell.backend, cell.precision, train=True)
 
-    stage["now"] = "check"
+    stage.enter("check")
     autocast = autocast_of(cell.precision, device)
     with _dropout_off(model):
         record["check"] = check_model(model, reference_factory(model, device), cell.precision, vocab, True,
@@ -165,7 +183,7 @@ def _train(cell: TrainCell, spec: dict, device, telemetry, record: dict, stage: 
         record.update(status="incorrect", reason="step-0 check failed (" + ", ".join(failed) + "): not trained")
         return
 
-    stage["now"] = "setup"
+    stage.enter("setup")
     total = cell.steps
     warmup = max(1, round(float(spec["warmup_fraction"]) * total))
     schedule_cfg = spec.get("schedule", {})
@@ -210,12 +228,12 @@ def _train(cell: TrainCell, spec: dict, device, telemetry, record: dict, stage: 
             points = points[1:]  # the checkpoint's own evaluation is already in the curve
         for point in points:
             since = trainer.step
-            stage["now"] = "training steps"
+            stage.enter("training steps")
             with meter.part("train"):
                 trainer.train_until(point)
             if trainer.diverged:
                 break
-            stage["now"] = "evaluation"
+            stage.enter("evaluation")
             with meter.part("eval"):
                 val = trainer.evaluate()
             row = {"step": trainer.step, "tokens": trainer.step * cell.tokens_per_step, "val_loss": val,
@@ -227,12 +245,13 @@ def _train(cell: TrainCell, spec: dict, device, telemetry, record: dict, stage: 
                 trainer.diverged = {"step": trainer.step, "loss": val, "where": "validation loss"}
                 break
             if trainer.step < total and meter.wall_s() - last_checkpoint >= every_s:
-                stage["now"] = "checkpoint"
+                stage.enter("checkpoint")
                 with meter.part("checkpoint"):
                     checkpoints.save({**trainer.state(), "meter": meter.totals(), "resumes": resumes})
                 last_checkpoint = meter.wall_s()
     finally:
         totals = meter.close()
+    stage.enter("summary")
     record["_steps"] = trainer.steps
     record["curve"] = trainer.curve
     _summarise(cell, spec, record, trainer, totals, device, telemetry)
