@@ -97,10 +97,13 @@ def training_config(corpus: Path | str = "README.md", **section_changes) -> dict
 
 def test_every_suite_of_the_config_plans():
     config = load_config()
-    plans = {name: training_runs(config, name) for name in ("training", "training_full", "training_smoke")}
-    assert len(plans["training"]) == 4 * 3 + 4  # (adamw, lion) x (cosine, wsd) x 3 seeds + 4 backends
+    plans = {name: training_runs(config, name) for name in ("training", "training_backends", "training_full",
+                                                             "training_smoke")}
+    assert len(plans["training"]) == 4 * 3  # (adamw, lion) x (cosine, wsd) x 3 seeds
+    assert {c.backend for c in plans["training_backends"]} == {"eager", "sdpa_default", "sdpa_flash", "sdpa_cudnn",
+                                                               "custom"}
     lion = [c for c in plans["training"] if c.optimizer == "lion"]
-    adamw = [c for c in plans["training"] if c.optimizer == "adamw" and c.model == "llama_small"]
+    adamw = [c for c in plans["training"] if c.optimizer == "adamw"]
     assert {c.lr for c in lion} == {6e-4} and {c.lr for c in adamw} == {2e-3}  # Lion: 3.3x smaller
     assert {c.seed for c in lion} == {0, 1, 2}
     assert len(plans["training_full"]) == 2 * 3 * 2 * 2 * 3
