@@ -388,3 +388,30 @@ def test_figures_say_why_when_nothing_finished(tables):
         fig = figure.render(curves if name == "training_curves" else runs)
         text = " ".join(t.get_text() for t in fig.findobj(lambda a: hasattr(a, "get_text")))
         assert "Nothing to draw" in text and "out of memory" in text
+
+
+def test_registry_backends_take_autocast_inputs_in_one_dtype():
+    """Under autocast, Llama's RoPE leaves q and k in float32 beside a bfloat16 v; a registry
+    kernel gets all three in the autocast dtype, as SDPA would."""
+    import torch
+
+    from flashwatt.models.attention import use_backend
+    from flashwatt.models.step import build_model
+
+    model = build_model(model_spec("llama_tiny"), "fp32", torch.device("cpu"), 0)
+    seen = []
+    adapter = use_backend(model, "sdpa_math", "bf16", train=True)
+    original = adapter.kernel.__class__.__call__
+
+    def record_dtypes(self, q, k, v, cell):
+        seen.append((q.dtype, k.dtype, v.dtype))
+        return original(self, q, k, v, cell)
+
+    adapter.kernel.__class__.__call__ = record_dtypes
+    try:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = model(input_ids=torch.randint(0, 512, (2, 32)), labels=torch.randint(0, 512, (2, 32))).loss
+        loss.backward()
+    finally:
+        adapter.kernel.__class__.__call__ = original
+    assert seen and set(seen) == {(torch.bfloat16,) * 3}

@@ -66,6 +66,13 @@ class RegistryAttention:
         if key.shape[2] != Lq:
             raise UnsupportedCell(f"{name} runs self-attention over the whole context only (no KV cache: "
                                   f"{Lq} queries, {key.shape[2]} keys)")
+        # Under autocast the kernel takes what SDPA would: every input in the autocast dtype
+        # (RoPE leaves Llama's q and k in float32 beside a bfloat16 v).
+        import torch
+
+        if torch.is_autocast_enabled(query.device.type):
+            dtype = torch.get_autocast_dtype(query.device.type)
+            query, key, value = query.to(dtype), key.to(dtype), value.to(dtype)
         causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True)) and Lq > 1
         cell = self.cell(B, H, Lq, D, causal)
         if key.shape[1] != H and self.kv_expanded:
