@@ -87,7 +87,8 @@ def test_the_cell_lists_the_parallel_modules_strategies():
      "train-L8192-B1-G4-zigzag"),
     (ModelCell("s", "llama_3_2_1b", "sdpa_default", "bf16", "train", 4096, 2, True, gpus=8, strategy="fsdp"),
      "train-L4096-B2-recompute-G8-fsdp"),
-    (ModelCell("s", "llama_3_2_1b", "sdpa_default", "bf16", "train", 4096, 2, True, True), "train-L4096-B2-recompute-compiled"),
+    (ModelCell("s", "llama_3_2_1b", "sdpa_default", "bf16", "train", 4096, 2, True, True),
+     "train-L4096-B2-recompute-compiled"),
 ])
 def test_a_multi_gpu_cell_names_its_world_size_and_strategy_and_one_gpu_names_stay(cell, name):
     assert cell.name == name and ModelCell.from_path(cell.path) == cell
@@ -249,3 +250,75 @@ def test_a_two_process_fsdp_cell_runs_end_to_end(tmp_path, monkeypatch):
     assert "grad_sync_ms" not in record["timing"] and record["timing"]["backward_ms"] > 0
     assert record["communication"]["communication_ms"] > 0
     assert record["flops"]["total"] == pytest.approx(record["flops"]["per_token"] * 128)  # the global batch
+
+
+def test_a_cell_asking_for_more_gpus_than_the_machine_has_is_recorded_skipped(tmp_path, monkeypatch):
+    """The local executor cannot start it: the rule records it `skipped` instead of failing."""
+    from types import SimpleNamespace
+
+    from flashwatt.cell_job import submit_and_record
+    from flashwatt.models.job import base_record
+    from flashwatt.records import read_record
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    monkeypatch.setenv("FLASHWATT_SLOT_DIR", str(tmp_path / "slots"))
+    cell = ModelCell("t", "llama_tiny", "sdpa_default", "bf16", "train", 64, 1, gpus=4, strategy="zigzag")
+    rule = SimpleNamespace(log=[str(tmp_path / "cell.log")], params=SimpleNamespace(submitit_folder=str(tmp_path)),
+                           config={"executor": "local"}, resources={"gpus": 4, "tasks": 4},
+                           output=SimpleNamespace(record=str(tmp_path / cell.path),
+                                                  trace=str(tmp_path / cell.trace_path)))
+    submit_and_record(cell, run_model_cell, {"model": model_spec("llama_tiny")}, base_record, rule)
+    record = read_record(tmp_path / cell.path)
+    assert record["status"] == "skipped" and "job asks for 4 GPUs; this machine shows 1" in record["reason"]
+    assert not (tmp_path / "submitit").exists()  # no job was started
+
+
+# ---- the table ----------------------------------------------------------------------------
+def _record(cell: ModelCell, tokens_per_s: float, j_per_token: float, comm: dict | None = None) -> dict:
+    from flashwatt.models.job import base_record
+
+    record = base_record(cell, {})
+    step_ms = cell.tokens / tokens_per_s * 1e3
+    record.update(status="ok", device={"name": "NVIDIA H100 80GB HBM3", "type": "cuda"},
+                  timing={"step_ms": step_ms, "forward_ms": step_ms / 3, "backward_ms": step_ms / 2,
+                          "grad_sync_ms": 1.0 if cell.strategy in ("ring", "zigzag") else None,
+                          "optimizer_ms": 2.0, "tokens_per_s": tokens_per_s},
+                  memory={"peak_allocated_bytes": 2**30 * (3 - cell.gpus), "peak_reserved_bytes": 2**31},
+                  energy={"j_per_token": j_per_token, "n_gpus": cell.gpus}, communication=comm or {},
+                  check={"passed": True})
+    return record
+
+
+def test_the_table_splits_communication_and_compares_with_one_gpu(tmp_path):
+    from flashwatt.models.figures import MODEL_FIGURES
+    from flashwatt.models.summary import model_table
+    from flashwatt.records import write_record
+
+    base = dict(suite="t", model="llama_3_2_1b", precision="bf16", phase="train", seq_len=8192, batch=1)
+    rows = [(ModelCell(backend="sdpa_default", **base), 10_000.0, 0.02, None),
+            (ModelCell(backend="sdpa_default", gpus=2, strategy="fsdp", **base), 18_000.0, 0.022,
+             {"communication_ms": 30.0, "exposed_ms": 6.0, "hidden_fraction": 0.8}),
+            (ModelCell(backend="sdpa_default", gpus=2, strategy="zigzag", **base), 16_000.0, 0.025,
+             {"communication_ms": 20.0, "exposed_ms": 8.0, "hidden_fraction": 0.6}),
+            (ModelCell(backend="custom", gpus=2, strategy="zigzag", **base), 17_600.0, 0.024, None)]
+    paths = []
+    for cell, tps, jpt, comm in rows:
+        write_record(tmp_path / cell.path, _record(cell, tps, jpt, comm))
+        paths.append(tmp_path / cell.path)
+    table = model_table(paths).set_index(["backend", "gpus", "strategy"])
+    fsdp, zigzag = table.loc[("sdpa_default", 2, "fsdp")], table.loc[("sdpa_default", 2, "zigzag")]
+    assert fsdp["global_batch"] == 2 and zigzag["global_batch"] == 1
+    assert fsdp["speedup_vs_one_gpu"] == pytest.approx(1.8) and fsdp["scaling_efficiency"] == pytest.approx(0.9)
+    assert zigzag["exposed_communication_ms"] == 8.0 and zigzag["hidden_communication_fraction"] == 0.6
+    assert zigzag["grad_sync_ms"] == 1.0 and pd_isnan(fsdp["grad_sync_ms"]) and zigzag["energy_gpus"] == 2
+    custom = table.loc[("custom", 2, "zigzag")]
+    assert custom["speedup_vs_sdpa_default"] == pytest.approx(1.1)  # against the SDPA default on 2 GPUs, zigzag
+    assert pd_isnan(custom["speedup_vs_one_gpu"])  # no one-GPU custom cell in the suite
+    assert table.loc[("sdpa_default", 1, "none"), "speedup_vs_one_gpu"] == 1.0
+    figure = MODEL_FIGURES["model_throughput"].render(model_table(paths))
+    labels = {t.get_text() for ax in figure.axes for t in ax.get_yticklabels()}
+    assert any("2 GPUs zigzag" in label for label in labels) and any("2 GPUs fsdp" in label for label in labels)
+
+
+def pd_isnan(value) -> bool:
+    return value != value

@@ -102,31 +102,44 @@ def check_parallel(parallel, build_single, reference_factory, precision: str, vo
     finally:
         parallel.model.train(was_training)
 
-    result = None
+    result, failure = None, None
     if dist.get_rank() == 0:
-        single = build_single()
-        for n, p in single.named_parameters():
-            p.requires_grad_(n.startswith(block))
-        single.train(train)
-        with math_sdpa(single):
-            base = single_pass(single, ids, train, names)
-        reference = reference_factory(single)()
-        del single
-        for n, p in reference.named_parameters():
-            p.requires_grad_(n.startswith(block))
-        reference.train(train)
-        with math_sdpa(reference):
-            ref = single_pass(reference, ids, train, names)
-        ref_precision = "fp64" if next(reference.parameters()).dtype == torch.float64 else "fp32"
-        del reference
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-        result = _verdicts(got, base, ref, moved, same_way, half, precision, train, block)
-        result.update(tokens=length, sequences=rows, through=f"{parallel.strategy} over {world} ranks",
-                      reference=f"one process, transformers SDPA math backend, {ref_precision}")
-    box = [result]
+        try:
+            one = _one_process(build_single, reference_factory, ids, train, names, block, device)
+            result = _verdicts(got, one["base"], one["ref"], moved, same_way, half, precision, train, block) | {
+                "tokens": length, "sequences": rows, "through": f"{parallel.strategy} over {world} ranks",
+                "reference": f"one process, transformers SDPA math backend, {one['ref_precision']}"}
+        except Exception as err:  # told to every rank, so that none waits for rank 0 in vain
+            failure = err
+    box = [result if failure is None else {"failed": f"{type(failure).__name__}: {failure}"}]
     dist.broadcast_object_list(box, src=0)
+    if failure is not None:
+        raise failure
+    if "failed" in box[0]:
+        raise RuntimeError(f"the check's one-process run on rank 0 failed: {box[0]['failed']}")
     return box[0]
+
+
+def _one_process(build_single, reference_factory, ids, train, names, block, device) -> dict:
+    """Rank 0: the baseline (cell precision) and the reference (float32/float64) on one process."""
+    single = build_single()
+    for n, p in single.named_parameters():
+        p.requires_grad_(n.startswith(block))
+    single.train(train)
+    with math_sdpa(single):
+        base = single_pass(single, ids, train, names)
+    reference = reference_factory(single)()
+    del single
+    for n, p in reference.named_parameters():
+        p.requires_grad_(n.startswith(block))
+    reference.train(train)
+    with math_sdpa(reference):
+        ref = single_pass(reference, ids, train, names)
+    ref_precision = "fp64" if next(reference.parameters()).dtype == torch.float64 else "fp32"
+    del reference
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return {"base": base, "ref": ref, "ref_precision": ref_precision}
 
 
 def _verdicts(got, base, ref, moved, same_way, half, precision, train, block) -> dict:
@@ -143,7 +156,8 @@ def _verdicts(got, base, ref, moved, same_way, half, precision, train, block) ->
                         "passed": bool(suffix > 0 and prefix <= CAUSAL_LEAK * suffix), "leak_allowed": CAUSAL_LEAK}
     if train:
         flat = lambda grads: torch.cat([grads[n].double().flatten() for n in sorted(grads)])  # noqa: E731
-        error, baseline = rel_error(flat(got["grads"]), flat(ref["grads"])), rel_error(flat(base["grads"]), flat(ref["grads"]))
+        error = rel_error(flat(got["grads"]), flat(ref["grads"]))
+        baseline = rel_error(flat(base["grads"]), flat(ref["grads"]))
         result["grad"] = {"block": block.rstrip("."), "error": error, "baseline_error": baseline}
         result["grad"]["passed"], result["grad"]["tolerance"] = verdict(error, baseline, precision)
     result["passed"] = all(result[k]["passed"] for k in ("logits", "causal", "grad") if k in result)
