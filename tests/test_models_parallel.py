@@ -152,11 +152,14 @@ def test_a_bad_multi_gpu_grid_names_its_key(over, message):
         validate_config({"suites": {"m": {"models": {"grids": [grid(**over)]}}}})
 
 
-def test_the_shipped_models_suite_has_a_multi_gpu_grid_beside_its_one_gpu_cells():
-    cells = model_runs(load_config("config/config.yaml"), "models")
+def test_the_shipped_models_suites_have_multi_gpu_grids_beside_their_one_gpu_cells():
+    config = load_config("config/config.yaml")
+    cells = model_runs(config, "models")
     many = [c for c in cells if c.gpus > 1]
     assert {c.strategy for c in many} == set(STRATEGIES) and {c.gpus for c in many} >= {2, 4, 8}
     assert all(c.strategy == "none" and "-G" not in c.name for c in cells if c.gpus == 1)
+    smoke = [c for c in model_runs(config, "models_smoke") if c.gpus > 1]  # CPU processes over gloo
+    assert {(c.gpus, c.strategy, c.precision) for c in smoke} == {(2, "fsdp", "fp32"), (2, "zigzag", "fp32")}
 
 
 # ---- why a cell is skipped ---------------------------------------------------------

@@ -173,12 +173,16 @@ def _measure(cell: ModelCell, spec: dict, settings, device, record: dict, stage:
         adapter = use_backend(model, cell.backend, cell.precision, train) if cell.strategy == "fsdp" else None
         parallel = prepare(model, cell.strategy, block=block_of(cell.backend) or "auto",
                            recompute=cell.recompute and train)
+        if cell.strategy == "fsdp":
+            batch = {"batch_per_gpu": cell.batch,
+                     "batch_meaning": "data parallel: each GPU its own batch sequences, global batch = batch x gpus"}
+        else:
+            batch = {"batch": cell.batch,
+                     "batch_meaning": "context parallel: batch sequences, each split over every GPU (global batch = "
+                                      "batch)"}
         record["parallel"] = {
-            "strategy": cell.strategy, "world_size": world, "batch_per_gpu" if cell.strategy == "fsdp" else "batch":
-            cell.batch, "global_batch": cell.global_batch, "tokens_per_step": cell.tokens,
-            "batch_meaning": ("data parallel: each GPU its own batch sequences, global batch = batch x gpus"
-                              if cell.strategy == "fsdp" else
-                              "context parallel: batch sequences, each split over every GPU (global batch = batch)"),
+            "strategy": cell.strategy, "world_size": world, **batch, "global_batch": cell.global_batch,
+            "tokens_per_step": cell.tokens,
             "loss": "mean next-token cross-entropy over every token of every rank (labels shifted on the global "
                     "sequence)", **parallel.details}
 
@@ -194,7 +198,8 @@ def _measure(cell: ModelCell, spec: dict, settings, device, record: dict, stage:
         optimizer = None
         if train:
             model.train()
-            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.1, fused=cuda)
+            # Fused on CPU too: the tests then run the optimizer path a GPU runs (fused over DTensor shards).
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.1, fused=True)
         else:
             model.eval()
         step = ParallelStep(parallel, tokens, cell.phase, optimizer)
@@ -222,7 +227,8 @@ def _measure(cell: ModelCell, spec: dict, settings, device, record: dict, stage:
         record["timing"] = timing
         record["memory"] = _memory(device, gather(_peaks(device)))
         if train:
-            record["memory"]["optimizer"] = "AdamW" + (" (fused)" if cuda else "") + f", states in {cell.precision}"
+            record["memory"]["optimizer"] = (f"AdamW (fused), states in {cell.precision}"
+                                             + (", sharded like the weights" if cell.strategy == "fsdp" else ""))
         record["memory"]["recompute"] = cell.recompute
 
         flops = step_flops(shape, body, cell.global_batch, cell.seq_len, cell.phase, causal=True,
