@@ -10,10 +10,12 @@ what the case says about itself (the kv heads expanded, the block that ran).
 
 A negative control runs zigzag with each rank's positions counted from 0 (what a
 context-parallel model that forgot the global positions would do): its error must be
-large, or the comparison could not see that mistake.
+large, or the comparison could not see that mistake. Last, the check's one-process run
+fails on rank 0 on purpose: every rank must raise, none wait.
 """
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import traceback
@@ -75,11 +77,31 @@ def run_case(strategy: str, dtype: torch.dtype, ids: torch.Tensor, reference: di
     return out
 
 
+def rank0_failure(world: int) -> list[str]:
+    """What every rank raises when the check's one-process run fails on rank 0."""
+    from flashwatt.models.parallel import prepare
+    from flashwatt.models.parallel_check import check_parallel
+
+    def planted():
+        raise RuntimeError("planted failure on rank 0")
+
+    parallel = prepare(_model("llama_tiny", torch.float64), "ring")
+    try:
+        check_parallel(parallel, planted, lambda model: None, "fp32", 512, 64, True, seed=0)
+        message = "NO ERROR RAISED"
+    except Exception as err:
+        message = f"{type(err).__name__}: {err}"
+    messages = [None] * world
+    dist.all_gather_object(messages, message)
+    return messages
+
+
 def main(rank: int, world: int, port: int, report: str) -> None:
     os.environ.update(MULTICAST_OFF)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    # A rank left waiting for another fails within two minutes instead of hanging the test.
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120))
     from flashwatt.models import parallel as parallel_module
     from flashwatt.models.parallel_check import single_pass
     from flashwatt.models.step import random_tokens
@@ -115,6 +137,7 @@ def main(rank: int, world: int, port: int, report: str) -> None:
                                                   "llama_tiny")
         finally:
             parallel_module.global_positions = real
+        results["rank0_failure"] = rank0_failure(world)
     finally:
         if rank == 0:
             with open(report, "w") as fh:

@@ -76,6 +76,15 @@ def test_positions_counted_from_zero_on_each_rank_are_caught(report):
     assert wrong["logits"] > 1e3 * TOLERANCE["float64"] and wrong["grads"] > 1e-3, wrong
 
 
+def test_a_failure_of_the_checks_one_process_run_reaches_every_rank(report):
+    world, result = report
+    first, *others = result["rank0_failure"]
+    assert first == "RuntimeError: planted failure on rank 0"
+    assert len(others) == world - 1 and all(
+        m == "RuntimeError: the check's one-process run on rank 0 failed: RuntimeError: planted failure on rank 0"
+        for m in others), others
+
+
 # ---- names and the suite ----------------------------------------------------------
 def test_the_cell_lists_the_parallel_modules_strategies():
     assert model_cell.MODEL_STRATEGIES == ("none", *STRATEGIES)
