@@ -85,10 +85,3 @@ def use_context_parallel(model, strategy: str, group, block: str) -> ContextPara
     model.set_attn_implementation(register(registered_name(strategy), function, unpadded_mask()))
     return function
 
-
-def expanded_kv_heads(kv_heads: int, ulysses_ranks: int) -> int:
-    """The K/V heads the all-to-all sends (kv_heads when its ranks divide them)."""
-    if ulysses_ranks <= 1 or kv_heads % ulysses_ranks == 0:
-        return kv_heads
-    return kv_heads * (ulysses_ranks // math.gcd(kv_heads, ulysses_ranks))
-
