@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from flashwatt.provenance import utc_now
 from flashwatt.records import write_record, write_trace
 from flashwatt.runner import CellOutcome, job_failed
 from flashwatt.submit.jobs import JobFailed, run_job
+from flashwatt.submit.slots import TooFewGpus
 
 
 def submit_and_record(cell: Any, job: Callable[[Any, dict], CellOutcome], spec: dict,
@@ -28,6 +30,13 @@ def submit_and_record(cell: Any, job: Callable[[Any, dict], CellOutcome], spec: 
             resources=dict(snakemake.resources.items()),
             log_path=log,
         )
+    except TooFewGpus as shortage:
+        # A cell asking for more GPUs than this machine has (local executor) is skipped,
+        # as the job itself records it where it starts on too few (a Slurm node, a CPU host).
+        record = base_record(cell, spec)
+        record.update(status="skipped", reason=f"cell asks for more GPUs than this machine has ({shortage})",
+                      finished=utc_now())
+        outcome = CellOutcome(record)
     except JobFailed as failure:
         # The job died before returning (killed, out of host memory, node failure): the
         # failure is this cell's outcome, recorded so that the rest of the run goes on.

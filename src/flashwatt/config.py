@@ -76,7 +76,7 @@ def load_schema(schema_file: Traversable | Path = SCHEMA) -> dict:
 
     grid_of_models = schema["$defs"]["models"]["properties"]["grids"]["items"]["properties"]
     for key, names in (("backends", models.MODEL_BACKENDS), ("precisions", models.MODEL_PRECISIONS),
-                       ("phases", models.PHASES)):
+                       ("phases", models.PHASES), ("strategies", models.MODEL_STRATEGIES)):
         grid_of_models[key]["items"] = {"enum": list(names)}
     run = schema["$defs"]["control"]["properties"]["runs"]["items"]["properties"]
     for key, names in (("mode", [m for m in control.CONTROL_MODES if m != "oracle"]), ("workload", control.WORKLOADS),

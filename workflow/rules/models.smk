@@ -1,5 +1,7 @@
 # Model-level cells (flashwatt.models): one job per cell, a whole model's prefill or
-# training step with one attention backend, then the suite's model table and figures.
+# training step with one attention backend, on one GPU or several (one task per GPU:
+# submitit starts them, the ranks meet through torch.distributed), then the suite's model
+# table and figures.
 from flashwatt.models.cell import LOG_PATTERN as MODEL_LOG_PATTERN
 from flashwatt.models.cell import RECORD_PATTERN as MODEL_RECORD_PATTERN
 from flashwatt.models.cell import TRACE_PATTERN as MODEL_TRACE_PATTERN
@@ -18,8 +20,9 @@ rule model_cell:
     wildcard_constraints:
         **MODEL_WILDCARDS,
     resources:
-        gpus=1,
-        runtime=30,
+        gpus=lambda wc: model_cell_of(wc).gpus,
+        tasks=lambda wc: model_cell_of(wc).gpus,
+        runtime=lambda wc: 30 if model_cell_of(wc).gpus == 1 else 60,
     conda:
         "../../envs/flashwatt.yaml"
     script:

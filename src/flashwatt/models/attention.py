@@ -98,6 +98,13 @@ def _interfaces():
     return AttentionInterface, AttentionMaskInterface, ALL_MASK_ATTENTION_FUNCTIONS, flash_attention_mask
 
 
+def unpadded_mask() -> Callable:
+    """transformers' mask function for kernels that take unpadded sequences: None for an
+    unpadded causal batch (the kernel's causal flag does the masking), the 2-D padding
+    mask otherwise (which the adapters refuse)."""
+    return _interfaces()[3]
+
+
 def registered_name(backend: str) -> str:
     """The name a registry backend is registered under. transformers takes any name with
     "flash" in it for a request of the flash-attn package (or a hub kernel), so neither
@@ -120,11 +127,8 @@ def use_backend(model, backend: str, precision: str, train: bool) -> RegistryAtt
         return None
     if backend not in REGISTRY:
         raise ValueError(f"unknown model backend {backend!r}; allowed: {', '.join(BACKENDS)}")
-    _, _, _, unpadded_mask = _interfaces()
     adapter = RegistryAttention(backend, precision, train)
-    # flash_attention_mask: None for an unpadded causal batch (the kernel's causal flag
-    # does the masking), the 2-D padding mask otherwise (which the adapter refuses).
-    model.set_attn_implementation(register(registered_name(backend), adapter, unpadded_mask))
+    model.set_attn_implementation(register(registered_name(backend), adapter, unpadded_mask()))
     return adapter
 
 

@@ -1,9 +1,13 @@
 """A model cell: one step of a whole model (prefill or a training step) with one attention
-backend, the single source of its names and paths.
+backend, on one GPU or several, the single source of its names and paths.
 
-    results/cells/<suite>/model/<model>/<backend>/<precision>/<phase>-L<L>-B<B>[-recompute][-compiled].json
+    results/cells/<suite>/model/<model>/<backend>/<precision>/<phase>-L<L>-B<B>[-recompute][-compiled][-G<gpus>-<strategy>].json
 
-`ModelCell.from_path(cell.path) == cell` holds, so asking for a file reruns that cell.
+A one-GPU cell has strategy `none` and no suffix (the names one-GPU cells always had);
+a cell on several GPUs names its world size and strategy: `fsdp` (data parallel, FSDP2,
+B sequences per GPU) or a context-parallel strategy (`ring`, `zigzag`, `ulysses`,
+`hybrid`: B sequences, each split over the GPUs). `ModelCell.from_path(cell.path) == cell`
+holds, so asking for a file reruns that cell.
 """
 from __future__ import annotations
 
@@ -20,6 +24,9 @@ MODEL_BACKENDS = ("eager", "sdpa_default", "sdpa_math", "sdpa_flash", "sdpa_effi
 # states all in this dtype (pure half-precision training, as the anchors measured).
 MODEL_PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 PHASES = ("prefill", "train")
+# flashwatt.models.parallel.STRATEGIES, with `none` for one GPU (a test checks they agree)
+MODEL_STRATEGIES = ("none", "fsdp", "ring", "zigzag", "ulysses", "hybrid")
+CONTEXT_PARALLEL = ("ring", "zigzag", "ulysses", "hybrid")
 
 FOLDER = "model"
 RECORD_SUFFIX, TRACE_SUFFIX = ".json", ".trace.parquet"
@@ -29,7 +36,8 @@ RECORD_PATTERN = RESULTS_ROOT + _WHERE + RECORD_SUFFIX
 TRACE_PATTERN = RESULTS_ROOT + _WHERE + TRACE_SUFFIX
 LOG_PATTERN = "results/logs/cells" + _WHERE + ".log"
 _NAME_RE = (rf"(?P<phase>{'|'.join(PHASES)})-L(?P<seq_len>\d+)-B(?P<batch>\d+)"
-            r"(?P<recompute>-recompute)?(?P<compiled>-compiled)?")
+            r"(?P<recompute>-recompute)?(?P<compiled>-compiled)?"
+            rf"(?:-G(?P<gpus>\d+)-(?P<strategy>{'|'.join(MODEL_STRATEGIES[1:])}))?")
 _NAME = re.compile(f"^{_NAME_RE}$")
 _TOKEN = re.compile(f"^{_TOKEN_RE}$")
 WILDCARD_CONSTRAINTS = {
@@ -53,6 +61,8 @@ class ModelCell(CellFiles):
     batch: int
     recompute: bool = False  # activation checkpointing: each block's forward is rerun in the backward
     compiled: bool = False   # torch.compile of the model
+    gpus: int = 1            # world size: one process per GPU
+    strategy: str = "none"   # how the GPUs share the step (none on one GPU)
 
     def __post_init__(self) -> None:
         def refuse(what: str) -> None:
@@ -64,21 +74,41 @@ class ModelCell(CellFiles):
         for key, allowed in (("backend", MODEL_BACKENDS), ("precision", MODEL_PRECISIONS), ("phase", PHASES)):
             if getattr(self, key) not in allowed:
                 refuse(f"{key}={getattr(self, key)!r}: allowed {', '.join(allowed)}")
-        for key in ("seq_len", "batch"):
+        for key in ("seq_len", "batch", "gpus"):
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 refuse(f"{key}={value!r}: must be a positive integer")
         if self.recompute and self.phase != "train":
             refuse("recompute: activation checkpointing applies to train steps only")
+        if self.strategy not in MODEL_STRATEGIES:
+            refuse(f"strategy={self.strategy!r}: allowed {', '.join(MODEL_STRATEGIES)}")
+        if (self.gpus == 1) != (self.strategy == "none"):
+            refuse(f"strategy={self.strategy!r} with gpus={self.gpus}: one GPU takes strategy none, several GPUs "
+                   f"one of {', '.join(MODEL_STRATEGIES[1:])}")
+        if self.compiled and self.gpus > 1:
+            refuse("compiled: torch.compile cells run on one GPU")
+        if self.strategy in CONTEXT_PARALLEL and self.seq_len % (2 * self.gpus):
+            refuse(f"seq_len={self.seq_len} is not divisible by 2 x world size ({2 * self.gpus}) for strategy "
+                   f"{self.strategy}")
+        if self.strategy == "hybrid" and (self.gpus < 4 or self.gpus % 2):
+            refuse(f"strategy hybrid runs a ring of 2 across Ulysses groups of gpus/2: it needs an even world size "
+                   f"of at least 4 (gpus={self.gpus})")
 
     @property
     def name(self) -> str:
         return (f"{self.phase}-L{self.seq_len}-B{self.batch}" + ("-recompute" if self.recompute else "")
-                + ("-compiled" if self.compiled else ""))
+                + ("-compiled" if self.compiled else "")
+                + (f"-G{self.gpus}-{self.strategy}" if self.gpus > 1 else ""))
+
+    @property
+    def global_batch(self) -> int:
+        """Sequences per step over all GPUs: B per GPU under fsdp, B shared by all otherwise."""
+        return self.batch * self.gpus if self.strategy == "fsdp" else self.batch
 
     @property
     def tokens(self) -> int:
-        return self.batch * self.seq_len
+        """Tokens per step, over all GPUs."""
+        return self.global_batch * self.seq_len
 
     @property
     def id(self) -> str:
@@ -93,10 +123,11 @@ class ModelCell(CellFiles):
     def from_wildcards(cls, suite: str, mmodel: str, mbackend: str, mprecision: str, mname: str) -> "ModelCell":
         match = _NAME.match(mname)
         if not match:
-            raise ValueError(f"not a model cell name: {mname!r} (expected e.g. train-L4096-B2 or prefill-L8192-B1-compiled)")
+            raise ValueError(f"not a model cell name: {mname!r} (expected e.g. train-L4096-B2, "
+                             "prefill-L8192-B1-compiled or train-L8192-B1-G4-zigzag)")
         g = match.groupdict()
         return cls(suite, mmodel, mbackend, mprecision, g["phase"], int(g["seq_len"]), int(g["batch"]),
-                   bool(g["recompute"]), bool(g["compiled"]))
+                   bool(g["recompute"]), bool(g["compiled"]), int(g["gpus"] or 1), g["strategy"] or "none")
 
     @classmethod
     def from_path(cls, path: str) -> "ModelCell":
@@ -113,4 +144,5 @@ class ModelCell(CellFiles):
     def as_row(self) -> dict:
         return {"suite": self.suite, "model": self.model, "backend": self.backend, "precision": self.precision,
                 "phase": self.phase, "seq_len": self.seq_len, "batch": self.batch, "recompute": self.recompute,
-                "compiled": self.compiled, "tokens": self.tokens, "cell_id": self.id}
+                "compiled": self.compiled, "gpus": self.gpus, "strategy": self.strategy,
+                "global_batch": self.global_batch, "tokens": self.tokens, "cell_id": self.id}

@@ -30,13 +30,13 @@ FLOOR = {"fp64": 1e-10, "fp32": 1e-5, "tf32": 1e-3, "fp16": 2e-3, "bf16": 5e-3}
 CAUSAL_LEAK = 1e-3
 
 
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+def rel_error(a: torch.Tensor, b: torch.Tensor) -> float:
     a, b = a.double(), b.double()
     return float(torch.linalg.vector_norm(a - b) / torch.linalg.vector_norm(b).clamp_min(1e-300))
 
 
 @contextlib.contextmanager
-def _math_sdpa(model):
+def math_sdpa(model):
     """The model on transformers' SDPA with the math backend forced, restored afterwards."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -49,7 +49,7 @@ def _math_sdpa(model):
         model.set_attn_implementation(previous)
 
 
-def _middle_block(model) -> str:
+def middle_block(model) -> str:
     """Parameter-name prefix of the middle decoder block (model.layers.N. / transformer.h.N.)."""
     blocks = sorted({name.rsplit(".", 1)[0] for name, _ in model.named_parameters()
                      if ".layers." in name or ".h." in name})
@@ -75,7 +75,7 @@ def _run(model, ids, train: bool, block: str, forward=None,
     return logits, loss, grads
 
 
-def _verdict(error: float, baseline: float, precision: str) -> tuple[bool, float]:
+def verdict(error: float, baseline: float, precision: str) -> tuple[bool, float]:
     tolerance = 2.0 * baseline + FLOOR[precision]
     return (error == error and error <= tolerance), tolerance  # NaN never passes
 
@@ -100,7 +100,7 @@ def check_model(model, reference_factory, precision: str, vocab: int, train: boo
     half = length // 2
     changed = ids.clone()
     changed[:, half:] = torch.randint(0, vocab, (1, length - half), generator=gen).to(device)
-    block = _middle_block(model)
+    block = middle_block(model)
 
     # Only the middle block asks for gradients: the reference's other grads never exist.
     wanted = {n: p.requires_grad for n, p in model.named_parameters()}
@@ -115,14 +115,14 @@ def check_model(model, reference_factory, precision: str, vocab: int, train: boo
         # graph's, which is no leak.
         same_way = _run(model, ids, False, block, forward, autocast)[0] if train else logits
         moved, _, _ = _run(model, changed, False, block, forward, autocast)
-        with _math_sdpa(model):
+        with math_sdpa(model):
             base_logits, base_loss, base_grads = _run(model, ids, train, block, autocast=autocast)
 
         reference = reference_factory()
         for n, p in reference.named_parameters():
             p.requires_grad_(n.startswith(block))
         reference.train(train)
-        with _math_sdpa(reference):
+        with math_sdpa(reference):
             ref_logits, ref_loss, ref_grads = _run(reference, ids, train, block)
         ref_precision = "fp64" if next(reference.parameters()).dtype == torch.float64 else "fp32"
         del reference
@@ -135,9 +135,9 @@ def check_model(model, reference_factory, precision: str, vocab: int, train: boo
 
     result: dict = {"tokens": length, "reference": f"transformers SDPA, math backend, {ref_precision}",
                     "rule": "error <= 2 x (same precision, math backend) + floor", "floor": FLOOR[precision]}
-    error, baseline = _rel(logits, ref_logits), _rel(base_logits, ref_logits)
+    error, baseline = rel_error(logits, ref_logits), rel_error(base_logits, ref_logits)
     result["logits"] = {"error": error, "baseline_error": baseline}
-    result["logits"]["passed"], result["logits"]["tolerance"] = _verdict(error, baseline, precision)
+    result["logits"]["passed"], result["logits"]["tolerance"] = verdict(error, baseline, precision)
     result["loss"] = {"value": float(loss), "reference": float(ref_loss), "baseline": float(base_loss),
                       "abs_error": abs(float(loss) - float(ref_loss))}
     prefix = float((moved[:, :half] - same_way[:, :half]).abs().max())
@@ -145,8 +145,8 @@ def check_model(model, reference_factory, precision: str, vocab: int, train: boo
     result["causal"] = {"prefix_change": prefix, "suffix_change": suffix,
                         "passed": bool(suffix > 0 and prefix <= CAUSAL_LEAK * suffix), "leak_allowed": CAUSAL_LEAK}
     if train:
-        error, baseline = _rel(grads, ref_grads), _rel(base_grads, ref_grads)
+        error, baseline = rel_error(grads, ref_grads), rel_error(base_grads, ref_grads)
         result["grad"] = {"block": block.rstrip("."), "error": error, "baseline_error": baseline}
-        result["grad"]["passed"], result["grad"]["tolerance"] = _verdict(error, baseline, precision)
+        result["grad"]["passed"], result["grad"]["tolerance"] = verdict(error, baseline, precision)
     result["passed"] = all(result[k]["passed"] for k in ("logits", "causal", "grad") if k in result)
     return result

@@ -24,6 +24,8 @@ from flashwatt.plots import TableFigure, nothing_to_draw, ok_rows_or_why  # noqa
 def _label(data: pd.DataFrame) -> pd.Series:
     options = data["recompute"].map({True: " recompute", False: ""}) + data["compiled"].map({True: " compiled",
                                                                                               False: ""})
+    if "gpus" in data:
+        options = options + [f" {g} GPUs {s}" if g > 1 else "" for g, s in zip(data["gpus"], data["strategy"])]
     return (data["model"] + "\nL=" + data["seq_len"].astype(str) + " B=" + data["batch"].astype(str) + " "
             + data["precision"] + options)
 

@@ -1,6 +1,8 @@
 """What a model cell's job runs: build the model, check it, time its step, split out the
 attention, and measure the energy of whole steps.
 
+A cell on several GPUs runs flashwatt.models.parallel_job instead, on every rank.
+
 Every outcome is a record: ok, incorrect (measured, but a check failed), skipped (the
 backend cannot run the model, with why), oom (with the stage that ran out: build, check,
 warm-up, timed steps, attention steps, energy window) or error with the traceback.
@@ -54,8 +56,17 @@ def why_not(cell: ModelCell, shape, device) -> str | None:
     return None  # transformers' own eager and SDPA run anywhere
 
 
-def run_model_cell(cell: ModelCell, spec: dict) -> CellOutcome:
-    """Measure one model cell; never raises for a problem of the cell itself."""
+def run_model_cell(cell: ModelCell, spec: dict) -> CellOutcome | None:
+    """Measure one model cell; never raises for a problem of the cell itself. A cell on
+    several GPUs runs once per task (flashwatt.models.parallel_job): rank 0 returns the
+    outcome, the other ranks None."""
+    from flashwatt.distributed.rendezvous import multicast_off
+
+    multicast_off()  # NVLink multicast stays off in every job (flashwatt.distributed.rendezvous says why)
+    if cell.gpus > 1:
+        from flashwatt.models.parallel_job import run_parallel_cell
+
+        return run_parallel_cell(cell, spec)
     record = base_record(cell, spec)
     trace: list[dict] = []
     t0 = time.perf_counter()
@@ -177,7 +188,7 @@ def _measure(cell: ModelCell, spec: dict, settings, device, telemetry, record: d
     record["flops"] = flops
 
     stage["now"] = "attention steps"
-    record["attention"] = _attention_share(step, model, cell, device, int(steps["attention_steps"]))
+    record["attention"] = attention_share(step, model, cell, device, int(steps["attention_steps"]))
     if adapter is not None:
         record["attention"]["kv_expanded"] = adapter.kv_expanded
 
@@ -208,7 +219,7 @@ def _measure(cell: ModelCell, spec: dict, settings, device, telemetry, record: d
     return trace
 
 
-def _attention_share(step, model, cell: ModelCell, device, count: int) -> dict:
+def attention_share(step, model, cell: ModelCell, device, count: int) -> dict:
     """Attention milliseconds per step (forward, backward) and their share of the step,
     in steps with markers (flashwatt.models.attention_timer)."""
     from flashwatt.models.attention_timer import AttentionTimer

@@ -128,6 +128,14 @@ class Step:
         return dict(zip(self.parts, spans)) | {"step": sum(spans)}
 
 
+def enable_recompute(model) -> None:
+    """Activation checkpointing of every decoder block (non-reentrant)."""
+    if hasattr(model, "activation_checkpointing_enable"):  # its name from transformers 5.23 on
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
 def make_step(model, cell, device: torch.device, seed: int, lr: float = 1e-5, weight_decay: float = 0.1) -> Step:
     """The cell's step: its tokens, its optimizer (AdamW, fused on a GPU) and its compiled
     forward when the cell asks for torch.compile."""
@@ -137,10 +145,7 @@ def make_step(model, cell, device: torch.device, seed: int, lr: float = 1e-5, we
     if cell.phase == "train":
         model.train()
         if cell.recompute:
-            if hasattr(model, "activation_checkpointing_enable"):  # its name from transformers 5.23 on
-                model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-            else:
-                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            enable_recompute(model)
         optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay,
                                       fused=device.type == "cuda")
     else:

@@ -14,9 +14,16 @@
           batches: [2]
           recompute: [false, true]   # activation checkpointing (train cells only)
           compiled: [false]          # torch.compile
+          gpus: [1, 2, 4]            # world sizes (default [1])
+          strategies: [fsdp, zigzag] # how several GPUs share a step (flashwatt.models.parallel)
 
 A prefill with recompute is not a combination (checkpointing applies to training) and is
-left out of the product. An unknown model, or a context longer than a preset's
+left out of the product, and so are a compiled cell on several GPUs (torch.compile cells
+run on one) and hybrid below 4 GPUs (a ring of 2 across Ulysses groups of gpus/2). A
+world size of 1 is the one-GPU cell (strategy none) whatever `strategies` lists; each
+larger one takes every strategy listed. `steps.comm_steps` (profiled steps of the
+communication split) goes to the multi-GPU cells' specs only, so one-GPU cells keep the
+spec they always had. An unknown model, or a context longer than a preset's
 positions, is refused with the grid's key before any job starts; a batch that does not
 fit is a cell recorded `oom`, and a backend that cannot run the model one recorded
 `skipped`, while the rest of the suite goes on.
@@ -28,6 +35,7 @@ import itertools
 from flashwatt.config import ConfigError
 from flashwatt.models.cell import ModelCell
 from flashwatt.models.job import DEFAULT_STEPS
+from flashwatt.models.parallel_job import PARALLEL_STEPS
 from flashwatt.models.presets import model_spec
 
 _POSITIONS = ("max_position_embeddings", "n_positions")
@@ -45,7 +53,8 @@ def model_runs(config: dict, suite: str, measure: dict | None = None) -> dict[Mo
     if not section:
         return {}
     where = f"suites.{suite}.models"
-    steps = {**DEFAULT_STEPS, **section.get("steps", {})}
+    steps = {**DEFAULT_STEPS, **PARALLEL_STEPS, **section.get("steps", {})}
+    one_gpu_steps = {k: v for k, v in steps.items() if k not in PARALLEL_STEPS}
     seed = int((measure or {}).get("seed", 0))
     user = section.get("presets", {})
     cells: dict[ModelCell, dict] = {}
@@ -57,18 +66,28 @@ def model_runs(config: dict, suite: str, measure: dict | None = None) -> dict[Mo
                 specs[name] = model_spec(name, user, f"{key}.models[{j}]")
             except ValueError as err:
                 raise ConfigError(str(err)) from None
-        for name, backend, precision, phase, seq_len, batch, recompute, compiled in itertools.product(
+        strategies = grid.get("strategies", ["none"])
+        for gpus in grid.get("gpus", [1]):
+            if gpus > 1 and not [s for s in strategies if s != "none"]:
+                raise ConfigError(f"config key {key}.strategies: gpus {gpus} needs a strategy for several GPUs "
+                                  f"(fsdp, ring, zigzag, ulysses, hybrid)")
+        placements = [(1, "none")] if 1 in grid.get("gpus", [1]) else []
+        placements += [(g, s) for g in grid.get("gpus", [1]) if g > 1 for s in strategies
+                       if s != "none" and not (s == "hybrid" and (g < 4 or g % 2))]
+        for name, backend, precision, phase, seq_len, batch, recompute, compiled, (gpus, strategy) in itertools.product(
                 grid["models"], grid["backends"], grid["precisions"], grid["phases"], grid["seq_lens"],
-                grid["batches"], grid.get("recompute", [False]), grid.get("compiled", [False])):
-            if recompute and phase != "train":
+                grid["batches"], grid.get("recompute", [False]), grid.get("compiled", [False]), placements):
+            if (recompute and phase != "train") or (compiled and gpus > 1):
                 continue
             positions = _positions(specs[name])
             if positions is not None and seq_len > positions:
                 raise ConfigError(f"config key {key}.seq_lens: {seq_len} is longer than model {name}'s "
                                   f"{positions} positions")
             try:
-                cell = ModelCell(suite, name, backend, precision, phase, seq_len, batch, recompute, compiled)
+                cell = ModelCell(suite, name, backend, precision, phase, seq_len, batch, recompute, compiled, gpus,
+                                 strategy)
             except ValueError as err:
                 raise ConfigError(f"config key {key}: {err}") from None
-            cells[cell] = {"model": specs[name], "steps": steps, "seed": seed, "measure": dict(measure or {})}
+            cells[cell] = {"model": specs[name], "steps": steps if gpus > 1 else one_gpu_steps, "seed": seed,
+                           "measure": dict(measure or {})}
     return {cell: cells[cell] for cell in sorted(cells)}

@@ -1,7 +1,10 @@
-"""The model cells of a suite as one table: a row per cell with its step time split,
-tokens per second, MFU (formula in the record), attention share, memory, joules per
-token, the check, and each against transformers' SDPA default on the same model, phase,
-context, batch and options in the same suite."""
+"""The model cells of a suite as one table: a row per cell with its step time split
+(forward, backward, the gradient all-reduce of context parallelism, optimizer, and the
+communication inside them, exposed and hidden), tokens per second, MFU (formula in the
+record), attention share, memory (the largest GPU's peak), joules per token (energy
+summed over every GPU of the cell), the check, and each against transformers' SDPA
+default on the same model, phase, context, batch, options, GPUs and strategy in the
+same suite, and against the same model, backend and step on one GPU."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -14,14 +17,18 @@ from flashwatt.records import read_record
 BASELINE = "sdpa_default"
 COLUMNS = [
     "status", "reason", "device", "device_type", "parameters", "step_ms", "forward_ms", "backward_ms",
-    "optimizer_ms", "tokens_per_s", "achieved_tflops", "mfu", "peak_tflops", "attention_share",
+    "grad_sync_ms", "optimizer_ms", "communication_ms", "exposed_communication_ms", "hidden_communication_fraction",
+    "tokens_per_s", "achieved_tflops", "mfu", "peak_tflops", "attention_share",
     "attention_forward_ms", "attention_backward_ms", "attention_method", "kv_expanded", "peak_allocated_bytes",
-    "peak_reserved_bytes", "j_per_token", "tokens_per_j", "avg_power_w", "peak_power_w", "energy_window_s",
-    "energy_flags", "check_passed", "logits_error", "logits_tolerance", "causal_passed", "grad_error",
+    "peak_reserved_bytes", "energy_gpus", "j_per_token", "tokens_per_j", "avg_power_w", "peak_power_w",
+    "energy_window_s", "energy_flags", "check_passed", "logits_error", "logits_tolerance", "causal_passed", "grad_error",
     "grad_tolerance", "loss", "compile_s", "oom_stage", "speedup_vs_sdpa_default", "energy_vs_sdpa_default",
-    "duration_s",
+    "speedup_vs_one_gpu", "scaling_efficiency", "duration_s",
 ]
-_SAME_STEP = ["suite", "model", "precision", "phase", "seq_len", "batch", "recompute", "compiled"]
+_SAME_STEP = ["suite", "model", "precision", "phase", "seq_len", "batch", "recompute", "compiled", "gpus", "strategy"]
+# One GPU's cell of the same step: the same sequences per GPU for fsdp (the same per-GPU
+# work), the same sequences for context parallelism (the same work, split).
+_ONE_GPU = ["suite", "model", "backend", "precision", "phase", "seq_len", "batch", "recompute", "compiled"]
 
 
 def _row(cell: ModelCell, record: dict) -> dict:
@@ -32,18 +39,22 @@ def _row(cell: ModelCell, record: dict) -> dict:
     energy = record.get("energy") or {}
     check = record.get("check") or {}
     device = record.get("device") or {}
+    communication = record.get("communication") or {}
     return {**cell.as_row(), "status": record.get("status"), "reason": record.get("reason"),
             "device": device.get("name"), "device_type": device.get("type"),
             "parameters": (record.get("model") or {}).get("parameters"),
             "step_ms": timing.get("step_ms"), "forward_ms": timing.get("forward_ms"),
-            "backward_ms": timing.get("backward_ms"), "optimizer_ms": timing.get("optimizer_ms"),
+            "backward_ms": timing.get("backward_ms"), "grad_sync_ms": timing.get("grad_sync_ms"),
+            "optimizer_ms": timing.get("optimizer_ms"), "communication_ms": communication.get("communication_ms"),
+            "exposed_communication_ms": communication.get("exposed_ms"),
+            "hidden_communication_fraction": communication.get("hidden_fraction"),
             "tokens_per_s": timing.get("tokens_per_s"), "achieved_tflops": flops.get("achieved_tflops"),
             "mfu": flops.get("mfu"), "peak_tflops": flops.get("peak_tflops"),
             "attention_share": attention.get("share"), "attention_forward_ms": attention.get("forward_ms"),
             "attention_backward_ms": attention.get("backward_ms"), "attention_method": attention.get("method"),
             "kv_expanded": attention.get("kv_expanded"),
             "peak_allocated_bytes": memory.get("peak_allocated_bytes"),
-            "peak_reserved_bytes": memory.get("peak_reserved_bytes"),
+            "peak_reserved_bytes": memory.get("peak_reserved_bytes"), "energy_gpus": energy.get("n_gpus"),
             "j_per_token": energy.get("j_per_token"), "tokens_per_j": energy.get("tokens_per_j"),
             "avg_power_w": energy.get("avg_power_w"), "peak_power_w": energy.get("peak_power_w"),
             "energy_window_s": energy.get("window_s"),
@@ -68,7 +79,12 @@ def model_table(paths: list[str | Path]) -> pd.DataFrame:
         columns={"tokens_per_s": "_base_tps", "j_per_token": "_base_jpt"})
     table = table.drop(columns=["speedup_vs_sdpa_default", "energy_vs_sdpa_default"]).merge(
         base, on=_SAME_STEP, how="left")
+    one = table[(table["gpus"] == 1) & (table["status"] == "ok")][_ONE_GPU + ["tokens_per_s"]].rename(
+        columns={"tokens_per_s": "_one_tps"})
+    table = table.drop(columns=["speedup_vs_one_gpu", "scaling_efficiency"]).merge(one, on=_ONE_GPU, how="left")
     ok = table["status"] == "ok"
     table["speedup_vs_sdpa_default"] = (table["tokens_per_s"] / table["_base_tps"]).where(ok)
     table["energy_vs_sdpa_default"] = (table["j_per_token"] / table["_base_jpt"]).where(ok)
-    return table.drop(columns=["_base_tps", "_base_jpt"]).reindex(columns=columns)
+    table["speedup_vs_one_gpu"] = (table["tokens_per_s"] / table["_one_tps"]).where(ok)
+    table["scaling_efficiency"] = table["speedup_vs_one_gpu"] / table["gpus"]
+    return table.drop(columns=["_base_tps", "_base_jpt", "_one_tps"]).reindex(columns=columns)

@@ -30,6 +30,10 @@ def _lock_file(folder: Path, name: str) -> Path:
     return folder / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', name)}.lock"
 
 
+class TooFewGpus(ValueError):
+    """A job asks for more GPUs than this machine shows: it could never start here."""
+
+
 @contextlib.contextmanager
 def gpu_slots(count: int = 1, poll_s: float = 0.5) -> Iterator[list[str]]:
     """Hold `count` free slot locks (one per GPU, or the one "cpu" slot) and yield their GPUs.
@@ -41,7 +45,7 @@ def gpu_slots(count: int = 1, poll_s: float = 0.5) -> Iterator[list[str]]:
     names = gpus or ["cpu"]
     count = max(1, count) if gpus else 1
     if count > len(names):
-        raise ValueError(f"job asks for {count} GPUs; this machine shows {len(names)}: {', '.join(names)}")
+        raise TooFewGpus(f"job asks for {count} GPUs; this machine shows {len(names)}: {', '.join(names)}")
     folder = slot_dir()
     folder.mkdir(parents=True, exist_ok=True)
     locks = {name: FileLock(str(_lock_file(folder, name))) for name in names}

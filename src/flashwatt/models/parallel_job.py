@@ -1,0 +1,378 @@
+"""What a multi-GPU model cell's job runs on each of its tasks (one process per GPU, ranks
+and rendezvous from the launcher: flashwatt.distributed.rendezvous): build the model on
+every rank, prepare it for the cell's strategy (flashwatt.models.parallel), check it
+against one process, time its step, split out the communication and the attention, and
+measure the energy of whole steps on every GPU. Rank 0 returns the record, the other
+ranks None.
+
+Every outcome is a record, as for one GPU: ok, incorrect, skipped (more GPUs than the
+machine has, a strategy the model's heads cannot take, a backend with no
+context-parallel form, ...), oom naming the stage, or error with the traceback.
+
+Timing: `warmup_steps` untimed steps, then `timed_steps` steps, each started after a
+barrier, with CUDA events around forward, backward, the gradient all-reduce (context
+parallel) and the optimizer on every rank; per rank the median of each phase, and the
+record's figure the slowest rank's (every rank's kept beside it). Communication: in
+`comm_steps` profiled steps of their own (flashwatt.models.comm_timeline). Memory: each
+GPU's peak. Energy: rank 0 drives a window of whole steps (flashwatt.energy) over the
+NVML counters of every GPU of the job, the other ranks following step by step through a
+gloo side channel (so they idle with rank 0 during its idle reading); the energy is
+summed over the GPUs and divided by the step's tokens over all of them.
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import time
+import traceback
+
+from flashwatt.models.cell import ModelCell
+from flashwatt.models.job import DEFAULT_STEPS, attention_share, base_record, why_not
+from flashwatt.provenance import provenance, utc_now
+from flashwatt.runner import CellOutcome
+
+PARALLEL_STEPS = {"comm_steps": 2}
+
+
+def available_gpus(nodes: int) -> int:
+    import torch
+
+    return torch.cuda.device_count() * nodes if torch.cuda.is_available() else 0
+
+
+def why_not_parallel(cell: ModelCell, shape, device_type: str, gpus_here: int) -> str | None:
+    """Why the multi-GPU cell cannot run here (before any process group starts), or None."""
+    import torch
+
+    from flashwatt.models.cp_attention import block_of
+    from flashwatt.models.parallel import CONTEXT_PARALLEL, ulysses_size
+
+    if device_type == "cuda" and gpus_here < cell.gpus:
+        return f"cell asks for {cell.gpus} GPUs; this machine has {gpus_here}"
+    reason = why_not(cell, shape, torch.device(device_type))
+    if reason is not None or cell.strategy not in CONTEXT_PARALLEL:
+        return reason
+    block = block_of(cell.backend)
+    if block is None:
+        return (f"{cell.backend} has no context-parallel form (the strategies compute with flashwatt's blocks: "
+                "sdpa_default, sdpa_math, sdpa_flash, sdpa_efficient, sdpa_cudnn, custom)")
+    if device_type != "cuda" and block not in ("auto", "math"):
+        return f"block {block} ({cell.backend}) needs a CUDA device (on CPU: sdpa_default or sdpa_math)"
+    split = ulysses_size(cell.strategy, cell.gpus)
+    if split > 1 and shape.heads % split:
+        return (f"strategy {cell.strategy}: its all-to-all over {split} ranks needs the query heads ({shape.heads}) "
+                f"divisible by {split}")
+    return None
+
+
+def run_parallel_cell(cell: ModelCell, spec: dict) -> CellOutcome | None:
+    """Measure one multi-GPU cell on this task; the outcome on rank 0, None on the others.
+    Never raises for a problem of the cell itself."""
+    from flashwatt.distributed import rendezvous
+
+    rendezvous.multicast_off()
+    record = base_record(cell, spec)
+    trace: list[dict] = []
+    t0 = time.perf_counter()
+    rank = 0
+    try:
+        record["provenance"] = provenance()
+        import torch
+        import torch.distributed as dist
+
+        from flashwatt import measure
+        from flashwatt.kernels.base import UnsupportedCell
+        from flashwatt.models.presets import build_config, shape_of
+        from flashwatt.settings import MeasureSettings
+
+        rdv = rendezvous.from_environment()
+        rank = rdv.rank
+        settings = MeasureSettings.from_mapping(spec.get("measure", {}))
+        shape = shape_of(build_config(spec["model"]))
+        device_type = "cuda" if torch.cuda.is_available() else "cpu"
+        reason = why_not_parallel(cell, shape, device_type, available_gpus(rdv.nodes))
+        if reason is not None:
+            record.update(status="skipped", reason=reason)
+            return CellOutcome(record, trace) if rank == 0 else None
+        if rdv.world != cell.gpus:
+            raise ValueError(f"model cell asks for {cell.gpus} GPUs but {rdv.world} processes were started "
+                             "(one process per GPU)")
+        device = rendezvous.start(rdv)
+        record["environment"] = {k: os.environ.get(k) for k in rendezvous.MULTICAST_OFF}
+        stage = {"now": "build"}
+        try:
+            with measure.precision_mode(cell):
+                trace = _measure(cell, spec, settings, device, record, stage)
+        except UnsupportedCell as err:
+            record.update(status="skipped", reason=str(err))
+        except Exception as err:
+            if not measure.is_oom(err):
+                raise
+            record.update(status="oom", reason=f"out of memory during {stage['now']}: {str(err).splitlines()[0]}",
+                          oom_stage=stage["now"])
+        finally:
+            dist.destroy_process_group()
+            from flashwatt.distributed.groups import _DEFAULT_MESHES
+
+            _DEFAULT_MESHES.clear()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    except Exception as err:
+        record.update(status="error", reason=f"{type(err).__name__}: {err}", traceback=traceback.format_exc())
+    finally:
+        record["finished"] = utc_now()
+        record["duration_s"] = round(time.perf_counter() - t0, 3)
+    return CellOutcome(record, trace) if rank == 0 else None
+
+
+def _slowest(per_rank: list[dict], keys) -> dict:
+    """Each key's largest value over the ranks, and every rank's."""
+    out = {}
+    for key in keys:
+        values = [r[key] for r in per_rank if r.get(key) is not None]
+        out[key] = max(values) if values else None
+        out[f"per_rank_{key}"] = [r.get(key) for r in per_rank]
+    return out
+
+
+def _measure(cell: ModelCell, spec: dict, settings, device, record: dict, stage: dict) -> list[dict]:
+    import torch
+    import torch.distributed as dist
+
+    from flashwatt.distributed.timing import gather
+    from flashwatt.models.attention import use_backend
+    from flashwatt.models.comm_timeline import communication_split
+    from flashwatt.models.cp_attention import block_of
+    from flashwatt.models.flops import dense_peak_tflops, step_flops
+    from flashwatt.models.parallel import prepare
+    from flashwatt.models.parallel_check import check_parallel
+    from flashwatt.models.parallel_step import ParallelStep
+    from flashwatt.models.presets import shape_of
+    from flashwatt.models.step import body_matmul_parameters, build_model, random_tokens, reference_factory, \
+        time_steps
+    from flashwatt.runner import device_identity
+
+    steps = {**DEFAULT_STEPS, **PARALLEL_STEPS, **spec.get("steps", {})}
+    seed = int(spec.get("seed", 0))
+    train = cell.phase == "train"
+    cuda = device.type == "cuda"
+    rank, world = dist.get_rank(), dist.get_world_size()
+    side = dist.new_group(backend="gloo")  # rank 0's go/stop for the energy window, on the host
+
+    telemetry = _open_telemetry(device, settings, rank)
+    try:
+        record["device"] = device_identity(device, telemetry) if rank == 0 else None
+        record["devices"] = gather(_device_of(device))
+
+        model = build_model(spec["model"], cell.precision, device, seed)
+        shape = shape_of(model.config)
+        body = body_matmul_parameters(model)
+        record["model"] = {"parameters": sum(p.numel() for p in model.parameters()), "body_matmul_parameters": body,
+                           "shape": shape.__dict__, "weights": "random (seeded)" if "path" not in spec["model"]
+                           else spec["model"]["path"], "dropout": 0.0}
+        adapter = use_backend(model, cell.backend, cell.precision, train) if cell.strategy == "fsdp" else None
+        parallel = prepare(model, cell.strategy, block=block_of(cell.backend) or "auto",
+                           recompute=cell.recompute and train)
+        if cell.strategy == "fsdp":
+            batch = {"batch_per_gpu": cell.batch,
+                     "batch_meaning": "data parallel: each GPU its own batch sequences, global batch = batch x gpus"}
+        else:
+            batch = {"batch": cell.batch,
+                     "batch_meaning": "context parallel: batch sequences, each split over every GPU (global batch = "
+                                      "batch)"}
+        record["parallel"] = {
+            "strategy": cell.strategy, "world_size": world, **batch, "global_batch": cell.global_batch,
+            "tokens_per_step": cell.tokens,
+            "loss": "mean next-token cross-entropy over every token of every rank (labels shifted on the global "
+                    "sequence)", **parallel.details}
+
+        stage["now"] = "check"
+        record["check"] = check_parallel(parallel, lambda: build_model(spec["model"], cell.precision, device, seed),
+                                         lambda m: reference_factory(m, device), cell.precision, shape.vocab,
+                                         shape.max_positions, train, seed)
+        if parallel.attention is not None:
+            record["parallel"]["block"] = parallel.attention.block_name
+            record["parallel"]["kv_expanded"] = parallel.attention.kv_expanded
+
+        tokens = random_tokens(shape.vocab, cell.global_batch, cell.seq_len, seed + 1, device)
+        optimizer = None
+        if train:
+            model.train()
+            # Fused on CPU too: the tests then run the optimizer path a GPU runs (fused over DTensor shards).
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.1, fused=True)
+        else:
+            model.eval()
+        step = ParallelStep(parallel, tokens, cell.phase, optimizer)
+
+        stage["now"] = "warm-up"
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats(device)
+        warm = []
+        for _ in range(int(steps["warmup_steps"])):
+            t = time.perf_counter()
+            step.run()
+            if cuda:
+                torch.cuda.synchronize()
+            warm.append(time.perf_counter() - t)
+
+        stage["now"] = "timed steps"
+        mine = time_steps(step, device, int(steps["timed_steps"]))
+        per_rank = gather(mine)
+        timing = _slowest(per_rank, [f"{part}_ms" for part in (*step.parts, "step")])
+        timing["steps_ms"] = mine["steps_ms"] if rank == 0 else None
+        timing["method"] = mine["method"] + "; every step after a barrier; the slowest rank's median per phase"
+        timing["warmup_s"] = warm
+        timing["tokens_per_s"] = cell.tokens / (timing["step_ms"] / 1e3)
+        record["timing"] = timing
+        record["memory"] = _memory(device, gather(_peaks(device)))
+        if train:
+            record["memory"]["optimizer"] = (f"AdamW (fused), states in {cell.precision}"
+                                             + (", sharded like the weights" if cell.strategy == "fsdp" else ""))
+        record["memory"]["recompute"] = cell.recompute
+
+        flops = step_flops(shape, body, cell.global_batch, cell.seq_len, cell.phase, causal=True,
+                           logits_of_last_only=not train)
+        peak = dense_peak_tflops((record.get("device") or {}).get("name") if rank == 0 else None, cell.precision)
+        flops["achieved_tflops"] = flops["total"] / (timing["step_ms"] / 1e3) / 1e12
+        flops["peak_tflops"] = peak * world if peak else None
+        flops["mfu"] = flops["achieved_tflops"] / flops["peak_tflops"] if peak else None
+        flops["peak_of"] = f"{world} GPUs"
+        record["flops"] = flops
+
+        stage["now"] = "attention steps"
+        share = attention_share(step, model, cell, device, int(steps["attention_steps"]))
+        shares = gather(share)
+        record["attention"] = shares[0] | ({"per_rank_share": [s.get("share") for s in shares]}
+                                           if share.get("method") else {})
+        if adapter is not None:
+            record["attention"]["kv_expanded"] = adapter.kv_expanded
+
+        stage["now"] = "communication steps"
+        comm = gather(communication_split(step.run, device, int(steps["comm_steps"])))
+        record["communication"] = _communication(comm, timing)
+
+        stage["now"] = "energy window"
+        window = _lockstep_energy(step, device, telemetry, settings, side, rank)
+        trace: list[dict] = []
+        if rank == 0:
+            if window is not None:
+                energy = window.as_dict()
+                energy["unit"] = "one call = one step on every GPU"
+                energy["summed_over"] = f"{window.n_gpus} GPUs (per_gpu holds each)"
+                if window.energy_per_call_j is not None:
+                    energy["j_per_token"] = window.energy_per_call_j / cell.tokens
+                    energy["tokens_per_j"] = cell.tokens / window.energy_per_call_j
+                if window.time_per_call_s:
+                    energy["window_tokens_per_s"] = cell.tokens / window.time_per_call_s
+                record["energy"] = energy
+                trace = [dict(row) for row in window.trace]
+            else:
+                record["energy"] = {"reason": telemetry.reason}
+    finally:
+        if telemetry is not None:
+            telemetry.close()
+
+    check = record["check"]
+    record["status"] = "ok" if check["passed"] else "incorrect"
+    if not check["passed"]:
+        failed = [k for k in ("logits", "causal", "grad") if k in check and not check[k]["passed"]]
+        record["reason"] = "parallel model check failed: " + ", ".join(
+            f"{k} {check[k].get('error', check[k].get('prefix_change')):.3g}" for k in failed)
+    return trace
+
+
+def _device_of(device) -> dict:
+    import torch
+
+    if device.type != "cuda":
+        return {"type": "cpu"}
+    props = torch.cuda.get_device_properties(device)
+    return {"type": "cuda", "name": props.name, "uuid": str(getattr(props, "uuid", "")) or None,
+            "index": device.index}
+
+
+def _open_telemetry(device, settings, rank: int):
+    """Rank 0: NVML over every GPU of the job (their UUIDs gathered from the ranks);
+    the others: none. A NullTelemetry says why there is none."""
+    from flashwatt.distributed.timing import gather
+    from flashwatt.telemetry import NullTelemetry, open_telemetry
+
+    uuids = gather(_device_of(device).get("uuid"))
+    if rank != 0:
+        return None
+    if device.type != "cuda":
+        return NullTelemetry("no CUDA device: energy is measured on NVIDIA GPUs only")
+    if not settings.energy:
+        return NullTelemetry("energy measurement switched off (measure.energy: false)")
+    if not all(uuids):
+        return NullTelemetry("a rank's GPU has no UUID: the job's GPUs cannot be named to NVML")
+    return open_telemetry(list(uuids))
+
+
+def _peaks(device) -> dict:
+    import torch
+
+    if device.type != "cuda":
+        return {}
+    return {"allocated": torch.cuda.max_memory_allocated(device), "reserved": torch.cuda.max_memory_reserved(device),
+            "total": torch.cuda.get_device_properties(device).total_memory}
+
+
+def _memory(device, peaks: list[dict]) -> dict:
+    if device.type != "cuda":
+        return {}
+    return {"peak_allocated_bytes": max(p["allocated"] for p in peaks),
+            "peak_reserved_bytes": max(p["reserved"] for p in peaks),
+            "device_total_bytes": peaks[0]["total"],
+            "per_gpu_peak_allocated_bytes": [p["allocated"] for p in peaks],
+            "per_gpu_peak_reserved_bytes": [p["reserved"] for p in peaks],
+            "peak_of": "the GPU with the largest peak (per_gpu_* holds each)"}
+
+
+def _communication(per_rank: list[dict], timing: dict) -> dict:
+    """Every rank's split, and the figures of the rank with the most exposed communication."""
+    if not per_rank[0].get("method"):
+        return per_rank[0]
+    worst = max(per_rank, key=lambda r: r["exposed_ms"])
+    out = {k: worst[k] for k in ("method", "steps", "communication_ms", "exposed_ms", "hidden_ms", "hidden_fraction",
+                                 "by_kind_ms", "collective_spans")}
+    out["rank"] = per_rank.index(worst)
+    out["per_rank"] = [{k: r[k] for k in ("communication_ms", "exposed_ms", "hidden_ms")} for r in per_rank]
+    out["median_exposed_ms"] = statistics.median(r["exposed_ms"] for r in per_rank)
+    if timing.get("step_ms"):
+        out["exposed_share_of_step"] = out["exposed_ms"] / timing["step_ms"]
+    return out
+
+
+def _lockstep_energy(step, device, telemetry, settings, side, rank: int):
+    """Rank 0 runs flashwatt.energy's window; before each of its steps it tells the other
+    ranks to run one too (a broadcast on the gloo side group), and a stop at the end."""
+    import torch
+    import torch.distributed as dist
+
+    flag = torch.zeros(1, dtype=torch.int32)
+
+    def say(value: int) -> int:
+        flag.fill_(value)
+        dist.broadcast(flag, src=0, group=side)
+        return int(flag.item())
+
+    if rank != 0:
+        while say(0) == 1:
+            step.run()
+        return None
+    try:
+        if telemetry is None or not telemetry.available:
+            return None
+        from flashwatt.energy import measure_energy
+
+        def call() -> None:
+            say(1)
+            step.run()
+
+        return measure_energy(call, lambda: torch.cuda.synchronize(device), telemetry,
+                              min_window_s=settings.energy_window_s, idle_settle_s=settings.idle_settle_s,
+                              idle_window_s=settings.idle_window_s, sampler_period_s=settings.sampler_period_s)
+    finally:
+        say(0)
