@@ -50,3 +50,23 @@ CI_LINES: list[str] = []
 
 def ci_log(line: str) -> None:
     CI_LINES.append(line)
+
+
+def synthetic_corpus(folder: Path, documents: int = 400, seed: int = 0) -> Path:
+    """A plain-text corpus with structure a small model learns in a few dozen steps
+    (sentences from a tiny grammar), fixed by `seed`: training tests must not depend on
+    the text of a file that changes with the project."""
+    import random
+
+    rng = random.Random(seed)
+    subjects = ["the cat", "a dog", "the old man", "my sister", "the kernel", "a student", "the GPU"]
+    verbs = ["sees", "likes", "reads", "computes", "holds", "writes", "measures"]
+    objects = ["the mat", "a book", "the power", "an answer", "the softmax", "a tile", "the budget"]
+    folder.mkdir(parents=True, exist_ok=True)
+    paragraphs = []
+    for _ in range(documents):
+        sentences = [f"{rng.choice(subjects)} {rng.choice(verbs)} {rng.choice(objects)}." for _ in range(rng.randint(3, 8))]
+        paragraphs.append(" ".join(s.capitalize() for s in sentences))
+    path = folder / "corpus.txt"
+    path.write_text("\n\n".join(paragraphs) + "\n")
+    return path

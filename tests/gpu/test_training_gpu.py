@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import math
-from pathlib import Path
 
 import pytest
 
@@ -16,22 +15,22 @@ from flashwatt.training.data import prepare_data
 from flashwatt.training.job import run_train_cell
 from flashwatt.training.suite import training_runs, training_section
 from flashwatt.training.summary import STEP0_TOLERANCE
+from support import synthetic_corpus
 
 pytestmark = pytest.mark.gpu
-REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def spec(tmp_path_factory):
     root = tmp_path_factory.mktemp("training")
     config = load_config()
-    config["suites"]["training_smoke"]["training"]["data"]["corpus"] = str(REPO / "README.md")
+    config["suites"]["training_smoke"]["training"]["data"]["corpus"] = str(synthetic_corpus(root / "corpus"))
     section = training_section(config, "training_smoke")
     section["cache"] = str(root / "cache")
     manifest = root / "data.json"
     prepare_data(section, "training_smoke", manifest)
     base = copy.deepcopy(next(iter(training_runs(config, "training_smoke").values())))
-    # README.md is a small corpus: 64-token windows, four of them to validate on
+    # a small corpus: 64-token windows, four of them to validate on
     return {**base, "data": str(manifest), "cache": section["cache"], "model": model_spec("llama_small"),
             "evaluation": {"evals": 4, "validation_windows": 4}, "measure": {"energy": True}}
 
