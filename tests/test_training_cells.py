@@ -418,3 +418,17 @@ def test_registry_backends_take_autocast_inputs_in_one_dtype():
     finally:
         adapter.kernel.__class__.__call__ = original
     assert seen and set(seen) == {(torch.bfloat16,) * 3}
+
+
+def test_dropout_is_on_in_training_and_off_in_the_check(data):
+    plain, dropped = (run_train_cell(c, spec_of(data, c)) for c in
+                      (smoke_cell(model="gpt2_tiny", tokens=2048), smoke_cell(model="gpt2_tiny", tokens=2048,
+                                                                              dropout=0.1)))
+    for outcome in (plain, dropped):
+        assert outcome.record["status"] == "ok", outcome.record.get("traceback") or outcome.record.get("reason")
+        assert outcome.record["check"]["passed"]
+    assert dropped.record["model"]["dropout"] == {"residual_and_embedding": 0.1, "attention": 0.0}
+    # the same weights and batches: the first step's loss differs only through dropout
+    assert plain.trace[0]["loss"] != dropped.trace[0]["loss"]
+    # and evaluation runs without it: the step-0 validation loss is the same
+    assert plain.record["curve"][0]["val_loss"] == pytest.approx(dropped.record["curve"][0]["val_loss"], abs=1e-6)
