@@ -53,6 +53,17 @@ def test_path_names_the_cell_and_reads_back(changes):
     assert c.setting == c.id.rsplit("-s", 1)[0] and f"-s{c.seed}" not in c.setting
 
 
+@pytest.mark.parametrize("path", [
+    "results/cells/s/model/llama_tiny/sdpa_default/fp32/train-L64-B2.json",  # another kind's folder
+    "results/cells/s/train/llama_tiny/sdpa_default/fp32",                    # no record name
+    "results/cells/s/train/llama_tiny/sdpa_default/fp32/x.trace.parquet",    # the trace, not the record
+    "elsewhere/s/train/llama_tiny/sdpa_default/fp32/adamw-cosine-lr0.0003-do0-wd0.1-B4-L64-T6144-s0.json",
+])
+def test_a_path_that_is_not_a_training_record_is_refused(path):
+    with pytest.raises(ValueError, match="not a training cell record"):
+        TrainCell.from_path(path)
+
+
 def test_the_cells_names_are_the_optimizers_and_schedules():
     assert TRAIN_OPTIMIZERS == tuple(OPTIMIZERS) and TRAIN_SCHEDULES == tuple(SCHEDULES)
 

@@ -7,6 +7,8 @@ its files cannot drift apart.
 """
 from __future__ import annotations
 
+from pathlib import PurePosixPath
+
 
 class CellFiles:
     RECORD_PATTERN: str
@@ -30,3 +32,18 @@ class CellFiles:
     @property
     def job_name(self) -> str:
         return "fw-" + self.id.replace("/", "-")
+
+
+def record_wildcards(path: str, root: str, folder: str, dirs: int, suffix: str) -> tuple[str, ...] | None:
+    """(suite, the `dirs` folders, the name) of a record path `<root>/<suite>/<folder>/<dirs
+    folders>/<name><suffix>`, anywhere inside `path` (absolute or relative); None when it is
+    not one. What each kind's `from_path` reads its wildcards from."""
+    parts = PurePosixPath(str(path)).parts
+    base = PurePosixPath(root).parts
+    n = len(base)
+    for i in range(len(parts) - n - dirs - 2):
+        if parts[i:i + n] == base and parts[i + n + 1] == folder:
+            suite, *middle, leaf = parts[i + n:i + n + dirs + 3]
+            if leaf.endswith(suffix) and len(parts) == i + n + dirs + 3:
+                return (suite, *middle[1:], leaf[:-len(suffix)])
+    return None

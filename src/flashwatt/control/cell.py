@@ -22,10 +22,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from pathlib import PurePosixPath
 
 from flashwatt.cell import RESULTS_ROOT
-from flashwatt.cell_files import CellFiles
+from flashwatt.cell_files import CellFiles, record_wildcards
 
 WORKLOADS = ("steady", "stream")
 CONTROL_PRECISIONS = ("bf16", "fp16", "fp32")
@@ -147,14 +146,10 @@ class ControlCell(CellFiles):
 
     @classmethod
     def from_path(cls, path: str) -> "ControlCell":
-        parts = PurePosixPath(str(path)).parts
-        root = PurePosixPath(RESULTS_ROOT).parts
-        for i in range(len(parts) - len(root) - 3):
-            if parts[i:i + len(root)] == root and parts[i + len(root) + 1] == CONTROL_FOLDER:
-                suite, _, group, leaf = parts[i + len(root):i + len(root) + 4]
-                if leaf.endswith(RECORD_SUFFIX):
-                    return cls.from_wildcards(suite, group, leaf[:-len(RECORD_SUFFIX)])
-        raise ValueError(f"not a control cell record: {path!r} (expected {RECORD_PATTERN})")
+        wildcards = record_wildcards(path, RESULTS_ROOT, CONTROL_FOLDER, 1, RECORD_SUFFIX)
+        if wildcards is None:
+            raise ValueError(f"not a control cell record: {path!r} (expected {RECORD_PATTERN})")
+        return cls.from_wildcards(*wildcards)
 
     def as_row(self) -> dict:
         """Flat dict for records and tables."""

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from pathlib import PurePosixPath
 
 from flashwatt.cell import RESULTS_ROOT
-from flashwatt.cell_files import CellFiles
+from flashwatt.cell_files import CellFiles, record_wildcards
 
 STRATEGIES = ("ring", "zigzag", "ulysses", "hybrid")
 BLOCKS = ("auto", "math", "flash", "efficient", "cudnn", "custom")  # flashwatt.distributed.blocks.BLOCK_NAMES
@@ -111,14 +110,10 @@ class DistributedCell(CellFiles):
 
     @classmethod
     def from_path(cls, path: str) -> "DistributedCell":
-        parts = PurePosixPath(str(path)).parts
-        root = PurePosixPath(RESULTS_ROOT).parts
-        for i in range(len(parts) - len(root) - 4):
-            if parts[i:i + len(root)] == root and parts[i + len(root) + 1] == FOLDER:
-                suite, _, method, precision, leaf = parts[i + len(root):i + len(root) + 5]
-                if leaf.endswith(RECORD_SUFFIX):
-                    return cls.from_wildcards(suite, method, precision, leaf[:-len(RECORD_SUFFIX)])
-        raise ValueError(f"not a distributed cell record: {path!r} (expected {RECORD_PATTERN})")
+        wildcards = record_wildcards(path, RESULTS_ROOT, FOLDER, 2, RECORD_SUFFIX)
+        if wildcards is None:
+            raise ValueError(f"not a distributed cell record: {path!r} (expected {RECORD_PATTERN})")
+        return cls.from_wildcards(*wildcards)
 
     # ---- what the job runs ----------------------------------------------------------
     def spec(self, **options) -> dict:

@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from pathlib import PurePosixPath
 
 from flashwatt.cell import RESULTS_ROOT
-from flashwatt.cell_files import CellFiles
+from flashwatt.cell_files import CellFiles, record_wildcards
 
 # flashwatt.models.attention.BACKENDS (kept torch-free here; a test checks they agree)
 MODEL_BACKENDS = ("eager", "sdpa_default", "sdpa_math", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "custom")
@@ -131,15 +130,10 @@ class ModelCell(CellFiles):
 
     @classmethod
     def from_path(cls, path: str) -> "ModelCell":
-        parts = PurePosixPath(str(path)).parts
-        root = PurePosixPath(RESULTS_ROOT).parts
-        n = len(root)
-        for i in range(len(parts) - n - 5):
-            if parts[i:i + n] == root and parts[i + n + 1] == FOLDER:
-                suite, _, model, backend, precision, leaf = parts[i + n:i + n + 6]
-                if leaf.endswith(RECORD_SUFFIX):
-                    return cls.from_wildcards(suite, model, backend, precision, leaf[:-len(RECORD_SUFFIX)])
-        raise ValueError(f"not a model cell record: {path!r} (expected {RECORD_PATTERN})")
+        wildcards = record_wildcards(path, RESULTS_ROOT, FOLDER, 3, RECORD_SUFFIX)
+        if wildcards is None:
+            raise ValueError(f"not a model cell record: {path!r} (expected {RECORD_PATTERN})")
+        return cls.from_wildcards(*wildcards)
 
     def as_row(self) -> dict:
         return {"suite": self.suite, "model": self.model, "backend": self.backend, "precision": self.precision,

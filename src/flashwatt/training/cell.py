@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from pathlib import PurePosixPath
 
 from flashwatt.cell import RESULTS_ROOT
-from flashwatt.cell_files import CellFiles
+from flashwatt.cell_files import CellFiles, record_wildcards
 from flashwatt.models.cell import MODEL_BACKENDS
 
 # Mixed precision: weights, gradients and optimizer states in float32; the forward and
@@ -143,15 +142,10 @@ class TrainCell(CellFiles):
 
     @classmethod
     def from_path(cls, path: str) -> "TrainCell":
-        parts = PurePosixPath(str(path)).parts
-        root = PurePosixPath(RESULTS_ROOT).parts
-        n = len(root)
-        for i in range(len(parts) - n - 5):
-            if parts[i:i + n] == root and parts[i + n + 1] == FOLDER:
-                suite, _, model, backend, precision, leaf = parts[i + n:i + n + 6]
-                if leaf.endswith(RECORD_SUFFIX):
-                    return cls.from_wildcards(suite, model, backend, precision, leaf[:-len(RECORD_SUFFIX)])
-        raise ValueError(f"not a training cell record: {path!r} (expected {RECORD_PATTERN})")
+        wildcards = record_wildcards(path, RESULTS_ROOT, FOLDER, 3, RECORD_SUFFIX)
+        if wildcards is None:
+            raise ValueError(f"not a training cell record: {path!r} (expected {RECORD_PATTERN})")
+        return cls.from_wildcards(*wildcards)
 
     def as_row(self) -> dict:
         return {"suite": self.suite, "model": self.model, "backend": self.backend, "precision": self.precision,
