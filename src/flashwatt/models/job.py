@@ -18,10 +18,9 @@ tokens in the window.
 from __future__ import annotations
 
 import time
-import traceback
 
 from flashwatt.models.cell import ModelCell
-from flashwatt.provenance import provenance, utc_now
+from flashwatt.provenance import utc_now
 from flashwatt.runner import CellOutcome
 
 SCHEMA_VERSION = 1
@@ -67,51 +66,19 @@ def run_model_cell(cell: ModelCell, spec: dict) -> CellOutcome | None:
         from flashwatt.models.parallel_job import run_parallel_cell
 
         return run_parallel_cell(cell, spec)
-    record = base_record(cell, spec)
-    trace: list[dict] = []
-    t0 = time.perf_counter()
-    telemetry = None
-    try:
-        record["provenance"] = provenance()
-        import torch
+    from flashwatt.measured_job import run_measured_job
 
-        from flashwatt import measure
-        from flashwatt.kernels.base import UnsupportedCell
+    def body(device, telemetry, settings, stages) -> list[dict]:
         from flashwatt.models.presets import build_config, shape_of
-        from flashwatt.runner import device_identity, open_cell_telemetry, select_device
-        from flashwatt.settings import MeasureSettings
 
-        settings = MeasureSettings.from_mapping(spec.get("measure", {}))
-        device = select_device()
-        telemetry = open_cell_telemetry(device, settings)
-        record["device"] = device_identity(device, telemetry)
-        shape = shape_of(build_config(spec["model"]))
-        reason = why_not(cell, shape, device)
+        reason = why_not(cell, shape_of(build_config(spec["model"])), device)
         if reason is not None:
             record.update(status="skipped", reason=reason)
-            return CellOutcome(record, trace)
-        stage = {"now": "build"}
-        try:
-            with measure.precision_mode(cell):
-                trace = _measure(cell, spec, settings, device, telemetry, record, stage)
-        except UnsupportedCell as err:
-            record.update(status="skipped", reason=str(err))
-        except Exception as err:
-            if not measure.is_oom(err):
-                raise
-            record.update(status="oom", reason=f"out of memory during {stage['now']}: {str(err).splitlines()[0]}",
-                          oom_stage=stage["now"])
-        finally:
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
-    except Exception as err:
-        record.update(status="error", reason=f"{type(err).__name__}: {err}", traceback=traceback.format_exc())
-    finally:
-        if telemetry is not None:
-            telemetry.close()
-        record["finished"] = utc_now()
-        record["duration_s"] = round(time.perf_counter() - t0, 3)
-    return CellOutcome(record, trace)
+            return []
+        return _measure(cell, spec, settings, device, telemetry, record, stages)
+
+    record = base_record(cell, spec)
+    return run_measured_job(cell, record, spec.get("measure", {}), body)
 
 
 def _memory(device) -> dict:
@@ -124,7 +91,7 @@ def _memory(device) -> dict:
             "device_total_bytes": torch.cuda.get_device_properties(device).total_memory}
 
 
-def _measure(cell: ModelCell, spec: dict, settings, device, telemetry, record: dict, stage: dict) -> list[dict]:
+def _measure(cell: ModelCell, spec: dict, settings, device, telemetry, record: dict, stage) -> list[dict]:
     import torch
 
     from flashwatt.energy import measure_energy
@@ -148,13 +115,13 @@ def _measure(cell: ModelCell, spec: dict, settings, device, telemetry, record: d
     adapter = use_backend(model, cell.backend, cell.precision, train)
 
     step = make_step(model, cell, device, seed)
-    stage["now"] = "check"
+    stage.enter("check")
     # A compiled cell is checked through its compiled forward: that is what it times.
     record["check"] = check_model(model, reference_factory(model, device), cell.precision, shape.vocab, train, seed,
                                   forward=step.forward if cell.compiled else None)
     record["check"]["through"] = "torch.compile'd model" if cell.compiled else "model"
 
-    stage["now"] = "warm-up"
+    stage.enter("warm-up")
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats(device)
@@ -166,7 +133,7 @@ def _measure(cell: ModelCell, spec: dict, settings, device, telemetry, record: d
             torch.cuda.synchronize()
         warm.append(time.perf_counter() - t)
 
-    stage["now"] = "timed steps"
+    stage.enter("timed steps")
     timing = time_steps(step, device, int(steps["timed_steps"]))
     timing["warmup_s"] = warm
     if cell.compiled:
@@ -187,13 +154,13 @@ def _measure(cell: ModelCell, spec: dict, settings, device, telemetry, record: d
     flops["mfu"] = flops["achieved_tflops"] / peak if peak else None
     record["flops"] = flops
 
-    stage["now"] = "attention steps"
+    stage.enter("attention steps")
     record["attention"] = attention_share(step, model, cell, device, int(steps["attention_steps"]))
     if adapter is not None:
         record["attention"]["kv_expanded"] = adapter.kv_expanded
 
     trace: list[dict] = []
-    stage["now"] = "energy window"
+    stage.enter("energy window")
     if telemetry.available:
         window = measure_energy(step.run, lambda: torch.cuda.synchronize(device), telemetry,
                                 min_window_s=settings.energy_window_s, idle_settle_s=settings.idle_settle_s,

@@ -15,11 +15,9 @@ and what the lost job had done past the checkpoint.
 from __future__ import annotations
 
 import json
-import time
-import traceback
 from pathlib import Path
 
-from flashwatt.provenance import provenance, utc_now
+from flashwatt.provenance import utc_now
 from flashwatt.runner import CellOutcome
 from flashwatt.training.cell import TrainCell
 
@@ -68,67 +66,17 @@ def why_not(cell: TrainCell, spec: dict, shape, family: str, device) -> str | No
 
 def run_train_cell(cell: TrainCell, spec: dict) -> CellOutcome:
     """Train one cell; never raises for a problem of the cell itself."""
+    from flashwatt.measured_job import run_measured_job
+
+    def body(device, telemetry, settings, stages) -> list[dict]:
+        _train(cell, spec, device, telemetry, record, stages)
+        return record.pop("_steps", [])
+
     record = base_record(cell, spec)
-    t0 = time.perf_counter()
-    telemetry = None
-    stage = Stages(record, "startup")
-    try:
-        record["provenance"] = provenance()
-        import torch
-
-        from flashwatt import measure
-        from flashwatt.runner import device_identity, open_cell_telemetry, select_device
-        from flashwatt.settings import MeasureSettings
-
-        settings = MeasureSettings.from_mapping(spec.get("measure", {}))
-        device = select_device()
-        telemetry = open_cell_telemetry(device, settings)
-        record["device"] = device_identity(device, telemetry)
-        stage.enter("build")
-        try:
-            with measure.precision_mode(cell):
-                _train(cell, spec, device, telemetry, record, stage)
-        except Exception as err:
-            from flashwatt.kernels.base import UnsupportedCell
-
-            if isinstance(err, UnsupportedCell):
-                record.update(status="skipped", reason=str(err))
-            elif measure.is_oom(err):
-                record.update(status="oom", oom_stage=stage.now,
-                              reason=f"out of memory during {stage.now}: {str(err).splitlines()[0]}")
-            else:
-                raise
-        finally:
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
-    except Exception as err:
-        record.update(status="error", reason=f"{type(err).__name__}: {err}", traceback=traceback.format_exc())
-    finally:
-        stage.enter(None)
-        if telemetry is not None:
-            telemetry.close()
-        record["finished"] = utc_now()
-        record["duration_s"] = round(time.perf_counter() - t0, 3)
-    return CellOutcome(record, record.pop("_steps", []))
+    return run_measured_job(cell, record, spec.get("measure", {}), body)
 
 
-class Stages:
-    """The stage a job is in (named by an out-of-memory record) and the seconds spent in
-    each, summed over its visits: `stages_s` in the record, where a job's time goes beside
-    the run's own clocks."""
-
-    def __init__(self, record: dict, first: str = "build"):
-        self.seconds = record.setdefault("stages_s", {})
-        self.now, self.since = first, time.perf_counter()
-
-    def enter(self, name: str | None) -> None:
-        now = time.perf_counter()
-        if self.now is not None:
-            self.seconds[self.now] = self.seconds.get(self.now, 0.0) + now - self.since
-        self.now, self.since = name, now
-
-
-def _train(cell: TrainCell, spec: dict, device, telemetry, record: dict, stage: Stages) -> None:
+def _train(cell: TrainCell, spec: dict, device, telemetry, record: dict, stage) -> None:
     import torch
 
     from flashwatt.models.attention import use_backend
