@@ -443,3 +443,25 @@ def test_dropout_is_on_in_training_and_off_in_the_check(data):
     assert plain.trace[0]["loss"] != dropped.trace[0]["loss"]
     # and evaluation runs without it: the step-0 validation loss is the same
     assert plain.record["curve"][0]["val_loss"] == pytest.approx(dropped.record["curve"][0]["val_loss"], abs=1e-6)
+
+
+def test_running_out_of_memory_mid_run_is_recorded_naming_the_stage(data, monkeypatch):
+    import torch
+
+    from flashwatt.training.loop import Trainer
+
+    original = Trainer.train_until
+
+    def no_room_after_the_first_segment(self, stop):
+        if self.step > 0:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return original(self, stop)
+
+    monkeypatch.setattr(Trainer, "train_until", no_room_after_the_first_segment)
+    c = smoke_cell(tokens=256 * 16)
+    record = run_train_cell(c, spec_of(data, c)).record
+    assert record["status"] == "oom" and record["oom_stage"] == "training steps"
+    assert "out of memory during training steps" in record["reason"]
+    assert record["check"]["passed"] and record["model"]["parameters"] > 0  # what was learnt before is kept
+    assert record["stages_s"]["training steps"] > 0
+    assert [row["step"] for row in record["curve"]] == eval_points(c.steps, 3)[:2]  # evaluations done are kept

@@ -68,15 +68,16 @@ def run_train_cell(cell: TrainCell, spec: dict) -> CellOutcome:
     """Train one cell; never raises for a problem of the cell itself."""
     from flashwatt.measured_job import run_measured_job
 
-    def body(device, telemetry, settings, stages) -> list[dict]:
-        _train(cell, spec, device, telemetry, record, stages)
-        return record.pop("_steps", [])
+    steps: list[dict] = []  # the per-step trace, kept whatever ends the run
+
+    def body(device, telemetry, settings, stages) -> None:
+        _train(cell, spec, device, telemetry, record, stages, steps)
 
     record = base_record(cell, spec)
-    return run_measured_job(cell, record, spec.get("measure", {}), body)
+    return CellOutcome(run_measured_job(cell, record, spec.get("measure", {}), body).record, steps)
 
 
-def _train(cell: TrainCell, spec: dict, device, telemetry, record: dict, stage) -> None:
+def _train(cell: TrainCell, spec: dict, device, telemetry, record: dict, stage, steps: list[dict]) -> None:
     import torch
 
     from flashwatt.models.attention import use_backend
@@ -199,9 +200,10 @@ def _train(cell: TrainCell, spec: dict, device, telemetry, record: dict, stage) 
                 last_checkpoint = meter.wall_s()
     finally:
         totals = meter.close()
+        # Kept whatever ends the run: an out-of-memory or a crash keeps the evaluations and steps done.
+        record["curve"] = trainer.curve
+        steps[:] = trainer.steps
     stage.enter("summary")
-    record["_steps"] = trainer.steps
-    record["curve"] = trainer.curve
     _summarise(cell, spec, record, trainer, totals, device, telemetry)
     checkpoints.clear()
 
