@@ -41,7 +41,19 @@ from flashwatt.models.presets import model_spec
 _POSITIONS = ("max_position_embeddings", "n_positions")
 
 
-def _positions(spec: dict) -> int | None:
+def grid_model_specs(grid: dict, user_presets: dict, key: str) -> dict[str, dict]:
+    """The model spec of each model a grid names; an unknown one is a ConfigError naming
+    `<key>.models[j]`."""
+    specs = {}
+    for j, name in enumerate(grid["models"]):
+        try:
+            specs[name] = model_spec(name, user_presets, f"{key}.models[{j}]")
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
+    return specs
+
+
+def positions_of(spec: dict) -> int | None:
     settings = spec.get("settings", {})
     return next((int(settings[k]) for k in _POSITIONS if k in settings), None)
 
@@ -60,12 +72,7 @@ def model_runs(config: dict, suite: str, measure: dict | None = None) -> dict[Mo
     cells: dict[ModelCell, dict] = {}
     for i, grid in enumerate(section["grids"]):
         key = f"{where}.grids[{i}]"
-        specs = {}
-        for j, name in enumerate(grid["models"]):
-            try:
-                specs[name] = model_spec(name, user, f"{key}.models[{j}]")
-            except ValueError as err:
-                raise ConfigError(str(err)) from None
+        specs = grid_model_specs(grid, user, key)
         strategies = grid.get("strategies", ["none"])
         for gpus in grid.get("gpus", [1]):
             if gpus > 1 and not [s for s in strategies if s != "none"]:
@@ -79,7 +86,7 @@ def model_runs(config: dict, suite: str, measure: dict | None = None) -> dict[Mo
                 grid["batches"], grid.get("recompute", [False]), grid.get("compiled", [False]), placements):
             if (recompute and phase != "train") or (compiled and gpus > 1):
                 continue
-            positions = _positions(specs[name])
+            positions = positions_of(specs[name])
             if positions is not None and seq_len > positions:
                 raise ConfigError(f"config key {key}.seq_lens: {seq_len} is longer than model {name}'s "
                                   f"{positions} positions")

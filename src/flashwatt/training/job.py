@@ -88,7 +88,7 @@ def _train(cell: TrainCell, spec: dict, device, telemetry, record: dict, stage, 
     from flashwatt.training.loop import Batches, Trainer, autocast_of, eval_points
     from flashwatt.training.meter import RunMeter
     from flashwatt.training.optimizers import make_optimizer
-    from flashwatt.training.schedules import make_schedule
+    from flashwatt.training.schedules import make_schedule, warmup_steps
     from flashwatt.training.shards import BatchSampler, open_shards, validation_windows
 
     manifest = read_manifest(spec["data"])
@@ -134,7 +134,7 @@ def _train(cell: TrainCell, spec: dict, device, telemetry, record: dict, stage, 
 
     stage.enter("setup")
     total = cell.steps
-    warmup = max(1, round(float(spec["warmup_fraction"]) * total))
+    warmup = warmup_steps(total, spec["warmup_fraction"])
     schedule_cfg = spec.get("schedule", {})
     optimizer = make_optimizer(cell.optimizer, model.parameters(), cell.lr, cell.weight_decay,
                                betas=spec.get("betas", {}).get(cell.optimizer))

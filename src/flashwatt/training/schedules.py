@@ -100,6 +100,11 @@ def check_schedule(name: str, total_steps: int, warmup_steps: int, floor: float,
                              f"{total_steps} steps) overlap; shorten one")
 
 
+def warmup_steps(total_steps: int, fraction: float) -> int:
+    """The warm-up of a run of `total_steps` with a warm-up `fraction` of them: at least one step."""
+    return max(1, round(float(fraction) * total_steps))
+
+
 def make_schedule(name: str, optimizer: torch.optim.Optimizer, total_steps: int, warmup_steps: int, *,
                   floor: float = DEFAULT_FLOOR, decay_fraction: float = DEFAULT_DECAY_FRACTION
                   ) -> torch.optim.lr_scheduler.LambdaLR:

@@ -41,8 +41,8 @@ from __future__ import annotations
 import itertools
 
 from flashwatt.config import ConfigError
-from flashwatt.models.presets import has_residual_dropout, model_spec
-from flashwatt.models.suite import _positions
+from flashwatt.models.presets import has_residual_dropout
+from flashwatt.models.suite import grid_model_specs, positions_of
 from flashwatt.training.cell import TrainCell
 
 DATA_MANIFEST = "results/{suite}/training-data.json"
@@ -73,7 +73,7 @@ def training_section(config: dict, suite: str) -> dict | None:
 def training_runs(config: dict, suite: str, measure: dict | None = None) -> dict[TrainCell, dict]:
     """Each training cell of the suite and its job spec (plain data), in a stable order;
     empty for a suite without a training section."""
-    from flashwatt.training.schedules import check_schedule
+    from flashwatt.training.schedules import DEFAULT_DECAY_FRACTION, DEFAULT_FLOOR, check_schedule, warmup_steps
 
     section = training_section(config, suite)
     if section is None:
@@ -87,12 +87,7 @@ def training_runs(config: dict, suite: str, measure: dict | None = None) -> dict
     cells: dict[TrainCell, dict] = {}
     for i, grid in enumerate(section["grids"]):
         key = f"{where}.grids[{i}]"
-        specs = {}
-        for j, name in enumerate(grid["models"]):
-            try:
-                specs[name] = model_spec(name, user, f"{key}.models[{j}]")
-            except ValueError as err:
-                raise ConfigError(str(err)) from None
+        specs = grid_model_specs(grid, user, key)
         for optimizer in grid["optimizers"]:
             lrs = _per_optimizer(grid, "lrs", optimizer, key)
             decays = _per_optimizer(grid, "weight_decays", optimizer, key, [0.1])
@@ -101,7 +96,7 @@ def training_runs(config: dict, suite: str, measure: dict | None = None) -> dict
                     grid.get("dropouts", [0.0]), decays, grid["batches"],
                     grid["contexts"], grid["token_budgets"], grid["seeds"]):
                 spec = specs[name]
-                positions = _positions(spec)
+                positions = positions_of(spec)
                 if positions is not None and context > positions:
                     raise ConfigError(f"config key {key}.contexts: {context} is longer than model {name}'s "
                                       f"{positions} positions")
@@ -114,9 +109,10 @@ def training_runs(config: dict, suite: str, measure: dict | None = None) -> dict
                                      batch, context, budget, seed)
                 except ValueError as err:
                     raise ConfigError(f"config key {key}: {err}") from None
-                warmup = max(1, round(float(section["warmup_fraction"]) * cell.steps))
+                warmup = warmup_steps(cell.steps, section["warmup_fraction"])
                 try:
-                    check_schedule(schedule, cell.steps, warmup, **{"floor": 0.1, "decay_fraction": 0.2,
+                    check_schedule(schedule, cell.steps, warmup, **{"floor": DEFAULT_FLOOR,
+                                                                   "decay_fraction": DEFAULT_DECAY_FRACTION,
                                                                    **section["schedule"]})
                 except ValueError as err:
                     raise ConfigError(f"config key {key}: {cell.name}: {err}") from None
