@@ -120,9 +120,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--variants", action="store_true", help="also time every custom tile variant")
     ap.add_argument("--min-time-ms", type=float, default=300, help="timed device time per point")
     ap.add_argument("--pass", dest="pass_", choices=["fwd", "fwd_bwd"], default="fwd")
+    ap.add_argument("--shapes", default="",
+                    help="BxHxLxD shapes to time instead of the default set (comma-separated, e.g. 1x32x4096x128)")
     ap.add_argument("--bwd-tiles", default="",
                     help="fwd_bwd: also time the custom kernel with each of these backward tiles (comma-separated)")
     args = ap.parse_args(argv)
+    try:
+        shapes = [tuple(int(n) for n in text.lower().split("x")) for text in args.shapes.split(",") if text]
+    except ValueError:
+        shapes = [()]
+    if any(len(shape) != 4 or min(shape) <= 0 for shape in shapes):
+        ap.error(f"--shapes {args.shapes!r}: give positive BxHxLxD, comma-separated (e.g. 1x32x4096x128)")
     bwd_tiles = [t for t in args.bwd_tiles.split(",") if t]
     if bwd_tiles:
         from flashwatt.kernels.custom_backward import BWD_TILES
@@ -158,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
               + "".join(f" {'bwd=' + t:>16} {'/fl':>6}" for t in bwd_tiles))
     print(header + "\n" + "-" * len(header), flush=True)
     for precision in args.dtypes.split(","):
-        for B, H, L, D in cases([int(x) for x in args.head_dims.split(",")], args.max_seq_len):
+        for B, H, L, D in shapes or cases([int(x) for x in args.head_dims.split(",")], args.max_seq_len):
             for causal in (False, True):
                 runs = [(REFERENCE, "", ""), ("custom", "", ""), ("sdpa_cudnn", "", "")]
                 runs += [("custom", t, "") for t, tile in TILES.items()

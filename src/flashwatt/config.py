@@ -39,6 +39,10 @@ def _key_path(parts) -> str:
 
 
 def _explain(error) -> str:
+    parent = error.parent  # a failed alternative of a list of allowed names: name the whole list
+    if parent is not None and parent.validator == "anyOf" and all("enum" in alt or "pattern" in alt
+                                                                   for alt in parent.validator_value):
+        error = parent
     where = _key_path(error.absolute_path)
     schema = error.schema
     if error.validator == "additionalProperties":
@@ -47,6 +51,10 @@ def _explain(error) -> str:
         return f"config key {where}: unknown key(s) {', '.join(map(repr, unexpected))}; allowed: {allowed}"
     if error.validator == "enum":
         allowed = ", ".join(map(str, error.validator_value))
+        return f"config key {where}: {error.instance!r} is not allowed; allowed: {allowed}"
+    if error.validator in ("oneOf", "anyOf") and all("enum" in alt or "pattern" in alt for alt in error.validator_value):
+        allowed = ", ".join(", ".join(map(str, alt["enum"])) if "enum" in alt else f"a name matching {alt['pattern']}"
+                            for alt in error.validator_value)
         return f"config key {where}: {error.instance!r} is not allowed; allowed: {allowed}"
     if error.validator in ("oneOf", "anyOf"):
         choices = " or ".join("/".join(alt["required"]) for alt in error.validator_value)
@@ -75,9 +83,11 @@ def load_schema(schema_file: Traversable | Path = SCHEMA) -> dict:
     from flashwatt.models import cell as models
 
     grid_of_models = schema["$defs"]["models"]["properties"]["grids"]["items"]["properties"]
-    for key, names in (("backends", models.MODEL_BACKENDS), ("precisions", models.MODEL_PRECISIONS),
-                       ("phases", models.PHASES), ("strategies", models.MODEL_STRATEGIES)):
+    for key, names in (("precisions", models.MODEL_PRECISIONS), ("phases", models.PHASES),
+                       ("strategies", models.MODEL_STRATEGIES)):
         grid_of_models[key]["items"] = {"enum": list(names)}
+    grid_of_models["backends"]["items"] = {"anyOf": [{"enum": list(models.MODEL_BACKENDS)},
+                                                     {"type": "string", "pattern": f"^{models.CONTROL_BACKEND_RE}$"}]}
     run = schema["$defs"]["control"]["properties"]["runs"]["items"]["properties"]
     for key, names in (("mode", [m for m in control.CONTROL_MODES if m != "oracle"]), ("workload", control.WORKLOADS),
                        ("precision", control.CONTROL_PRECISIONS), ("disturbance", control.DISTURBANCES)):

@@ -52,3 +52,39 @@ def test_a_model_cell_measures_its_step_and_energy_per_token():
     assert record["attention"]["calls_per_step"] == 2  # one per layer
     assert record["energy"]["j_per_token"] > 0
     assert record["memory"]["peak_allocated_bytes"] > 0
+
+
+def controller_cell(backend: str) -> dict:
+    cell = ModelCell("gputest", "llama_3_2_1b", backend, "bf16", "prefill", 4096, 1)
+    spec = {"model": model_spec("llama_3_2_1b"), "seed": 0,
+            "steps": {"warmup_steps": 2, "timed_steps": 5, "attention_steps": 2, "control_settle_s": 40.0},
+            "measure": {"energy_window_s": 3.0, "idle_settle_s": 0.5, "idle_window_s": 0.5}}
+    return run_model_cell(cell, spec).record
+
+
+def test_the_energy_controller_as_a_model_backend_settles_measures_and_checks_what_it_ran():
+    record = controller_cell("control_energy")
+    assert record["status"] == "ok", record.get("reason") or record.get("traceback")
+    control = record["control"]
+    assert control["settle"]["settled"], control["settle"]
+    assert control["measured_calls"], control
+    # every configuration that ran while measured was checked against float32, pinned
+    assert set(control["measured_calls"]) == set(record["check"]["configurations"])
+    assert all(r["passed"] for r in record["check"]["configurations"].values())
+    learned = {row["config"] for row in control["learned"] if row["j_per_token"]}
+    assert len(learned) >= 2, control["learned"]  # it compared configurations before choosing
+    assert record["energy"]["j_per_token"] > 0 and 0 < record["attention"]["share"] < 1
+    print({k: control[k] for k in ("settle", "measured_calls", "choices", "refusals")},
+          record["timing"]["tokens_per_s"], record["energy"]["j_per_token"], record["energy"]["avg_power_w"])
+
+
+def test_the_budget_controller_holds_a_whole_models_power_under_its_budget():
+    open_loop = controller_cell("control_energy")["energy"]["avg_power_w"]
+    budget = round(0.75 * open_loop)
+    record = controller_cell(f"control_{budget}w")
+    assert record["status"] == "ok", record.get("reason") or record.get("traceback")
+    power = record["energy"]["avg_power_w"]
+    assert power <= budget * 1.03, (power, budget, open_loop)
+    assert power >= budget * 0.85, (power, budget)  # held near the budget, not far under it
+    print({"open_loop_w": open_loop, "budget_w": budget, "held_w": power,
+           "tokens_per_s": record["timing"]["tokens_per_s"], "choices": record["control"]["choices"]})

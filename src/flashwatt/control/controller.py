@@ -281,6 +281,27 @@ class Controller:
     def set_budget(self, budget_w: float) -> None:
         self.governor.set_budget(budget_w)
 
+    @property
+    def exploring(self) -> bool:
+        """Whether some shape seen so far is still trying its candidates."""
+        return any(state.exploring for state in list(self.governor.shapes.values()))
+
+    def choices(self) -> dict[str, str]:
+        """Each shape's configuration now (its label), by the shape's text."""
+        return {str(shape): state.config.label for shape, state in list(self.governor.shapes.items())}
+
+    def refusals(self) -> dict[str, str]:
+        """Configurations a shape may not use, and why ("<shape> <label>" -> reason)."""
+        return {f"{shape} {config.label}": why for shape, state in list(self.governor.shapes.items())
+                for config, why in state.forbidden.items()}
+
+    def call_counts(self) -> dict[str, int]:
+        """Calls run so far per configuration label, over every shape."""
+        counts: collections.Counter = collections.Counter()
+        for (_, config), n in list(self._calls.items()):
+            counts[config.label] += n
+        return dict(counts)
+
     def trace(self):
         import pandas as pd
 

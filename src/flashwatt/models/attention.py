@@ -55,25 +55,9 @@ class RegistryAttention:
 
     def __call__(self, module, query, key, value, attention_mask, scaling: float | None = None, dropout: float = 0.0,
                  is_causal: bool | None = None, **kwargs):
-        name = self.kernel.name
-        if attention_mask is not None:
-            raise UnsupportedCell(f"{name} takes unpadded sequences only (the model passed an attention mask)")
-        if dropout and module.training:
-            raise UnsupportedCell(f"{name} has no attention dropout (the model asks for p={dropout})")
+        query, key, value, causal = registry_inputs(self.kernel.name, module, query, key, value, attention_mask,
+                                                    scaling, dropout, is_causal)
         B, H, Lq, D = query.shape
-        if scaling is not None and not math.isclose(scaling, D ** -0.5, rel_tol=1e-6):
-            raise UnsupportedCell(f"{name} scales scores by 1/sqrt(head_dim) only (the model asks for {scaling:g})")
-        if key.shape[2] != Lq:
-            raise UnsupportedCell(f"{name} runs self-attention over the whole context only (no KV cache: "
-                                  f"{Lq} queries, {key.shape[2]} keys)")
-        # Under autocast the kernel takes what SDPA would: every input in the autocast dtype
-        # (RoPE leaves Llama's q and k in float32 beside a bfloat16 v).
-        import torch
-
-        if torch.is_autocast_enabled(query.device.type):
-            dtype = torch.get_autocast_dtype(query.device.type)
-            query, key, value = query.to(dtype), key.to(dtype), value.to(dtype)
-        causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True)) and Lq > 1
         cell = self.cell(B, H, Lq, D, causal)
         if key.shape[1] != H and self.kv_expanded:
             key, value = _expand(key, H), _expand(value, H)
@@ -85,6 +69,32 @@ class RegistryAttention:
             self.kv_expanded = True
             out = self.kernel(query, _expand(key, H), _expand(value, H), cell)
         return out.transpose(1, 2), None
+
+
+def registry_inputs(name: str, module, query, key, value, attention_mask, scaling: float | None, dropout: float,
+                    is_causal: bool | None):
+    """What a registry kernel (or the controller choosing among them) is given for one
+    transformers attention call: (q, k, v, causal), or `UnsupportedCell` saying why the
+    call is not one such a kernel computes."""
+    if attention_mask is not None:
+        raise UnsupportedCell(f"{name} takes unpadded sequences only (the model passed an attention mask)")
+    if dropout and module.training:
+        raise UnsupportedCell(f"{name} has no attention dropout (the model asks for p={dropout})")
+    Lq, D = query.shape[2], query.shape[3]
+    if scaling is not None and not math.isclose(scaling, D ** -0.5, rel_tol=1e-6):
+        raise UnsupportedCell(f"{name} scales scores by 1/sqrt(head_dim) only (the model asks for {scaling:g})")
+    if key.shape[2] != Lq:
+        raise UnsupportedCell(f"{name} runs self-attention over the whole context only (no KV cache: "
+                              f"{Lq} queries, {key.shape[2]} keys)")
+    # Under autocast the kernel takes what SDPA would: every input in the autocast dtype
+    # (RoPE leaves Llama's q and k in float32 beside a bfloat16 v).
+    import torch
+
+    if torch.is_autocast_enabled(query.device.type):
+        dtype = torch.get_autocast_dtype(query.device.type)
+        query, key, value = query.to(dtype), key.to(dtype), value.to(dtype)
+    causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True)) and Lq > 1
+    return query, key, value, causal
 
 
 def _expand(t, heads: int):

@@ -19,6 +19,10 @@ from flashwatt.cell_files import CellFiles, record_wildcards
 
 # flashwatt.models.attention.BACKENDS (kept torch-free here; a test checks they agree)
 MODEL_BACKENDS = ("eager", "sdpa_default", "sdpa_math", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "custom")
+# The power-aware controller (flashwatt.control) choosing every attention call's
+# configuration among the registry's GPU backends: `control_energy` minimises joules per
+# token, `control_<W>w` holds a budget of W watts.
+CONTROL_BACKEND_RE = r"control_(?:energy|[1-9]\d*w)"
 # Storage and arithmetic of the whole model: weights, activations, gradients and AdamW's
 # states all in this dtype (pure half-precision training, as the anchors measured).
 MODEL_PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
@@ -41,7 +45,7 @@ _NAME = re.compile(f"^{_NAME_RE}$")
 _TOKEN = re.compile(f"^{_TOKEN_RE}$")
 WILDCARD_CONSTRAINTS = {
     "mmodel": _TOKEN_RE,
-    "mbackend": "|".join(MODEL_BACKENDS),
+    "mbackend": "|".join((*MODEL_BACKENDS, CONTROL_BACKEND_RE)),
     "mprecision": "|".join(MODEL_PRECISIONS),
     "mname": re.sub(r"\?P<\w+>", "", _NAME_RE),
 }
@@ -70,7 +74,10 @@ class ModelCell(CellFiles):
         for key in ("suite", "model"):
             if not _TOKEN.match(getattr(self, key)):
                 refuse(f"{key}={getattr(self, key)!r}: use lower-case letters, digits, _")
-        for key, allowed in (("backend", MODEL_BACKENDS), ("precision", MODEL_PRECISIONS), ("phase", PHASES)):
+        if self.backend not in MODEL_BACKENDS and not re.fullmatch(CONTROL_BACKEND_RE, self.backend):
+            refuse(f"backend={self.backend!r}: allowed {', '.join(MODEL_BACKENDS)}, control_energy or "
+                   "control_<watts>w (e.g. control_450w)")
+        for key, allowed in (("precision", MODEL_PRECISIONS), ("phase", PHASES)):
             if getattr(self, key) not in allowed:
                 refuse(f"{key}={getattr(self, key)!r}: allowed {', '.join(allowed)}")
         for key in ("seq_len", "batch", "gpus"):
@@ -86,6 +93,9 @@ class ModelCell(CellFiles):
                    f"one of {', '.join(MODEL_STRATEGIES[1:])}")
         if self.compiled and self.gpus > 1:
             refuse("compiled: torch.compile cells run on one GPU")
+        if self.control is not None and (self.gpus > 1 or self.compiled):
+            refuse(f"backend {self.backend}: the controller reads one GPU's power and decides in Python at every "
+                   "call, so it runs on one GPU and without torch.compile")
         if self.strategy in CONTEXT_PARALLEL and self.seq_len % (2 * self.gpus):
             refuse(f"seq_len={self.seq_len} is not divisible by 2 x world size ({2 * self.gpus}) for strategy "
                    f"{self.strategy}")
@@ -98,6 +108,14 @@ class ModelCell(CellFiles):
         return (f"{self.phase}-L{self.seq_len}-B{self.batch}" + ("-recompute" if self.recompute else "")
                 + ("-compiled" if self.compiled else "")
                 + (f"-G{self.gpus}-{self.strategy}" if self.gpus > 1 else ""))
+
+    @property
+    def control(self) -> tuple[str, float | None] | None:
+        """(mode, budget watts) of a controller backend, None for a fixed one."""
+        if not self.backend.startswith("control_"):
+            return None
+        setting = self.backend.removeprefix("control_")
+        return ("energy", None) if setting == "energy" else ("budget", float(setting[:-1]))
 
     @property
     def global_batch(self) -> int:

@@ -25,6 +25,8 @@ from flashwatt.runner import CellOutcome
 
 SCHEMA_VERSION = 1
 DEFAULT_STEPS = {"warmup_steps": 3, "timed_steps": 10, "attention_steps": 3}
+# A controller cell's longest settling (its candidates tried for every shape the model calls).
+DEFAULT_SETTLE_S = 30.0
 
 
 def base_record(cell: ModelCell, spec: dict) -> dict:
@@ -32,7 +34,7 @@ def base_record(cell: ModelCell, spec: dict) -> dict:
             "spec": dict(spec), "started": utc_now()}
 
 
-def why_not(cell: ModelCell, shape, device) -> str | None:
+def why_not(cell: ModelCell, shape, device, telemetry=None) -> str | None:
     """Why the cell cannot run here (before the model is built), or None."""
     from flashwatt.cell import Cell
     from flashwatt.kernels import get_kernel
@@ -44,6 +46,12 @@ def why_not(cell: ModelCell, shape, device) -> str | None:
         return f"context {cell.seq_len} is longer than {cell.model}'s {shape.max_positions} positions"
     if cell.compiled and device.type != "cuda":
         return "torch.compile cells run on a GPU only"
+    if cell.control is not None:
+        if device.type != "cuda":
+            return f"{cell.backend}: the controller runs on a CUDA device (running on {device.type})"
+        if telemetry is None or not telemetry.available:
+            return (f"{cell.backend}: the controller needs live power readings from NVML "
+                    f"({getattr(telemetry, 'reason', None) or 'no telemetry'})")
     if cell.backend in REGISTRY:
         attention = Cell("model", cell.backend, cell.precision, cell.seq_len, cell.batch, shape.heads, shape.head_dim,
                          True, "fwd_bwd" if cell.phase == "train" else "fwd")
@@ -71,7 +79,7 @@ def run_model_cell(cell: ModelCell, spec: dict) -> CellOutcome | None:
     def body(device, telemetry, settings, stages) -> list[dict]:
         from flashwatt.models.presets import build_config, shape_of
 
-        reason = why_not(cell, shape_of(build_config(spec["model"])), device)
+        reason = why_not(cell, shape_of(build_config(spec["model"])), device, telemetry)
         if reason is not None:
             record.update(status="skipped", reason=reason)
             return []
@@ -92,19 +100,13 @@ def _memory(device) -> dict:
 
 
 def _measure(cell: ModelCell, spec: dict, settings, device, telemetry, record: dict, stage) -> list[dict]:
-    import torch
-
-    from flashwatt.energy import measure_energy
     from flashwatt.models.attention import use_backend
     from flashwatt.models.check import check_model
-    from flashwatt.models.flops import dense_peak_tflops, step_flops
     from flashwatt.models.presets import shape_of
-    from flashwatt.models.step import body_matmul_parameters, build_model, make_step, reference_factory, time_steps
+    from flashwatt.models.step import body_matmul_parameters, build_model, make_step, reference_factory
 
-    steps = {**DEFAULT_STEPS, **spec.get("steps", {})}
     seed = int(spec.get("seed", 0))
     train = cell.phase == "train"
-    cuda = device.type == "cuda"
 
     model = build_model(spec["model"], cell.precision, device, seed)
     shape = shape_of(model.config)
@@ -112,6 +114,8 @@ def _measure(cell: ModelCell, spec: dict, settings, device, telemetry, record: d
     record["model"] = {"parameters": sum(p.numel() for p in model.parameters()), "body_matmul_parameters": body,
                        "shape": shape.__dict__, "weights": "random (seeded)" if "path" not in spec["model"]
                        else spec["model"]["path"], "dropout": 0.0}
+    if cell.control is not None:
+        return _measure_controlled(cell, spec, settings, device, telemetry, record, stage, model, shape, body)
     adapter = use_backend(model, cell.backend, cell.precision, train)
 
     step = make_step(model, cell, device, seed)
@@ -120,7 +124,88 @@ def _measure(cell: ModelCell, spec: dict, settings, device, telemetry, record: d
     record["check"] = check_model(model, reference_factory(model, device), cell.precision, shape.vocab, train, seed,
                                   forward=step.forward if cell.compiled else None)
     record["check"]["through"] = "torch.compile'd model" if cell.compiled else "model"
+    trace = _time_and_meter(cell, spec, settings, device, telemetry, record, stage, model, shape, body, step)
+    if adapter is not None:
+        record["attention"]["kv_expanded"] = adapter.kv_expanded
+    check = record["check"]
+    record["status"] = "ok" if check["passed"] else "incorrect"
+    if not check["passed"]:
+        record["reason"] = "model check failed: " + _check_failures(check)
+    return trace
 
+
+def _check_failures(check: dict) -> str:
+    failed = [k for k in ("logits", "causal", "grad") if k in check and not check[k]["passed"]]
+    return ", ".join(f"{k} {check[k].get('error', check[k].get('prefix_change')):.3g}" for k in failed)
+
+
+def _measure_controlled(cell: ModelCell, spec: dict, settings, device, telemetry, record: dict, stage, model, shape,
+                        body) -> list[dict]:
+    """A cell whose attention is the power-aware controller's (flashwatt.models.controlled_attention):
+    settle, measure as any cell, then check each configuration that ran while measured."""
+    import torch
+
+    from flashwatt.control import ControlError
+    from flashwatt.models.check import check_model
+    from flashwatt.models.controlled_attention import (calls_between, check_configurations, open_controller, settle,
+                                                       use_controller)
+    from flashwatt.models.step import make_step, reference_factory
+
+    steps = {**DEFAULT_STEPS, **spec.get("steps", {})}
+    seed = int(spec.get("seed", 0))
+    mode, budget_w = cell.control
+    try:
+        controller = open_controller(mode, budget_w, device, telemetry)
+    except ControlError as err:
+        record.update(status="skipped", reason=f"{cell.backend}: {err}")
+        return []
+    control = record["control"] = {"mode": mode, "budget_w": budget_w, "idle_w": controller.idle_w,
+                                   "limit_w": controller.limit_w}
+    try:
+        use_controller(model, controller)
+        step = make_step(model, cell, device, seed)
+        stage.enter("controller settling")
+        control["settle"] = settle(step, controller, lambda: torch.cuda.synchronize(device),
+                                   float(steps.get("control_settle_s", DEFAULT_SETTLE_S)))
+        before = controller.call_counts()
+        trace = _time_and_meter(cell, spec, settings, device, telemetry, record, stage, model, shape, body, step)
+        control["measured_calls"] = calls_between(before, controller.call_counts())
+        control["choices"] = controller.choices()
+        control["refusals"] = controller.refusals()
+        control["switches_while_measured"] = len(control["measured_calls"]) - 1
+        table = controller.model_table()
+        control["learned"] = table.to_dict("records")
+    finally:
+        controller.close()
+
+    stage.enter("check")
+    train = cell.phase == "train"
+    results = check_configurations(
+        model, sorted(control["measured_calls"]), device,
+        lambda m: check_model(m, reference_factory(m, device), cell.precision, shape.vocab, train, seed))
+    record["check"] = {"passed": bool(results) and all(r["passed"] for r in results.values()),
+                       "configurations": results,
+                       "through": "model, once per configuration the controller ran while measured, pinned to it, "
+                                  "after the measurement"}
+    failed = {label: _check_failures(r) for label, r in results.items() if not r["passed"]}
+    record["status"] = "ok" if record["check"]["passed"] else "incorrect"
+    if failed:
+        record["reason"] = "model check failed: " + "; ".join(f"{label}: {why}" for label, why in failed.items())
+    return trace
+
+
+def _time_and_meter(cell: ModelCell, spec: dict, settings, device, telemetry, record: dict, stage, model, shape, body,
+                    step) -> list[dict]:
+    """Warm-up, timed steps, attention steps and the energy window of a built and switched model."""
+    import torch
+
+    from flashwatt.energy import measure_energy
+    from flashwatt.models.flops import dense_peak_tflops, step_flops
+    from flashwatt.models.step import time_steps
+
+    steps = {**DEFAULT_STEPS, **spec.get("steps", {})}
+    train = cell.phase == "train"
+    cuda = device.type == "cuda"
     stage.enter("warm-up")
     if cuda:
         torch.cuda.synchronize()
@@ -156,8 +241,6 @@ def _measure(cell: ModelCell, spec: dict, settings, device, telemetry, record: d
 
     stage.enter("attention steps")
     record["attention"] = attention_share(step, model, cell, device, int(steps["attention_steps"]))
-    if adapter is not None:
-        record["attention"]["kv_expanded"] = adapter.kv_expanded
 
     trace: list[dict] = []
     stage.enter("energy window")
@@ -176,13 +259,6 @@ def _measure(cell: ModelCell, spec: dict, settings, device, telemetry, record: d
         trace = [dict(row) for row in window.trace]
     else:
         record["energy"] = {"reason": telemetry.reason}
-
-    check = record["check"]
-    record["status"] = "ok" if check["passed"] else "incorrect"
-    if not check["passed"]:
-        failed = [k for k in ("logits", "causal", "grad") if k in check and not check[k]["passed"]]
-        record["reason"] = "model check failed: " + ", ".join(
-            f"{k} {check[k].get('error', check[k].get('prefix_change')):.3g}" for k in failed)
     return trace
 
 

@@ -19,12 +19,14 @@
 
 A prefill with recompute is not a combination (checkpointing applies to training) and is
 left out of the product, and so are a compiled cell on several GPUs (torch.compile cells
-run on one) and hybrid below 4 GPUs (a ring of 2 across Ulysses groups of gpus/2). A
+run on one), a controller backend compiled or on several GPUs (it runs on one, uncompiled)
+and hybrid below 4 GPUs (a ring of 2 across Ulysses groups of gpus/2). A
 world size of 1 is the one-GPU cell (strategy none) whatever `strategies` lists; each
 larger one takes every strategy listed. `steps.comm_steps` (profiled steps of the
-communication split) goes to the multi-GPU cells' specs only, so one-GPU cells keep the
-spec they always had. An unknown model, or a context longer than a preset's
-positions, is refused with the grid's key before any job starts; a batch that does not
+communication split) goes to the multi-GPU cells' specs only, and `steps.control_settle_s`
+(the controller's longest settling) to the controller cells' only (backend
+`control_energy` or `control_<W>w`), so every other cell keeps the spec it always had.
+An unknown model, or a context longer than a preset's positions, is refused with the grid's key before any job starts; a batch that does not
 fit is a cell recorded `oom`, and a backend that cannot run the model one recorded
 `skipped`, while the rest of the suite goes on.
 """
@@ -34,10 +36,11 @@ import itertools
 
 from flashwatt.config import ConfigError
 from flashwatt.models.cell import ModelCell
-from flashwatt.models.job import DEFAULT_STEPS
+from flashwatt.models.job import DEFAULT_SETTLE_S, DEFAULT_STEPS
 from flashwatt.models.parallel_job import PARALLEL_STEPS
 from flashwatt.models.presets import model_spec
 
+CONTROL_STEPS = {"control_settle_s": DEFAULT_SETTLE_S}
 _POSITIONS = ("max_position_embeddings", "n_positions")
 
 
@@ -65,8 +68,12 @@ def model_runs(config: dict, suite: str, measure: dict | None = None) -> dict[Mo
     if not section:
         return {}
     where = f"suites.{suite}.models"
-    steps = {**DEFAULT_STEPS, **PARALLEL_STEPS, **section.get("steps", {})}
-    one_gpu_steps = {k: v for k, v in steps.items() if k not in PARALLEL_STEPS}
+    steps = {**DEFAULT_STEPS, **PARALLEL_STEPS, **CONTROL_STEPS, **section.get("steps", {})}
+    # Each cell's spec holds the steps its job reads, so a setting for one kind of cell
+    # never makes the others' specs (and their records) stale.
+    by_kind = {"parallel": {k: v for k, v in steps.items() if k not in CONTROL_STEPS},
+               "one_gpu": {k: v for k, v in steps.items() if k not in PARALLEL_STEPS and k not in CONTROL_STEPS},
+               "control": {k: v for k, v in steps.items() if k not in PARALLEL_STEPS}}
     seed = int((measure or {}).get("seed", 0))
     user = section.get("presets", {})
     cells: dict[ModelCell, dict] = {}
@@ -84,7 +91,8 @@ def model_runs(config: dict, suite: str, measure: dict | None = None) -> dict[Mo
         for name, backend, precision, phase, seq_len, batch, recompute, compiled, (gpus, strategy) in itertools.product(
                 grid["models"], grid["backends"], grid["precisions"], grid["phases"], grid["seq_lens"],
                 grid["batches"], grid.get("recompute", [False]), grid.get("compiled", [False]), placements):
-            if (recompute and phase != "train") or (compiled and gpus > 1):
+            controlled = backend.startswith("control_")
+            if (recompute and phase != "train") or (compiled and gpus > 1) or (controlled and (compiled or gpus > 1)):
                 continue
             positions = positions_of(specs[name])
             if positions is not None and seq_len > positions:
@@ -95,6 +103,7 @@ def model_runs(config: dict, suite: str, measure: dict | None = None) -> dict[Mo
                                  strategy)
             except ValueError as err:
                 raise ConfigError(f"config key {key}: {err}") from None
-            cells[cell] = {"model": specs[name], "steps": steps if gpus > 1 else one_gpu_steps, "seed": seed,
+            kind = "parallel" if gpus > 1 else ("control" if cell.control else "one_gpu")
+            cells[cell] = {"model": specs[name], "steps": by_kind[kind], "seed": seed,
                            "measure": dict(measure or {})}
     return {cell: cells[cell] for cell in sorted(cells)}

@@ -22,7 +22,7 @@ COLUMNS = [
     "attention_forward_ms", "attention_backward_ms", "attention_method", "kv_expanded", "peak_allocated_bytes",
     "peak_reserved_bytes", "energy_gpus", "j_per_token", "tokens_per_j", "avg_power_w", "peak_power_w",
     "energy_window_s", "energy_flags", "check_passed", "logits_error", "logits_tolerance", "causal_passed", "grad_error",
-    "grad_tolerance", "loss", "compile_s", "oom_stage", "speedup_vs_sdpa_default", "energy_vs_sdpa_default",
+    "grad_tolerance", "loss", "control_configurations", "control_settle_s", "control_settled", "compile_s", "oom_stage", "speedup_vs_sdpa_default", "energy_vs_sdpa_default",
     "speedup_vs_one_gpu", "scaling_efficiency", "duration_s",
 ]
 _SAME_STEP = ["suite", "model", "precision", "phase", "seq_len", "batch", "recompute", "compiled", "gpus", "strategy"]
@@ -37,7 +37,8 @@ def _row(cell: ModelCell, record: dict) -> dict:
     attention = record.get("attention") or {}
     memory = record.get("memory") or {}
     energy = record.get("energy") or {}
-    check = record.get("check") or {}
+    check = _check_summary(record.get("check") or {})
+    control = record.get("control") or {}
     device = record.get("device") or {}
     communication = record.get("communication") or {}
     return {**cell.as_row(), "status": record.get("status"), "reason": record.get("reason"),
@@ -64,8 +65,37 @@ def _row(cell: ModelCell, record: dict) -> dict:
             "causal_passed": (check.get("causal") or {}).get("passed"),
             "grad_error": (check.get("grad") or {}).get("error"),
             "grad_tolerance": (check.get("grad") or {}).get("tolerance"),
-            "loss": (check.get("loss") or {}).get("value"), "compile_s": timing.get("compile_s"),
+            "loss": (check.get("loss") or {}).get("value"),
+            "control_configurations": _shares(control.get("measured_calls")),
+            "control_settle_s": (control.get("settle") or {}).get("seconds"),
+            "control_settled": (control.get("settle") or {}).get("settled"), "compile_s": timing.get("compile_s"),
             "oom_stage": record.get("oom_stage"), "duration_s": record.get("duration_s")}
+
+
+def _check_summary(check: dict) -> dict:
+    """A controller cell's checks (one per configuration it ran) as one: the worst error
+    of each part, causal passed only where every configuration passed it."""
+    configurations = check.get("configurations")
+    if not configurations:
+        return check
+    merged = {"passed": check.get("passed")}
+    for part in ("logits", "grad"):
+        parts = [r[part] for r in configurations.values() if part in r]
+        if parts:
+            worst = max(parts, key=lambda r: r.get("error") or 0.0)
+            merged[part] = {"error": worst.get("error"), "tolerance": worst.get("tolerance")}
+    causal = [r["causal"]["passed"] for r in configurations.values() if "causal" in r]
+    if causal:
+        merged["causal"] = {"passed": all(causal)}
+    return merged
+
+
+def _shares(calls: dict | None) -> str | None:
+    """"custom 97%, sdpa_cudnn 3%": the configurations a controller ran, by share of calls."""
+    if not calls:
+        return None
+    total = sum(calls.values())
+    return ", ".join(f"{label} {n / total:.0%}" for label, n in sorted(calls.items(), key=lambda kv: -kv[1]))
 
 
 def model_table(paths: list[str | Path]) -> pd.DataFrame:
