@@ -4,6 +4,8 @@ call of a transformers model to a controller, the settling before timing, and th
 refusal where no GPU is. The controller itself needs a GPU and NVML: tests/gpu/test_models_gpu.py."""
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -158,9 +160,28 @@ class Steps:
 def test_settling_runs_until_the_choice_has_held_for_some_steps():
     controller = Exploring(4)
     steps = Steps(controller)
-    out = settle(steps, controller, lambda: None, settle_s=60, min_steps=3)
+    out = settle(steps, controller, lambda: None, settle_s=60, hold_s=0.0, min_steps=3)
     assert steps.count == 4 + 3 == out["steps"]
     assert out["settled"] and out["choices"] == {"shape": "custom"} and out["calls"] == {"custom": 7}
+
+
+def test_settling_waits_for_the_choice_to_hold_and_starts_over_when_it_changes():
+    class Switching(Exploring):
+        def __init__(self):
+            super().__init__(0)
+            self.n = 0
+
+        def step(self):
+            self.n += 1
+
+        def choices(self):  # changes its mind at step 5, then holds
+            return {"shape": "custom" if self.n < 5 else "sdpa_flash"}
+
+    controller = Switching()
+    steps = Steps(controller)
+    out = settle(steps, controller, lambda: time.sleep(0.01), settle_s=60, hold_s=0.1, min_steps=3)
+    assert out["settled"] and out["choices"] == {"shape": "sdpa_flash"}
+    assert steps.count >= 5 + 10  # 0.1 s of steps of >= 10 ms after the switch
 
 
 def test_settling_gives_up_at_its_limit_and_says_so():

@@ -4,8 +4,8 @@ to `Controller.attention`, which runs it in the configuration it picks for that 
 
 A model cell with backend `control_energy` or `control_<W>w` runs through this:
 1. `settle`: steps until the controller has tried its candidates for every shape the model
-   calls and made its choice (or `settle_s` passed), so what is timed afterwards is the
-   controller's steady state; the exploration's seconds are recorded, not hidden;
+   calls and its choice has held for a while (or `settle_s` passed), so what is timed
+   afterwards is the controller's steady state; the settling's seconds are recorded;
 2. the cell's timed steps, attention steps and energy window, as for any backend;
 3. `check_configurations`: the model check (flashwatt.models.check) through each
    configuration that ran in step 2, pinned with a static controller.
@@ -20,6 +20,9 @@ import time
 
 from flashwatt.models.attention import register, registry_inputs, unpadded_mask
 
+# Settled: the choices held this long with nothing exploring; twice the governor's dwell
+# (flashwatt.control.governor), the least time it keeps a choice before it may switch.
+DEFAULT_HOLD_S = 6.0
 # One registered name per controller object: transformers looks the function up by name.
 _NAME = "fw_control_{}"
 
@@ -52,21 +55,27 @@ def open_controller(mode: str, budget_w: float | None, device, telemetry):
     return Controller(mode=mode, budget_w=budget_w, device=device, telemetry=telemetry)
 
 
-def settle(step, controller, sync, settle_s: float, min_steps: int = 3) -> dict:
-    """Run steps until `min_steps` steps in a row ran with no shape exploring, or `settle_s`
-    seconds have passed. Returns what it took."""
+def settle(step, controller, sync, settle_s: float, hold_s: float = DEFAULT_HOLD_S, min_steps: int = 3) -> dict:
+    """Run steps until the controller's choices have held, with no shape exploring, for
+    `hold_s` seconds and `min_steps` steps; or until `settle_s` seconds have passed.
+    Returns what it took. (The governor may still switch later for a predicted gain; the
+    cell records every configuration that ran while measured.)"""
     t0 = time.perf_counter()
-    steps, steady = 0, 0
+    steps, steady, held_from, choices = 0, 0, t0, None
     while True:
         explored = controller.exploring  # a step counts as steady when it began and ended so
         step.run()
         sync()
         steps += 1
-        steady = 0 if explored or controller.exploring else steady + 1
-        elapsed = time.perf_counter() - t0
-        if steady >= min_steps or elapsed >= settle_s:
+        now = time.perf_counter()
+        if explored or controller.exploring or controller.choices() != choices:
+            steady, held_from, choices = 0, now, controller.choices()
+        else:
+            steady += 1
+        settled = steady >= min_steps and now - held_from >= hold_s
+        if settled or now - t0 >= settle_s:
             break
-    return {"seconds": elapsed, "steps": steps, "settled": steady >= min_steps, "limit_s": settle_s,
+    return {"seconds": now - t0, "steps": steps, "settled": settled, "limit_s": settle_s, "hold_s": hold_s,
             "choices": controller.choices(), "calls": controller.call_counts()}
 
 
