@@ -24,6 +24,11 @@ def _expand_kv(t: torch.Tensor, heads: int) -> torch.Tensor:
     return t if group == 1 else t.repeat_interleave(group, dim=1)
 
 
+def _sequence_major(t: torch.Tensor) -> torch.Tensor:
+    """(B, H, L, D) view of a tensor stored (B, L, H, D)-contiguous."""
+    return t.transpose(1, 2).contiguous().transpose(1, 2)
+
+
 def _reduce_kv(grad: torch.Tensor, kv_heads: int) -> torch.Tensor:
     B, H, L, D = grad.shape
     return grad if H == kv_heads else grad.view(B, kv_heads, H // kv_heads, L, D).sum(dim=2)
@@ -111,8 +116,12 @@ class EfficientBlock:
         lse_in = torch.zeros(lse.shape[:2] + (padded,), dtype=torch.float32, device=lse.device)
         lse_in[..., :Lq] = lse
         none = torch.zeros((), dtype=torch.int64, device=q.device)
+        # out and dout in the layout the forward writes out: (B, L, H, D) in memory. With
+        # (B, H, L, D)-contiguous ones the half-precision kernels return wrong dQ and dK
+        # (finite, far off; float32 is right), so the merged output is laid out as the
+        # kernel's own would be.
         dq, dk, dv, _ = aten._scaled_dot_product_efficient_attention_backward(
-            dout.contiguous(), q, _expand_kv(k, H), _expand_kv(v, H), None, out.contiguous(), lse_in,
+            _sequence_major(dout), q, _expand_kv(k, H), _expand_kv(v, H), None, _sequence_major(out), lse_in,
             none, none, 0.0, [True, True, True, False], causal, scale=scale)
         return dq, _reduce_kv(dk, Hkv), _reduce_kv(dv, Hkv)
 
