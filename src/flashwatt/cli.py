@@ -2,7 +2,8 @@
 
     flashwatt run [--accept-failed-cells] [snakemake options...]
         the configured suite (the same config Snakemake sees: config/config.yaml, then any
-        --configfile, then --config), then results/<suite>/report.html; ends with the count
+        --configfile, then --config), then results/<suite>/report.html (not when files or
+        rules are named: that run is not the suite's); ends with the count
         of cells per status and exits 1 when a cell ended error, incorrect or job_failed
     flashwatt suite [--configfile F ...] [--config k=v ...]
         which suite `auto` (or the config) resolves to
@@ -94,6 +95,13 @@ def config_as_snakemake_sees_it(args: list[str]) -> dict:
     return load_config(configfiles=_configfiles(args), overrides=_overrides(_config_pairs(args)))
 
 
+def named_targets(args: list[str]) -> list[str]:
+    """The files (or rules) a Snakemake command line asks for, as Snakemake parses it."""
+    from snakemake.cli import get_argument_parser
+
+    return sorted(get_argument_parser().parse_args(args).targets or ())
+
+
 def _snakemake(args: list[str]) -> int:
     """Run Snakemake and wait for it, also when interrupted.
 
@@ -182,7 +190,13 @@ def cmd_run(argv: list[str]) -> int:
     if status > 128:
         return status  # interrupted: the outputs are not a finished run's
     report = Path("results") / suite / "report.html"
-    if status == 0:
+    targets = named_targets(args)
+    if status == 0 and targets:
+        # A run of named files (a cell rerun, say) is not the suite's run: the suite's
+        # report, which its aggregate rules feed, stays as it was.
+        print(f"flashwatt: {len(targets)} target(s) named; the suite's report is left as it was "
+              f"(a run without targets writes {report})")
+    elif status == 0:
         status = _snakemake([*args, "--report", str(report)])
         if status == 0:
             print(f"flashwatt: report written to {report.resolve()}")

@@ -70,3 +70,15 @@ def test_rerun_of_one_cell_leaves_others_untouched(smoke_run):
     changed = {p for p in before if before[p] != after[p]}
     assert changed == {target}
     assert json.loads((workdir / target).read_text())["status"] == "ok"
+
+
+def test_running_one_named_cell_on_a_fresh_checkout_runs_it_and_leaves_the_report_alone(tmp_path):
+    workdir = copy_workflow(tmp_path)
+    target = suite_cells(load_config(workdir / "config/config.yaml"), "smoke")[0].path
+    proc = subprocess.run([sys.executable, "-m", "flashwatt.cli", "run", "--cores", "1", target, "--config",
+                           "suite=smoke"], cwd=workdir, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert json.loads((workdir / target).read_text())["status"] == "ok"
+    assert "1 target(s) named; the suite's report is left as it was" in proc.stdout
+    assert not (workdir / "results/smoke/report.html").exists()
