@@ -268,3 +268,20 @@ def test_windows_the_energy_counter_did_not_cover_are_unknown_not_zero():
     windows = window_power(trace)
     assert windows[windows["start"] + 1.0 > 6.0]["power_w"].isna().all()
     assert windows[windows["start"] + 1.0 <= 5.9]["power_w"].gt(200).all()
+
+
+def test_joules_per_token_weighs_bursty_ticks_by_their_work():
+    """A model's attention calls arrive in bursts: some ticks hold few, some many. The
+    cheaper configuration must still rank cheaper when its last tick was a thin one."""
+    from flashwatt.control.model import OnlineModel
+
+    model = OnlineModel()
+    bursty, steady = Configuration("custom"), Configuration("sdpa_cudnn")
+    shape = ((1, 32, 4096, 128), (1, 8, 4096, 128), True, "bf16")
+    for rate in [180.0, 20.0] * 5:  # 100 tokens/s on average at 100 W: 1 J per token
+        model.add_tick(shape, bursty, rate, 100.0, idle_w=50.0, duty=1.0)
+    for _ in range(10):  # 100 tokens/s at 110 W: 1.1 J per token
+        model.add_tick(shape, steady, 100.0, 110.0, idle_w=50.0, duty=1.0)
+    cheap, dear = model.stats[(shape, bursty)].j_per_token, model.stats[(shape, steady)].j_per_token
+    assert cheap == pytest.approx(1.0, rel=0.1) and dear == pytest.approx(1.1)
+    assert cheap < dear

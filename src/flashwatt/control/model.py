@@ -4,7 +4,8 @@ Per (shape, configuration) it keeps exponentially weighted averages of
 - GPU seconds per call (CUDA events around sampled calls): throughput at full duty;
 - tokens per second per watt above idle power, at the operating point (only from ticks in
   which this one configuration and shape ran, so the power is attributable to it);
-- joules per token at (nearly) full duty, for the energy mode.
+- joules per token at (nearly) full duty, for the energy mode: decaying sums of watts over
+  decaying sums of tokens/s, so that bursty ticks are weighed by their work.
 A 10 Hz sensor cannot attribute power to one 100 µs call, so a shape whose calls are mixed
 with others in every tick is ranked by GPU time per token alone (at the power cap, the
 fastest configuration is also the cheapest; docs/control.md has the measurements).
@@ -20,6 +21,8 @@ from flashwatt.control.configuration import Configuration
 
 # Weight of a new observation in each running average.
 ALPHA = 0.3
+# Per-tick weight kept by the joules-per-token sums: a memory of about ten ticks (1 s).
+J_DECAY = 0.9
 # Duty bins of the duty -> power table.
 DUTY_BINS = 20
 
@@ -35,8 +38,17 @@ class Stats:
     tokens_per_call: int = 0
     eta: float | None = None  # tokens/s per W above idle
     eta_samples: int = 0
-    j_per_token: float | None = None
     j_samples: int = 0
+    # Joules per token as a ratio of decaying sums (watts over tokens/s, ticks being of one
+    # length), not an average of per-tick ratios: a tick's token count is bursty when the
+    # calls are a part of a larger step (a model's attention), and a ratio of sums weighs
+    # each tick by its work instead of letting a nearly empty tick count as much as a full one.
+    j_power_sum: float = 0.0
+    j_rate_sum: float = 0.0
+
+    @property
+    def j_per_token(self) -> float | None:
+        return self.j_power_sum / self.j_rate_sum if self.j_rate_sum > 0 else None
 
     @property
     def tokens_per_s_full(self) -> float | None:
@@ -126,8 +138,9 @@ class OnlineModel:
         if tokens_per_s > 0 and above > 1.0 and comparable:
             s.eta = _ewma(s.eta, tokens_per_s / above)
             s.eta_samples += 1
-        if tokens_per_s > 0 and duty >= 0.98:
-            s.j_per_token = _ewma(s.j_per_token, power_w / tokens_per_s)
+        if duty >= 0.98 and power_w > 0 and tokens_per_s >= 0:
+            s.j_power_sum = J_DECAY * s.j_power_sum + power_w
+            s.j_rate_sum = J_DECAY * s.j_rate_sum + tokens_per_s
             s.j_samples += 1
         self.power.setdefault(config, PowerTable()).add(duty, power_w)
 
