@@ -20,7 +20,7 @@ from flashwatt.models.attention import BACKENDS, use_backend
 from flashwatt.models.cell import ModelCell
 from flashwatt.models.check import check_model
 from flashwatt.models.figures import MODEL_FIGURES
-from flashwatt.models.flops import dense_peak_tflops, step_flops
+from flashwatt.models.flops import dense_peak_tflops, step_flops, step_utilisation
 from flashwatt.models.job import run_model_cell
 from flashwatt.models.presets import PRESETS, build_config, model_spec, shape_of
 from flashwatt.models.step import body_matmul_parameters, build_model, reference_factory
@@ -181,6 +181,13 @@ def test_the_flop_count_gives_the_measured_anchors_mfu():
     prefill = step_flops(shape, body, 1, 4096, "prefill", logits_of_last_only=True)
     assert prefill["total"] == 2 * body * 4096 + 2 * shape.vocab * shape.hidden + 2 * 16 * 4096 * 32 * 64 * 4096
     assert dense_peak_tflops("Tesla T4", "bf16") is None
+    # what a job records from its measured step: the same MFU; over 2 GPUs, the peak of both
+    measured = step_utilisation(shape, body, 2, 4096, "train", 0.189, "NVIDIA H100 80GB HBM3", "bf16")
+    assert measured["mfu"] == pytest.approx(0.36, abs=0.005) and "peak_of" not in measured
+    pair = step_utilisation(shape, body, 2, 4096, "train", 0.189, "NVIDIA H100 80GB HBM3", "bf16", gpus=2)
+    assert pair["mfu"] == pytest.approx(measured["mfu"] / 2) and pair["peak_of"] == "2 GPUs"
+    assert step_utilisation(shape, body, 1, 4096, "prefill", 0.1, None, "bf16")["total"] == prefill["total"]
+    assert step_utilisation(shape, body, 1, 4096, "prefill", 0.1, None, "bf16")["mfu"] is None
 
 
 # ---- cells and the suite ----------------------------------------------------------------

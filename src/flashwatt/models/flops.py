@@ -53,3 +53,19 @@ def dense_peak_tflops(device_name: str | None, precision: str) -> float | None:
         if family in device_name and dtype == precision:
             return peak
     return None
+
+
+def step_utilisation(shape: Shape, body_matmul: int, batch: int, seq_len: int, phase: str, step_s: float,
+                     device_name: str | None, precision: str, gpus: int = 1) -> dict:
+    """A measured step's FLOPs (causal), achieved TFLOP/s and MFU against the dense peak of
+    all `gpus` GPUs (the step's batch is over all of them); a prefill's LM head runs on one
+    token per sequence."""
+    flops = step_flops(shape, body_matmul, batch, seq_len, phase, causal=True, logits_of_last_only=phase != "train")
+    peak = dense_peak_tflops(device_name, precision)
+    flops["achieved_tflops"] = flops["total"] / step_s / 1e12
+    flops["peak_tflops"] = peak * gpus if peak else None
+    flops["mfu"] = flops["achieved_tflops"] / flops["peak_tflops"] if peak else None
+    if gpus > 1:
+        flops["peak_of"] = f"{gpus} GPUs"
+    return flops
+

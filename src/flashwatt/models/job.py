@@ -17,8 +17,6 @@ tokens in the window.
 """
 from __future__ import annotations
 
-import time
-
 from flashwatt.models.cell import ModelCell
 from flashwatt.provenance import utc_now
 from flashwatt.runner import CellOutcome
@@ -200,23 +198,14 @@ def _time_and_meter(cell: ModelCell, spec: dict, settings, device, telemetry, re
     import torch
 
     from flashwatt.energy import measure_energy
-    from flashwatt.models.flops import dense_peak_tflops, step_flops
-    from flashwatt.models.step import time_steps
+    from flashwatt.models.flops import step_utilisation
+    from flashwatt.models.step import time_steps, warm_up
 
     steps = {**DEFAULT_STEPS, **spec.get("steps", {})}
     train = cell.phase == "train"
     cuda = device.type == "cuda"
     stage.enter("warm-up")
-    if cuda:
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats(device)
-    warm = []
-    for _ in range(int(steps["warmup_steps"])):
-        t = time.perf_counter()
-        step.run()
-        if cuda:
-            torch.cuda.synchronize()
-        warm.append(time.perf_counter() - t)
+    warm = warm_up(step, device, int(steps["warmup_steps"]))
 
     stage.enter("timed steps")
     timing = time_steps(step, device, int(steps["timed_steps"]))
@@ -231,13 +220,8 @@ def _time_and_meter(cell: ModelCell, spec: dict, settings, device, telemetry, re
         record["memory"]["optimizer"] = "AdamW" + (" (fused)" if cuda else "") + f", states in {cell.precision}"
     record["memory"]["recompute"] = cell.recompute
 
-    flops = step_flops(shape, body, cell.batch, cell.seq_len, cell.phase, causal=True,
-                       logits_of_last_only=not train)
-    peak = dense_peak_tflops((record.get("device") or {}).get("name"), cell.precision)
-    flops["achieved_tflops"] = flops["total"] / step_s / 1e12
-    flops["peak_tflops"] = peak
-    flops["mfu"] = flops["achieved_tflops"] / peak if peak else None
-    record["flops"] = flops
+    record["flops"] = step_utilisation(shape, body, cell.batch, cell.seq_len, cell.phase, step_s,
+                                       (record.get("device") or {}).get("name"), cell.precision)
 
     stage.enter("attention steps")
     record["attention"] = attention_share(step, model, cell, device, int(steps["attention_steps"]))

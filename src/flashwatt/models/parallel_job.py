@@ -143,19 +143,18 @@ def _measure(cell: ModelCell, spec: dict, settings, device, record: dict, stage:
     from flashwatt.models.attention import use_backend
     from flashwatt.models.comm_timeline import communication_split
     from flashwatt.models.cp_attention import block_of
-    from flashwatt.models.flops import dense_peak_tflops, step_flops
+    from flashwatt.models.flops import step_utilisation
     from flashwatt.models.parallel import prepare
     from flashwatt.models.parallel_check import check_parallel
     from flashwatt.models.parallel_step import ParallelStep
     from flashwatt.models.presets import shape_of
     from flashwatt.models.step import body_matmul_parameters, build_model, random_tokens, reference_factory, \
-        time_steps
+        time_steps, warm_up
     from flashwatt.runner import device_identity
 
     steps = {**DEFAULT_STEPS, **PARALLEL_STEPS, **spec.get("steps", {})}
     seed = int(spec.get("seed", 0))
     train = cell.phase == "train"
-    cuda = device.type == "cuda"
     rank, world = dist.get_rank(), dist.get_world_size()
     side = dist.new_group(backend="gloo")  # rank 0's go/stop for the energy window, on the host
 
@@ -205,16 +204,7 @@ def _measure(cell: ModelCell, spec: dict, settings, device, record: dict, stage:
         step = ParallelStep(parallel, tokens, cell.phase, optimizer)
 
         stage["now"] = "warm-up"
-        if cuda:
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats(device)
-        warm = []
-        for _ in range(int(steps["warmup_steps"])):
-            t = time.perf_counter()
-            step.run()
-            if cuda:
-                torch.cuda.synchronize()
-            warm.append(time.perf_counter() - t)
+        warm = warm_up(step, device, int(steps["warmup_steps"]))
 
         stage["now"] = "timed steps"
         mine = time_steps(step, device, int(steps["timed_steps"]))
@@ -231,14 +221,9 @@ def _measure(cell: ModelCell, spec: dict, settings, device, record: dict, stage:
                                              + (", sharded like the weights" if cell.strategy == "fsdp" else ""))
         record["memory"]["recompute"] = cell.recompute
 
-        flops = step_flops(shape, body, cell.global_batch, cell.seq_len, cell.phase, causal=True,
-                           logits_of_last_only=not train)
-        peak = dense_peak_tflops((record.get("device") or {}).get("name") if rank == 0 else None, cell.precision)
-        flops["achieved_tflops"] = flops["total"] / (timing["step_ms"] / 1e3) / 1e12
-        flops["peak_tflops"] = peak * world if peak else None
-        flops["mfu"] = flops["achieved_tflops"] / flops["peak_tflops"] if peak else None
-        flops["peak_of"] = f"{world} GPUs"
-        record["flops"] = flops
+        record["flops"] = step_utilisation(
+            shape, body, cell.global_batch, cell.seq_len, cell.phase, timing["step_ms"] / 1e3,
+            (record.get("device") or {}).get("name") if rank == 0 else None, cell.precision, gpus=world)
 
         stage["now"] = "attention steps"
         share = attention_share(step, model, cell, device, int(steps["attention_steps"]))

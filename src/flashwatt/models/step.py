@@ -154,6 +154,23 @@ def make_step(model, cell, device: torch.device, seed: int, lr: float = 1e-5, we
     return Step(model, forward, tokens, cell.phase, optimizer)
 
 
+def warm_up(step, device: torch.device, count: int) -> list[float]:
+    """`count` untimed steps (a compile among them), each waited for; their seconds. The
+    peak-memory counter starts over first, so the cell's peak is its steps' own."""
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats(device)
+    seconds = []
+    for _ in range(count):
+        t = time.perf_counter()
+        step.run()
+        if cuda:
+            torch.cuda.synchronize()
+        seconds.append(time.perf_counter() - t)
+    return seconds
+
+
 def time_steps(step: Step, device: torch.device, count: int) -> dict:
     """Median milliseconds of each phase over `count` steps, and every step's total."""
     clock = StepClock(device)
