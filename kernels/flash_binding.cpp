@@ -71,7 +71,7 @@ void check_operand(const at::Tensor& t, const char* name, const at::Tensor& q, b
 // with any strides; writes out (same shape as q) and lse (B, H, Lq) float32 contiguous.
 void forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out, at::Tensor& lse,
              bool causal, double scale, int64_t math, int64_t block_m, int64_t block_n, int64_t warps,
-             int64_t stages, int64_t schedule, int64_t grid_cap) {
+             int64_t stages, int64_t schedule, int64_t grid_cap, int64_t section) {
   const bool align16 = math != flashwatt::kFfma;
   check_operand(q, "q", q, align16);
   check_operand(k, "k", q, align16);
@@ -120,6 +120,7 @@ void forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::
   p.scale = static_cast<float>(scale);
   p.causal = causal ? 1 : 0;
   p.grid_cap = grid_cap > 0 ? static_cast<int>(std::min<int64_t>(grid_cap, std::numeric_limits<int32_t>::max())) : 0;
+  p.section = section > 0 ? static_cast<int>(std::min<int64_t>(section, B * H)) : 0;
 
   const c10::cuda::CUDAGuard guard(q.device());
   char err[512] = {0};
@@ -161,7 +162,7 @@ std::map<std::string, int64_t> kernel_info(int64_t math, int64_t dtype, int64_t 
 void backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
               const at::Tensor& dout, const at::Tensor& lse, at::Tensor& dq, at::Tensor& dk, at::Tensor& dv,
               at::Tensor& delta, at::Tensor& dq_accum, bool causal, double scale, int64_t block_n, int64_t block_m,
-              int64_t warps, int64_t math) {
+              int64_t warps, int64_t math, int64_t section) {
   for (const auto& [t, name] : {std::pair<const at::Tensor*, const char*>{&q, "q"}, {&k, "k"}, {&v, "v"},
                                 {&out, "out"}, {&dout, "dout"}, {&dq, "dq"}, {&dk, "dk"}, {&dv, "dv"}})
     check_operand(*t, name, q, true);
@@ -227,6 +228,7 @@ void backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, con
   p.head_dim = static_cast<int>(D);
   p.scale = static_cast<float>(scale);
   p.causal = causal ? 1 : 0;
+  p.section = section > 0 ? static_cast<int>(std::min<int64_t>(section, B * Hkv)) : 0;
 
   const c10::cuda::CUDAGuard guard(q.device());
   char err[512] = {0};
@@ -264,12 +266,13 @@ std::map<std::string, int64_t> backward_kernel_info(int64_t dtype, int64_t head_
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "flashwatt attention forward and backward kernels";
   m.def("forward", &forward,
-        "attention forward (q, k, v, out, lse, causal, scale, math, block_m, block_n, warps, stages, schedule, grid_cap)");
+        "attention forward (q, k, v, out, lse, causal, scale, math, block_m, block_n, warps, stages, schedule, grid_cap, "
+        "section)");
   m.def("configs", &configs, "compiled configurations: [math, dtype, head_dim, block_m, block_n, warps, stages, schedule]");
   m.def("kernel_info", &kernel_info, "registers, local bytes, shared memory and occupancy of one configuration");
   m.def("backward", &backward,
         "attention backward (q, k, v, out, dout, lse, dq, dk, dv, delta, dq_accum, causal, scale, block_n, block_m, "
-        "warps, math)");
+        "warps, math, section)");
   m.def("backward_configs", &backward_configs,
         "compiled backward configurations: [dtype, head_dim, block_n, block_m, warps, math]");
   m.def("backward_kernel_info", &backward_kernel_info,

@@ -33,6 +33,7 @@
 #include "flash_fwd.cuh"
 #include "ptx.cuh"
 #include "smem_tile.cuh"
+#include "tile_schedule.cuh"
 
 namespace flashwatt {
 namespace {
@@ -198,11 +199,12 @@ __global__ void __launch_bounds__(NW * 32, 1) flash_bwd_kernel(const BwdParams p
   const int v_row = (lane & 7) + ((lane >> 3) & 1) * 8;  // B (.trans) from [k][n] rows (dO, Q, K)
   const int v_chk = lane >> 4;
 
-  // Work item: key block nb (lowest first: under a causal mask the longest), batch b, k/v head hk.
-  const int kv_bh = p.batch * p.kv_heads;
-  const int nb = blockIdx.x / kv_bh;
-  const int b = (blockIdx.x % kv_bh) / p.kv_heads;
-  const int hk = (blockIdx.x % kv_bh) % p.kv_heads;
+  // Work item: key block nb (lowest first: under a causal mask the longest), batch b, k/v head
+  // hk, in L2 sections (tile_schedule.cuh).
+  const SectionItem item = section_item(blockIdx.x, (p.len_k + BN - 1) / BN, p.batch * p.kv_heads, p.section);
+  const int nb = item.rank;
+  const int b = item.pair / p.kv_heads;
+  const int hk = item.pair % p.kv_heads;
   const int group = p.heads / p.kv_heads;
   const int n0 = nb * BN;
   const int num_mb = (p.len_q + BM - 1) / BM;

@@ -35,6 +35,7 @@ struct BwdParams {
   int batch, heads, kv_heads, len_q, len_k, head_dim;
   float scale;  // the forward's softmax scale
   int causal;   // top-left aligned, as the forward: key j is visible to query i iff j <= i
+  int section;  // (batch, k/v head) pairs per L2 section of the CTA order (tile_schedule.cuh); 0: one section
 };
 
 // How a backward tile's main kernel multiplies.

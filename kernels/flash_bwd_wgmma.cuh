@@ -32,6 +32,7 @@
 
 #include "flash_bwd.cuh"
 #include "ptx.cuh"
+#include "tile_schedule.cuh"
 #include "wgmma.cuh"
 
 namespace flashwatt {
@@ -133,10 +134,10 @@ __global__ void __launch_bounds__(NWG * 128, 1) flash_bwd_wgmma_kernel(const Bwd
   const int t = lane & 3;   // column pair within a fragment
   const int warp_key0 = wg * 64 + wl * 16;
 
-  const int kv_bh = p.batch * p.kv_heads;
-  const int nb = blockIdx.x / kv_bh;
-  const int b = (blockIdx.x % kv_bh) / p.kv_heads;
-  const int hk = (blockIdx.x % kv_bh) % p.kv_heads;
+  const SectionItem item = section_item(blockIdx.x, (p.len_k + BN - 1) / BN, p.batch * p.kv_heads, p.section);
+  const int nb = item.rank;
+  const int b = item.pair / p.kv_heads;
+  const int hk = item.pair % p.kv_heads;
   const int group = p.heads / p.kv_heads;
   const int n0 = nb * BN;
   const int num_mb = (p.len_q + BM - 1) / BM;

@@ -28,6 +28,7 @@ struct FwdParams {
   int causal;   // top-left aligned: key j is visible to query i iff j <= i
   int grid_cap; // 0: one CTA per (q tile, batch, head), or one per SM for the persistent (warp-specialised)
                 // kernels; > 0: persistent grid of at most this many CTAs
+  int section;  // (batch, head) pairs per L2 section of the work order (tile_schedule.cuh); 0: one section
 };
 
 // The instructions a configuration computes with.

@@ -1,8 +1,17 @@
-// Which (query tile, batch, head) a CTA works on, shared by every attention forward kernel.
+// Which (query tile, batch, head) a CTA works on, shared by every attention forward kernel,
+// and the L2 section order that the backward kernels share with it.
 //
 // The grid covers ceil(len_q / BM) query tiles x batch x heads; a CTA takes work items
-// blockIdx.x, blockIdx.x + gridDim.x, ... (one each without a CTA cap). Longest (causal)
-// query tiles come first, and all heads of one query tile are adjacent.
+// blockIdx.x, blockIdx.x + gridDim.x, ... (one each without a CTA cap).
+//
+// Work items are ordered in L2 sections (FlashAttention-3's tile scheduler does the same):
+// the (batch, head) pairs are cut into sections of `section` pairs, a section's items come
+// before the next section's, and within a section the longest (causal) block of every pair
+// comes first, then the next longest, the pairs of a block adjacent. The CTAs resident at
+// one time therefore work on few heads, whose K/V (forward) or Q, dO and dQ accumulator
+// (backward) stay in L2 while every block of those heads reads them; with all pairs in one
+// section (section 0), the CTAs of a wave each read a different head and, at short L with
+// many heads, the wave's working set overflows L2 and each block re-reads from HBM.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -11,6 +20,24 @@
 
 namespace flashwatt {
 namespace {
+
+// Work item `item` of `blocks` blocks x `pairs` (batch, head) pairs in sections of
+// `section` pairs (<= 0 or >= pairs: one section): its block rank (0 = the first, i.e. the
+// longest) and its pair.
+struct SectionItem {
+  int rank, pair;
+};
+
+__device__ __forceinline__ SectionItem section_item(int item, int blocks, int pairs, int section) {
+  if (section <= 0 || section > pairs) section = pairs;
+  const int per_section = section * blocks;
+  const int s = item / per_section;
+  const int in_section = item - s * per_section;
+  const int first = s * section;
+  const int width = min(section, pairs - first);  // the last section may be narrower
+  const int rank = in_section / width;
+  return SectionItem{rank, first + (in_section - rank * width)};
+}
 
 // One work item: its batch and head, first query row, number of K/V tiles to visit
 // (causal: none above the diagonal) and where its Q, K and V rows start.
@@ -35,8 +62,9 @@ struct TileGrid {
   template <typename T>
   __device__ __forceinline__ TileWork<T> work(const FwdParams& p, int tile) const {
     TileWork<T> w;
-    const int mb = num_mb - 1 - tile / bh_count;
-    const int bh = tile % bh_count;
+    const SectionItem it = section_item(tile, num_mb, bh_count, p.section);
+    const int mb = num_mb - 1 - it.rank;
+    const int bh = it.pair;
     w.b = bh / p.heads;
     w.h = bh % p.heads;
     const int hk = w.h / group;

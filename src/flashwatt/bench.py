@@ -1,13 +1,19 @@
 """TFLOP/s of our CUDA kernel beside PyTorch's FlashAttention-2 and cuDNN SDPA backends.
 
     python -m flashwatt.bench [--out bench.csv] [--variants] [--dtypes bf16,fp16] [--max-seq-len N]
-                              [--pass fwd|fwd_bwd] [--bwd-tiles n128_m64_w8,n64_m64_w4]
+                              [--pass fwd|fwd_bwd|bwd] [--bwd-tiles n128_m64_w8,n64_m64_w4]
+                              [--one-l2-section]
 
 `--pass fwd_bwd` times forward and backward together (FLOPs 3.5x the forward's, as `Cell`
 counts them) and checks our kernel's gradients against FlashAttention-2's as well.
-`--bwd-tiles` (fwd_bwd only) also times the custom kernel with each named backward tile
+`--pass bwd` times the backward alone (FLOPs 2.5x the forward's): each input set's forward
+runs once before the timing, and a timed call is autograd's backward from its saved
+tensors (retain_graph), so every backend is timed on exactly its own backward kernels.
+`--bwd-tiles` (fwd_bwd, bwd) also times the custom kernel with each named backward tile
 (custom_backward.BWD_TILES; the forward is the default launch) beside it, as
 `custom:bwd=<tile>` columns and rows with the tile in the CSV's `backward_tile` column.
+`--one-l2-section` also times the custom kernel with every (batch, head) pair in one L2
+section (flashwatt.kernels.l2_sections: the work order before sections), as `custom:l2=0`.
 
 Shapes: the flash-attention convention (16k tokens per batch, H*D = 2048, (B, L) from
 (32, 512) to (1, 16384), D in {64, 128}) plus the seed shape (B=16, H=8, L=1024, D=64),
@@ -15,7 +21,7 @@ causal and not. Every backend runs through the kernel registry the pipeline's ce
 in the same process, interleaved per shape, and is timed by the pipeline's one timing
 method (flashwatt.timing: CUDA-graph replays, input sets rotated past L2); FLOPs come from
 `Cell`. `custom` is the default launch for the device; on Hopper every wgmma tile that
-fits the shape runs beside it (`custom:<tile>`). Every custom output is checked against
+fits the shape runs beside it in the forward pass (`custom:<tile>`). Every custom output is checked against
 sdpa_flash's before it is timed; a failed check is printed and recorded, its time is
 not reported, and the exit status is 1.
 """
@@ -29,6 +35,7 @@ import sys
 SHAPES = [(32, 512), (16, 1024), (8, 2048), (4, 4096), (2, 8192), (1, 16384)]
 SEED = (16, 8, 1024, 64)
 REFERENCE = "sdpa_flash"  # first in every shape: the output the custom runs are checked against
+ONE_SECTION = "one L2 section"  # a run of the custom kernel with l2_section=0
 
 
 def cases(head_dims: list[int], max_seq_len: int) -> list[tuple[int, int, int, int]]:
@@ -39,23 +46,25 @@ def cases(head_dims: list[int], max_seq_len: int) -> list[tuple[int, int, int, i
     return out
 
 
-class BackwardTileCustom:
-    """The custom kernel with a named backward tile: fwd_bwd comparisons of backward tiles."""
+class CustomLaunch:
+    """The custom kernel with a named backward tile and/or an L2 section size (None: the
+    defaults): comparisons of backward tiles and of work orders."""
 
     name = "custom"
     differentiable = True
 
-    def __init__(self, tile: str):
+    def __init__(self, backward_tile: str | None = None, l2_section: int | None = None):
         from flashwatt.kernels.custom import Custom
 
-        self.tile = tile
+        self.tile = backward_tile
+        self.l2_section = l2_section
         self._custom = Custom()
 
     def supports(self, cell, device) -> str | None:
         from flashwatt.kernels.custom_backward import backward_plan
 
         reason = self._custom.supports(cell, device)
-        if reason:
+        if reason or cell.pass_ == "fwd":
             return reason
         try:
             backward_plan(cell.precision, cell.head_dim, self.tile)
@@ -66,11 +75,13 @@ class BackwardTileCustom:
     def __call__(self, q, k, v, cell):
         from flashwatt.kernels.custom_autograd import flash_attention
 
-        return flash_attention(q, k, v, cell.causal, cell.variant, precision=cell.precision, backward_tile=self.tile)
+        return flash_attention(q, k, v, cell.causal, cell.variant, precision=cell.precision, backward_tile=self.tile,
+                               l2_section=self.l2_section)
 
 
-def time_cell(cell, kernel, device, settings) -> dict:
-    """The pipeline's timing of one forward cell (median ms per call, eager ms beside it)."""
+def time_cell(cell, kernel, device, settings, backward_only: bool = False) -> dict:
+    """The pipeline's timing of one cell (median ms per call, eager ms beside it); with
+    backward_only, of a fwd_bwd cell's backward alone (see the module docstring)."""
     import torch
 
     from flashwatt import measure
@@ -78,7 +89,14 @@ def time_cell(cell, kernel, device, settings) -> dict:
 
     inputs = measure.make_inputs(cell, device, settings.seed, measure.input_sets_needed(cell, device))
     dout = _dout(cell, device) if cell.pass_ == "fwd_bwd" else None
-    call = measure.make_call(kernel, cell, inputs, dout)
+    if backward_only:
+        with torch.enable_grad():
+            outs = [kernel(q, k, v, cell) for q, k, v in inputs]
+
+        def call(i: int):
+            return torch.autograd.grad(outs[i % len(outs)], inputs[i % len(inputs)], dout, retain_graph=True)
+    else:
+        call = measure.make_call(kernel, cell, inputs, dout)
     with torch.enable_grad() if dout is not None else torch.no_grad():
         per_call_s = measure.warm_up(call, device, settings.warmup_ms)
         return time_workload(Workload.build(call, device, per_call_s), settings)
@@ -119,7 +137,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-seq-len", type=int, default=16384, help="leave out the shapes with longer sequences")
     ap.add_argument("--variants", action="store_true", help="also time every custom tile variant")
     ap.add_argument("--min-time-ms", type=float, default=300, help="timed device time per point")
-    ap.add_argument("--pass", dest="pass_", choices=["fwd", "fwd_bwd"], default="fwd")
+    ap.add_argument("--pass", dest="pass_", choices=["fwd", "fwd_bwd", "bwd"], default="fwd")
+    ap.add_argument("--one-l2-section", action="store_true",
+                    help="also time the custom kernel with every (batch, head) pair in one L2 section")
     ap.add_argument("--shapes", default="",
                     help="BxHxLxD shapes to time instead of the default set (comma-separated, e.g. 1x32x4096x128)")
     ap.add_argument("--bwd-tiles", default="",
@@ -135,8 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     if bwd_tiles:
         from flashwatt.kernels.custom_backward import BWD_TILES
 
-        if args.pass_ != "fwd_bwd":
-            ap.error("--bwd-tiles needs --pass fwd_bwd")
+        if args.pass_ == "fwd":
+            ap.error("--bwd-tiles needs --pass fwd_bwd or bwd")
         unknown = [t for t in bwd_tiles if t not in BWD_TILES]
         if unknown:
             ap.error(f"unknown backward tile(s) {', '.join(unknown)}; allowed: {', '.join(BWD_TILES)}")
@@ -159,11 +179,13 @@ def main(argv: list[str] | None = None) -> int:
     settings = MeasureSettings(min_time_ms=args.min_time_ms, warmup_ms=100)
     hopper = torch.cuda.get_device_capability(device) == WGMMA_CAPABILITY
 
+    cell_pass = "fwd" if args.pass_ == "fwd" else "fwd_bwd"  # bwd: a fwd_bwd cell, its backward timed
     rows: list[dict] = []
     failed_checks = 0
     header = (f"{'dtype':5} {'B':>3} {'H':>3} {'L':>6} {'D':>4} {'mask':6} {'custom':>8} {'flash':>8} {'cudnn':>8} "
               f"{'cust/fl':>8} {'cust/cu':>8}" + (f" {'wgmma':>8} {'wg/fl':>6}" if hopper else "")
-              + "".join(f" {'bwd=' + t:>16} {'/fl':>6}" for t in bwd_tiles))
+              + "".join(f" {'bwd=' + t:>16} {'/fl':>6}" for t in bwd_tiles)
+              + (f" {'l2=0':>8} {'cust/l2=0':>7}" if args.one_l2_section else ""))
     print(header + "\n" + "-" * len(header), flush=True)
     for precision in args.dtypes.split(","):
         for B, H, L, D in shapes or cases([int(x) for x in args.head_dims.split(",")], args.max_seq_len):
@@ -171,15 +193,20 @@ def main(argv: list[str] | None = None) -> int:
                 runs = [(REFERENCE, "", ""), ("custom", "", ""), ("sdpa_cudnn", "", "")]
                 runs += [("custom", t, "") for t, tile in TILES.items()
                          if D in tile.head_dims and precision in tile.precisions
-                         and (args.variants or (hopper and tile.mma == WGMMA))]
+                         and (args.variants or (hopper and tile.mma == WGMMA and args.pass_ == "fwd"))]
                 runs += [("custom", "", t) for t in bwd_tiles]
+                if args.one_l2_section:
+                    runs.append(("custom", "", ONE_SECTION))
                 reference = None
                 result: dict[str, float] = {}
-                for kname, variant, bwd_tile in runs:
-                    cell = Cell("bench", kname, precision, L, B, H, D, causal, args.pass_, variant)
+                for kname, variant, launch in runs:
+                    bwd_tile = launch if launch != ONE_SECTION else ""
+                    cell = Cell("bench", kname, precision, L, B, H, D, causal, cell_pass, variant)
                     label = f"{kname}:{variant}" if variant else kname
                     label = f"{label}:bwd={bwd_tile}" if bwd_tile else label
-                    kernel = BackwardTileCustom(bwd_tile) if bwd_tile else get_kernel(kname)
+                    label = f"{label}:l2=0" if launch == ONE_SECTION else label
+                    kernel = (CustomLaunch(bwd_tile or None, 0 if launch == ONE_SECTION else None) if launch
+                              else get_kernel(kname))
                     err_vs_flash = math.nan
                     timing: dict = {}
                     try:
@@ -200,8 +227,9 @@ def main(argv: list[str] | None = None) -> int:
                                 if not err <= tol:
                                     raise RuntimeError(f"{what} differs from {REFERENCE}'s by {err:.2e} (> {tol:.0e})")
                         del outs
-                        timing = time_cell(cell, kernel, device, settings)
-                        tflops = cell.flops / (timing["median_ms"] * 1e-3) / 1e12
+                        timing = time_cell(cell, kernel, device, settings, backward_only=args.pass_ == "bwd")
+                        flops = cell.flops - cell.fwd_flops if args.pass_ == "bwd" else cell.flops
+                        tflops = flops / (timing["median_ms"] * 1e-3) / 1e12
                     except Exception as err:  # a refused shape or a failed check is a result, not a crash
                         failed_checks += kname == "custom"
                         print(f"  {label} failed on {precision} {B}x{H}x{L}x{D} causal={causal}: "
@@ -210,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
                     result[label] = tflops
                     rows.append(dict(device=name, dtype=precision, batch=B, heads=H, seq_len=L, head_dim=D,
                                      causal=causal, kernel=kname, variant=variant, backward_tile=bwd_tile,
+                                     l2_section="one" if launch == ONE_SECTION else "auto", pass_=args.pass_,
                                      method=timing.get("method"),
                                      ms=timing.get("median_ms", math.nan), eager_ms=timing.get("eager_ms", math.nan),
                                      tflops=round(tflops, 2), rel_err_vs_flash=err_vs_flash))
@@ -223,6 +252,9 @@ def main(argv: list[str] | None = None) -> int:
                 for t in bwd_tiles:
                     bt = result[f"custom:bwd={t}"]
                     line += f" {bt:16.1f} {bt / fl:6.3f}"
+                if args.one_l2_section:
+                    one = result["custom:l2=0"]
+                    line += f" {one:8.1f} {cust / one:7.3f}"
                 print(line, flush=True)
     if args.out and rows:
         with open(args.out, "w", newline="") as f:

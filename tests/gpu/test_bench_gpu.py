@@ -32,3 +32,32 @@ def test_short_benchmark_checks_and_times_every_kernel(tmp_path):
             assert float(r["rel_err_vs_flash"]) <= 1e-2, r
         else:
             assert math.isnan(float(r["rel_err_vs_flash"])), r
+
+
+@pytest.mark.nvcc
+def test_backward_alone_and_the_one_section_order_are_timed(tmp_path):
+    """--pass bwd times each backend's backward from saved forwards (gradients checked
+    first), at 2.5x the forward's FLOPs; --one-l2-section adds the custom kernel in the old
+    work order beside the default."""
+    out = tmp_path / "bench.csv"
+    rc = bench.main(["--dtypes", "bf16", "--shapes", "4x16x1024x128", "--pass", "bwd", "--one-l2-section",
+                     "--min-time-ms", "20", "--out", str(out)])
+    assert rc == 0
+    rows = list(csv.DictReader(out.open()))
+    by_kernel = {(r["kernel"], r["l2_section"], r["causal"]): r for r in rows if not r["variant"]}
+    for causal in ("False", "True"):
+        for key in (("sdpa_flash", "auto", causal), ("sdpa_cudnn", "auto", causal), ("custom", "auto", causal),
+                    ("custom", "one", causal)):
+            r = by_kernel[key]
+            assert r["pass_"] == "bwd" and r["method"] == "cuda_graph", r
+            assert float(r["tflops"]) > 1.0, r
+        for section in ("auto", "one"):
+            assert float(by_kernel[("custom", section, causal)]["rel_err_vs_flash"]) <= 2e-2
+    # the backward alone is shorter than forward and backward together
+    both = tmp_path / "both.csv"
+    assert bench.main(["--dtypes", "bf16", "--shapes", "4x16x1024x128", "--pass", "fwd_bwd", "--min-time-ms", "20",
+                       "--out", str(both)]) == 0
+    ms_both = {(r["kernel"], r["causal"]): float(r["ms"]) for r in csv.DictReader(both.open()) if not r["variant"]}
+    for (kernel, section, causal), r in by_kernel.items():
+        if section == "auto":
+            assert float(r["ms"]) < ms_both[(kernel, causal)], (kernel, causal)

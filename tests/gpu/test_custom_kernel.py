@@ -75,10 +75,11 @@ def rel_err(x, ref):
     return ((x.double() - ref).norm() / ref.norm().clamp_min(1e-300)).item()
 
 
-def check(q, k, v, causal, precision, variant="", layout="bhld"):
+def check(q, k, v, causal, precision, variant="", layout="bhld", l2_section=None):
     """Runs the kernel on NaN-poisoned output and compares out and lse with float64."""
     out = torch.full_like(q, float("nan"))
-    got, lse = flash_forward(q, k, v, causal, variant, layout=layout, out=out, precision=precision)
+    got, lse = flash_forward(q, k, v, causal, variant, layout=layout, out=out, precision=precision,
+                             l2_section=l2_section)
     assert got.data_ptr() == out.data_ptr()
     if layout == "blhd":
         ref, ref_lse = reference(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal)
@@ -373,12 +374,13 @@ def grad_err(g, ref):
     return (err / ref.norm()).item() if ref.norm() > 0 else (err / ZERO_REF_BOUND).item()
 
 
-def check_backward(q, k, v, causal, precision, layout="bhld", variant="", backward_tile=None, seed=0):
+def check_backward(q, k, v, causal, precision, layout="bhld", variant="", backward_tile=None, seed=0,
+                   l2_section=None):
     """Gradients of flash_attention on q, k, v (leaves made here) against float64."""
     dout = make(q.shape, q.dtype, seed + 1000)
     leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
     out = flash_attention(*leaves, causal, variant, layout, precision=precision if precision == "tf32" else None,
-                          backward_tile=backward_tile)
+                          backward_tile=backward_tile, l2_section=l2_section)
     grads = torch.autograd.grad(out, leaves, dout)
     if layout == "blhd":
         refs = reference_grads(*(t.transpose(1, 2) for t in (q, k, v, dout)), causal)
@@ -460,6 +462,46 @@ def test_backward_cross_lengths_wgmma_tiles(poisoned_grads, precision, tile):
         for causal in (False, True):
             args = qkv(2, 4, lq, 128, DTYPES[precision], 95 + lq, Hkv=2, Lk=lk)
             check_backward(*args, causal, precision, backward_tile=tile, seed=lq)
+
+
+def _section_launches():
+    """Forward launches whose work order the sections reorder: the default of each head dim
+    on this device, the mma.sync tile, and on Hopper a warp-specialised persistent tile
+    capped to 3 CTAs (each CTA walks many items across section boundaries)."""
+    out = [("", 64), ("", 128), ("m64_n64_w4_s2", 64)]
+    if HOPPER:
+        out += [("wgmma_ws_pp_m128_n128_s2_ctas3", 128), ("wgmma_pp_m128_n128_s4", 64)]
+    return out
+
+
+@pytest.mark.parametrize("section", [1, 5, 0])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("variant,D", _section_launches())
+def test_l2_sections_forward(variant, D, causal, section):
+    """12 (batch, head) pairs in sections of 1, 5 (5, 5, 2: the last one narrower) and one
+    section, grouped queries, a ragged length: every tile written once and right."""
+    q, k, v = qkv(3, 4, 300, D, torch.bfloat16, 77 + section, Hkv=2)
+    check(q, k, v, causal, "bf16", variant, l2_section=section)
+
+
+@pytest.mark.parametrize("section", [1, 5, 0])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("tile,D", [(name, D) for name, t in BWD_TILES.items() for D in t.head_dims])
+def test_l2_sections_backward(poisoned_grads, tile, D, causal, section):
+    """The backward's key blocks in sections of 1, 5 (of 6 (batch, k/v head) pairs: the last
+    section narrower) and one, grouped queries, ragged lengths."""
+    if BWD_TILES[tile].math == BWD_WGMMA and not HOPPER:
+        pytest.skip("wgmma tiles run only on compute capability 9.0")
+    q, k, v = qkv(3, 4, 300, D, torch.bfloat16, 91 + section, Hkv=2)
+    check_backward(q, k, v, causal, "bf16", backward_tile=tile, seed=section, l2_section=section)
+
+
+def test_l2_section_refusals():
+    q, k, v = qkv(1, 2, 64, 64, torch.bfloat16, 5)
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="l2_section"):
+            flash_forward(q, k, v, False, l2_section=bad)
+    torch.cuda.synchronize()
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])

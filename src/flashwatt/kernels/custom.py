@@ -30,6 +30,7 @@ import re
 from dataclasses import dataclass
 
 from flashwatt.cell import Cell
+from flashwatt.kernels import l2_sections
 
 HEAD_DIMS = (64, 128, 256)
 PRECISIONS = ("fp16", "bf16", "fp32", "tf32")
@@ -281,7 +282,7 @@ def _capability(device) -> tuple[int, int]:
 
 
 def flash_forward(q, k, v, causal: bool, variant: str = "", layout: str = "bhld", *, out=None, scale: float | None = None,
-                  precision: str | None = None):
+                  precision: str | None = None, l2_section: int | None = None):
     """Attention forward; returns (out, lse).
 
     precision: None runs the inputs' own (fp16, bf16, exact fp32); "tf32" runs float32
@@ -289,6 +290,8 @@ def flash_forward(q, k, v, causal: bool, variant: str = "", layout: str = "bhld"
     layout "bhld": q (B, H, Lq, D), k/v (B, Hkv, Lk, D); "blhd": q (B, Lq, H, D), k/v
     (B, Lk, Hkv, D). Any strides with a contiguous head_dim. out (optional) must have q's
     shape and dtype; it is written in place. lse is float32 (B, H, Lq), natural log.
+    l2_section: (batch, head) pairs per L2 section of the work order
+    (flashwatt.kernels.l2_sections; None: sized for the device's L2, 0: one section).
     Every check runs before the launch.
     """
     import torch
@@ -305,6 +308,7 @@ def flash_forward(q, k, v, causal: bool, variant: str = "", layout: str = "bhld"
         if out is not None:
             out = out.transpose(1, 2)
     _check_inputs(q, k, v)
+    l2_sections.check(l2_section)
     B, H, L, D = q.shape
     launch = parse_variant(variant, _precision_of(q.dtype, precision), D, _capability(q.device), k.shape[2])
     if out is None:
@@ -325,11 +329,15 @@ def flash_forward(q, k, v, causal: bool, variant: str = "", layout: str = "bhld"
             _SM_COUNT[index] = torch.cuda.get_device_properties(index).multi_processor_count
         per_sm = launch.ctas_per_sm * _SM_COUNT[index]
         grid_cap = min(grid_cap, per_sm) if grid_cap else per_sm
+    if l2_section is None:
+        l2_section = l2_sections.forward_section(k.shape[2], D, q.element_size(), H // k.shape[1],
+                                                 l2_sections.l2_bytes(q.device))
     t = launch.tile
     ext = load_extension()
     ext.forward(
         q_k, k_k, v_k, out_k, lse, bool(causal), float(scale if scale is not None else 1.0 / math.sqrt(D)),
         _mma_code(ext, t), t.block_m, t.block_n, t.warps, t.stages, _schedule_code(ext, t), int(grid_cap),
+        int(l2_section),
     )
     if out_k is not target:
         target.copy_(out_k)

@@ -19,32 +19,35 @@ class FlashAttentionFunction(torch.autograd.Function):
     """out = attention(q, k, v) on (B, H, L, D) views; saves q, k, v, out and the LSE."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal: bool, variant: str, precision: str | None, scale: float, plan: BackwardPlan):
-        out, lse = flash_forward(q, k, v, causal, variant, precision=precision, scale=scale)
+    def forward(ctx, q, k, v, causal: bool, variant: str, precision: str | None, scale: float, plan: BackwardPlan,
+                l2_section: int | None):
+        out, lse = flash_forward(q, k, v, causal, variant, precision=precision, scale=scale, l2_section=l2_section)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.causal, ctx.scale, ctx.plan = causal, scale, plan
+        ctx.causal, ctx.scale, ctx.plan, ctx.l2_section = causal, scale, plan, l2_section
         return out
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = flash_backward(dout, q, k, v, out, lse, ctx.causal, ctx.scale, ctx.plan)
-        return dq, dk, dv, None, None, None, None, None
+        dq, dk, dv = flash_backward(dout, q, k, v, out, lse, ctx.causal, ctx.scale, ctx.plan, ctx.l2_section)
+        return dq, dk, dv, None, None, None, None, None, None
 
 
 def flash_attention(q, k, v, causal: bool, variant: str = "", layout: str = "bhld", *, scale: float | None = None,
-                    precision: str | None = None, backward_tile: str | None = None):
+                    precision: str | None = None, backward_tile: str | None = None, l2_section: int | None = None):
     """Attention output, differentiable in q, k and v.
 
     Arguments as flashwatt.kernels.custom.flash_forward (layout "bhld" or "blhd").
     backward_tile: a name of custom_backward.BWD_TILES (None: the default for the head dim).
+    l2_section: the forward's and the backward's L2 section size (flashwatt.kernels.l2_sections).
     When a gradient may be needed, the backward plan is checked before the forward runs,
     so an unsupported backward (fp16/bf16 head_dim 256) fails before any launch.
     """
     needs_grad = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v))
     if not needs_grad:
-        out, _ = flash_forward(q, k, v, causal, variant, layout=layout, scale=scale, precision=precision)
+        out, _ = flash_forward(q, k, v, causal, variant, layout=layout, scale=scale, precision=precision,
+                               l2_section=l2_section)
         return out
     if layout not in ("bhld", "blhd"):
         raise ValueError(f"custom kernel: layout {layout!r} not in ('bhld', 'blhd')")
@@ -54,5 +57,5 @@ def flash_attention(q, k, v, causal: bool, variant: str = "", layout: str = "bhl
     capability = _capability(q.device) if q.is_cuda else None  # a wgmma tile needs 9.0
     plan = backward_plan(_precision_of(q.dtype, precision), q.shape[-1], backward_tile, capability)
     scale = float(scale if scale is not None else 1.0 / math.sqrt(q.shape[-1]))
-    out = FlashAttentionFunction.apply(q, k, v, bool(causal), variant, precision, scale, plan)
+    out = FlashAttentionFunction.apply(q, k, v, bool(causal), variant, precision, scale, plan, l2_section)
     return out.transpose(1, 2) if layout == "blhd" else out

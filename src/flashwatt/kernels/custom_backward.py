@@ -135,24 +135,33 @@ def _grad_buffer(t):
     return buf if _kernel_ready(buf) is buf else torch.empty(t.shape, dtype=t.dtype, device=t.device)
 
 
-def flash_backward(dout, q, k, v, out, lse, causal: bool, scale: float, plan: BackwardPlan):
+def flash_backward(dout, q, k, v, out, lse, causal: bool, scale: float, plan: BackwardPlan,
+                   l2_section: int | None = None):
     """(dq, dk, dv) of attention on (B, H, L, D) views, from the forward's out and lse,
-    by `plan` (see backward_plan). dq has q's shape, dk and dv k's."""
+    by `plan` (see backward_plan). dq has q's shape, dk and dv k's. l2_section: (batch, k/v
+    head) pairs per L2 section of the CUDA kernels' CTA order (flashwatt.kernels.l2_sections;
+    None: sized for the device's L2, 0: one section)."""
     if plan.path == BWD_TORCH_MATH:
         return math_backward_from_lse(dout, q, k, v, out, lse, causal, scale)
     import torch
 
     from flashwatt.build import load_extension
+    from flashwatt.kernels import l2_sections
     from flashwatt.kernels.custom import _kernel_ready
 
+    l2_sections.check(l2_section)
     q_k, k_k, v_k, o_k, do_k = (_kernel_ready(t) for t in (q, k, v, out, dout))
     B, H, Lq, D = q.shape
+    if l2_section is None:
+        l2_section = l2_sections.backward_section(Lq, D, q.element_size(), H // k.shape[1],
+                                                  l2_sections.l2_bytes(q.device))
     dq, dk, dv = _grad_buffer(q), _grad_buffer(k), _grad_buffer(v)
     delta = torch.empty((B, H, Lq), dtype=torch.float32, device=q.device)
     dq_accum = torch.empty((B, H, Lq, D), dtype=torch.float32, device=q.device)
     tile = plan.tile
     load_extension().backward(q_k, k_k, v_k, o_k, do_k, lse.contiguous(), dq, dk, dv, delta, dq_accum, bool(causal),
-                              float(scale), tile.block_n, tile.block_m, tile.warps, _BWD_MATH_CODE[tile.math])
+                              float(scale), tile.block_n, tile.block_m, tile.warps, _BWD_MATH_CODE[tile.math],
+                              int(l2_section))
     return dq, dk, dv
 
 

@@ -1,0 +1,58 @@
+"""How many (batch, head) pairs the custom kernels' work order puts in one L2 section.
+
+The kernels visit their work in sections of (batch, head) pairs (kernels/tile_schedule.cuh):
+every block of a section's pairs before the next section. A section is sized so that what
+every block of a pair re-reads fits in a share of the device's L2 cache: the forward's
+query tiles all read their head's K and V, the backward's key blocks all read their head's
+Q and dO and add into its fp32 dQ accumulator. FlashAttention-3's scheduler sizes its
+sections the same way (32 MiB of K and V).
+
+`l2_section` arguments elsewhere: None picks by this module, 0 puts every pair in one
+section (the work order before sections: a wave of CTAs spread over as many heads as it
+has CTAs), N > 0 asks for N pairs.
+"""
+from __future__ import annotations
+
+# What a section may keep in L2: at most 32 MiB, and at most two thirds of the cache (the
+# rest is for the streams that pass through once: Q and O, or K, V, dK and dV).
+SECTION_BUDGET_BYTES = 32 << 20
+
+
+def budget(l2_bytes: int) -> int:
+    return min(SECTION_BUDGET_BYTES, l2_bytes * 2 // 3)
+
+
+def _pairs(bytes_per_pair: float, l2_bytes: int) -> int:
+    return max(1, int(budget(l2_bytes) // max(bytes_per_pair, 1.0)))
+
+
+def forward_section(len_k: int, head_dim: int, element_size: int, group: int, l2_bytes: int) -> int:
+    """(batch, query head) pairs per section of the forward: a pair's share of its k/v
+    head's K and V (shared by the `group` query heads that read it)."""
+    return _pairs(2 * len_k * head_dim * element_size / group, l2_bytes)
+
+
+def backward_section(len_q: int, head_dim: int, element_size: int, group: int, l2_bytes: int) -> int:
+    """(batch, k/v head) pairs per section of the backward: the Q, dO, fp32 dQ accumulator,
+    LSE and delta rows of the `group` query heads that a k/v head's key blocks all walk."""
+    return _pairs(group * len_q * (head_dim * (2 * element_size + 4) + 8), l2_bytes)
+
+
+_L2_BYTES: dict[int, int] = {}
+
+
+def l2_bytes(device) -> int:
+    """The L2 cache size of a CUDA device, looked up once."""
+    import torch
+
+    device = torch.device(device)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _L2_BYTES:
+        _L2_BYTES[index] = int(torch.cuda.get_device_properties(index).L2_cache_size)
+    return _L2_BYTES[index]
+
+
+def check(l2_section) -> None:
+    if l2_section is not None and (not isinstance(l2_section, int) or isinstance(l2_section, bool) or l2_section < 0):
+        raise ValueError(f"custom kernel: l2_section must be None (automatic), 0 (one section) or a positive "
+                         f"number of (batch, head) pairs, got {l2_section!r}")

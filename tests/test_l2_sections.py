@@ -1,0 +1,72 @@
+"""How the custom kernels' work order is cut into L2 sections (flashwatt.kernels.l2_sections),
+and a Python model of the order itself (kernels/tile_schedule.cuh `section_item`) that shows
+it visits every (block, pair) exactly once with the longest blocks of a section first."""
+import pytest
+
+from flashwatt.kernels import l2_sections
+
+H100_L2 = 50 * 1024 * 1024
+A100_L2 = 40 * 1024 * 1024
+
+
+def test_budget_is_32_mib_or_two_thirds_of_a_smaller_cache():
+    assert l2_sections.budget(H100_L2) == 32 << 20
+    assert l2_sections.budget(A100_L2) == A100_L2 * 2 // 3
+    assert l2_sections.budget(6 << 20) == 4 << 20
+
+
+def test_forward_section_holds_the_k_and_v_of_its_heads_within_the_budget():
+    # L 1024, D 128, bf16: K and V of one head are 512 KiB, so 64 heads fill 32 MiB.
+    assert l2_sections.forward_section(1024, 128, 2, 1, H100_L2) == 64
+    # a k/v head shared by 4 query heads counts a quarter per query head
+    assert l2_sections.forward_section(1024, 128, 2, 4, H100_L2) == 256
+    # a head larger than the budget still makes a section of one
+    assert l2_sections.forward_section(1 << 20, 128, 2, 1, H100_L2) == 1
+
+
+def test_backward_section_holds_q_do_and_the_fp32_accumulator_of_its_group():
+    # L 1024, D 128, bf16: Q and dO 256 KiB each, dQ accumulator 512 KiB, LSE and delta 8 KiB.
+    per_pair = 1024 * (128 * 8 + 8)
+    assert l2_sections.backward_section(1024, 128, 2, 1, H100_L2) == (32 << 20) // per_pair
+    assert l2_sections.backward_section(1024, 128, 2, 8, H100_L2) == (32 << 20) // (8 * per_pair)
+    assert l2_sections.backward_section(16384, 128, 2, 1, H100_L2) == 1
+
+
+@pytest.mark.parametrize("bad", [-1, 2.0, True, "4"])
+def test_a_bad_section_is_refused_by_name(bad):
+    with pytest.raises(ValueError, match="l2_section"):
+        l2_sections.check(bad)
+
+
+@pytest.mark.parametrize("ok", [None, 0, 1, 7])
+def test_good_sections_pass(ok):
+    l2_sections.check(ok)
+
+
+def section_item(item: int, blocks: int, pairs: int, section: int) -> tuple[int, int]:
+    """kernels/tile_schedule.cuh section_item, line for line."""
+    if section <= 0 or section > pairs:
+        section = pairs
+    per_section = section * blocks
+    s, in_section = divmod(item, per_section)
+    first = s * section
+    width = min(section, pairs - first)
+    rank = in_section // width
+    return rank, first + (in_section - rank * width)
+
+
+@pytest.mark.parametrize("blocks,pairs,section", [(8, 12, 5), (8, 12, 1), (8, 12, 0), (3, 7, 7), (1, 5, 2), (5, 1, 3)])
+def test_the_order_visits_every_block_of_every_pair_once(blocks, pairs, section):
+    order = [section_item(i, blocks, pairs, section) for i in range(blocks * pairs)]
+    assert sorted(order) == [(b, p) for b in range(blocks) for p in range(pairs)]
+    width = section if 0 < section <= pairs else pairs
+    for start in range(0, pairs, width):
+        # a section's items are consecutive, ranks non-decreasing (longest first)
+        items = [i for i, (_, p) in enumerate(order) if start <= p < start + width]
+        assert items == list(range(items[0], items[0] + len(items)))
+        assert [order[i][0] for i in items] == sorted(order[i][0] for i in items)
+
+
+def test_one_section_is_the_order_before_sections():
+    # every pair of the first block, then every pair of the second, ...
+    assert [section_item(i, 3, 4, 0) for i in range(12)] == [(i // 4, i % 4) for i in range(12)]
