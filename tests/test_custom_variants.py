@@ -22,25 +22,28 @@ def test_defaults_per_capability(precision, D):
 
 def test_hopper_defaults_name_wgmma_tiles_that_fit():
     for (precision, D), choices in WGMMA_DEFAULT_TILE.items():
-        bounds = [bound for bound, _ in choices]
+        bounds = [bound for bound, _, _ in choices]
         assert bounds[-1] is None and all(b is not None for b in bounds[:-1]) and bounds[:-1] == sorted(bounds[:-1])
-        for _, name in choices:
-            tile = TILES[name]
-            assert tile.mma == WGMMA and D in tile.head_dims and precision in tile.precisions
+        for _, full, causal in choices:
+            for name in (full, causal):
+                tile = TILES[name]
+                assert tile.mma == WGMMA and D in tile.head_dims and precision in tile.precisions
 
 
-def test_hopper_default_follows_the_key_length():
-    choices = WGMMA_DEFAULT_TILE[("bf16", 128)]
-    (b1, short), (b2, middle), (_, long) = choices
-    assert len({short, middle, long}) == 3 and (b1, b2) == (2048, 4096)
+def test_hopper_default_follows_the_key_length_and_the_mask():
+    (b1, short, short_c), (b2, middle, middle_c), (_, long, long_c) = WGMMA_DEFAULT_TILE[("bf16", 128)]
+    assert (b1, b2) == (1024, 4096) and middle != middle_c
     assert parse_variant("", "bf16", 128, HOPPER, 1024).tile_name == short
-    assert parse_variant("", "bf16", 128, HOPPER, 2048).tile_name == short
-    assert parse_variant("", "bf16", 128, HOPPER, 2049).tile_name == middle
+    assert parse_variant("", "bf16", 128, HOPPER, 1024, causal=True).tile_name == short_c
+    assert parse_variant("", "bf16", 128, HOPPER, 1025).tile_name == middle
     assert parse_variant("", "bf16", 128, HOPPER, 4096).tile_name == middle
+    assert parse_variant("", "bf16", 128, HOPPER, 2048, causal=True).tile_name == middle_c
     assert parse_variant("", "bf16", 128, HOPPER, 4097).tile_name == long
+    assert parse_variant("", "bf16", 128, HOPPER, 4097, causal=True).tile_name == long_c
     assert parse_variant("", "bf16", 128, HOPPER).tile_name == long
     assert parse_variant("ctas66", "bf16", 128, HOPPER, 1000).tile_name == short
     assert default_tile("bf16", 128, False, 1024) == DEFAULT_TILE[("bf16", 128)]  # off Hopper: no length rule
+    assert default_tile("bf16", 128, False, 1024, causal=True) == DEFAULT_TILE[("bf16", 128)]
     assert parse_variant("", "bf16", 128, ADA, 1024).tile_name == DEFAULT_TILE[("bf16", 128)]
 
 
@@ -122,5 +125,6 @@ def test_warp_specialized_tiles_match_the_kernel():
     # Defaults where the H100 measured them ahead (kernels/NOTES.md v6): short keys only;
     # beyond 4096 keys the v5 ping-pong tiles stay, as nothing was measured there.
     for key, choices in WGMMA_DEFAULT_TILE.items():
-        for bound, name in choices:
-            assert (name in ws) == (bound is not None), (key, bound, name)
+        for bound, full, causal in choices:
+            assert (full in ws) == (bound is not None), (key, bound, full)
+            assert causal in ws or causal == full or key[1] == 128, (key, bound, causal)

@@ -17,19 +17,38 @@ def test_budget_is_32_mib_or_two_thirds_of_a_smaller_cache():
 
 def test_forward_section_holds_the_k_and_v_of_its_heads_within_the_budget():
     # L 1024, D 128, bf16: K and V of one head are 512 KiB, so 64 heads fill 32 MiB.
-    assert l2_sections.forward_section(1024, 128, 2, 1, H100_L2) == 64
+    assert l2_sections.forward_section(256, 1024, 128, 2, 1, H100_L2) == 64
     # a k/v head shared by 4 query heads counts a quarter per query head
-    assert l2_sections.forward_section(1024, 128, 2, 4, H100_L2) == 256
+    assert l2_sections.forward_section(1024, 1024, 128, 2, 4, H100_L2) == 256
     # a head larger than the budget still makes a section of one
-    assert l2_sections.forward_section(1 << 20, 128, 2, 1, H100_L2) == 1
+    assert l2_sections.forward_section(8, 1 << 20, 128, 2, 1, H100_L2) == 1
+    # fewer pairs than fit: one section of all of them
+    assert l2_sections.forward_section(16, 1024, 128, 2, 1, H100_L2) == 16
 
 
 def test_backward_section_holds_q_do_and_the_fp32_accumulator_of_its_group():
     # L 1024, D 128, bf16: Q and dO 256 KiB each, dQ accumulator 512 KiB, LSE and delta 8 KiB.
     per_pair = 1024 * (128 * 8 + 8)
-    assert l2_sections.backward_section(1024, 128, 2, 1, H100_L2) == (32 << 20) // per_pair
-    assert l2_sections.backward_section(1024, 128, 2, 8, H100_L2) == (32 << 20) // (8 * per_pair)
-    assert l2_sections.backward_section(16384, 128, 2, 1, H100_L2) == 1
+    widest = (32 << 20) // per_pair  # 31: 256 pairs in 9 sections of 29 (the last 24)
+    assert widest == 31
+    assert l2_sections.backward_section(256, 1024, 128, 2, 1, H100_L2) == 29
+    assert l2_sections.backward_section(31, 1024, 128, 2, 1, H100_L2) == 31
+    assert l2_sections.backward_section(256, 1024, 128, 2, 8, H100_L2) == (32 << 20) // (8 * per_pair)
+    assert l2_sections.backward_section(16, 16384, 128, 2, 1, H100_L2) == 1
+
+
+@pytest.mark.parametrize("pairs", [1, 2, 63, 64, 65, 128, 129, 1000])
+def test_sections_are_of_equal_width_within_one_and_each_fits(pairs):
+    # the seed shape's backward: 532 KiB per pair, 63 fit; 128 pairs make 43 + 43 + 42, not 63 + 63 + 2
+    per_pair = 1024 * (64 * 8 + 8)
+    width = l2_sections.backward_section(pairs, 1024, 64, 2, 1, H100_L2)
+    assert width * per_pair <= (32 << 20)
+    sections = -(-pairs // width)
+    last = pairs - (sections - 1) * width
+    assert width - last <= sections - 1 and last >= 1  # the last section is at most a pair per section narrower
+    assert sections == -(-pairs // 63)  # no more sections than the budget needs
+    if pairs == 128:
+        assert width == 43
 
 
 @pytest.mark.parametrize("bad", [-1, 2.0, True, "4"])

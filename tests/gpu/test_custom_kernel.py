@@ -140,14 +140,15 @@ def test_matrix_all_paths(path, precision, D, causal, L):
 
 
 def test_default_launch_on_this_device():
-    """Hopper's default is the wgmma tile WGMMA_DEFAULT_TILE names for the key length;
-    elsewhere mma.sync."""
+    """Hopper's default is the wgmma tile WGMMA_DEFAULT_TILE names for the key length and
+    the mask; elsewhere mma.sync."""
     for precision, D in ((p, d) for p in ("fp16", "bf16") for d in (64, 128)):
-        for len_k in (1024, 16384):
-            info = kernel_info(precision, D, len_k=len_k)
-            expected = default_tile(precision, D, HOPPER, len_k)
-            assert info["tile"] == expected and (info["mma"] == WGMMA) == HOPPER, (precision, D, len_k, info)
-            assert info["schedule"] == TILES[expected].schedule, info
+        for len_k in (1024, 2048, 16384):
+            for causal in (False, True):
+                info = kernel_info(precision, D, len_k=len_k, causal=causal)
+                expected = default_tile(precision, D, HOPPER, len_k, causal)
+                assert info["tile"] == expected and (info["mma"] == WGMMA) == HOPPER, (precision, D, len_k, info)
+                assert info["schedule"] == TILES[expected].schedule, info
 
 
 # ---------------------------------------------------------------- layouts and GQA

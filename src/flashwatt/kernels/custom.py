@@ -121,34 +121,37 @@ DEFAULT_TILE = {
     ("tf32", 128): "tf32",
 }
 
-# Defaults on Hopper, where they differ from DEFAULT_TILE: per (precision, head_dim), the
-# wgmma tile for K/V lengths up to a bound, bounds in increasing order, None for any
-# length. The fastest over the flash-attention shapes (L 512..16384) on an H100
-# (kernels/NOTES.md, v5): for head_dim 128 three lockstep warpgroups win up to 2048 keys,
-# the ping-pong pair beyond.
-# Up to 2048 keys (4096 at head_dim 128) the warp-specialised persistent tiles lead (v6:
-# 1.00-1.22x the v5 defaults at bf16 L 512-4096 on an H100, ties at D64 L 2048-4096);
-# longer keys keep v5's ping-pong tiles, measured there.
-WGMMA_DEFAULT_TILE: dict[tuple[str, int], tuple[tuple[int | None, str], ...]] = {
-    ("fp16", 64): ((2048, "wgmma_ws_pp_m128_n128_s2"), (None, "wgmma_pp_m128_n128_s4")),
-    ("bf16", 64): ((2048, "wgmma_ws_pp_m128_n128_s2"), (None, "wgmma_pp_m128_n128_s4")),
-    ("fp16", 128): ((2048, "wgmma_ws_pp_m128_n64_s4"), (4096, "wgmma_ws_pp_m128_n128_s2"),
-                    (None, "wgmma_pp_m128_n128_s3")),
-    ("bf16", 128): ((2048, "wgmma_ws_pp_m128_n64_s4"), (4096, "wgmma_ws_pp_m128_n128_s2"),
-                    (None, "wgmma_pp_m128_n128_s3")),
+# Defaults on Hopper, where they differ from DEFAULT_TILE: per (precision, head_dim), rows
+# (bound, tile without a mask, tile under a causal mask) for K/V lengths up to the bound,
+# bounds in increasing order, None for any length (kernels/NOTES.md, v5, v6 and "L2
+# sections"). Up to 2048 keys (4096 at head_dim 128) the warp-specialised persistent
+# tiles lead; longer keys keep v5's ping-pong tiles. Under a causal mask at head_dim 128
+# from 2048 keys the one-CTA-per-tile ping-pong tile leads instead: the hardware hands its
+# CTAs out longest first as SMs free up, where the persistent grid's fixed stride leaves
+# unequal work per CTA once the work order is cut into L2 sections.
+WGMMA_DEFAULT_TILE: dict[tuple[str, int], tuple[tuple[int | None, str, str], ...]] = {
+    (precision, 64): ((2048, "wgmma_ws_pp_m128_n128_s2", "wgmma_ws_pp_m128_n128_s2"),
+                      (None, "wgmma_pp_m128_n128_s4", "wgmma_pp_m128_n128_s4"))
+    for precision in ("fp16", "bf16")
 }
+WGMMA_DEFAULT_TILE.update({
+    (precision, 128): ((1024, "wgmma_ws_pp_m128_n128_s2", "wgmma_ws_pp_m128_n128_s2"),
+                       (4096, "wgmma_ws_pp_m128_n128_s2", "wgmma_pp_m128_n128_s3"),
+                       (None, "wgmma_pp_m128_n128_s3", "wgmma_pp_m128_n128_s3"))
+    for precision in ("fp16", "bf16")
+})
 
 
-def default_tile(precision: str, head_dim: int, wgmma: bool, len_k: int | None = None) -> str:
+def default_tile(precision: str, head_dim: int, wgmma: bool, len_k: int | None = None, causal: bool = False) -> str:
     """The default tile's name; on Hopper (wgmma) it may depend on the K/V length (None:
-    the longest)."""
+    the longest) and the mask."""
     key = (precision, head_dim)
     if key not in DEFAULT_TILE:
         raise ValueError(f"custom kernel has no default for precision {precision} and head_dim {head_dim}")
     if wgmma and key in WGMMA_DEFAULT_TILE:
-        for bound, name in WGMMA_DEFAULT_TILE[key]:
+        for bound, full, masked in WGMMA_DEFAULT_TILE[key]:
             if bound is None or (len_k is not None and len_k <= bound):
-                return name
+                return masked if causal else full
     return DEFAULT_TILE[key]
 
 # Every name the config and the records may use (grammar above; these are the listed ones).
@@ -197,14 +200,14 @@ def check_variant_name(variant: str) -> None:
 
 @functools.lru_cache(maxsize=512)  # on every call's host path: short kernels are launch-bound
 def parse_variant(variant: str, precision: str, head_dim: int, capability: tuple[int, int] | None = None,
-                  len_k: int | None = None) -> Launch:
+                  len_k: int | None = None, causal: bool = False) -> Launch:
     """The launch a variant names for this precision and head dim on a device of this compute
-    capability (None: mma.sync defaults, no wgmma check) and K/V length (picks among Hopper
-    defaults; None: the longest); ValueError with a reason if none."""
+    capability (None: mma.sync defaults, no wgmma check), K/V length and mask (which pick
+    among Hopper defaults; len_k None: the longest); ValueError with a reason if none."""
     tile_name, sm, ctas = _split_variant(variant)
     wgmma = capability is not None and tuple(capability) == WGMMA_CAPABILITY
     if not tile_name:
-        tile_name = default_tile(precision, head_dim, wgmma, len_k)
+        tile_name = default_tile(precision, head_dim, wgmma, len_k, bool(causal))
     tile = TILES[tile_name]
     if tile.mma == WGMMA and capability is not None and not wgmma:
         cap = ".".join(map(str, capability))
@@ -310,7 +313,8 @@ def flash_forward(q, k, v, causal: bool, variant: str = "", layout: str = "bhld"
     _check_inputs(q, k, v)
     l2_sections.check(l2_section)
     B, H, L, D = q.shape
-    launch = parse_variant(variant, _precision_of(q.dtype, precision), D, _capability(q.device), k.shape[2])
+    launch = parse_variant(variant, _precision_of(q.dtype, precision), D, _capability(q.device), k.shape[2],
+                           bool(causal))
     if out is None:
         if layout == "blhd" or (q.stride(1) < q.stride(2)):
             out = torch.empty((B, L, H, D), dtype=q.dtype, device=q.device).transpose(1, 2)
@@ -330,7 +334,7 @@ def flash_forward(q, k, v, causal: bool, variant: str = "", layout: str = "bhld"
         per_sm = launch.ctas_per_sm * _SM_COUNT[index]
         grid_cap = min(grid_cap, per_sm) if grid_cap else per_sm
     if l2_section is None:
-        l2_section = l2_sections.forward_section(k.shape[2], D, q.element_size(), H // k.shape[1],
+        l2_section = l2_sections.forward_section(B * H, k.shape[2], D, q.element_size(), H // k.shape[1],
                                                  l2_sections.l2_bytes(q.device))
     t = launch.tile
     ext = load_extension()
@@ -354,14 +358,15 @@ def _schedule_code(ext, tile: Tile) -> int:
             WARP_SPECIALIZED_PING_PONG: ext.SCHEDULE_WARP_SPECIALIZED_PING_PONG}[tile.schedule]
 
 
-def kernel_info(precision: str, head_dim: int, variant: str = "", len_k: int | None = None) -> dict:
+def kernel_info(precision: str, head_dim: int, variant: str = "", len_k: int | None = None,
+                causal: bool = False) -> dict:
     """Registers, local memory, shared memory and occupancy of the variant's kernel on the
-    current device for K/V length len_k (needs a GPU)."""
+    current device for K/V length len_k and the mask (needs a GPU)."""
     import torch
 
     from flashwatt.build import load_extension
 
-    launch = parse_variant(variant, precision, head_dim, _capability(torch.device("cuda")), len_k)
+    launch = parse_variant(variant, precision, head_dim, _capability(torch.device("cuda")), len_k, causal)
     ext = load_extension()
     code = {"fp16": ext.DTYPE_FP16, "bf16": ext.DTYPE_BF16, "fp32": ext.DTYPE_FP32, "tf32": ext.DTYPE_FP32}[precision]
     t = launch.tile
@@ -394,7 +399,7 @@ class Custom:
             except ValueError as err:
                 return str(err)
         try:
-            parse_variant(cell.variant, cell.precision, cell.head_dim, cap, cell.seq_len)
+            parse_variant(cell.variant, cell.precision, cell.head_dim, cap, cell.seq_len, cell.causal)
         except ValueError as err:
             return str(err)
         return None
@@ -411,7 +416,7 @@ class Custom:
         from flashwatt.build import build_info
 
         details = {"build": build_info(),
-                   "launch": kernel_info(cell.precision, cell.head_dim, cell.variant, cell.seq_len)}
+                   "launch": kernel_info(cell.precision, cell.head_dim, cell.variant, cell.seq_len, cell.causal)}
         if cell.pass_ == "fwd_bwd":
             from flashwatt.kernels.custom_backward import backward_kernel_info
 

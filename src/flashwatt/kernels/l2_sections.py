@@ -22,20 +22,29 @@ def budget(l2_bytes: int) -> int:
     return min(SECTION_BUDGET_BYTES, l2_bytes * 2 // 3)
 
 
-def _pairs(bytes_per_pair: float, l2_bytes: int) -> int:
-    return max(1, int(budget(l2_bytes) // max(bytes_per_pair, 1.0)))
+def _pairs(pairs: int, bytes_per_pair: float, l2_bytes: int) -> int:
+    """Sections of equal width (within one pair) that each fit the budget. A narrow last
+    section would come last in the order with its longest causal blocks, and the work
+    would end on them (a 16-step block after every SM has finished: the seed shape's
+    causal backward lost 10% to it)."""
+    widest = max(1, int(budget(l2_bytes) // max(bytes_per_pair, 1.0)))
+    if widest >= pairs:
+        return pairs
+    sections = -(-pairs // widest)
+    return -(-pairs // sections)
 
 
-def forward_section(len_k: int, head_dim: int, element_size: int, group: int, l2_bytes: int) -> int:
-    """(batch, query head) pairs per section of the forward: a pair's share of its k/v
-    head's K and V (shared by the `group` query heads that read it)."""
-    return _pairs(2 * len_k * head_dim * element_size / group, l2_bytes)
+def forward_section(pairs: int, len_k: int, head_dim: int, element_size: int, group: int, l2_bytes: int) -> int:
+    """Of `pairs` (batch, query head) pairs, how many per section of the forward: a pair's
+    share of its k/v head's K and V (shared by the `group` query heads that read it)."""
+    return _pairs(pairs, 2 * len_k * head_dim * element_size / group, l2_bytes)
 
 
-def backward_section(len_q: int, head_dim: int, element_size: int, group: int, l2_bytes: int) -> int:
-    """(batch, k/v head) pairs per section of the backward: the Q, dO, fp32 dQ accumulator,
-    LSE and delta rows of the `group` query heads that a k/v head's key blocks all walk."""
-    return _pairs(group * len_q * (head_dim * (2 * element_size + 4) + 8), l2_bytes)
+def backward_section(pairs: int, len_q: int, head_dim: int, element_size: int, group: int, l2_bytes: int) -> int:
+    """Of `pairs` (batch, k/v head) pairs, how many per section of the backward: the Q, dO,
+    fp32 dQ accumulator, LSE and delta rows of the `group` query heads that a k/v head's key
+    blocks all walk."""
+    return _pairs(pairs, group * len_q * (head_dim * (2 * element_size + 4) + 8), l2_bytes)
 
 
 _L2_BYTES: dict[int, int] = {}
