@@ -31,16 +31,17 @@ def test_hopper_defaults_name_wgmma_tiles_that_fit():
 
 
 def test_hopper_default_follows_the_key_length_and_the_mask():
-    (b1, short, short_c), (b2, middle, middle_c), (_, long, long_c) = WGMMA_DEFAULT_TILE[("bf16", 128)]
-    assert (b1, b2) == (1024, 4096) and middle != middle_c
+    (b1, short, short_c), (b2, long, long_c) = WGMMA_DEFAULT_TILE[("bf16", 128)]
+    assert (b1, b2) == (1024, None) and long != long_c
     assert parse_variant("", "bf16", 128, HOPPER, 1024).tile_name == short
     assert parse_variant("", "bf16", 128, HOPPER, 1024, causal=True).tile_name == short_c
-    assert parse_variant("", "bf16", 128, HOPPER, 1025).tile_name == middle
-    assert parse_variant("", "bf16", 128, HOPPER, 4096).tile_name == middle
-    assert parse_variant("", "bf16", 128, HOPPER, 2048, causal=True).tile_name == middle_c
-    assert parse_variant("", "bf16", 128, HOPPER, 4097).tile_name == long
-    assert parse_variant("", "bf16", 128, HOPPER, 4097, causal=True).tile_name == long_c
+    assert parse_variant("", "bf16", 128, HOPPER, 1025).tile_name == long
+    assert parse_variant("", "bf16", 128, HOPPER, 2048, causal=True).tile_name == long_c
     assert parse_variant("", "bf16", 128, HOPPER).tile_name == long
+    assert parse_variant("", "bf16", 128, HOPPER, causal=True).tile_name == long_c
+    (b1, short, _), (_, long, _) = WGMMA_DEFAULT_TILE[("bf16", 64)]
+    assert parse_variant("", "bf16", 64, HOPPER, 2048).tile_name == short
+    assert parse_variant("", "bf16", 64, HOPPER, 2049).tile_name == long != short
     assert parse_variant("ctas66", "bf16", 128, HOPPER, 1000).tile_name == short
     assert default_tile("bf16", 128, False, 1024) == DEFAULT_TILE[("bf16", 128)]  # off Hopper: no length rule
     assert default_tile("bf16", 128, False, 1024, causal=True) == DEFAULT_TILE[("bf16", 128)]
@@ -122,9 +123,8 @@ def test_warp_specialized_tiles_match_the_kernel():
         assert parse_variant(f"{name}_ctas3", "fp16", tile.head_dims[0], HOPPER).max_ctas == 3
         with pytest.raises(ValueError, match="wgmma"):
             parse_variant(name, "bf16", tile.head_dims[0], AMPERE)
-    # Defaults where the H100 measured them ahead (kernels/NOTES.md v6): short keys only;
-    # beyond 4096 keys the v5 ping-pong tiles stay, as nothing was measured there.
-    for key, choices in WGMMA_DEFAULT_TILE.items():
-        for bound, full, causal in choices:
-            assert (full in ws) == (bound is not None), (key, bound, full)
-            assert causal in ws or causal == full or key[1] == 128, (key, bound, causal)
+    # Defaults where the H100 measured them ahead (kernels/NOTES.md v6, "L2 sections"): at
+    # head dim 64 for short keys only; at head dim 128 for every length without a mask.
+    for (precision, D), choices in WGMMA_DEFAULT_TILE.items():
+        for bound, full, _ in choices:
+            assert (full in ws) == (bound is not None or D == 128), (precision, D, bound, full)

@@ -9,6 +9,10 @@ counts them) and checks our kernel's gradients against FlashAttention-2's as wel
 `--pass bwd` times the backward alone (FLOPs 2.5x the forward's): each input set's forward
 runs once before the timing, and a timed call is autograd's backward from its saved
 tensors (retain_graph), so every backend is timed on exactly its own backward kernels.
+These calls run as eager batches for every backend (FlashAttention-2's backward of a
+forward made outside a CUDA graph cannot be captured in one); at the benchmark's sizes a
+backward takes 0.2 ms or more, so the host stays ahead of the GPU and the time is the
+GPU's (the custom kernel's graph-replay and eager medians agree to about 1% at those shapes).
 `--bwd-tiles` (fwd_bwd, bwd) also times the custom kernel with each named backward tile
 (custom_backward.BWD_TILES; the forward is the default launch) beside it, as
 `custom:bwd=<tile>` columns and rows with the tile in the CSV's `backward_tile` column.
@@ -99,7 +103,7 @@ def time_cell(cell, kernel, device, settings, backward_only: bool = False) -> di
         call = measure.make_call(kernel, cell, inputs, dout)
     with torch.enable_grad() if dout is not None else torch.no_grad():
         per_call_s = measure.warm_up(call, device, settings.warmup_ms)
-        return time_workload(Workload.build(call, device, per_call_s), settings)
+        return time_workload(Workload.build(call, device, per_call_s, use_graph=not backward_only), settings)
 
 
 def _dout(cell, device):
@@ -239,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
                     rows.append(dict(device=name, dtype=precision, batch=B, heads=H, seq_len=L, head_dim=D,
                                      causal=causal, kernel=kname, variant=variant, backward_tile=bwd_tile,
                                      l2_section="one" if launch == ONE_SECTION else "auto", pass_=args.pass_,
-                                     method=timing.get("method"),
+                                     method=timing.get("method"), why_not_graph=timing.get("fallback_reason", ""),
                                      ms=timing.get("median_ms", math.nan), eager_ms=timing.get("eager_ms", math.nan),
                                      tflops=round(tflops, 2), rel_err_vs_flash=err_vs_flash))
                     torch.cuda.empty_cache()

@@ -639,6 +639,12 @@ _SANITIZER_SCRIPT = textwrap.dedent(
             v = torch.randn(1, 1, 77, D, device="cuda", dtype=dtype)
             out, lse = flash_forward(q, k, v, causal, variant, precision=precision)
             torch.cuda.synchronize()
+    # L2 sections of 2 of 5 (batch, head) pairs (the last narrower), the defaults and a persistent grid of 3.
+    for variant in ("", "ctas3"):
+        for causal in (False, True):
+            q, k, v = (torch.randn(5, 1, 200, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+            flash_forward(q, k, v, causal, variant, l2_section=2)
+            torch.cuda.synchronize()
     # The backward: every CUDA tile, GQA, ragged lengths, and the PyTorch path.
     from flashwatt.kernels.custom_autograd import flash_attention
     from flashwatt.kernels.custom_backward import BWD_TILES
@@ -651,7 +657,7 @@ _SANITIZER_SCRIPT = textwrap.dedent(
                 q = torch.randn(1, 4, lq, D, device="cuda", dtype=dtype, requires_grad=True)
                 k = torch.randn(1, 2, lk, D, device="cuda", dtype=dtype, requires_grad=True)
                 v = torch.randn(1, 2, lk, D, device="cuda", dtype=dtype, requires_grad=True)
-                out = flash_attention(q, k, v, causal, backward_tile=tile)
+                out = flash_attention(q, k, v, causal, backward_tile=tile, l2_section=1)
                 torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
                 torch.cuda.synchronize()
     print("SANITIZER_SCRIPT_DONE")

@@ -124,11 +124,11 @@ DEFAULT_TILE = {
 # Defaults on Hopper, where they differ from DEFAULT_TILE: per (precision, head_dim), rows
 # (bound, tile without a mask, tile under a causal mask) for K/V lengths up to the bound,
 # bounds in increasing order, None for any length (kernels/NOTES.md, v5, v6 and "L2
-# sections"). Up to 2048 keys (4096 at head_dim 128) the warp-specialised persistent
-# tiles lead; longer keys keep v5's ping-pong tiles. Under a causal mask at head_dim 128
-# from 2048 keys the one-CTA-per-tile ping-pong tile leads instead: the hardware hands its
-# CTAs out longest first as SMs free up, where the persistent grid's fixed stride leaves
-# unequal work per CTA once the work order is cut into L2 sections.
+# sections"). Head dim 64: the warp-specialised persistent tile up to 2048 keys, v5's
+# ping-pong tile beyond. Head dim 128: the warp-specialised persistent tile at every length
+# without a mask; under a causal mask from 2048 keys the one-CTA-per-tile ping-pong tile,
+# which the hardware hands out longest first as SMs free up, where the persistent grid's
+# fixed stride leaves unequal work per CTA once the work order is cut into L2 sections.
 WGMMA_DEFAULT_TILE: dict[tuple[str, int], tuple[tuple[int | None, str, str], ...]] = {
     (precision, 64): ((2048, "wgmma_ws_pp_m128_n128_s2", "wgmma_ws_pp_m128_n128_s2"),
                       (None, "wgmma_pp_m128_n128_s4", "wgmma_pp_m128_n128_s4"))
@@ -136,8 +136,7 @@ WGMMA_DEFAULT_TILE: dict[tuple[str, int], tuple[tuple[int | None, str, str], ...
 }
 WGMMA_DEFAULT_TILE.update({
     (precision, 128): ((1024, "wgmma_ws_pp_m128_n128_s2", "wgmma_ws_pp_m128_n128_s2"),
-                       (4096, "wgmma_ws_pp_m128_n128_s2", "wgmma_pp_m128_n128_s3"),
-                       (None, "wgmma_pp_m128_n128_s3", "wgmma_pp_m128_n128_s3"))
+                       (None, "wgmma_ws_pp_m128_n128_s2", "wgmma_pp_m128_n128_s3"))
     for precision in ("fp16", "bf16")
 })
 
