@@ -9,10 +9,10 @@ counts them) and checks our kernel's gradients against FlashAttention-2's as wel
 `--pass bwd` times the backward alone (FLOPs 2.5x the forward's): each input set's forward
 runs once before the timing, and a timed call is autograd's backward from its saved
 tensors (retain_graph), so every backend is timed on exactly its own backward kernels.
-These calls run as eager batches for every backend (FlashAttention-2's backward of a
-forward made outside a CUDA graph cannot be captured in one); at the benchmark's sizes a
-backward takes 0.2 ms or more, so the host stays ahead of the GPU and the time is the
-GPU's (the custom kernel's graph-replay and eager medians agree to about 1% at those shapes).
+As torch.cuda.make_graphed_callables does, the forwards run captured in a CUDA graph of
+their own (replayed once), so that the backward, which reads what they saved, can be
+captured and timed by graph replays like every other point (FlashAttention-2's backward of
+a forward run outside a graph cannot be captured).
 `--bwd-tiles` (fwd_bwd, bwd) also times the custom kernel with each named backward tile
 (custom_backward.BWD_TILES; the forward is the default launch) beside it, as
 `custom:bwd=<tile>` columns and rows with the tile in the CSV's `backward_tile` column.
@@ -94,16 +94,18 @@ def time_cell(cell, kernel, device, settings, backward_only: bool = False) -> di
     inputs = measure.make_inputs(cell, device, settings.seed, measure.input_sets_needed(cell, device))
     dout = _dout(cell, device) if cell.pass_ == "fwd_bwd" else None
     if backward_only:
-        with torch.enable_grad():
+        forward = torch.cuda.CUDAGraph()
+        with torch.enable_grad(), torch.cuda.graph(forward):
             outs = [kernel(q, k, v, cell) for q, k, v in inputs]
+        forward.replay()
 
-        def call(i: int):
+        def call(i: int, _saved_by=forward):  # the forward graph's pool holds what the backward reads
             return torch.autograd.grad(outs[i % len(outs)], inputs[i % len(inputs)], dout, retain_graph=True)
     else:
         call = measure.make_call(kernel, cell, inputs, dout)
     with torch.enable_grad() if dout is not None else torch.no_grad():
         per_call_s = measure.warm_up(call, device, settings.warmup_ms)
-        return time_workload(Workload.build(call, device, per_call_s, use_graph=not backward_only), settings)
+        return time_workload(Workload.build(call, device, per_call_s), settings)
 
 
 def _dout(cell, device):
