@@ -250,8 +250,9 @@ def test_custom_is_differentiable_and_says_which_backward_it_cannot_run(monkeypa
 
 def _cpu_forward(calls):
     """Stands in for the CUDA forward: float64 attention on CPU, returning (out, lse)."""
-    def forward(q, k, v, causal, variant="", layout="bhld", *, out=None, scale=None, precision=None):
-        calls.append(dict(causal=causal, variant=variant, layout=layout, scale=scale, precision=precision))
+    def forward(q, k, v, causal, variant="", layout="bhld", *, out=None, scale=None, precision=None, l2_section=None):
+        calls.append(dict(causal=causal, variant=variant, layout=layout, scale=scale, precision=precision,
+                          l2_section=l2_section))
         if layout == "blhd":
             q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         scale = scale if scale is not None else 1 / math.sqrt(q.shape[-1])
@@ -273,9 +274,10 @@ def test_autograd_function_wiring(monkeypatch, layout, causal):
     if layout == "blhd":
         q, k, v, dout = (t.transpose(1, 2).contiguous() for t in (q, k, v, dout))
     leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
-    out = custom_autograd.flash_attention(*leaves, causal, "m64_n64_w4_s2", layout)
+    out = custom_autograd.flash_attention(*leaves, causal, "m64_n64_w4_s2", layout, l2_section=3)
     dq, dk, dv = torch.autograd.grad(out, leaves, dout)
-    assert calls == [dict(causal=causal, variant="m64_n64_w4_s2", layout="bhld", scale=0.25, precision=None)]
+    assert calls == [dict(causal=causal, variant="m64_n64_w4_s2", layout="bhld", scale=0.25, precision=None,
+                          l2_section=3)]
     ref_args = [t.transpose(1, 2) if layout == "blhd" else t for t in (q, k, v, dout)]
     ref = autograd_reference(*ref_args, causal, 0.25)
     for g, r, leaf in zip((dq, dk, dv), ref, leaves):
