@@ -25,9 +25,9 @@ causal and not. Every backend runs through the kernel registry the pipeline's ce
 in the same process, interleaved per shape, and is timed by the pipeline's one timing
 method (flashwatt.timing: CUDA-graph replays, input sets rotated past L2); FLOPs come from
 `Cell`. `custom` is the default launch for the device; on Hopper every wgmma tile that
-fits the shape runs beside it in the forward pass (`custom:<tile>`). Every custom output is checked against
-sdpa_flash's before it is timed; a failed check is printed and recorded, its time is
-not reported, and the exit status is 1.
+fits the shape runs beside it in the forward pass (`custom:<tile>`). Every custom output
+is checked against sdpa_flash's before it is timed; a failed check is printed and
+recorded, its time is not reported, and the exit status is 1.
 """
 from __future__ import annotations
 

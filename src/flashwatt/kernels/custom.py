@@ -268,19 +268,26 @@ def _kernel_ready(t):
     return t if ok else t.contiguous()
 
 
-_SM_COUNT: dict[int, int] = {}
-_CAPABILITY: dict[int, tuple[int, int]] = {}
+@functools.lru_cache(maxsize=64)
+def _properties_of(index: int):
+    import torch
+
+    return torch.cuda.get_device_properties(index)
 
 
-def _capability(device) -> tuple[int, int]:
-    """Compute capability of a CUDA device (index None: the current one), looked up once."""
+def device_properties(device):
+    """torch's properties of a CUDA device (index None: the current one), looked up once per
+    device: the launch path reads its capability, SM count and L2 size on every call."""
     import torch
 
     device = torch.device(device)
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _CAPABILITY:
-        _CAPABILITY[index] = tuple(torch.cuda.get_device_capability(index))
-    return _CAPABILITY[index]
+    return _properties_of(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def _capability(device) -> tuple[int, int]:
+    """Compute capability of a CUDA device (index None: the current one)."""
+    props = device_properties(device)
+    return (props.major, props.minor)
 
 
 def flash_forward(q, k, v, causal: bool, variant: str = "", layout: str = "bhld", *, out=None, scale: float | None = None,
@@ -327,14 +334,11 @@ def flash_forward(q, k, v, causal: bool, variant: str = "", layout: str = "bhld"
     q_k, k_k, v_k = _kernel_ready(q), _kernel_ready(k), _kernel_ready(v)
     grid_cap = launch.max_ctas
     if launch.ctas_per_sm:
-        index = q.device.index if q.device.index is not None else torch.cuda.current_device()
-        if index not in _SM_COUNT:
-            _SM_COUNT[index] = torch.cuda.get_device_properties(index).multi_processor_count
-        per_sm = launch.ctas_per_sm * _SM_COUNT[index]
+        per_sm = launch.ctas_per_sm * device_properties(q.device).multi_processor_count
         grid_cap = min(grid_cap, per_sm) if grid_cap else per_sm
     if l2_section is None:
         l2_section = l2_sections.forward_section(B * H, k.shape[2], D, q.element_size(), H // k.shape[1],
-                                                 l2_sections.l2_bytes(q.device))
+                                                 device_properties(q.device).L2_cache_size)
     t = launch.tile
     ext = load_extension()
     ext.forward(

@@ -147,14 +147,14 @@ def flash_backward(dout, q, k, v, out, lse, causal: bool, scale: float, plan: Ba
 
     from flashwatt.build import load_extension
     from flashwatt.kernels import l2_sections
-    from flashwatt.kernels.custom import _kernel_ready
+    from flashwatt.kernels.custom import _kernel_ready, device_properties
 
     l2_sections.check(l2_section)
     q_k, k_k, v_k, o_k, do_k = (_kernel_ready(t) for t in (q, k, v, out, dout))
     B, H, Lq, D = q.shape
     if l2_section is None:
         l2_section = l2_sections.backward_section(B * k.shape[1], Lq, D, q.element_size(), H // k.shape[1],
-                                                  l2_sections.l2_bytes(q.device))
+                                                  device_properties(q.device).L2_cache_size)
     dq, dk, dv = _grad_buffer(q), _grad_buffer(k), _grad_buffer(v)
     delta = torch.empty((B, H, Lq), dtype=torch.float32, device=q.device)
     dq_accum = torch.empty((B, H, Lq, D), dtype=torch.float32, device=q.device)

@@ -47,20 +47,6 @@ def backward_section(pairs: int, len_q: int, head_dim: int, element_size: int, g
     return _pairs(pairs, group * len_q * (head_dim * (2 * element_size + 4) + 8), l2_bytes)
 
 
-_L2_BYTES: dict[int, int] = {}
-
-
-def l2_bytes(device) -> int:
-    """The L2 cache size of a CUDA device, looked up once."""
-    import torch
-
-    device = torch.device(device)
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _L2_BYTES:
-        _L2_BYTES[index] = int(torch.cuda.get_device_properties(index).L2_cache_size)
-    return _L2_BYTES[index]
-
-
 def check(l2_section) -> None:
     if l2_section is not None and (not isinstance(l2_section, int) or isinstance(l2_section, bool) or l2_section < 0):
         raise ValueError(f"custom kernel: l2_section must be None (automatic), 0 (one section) or a positive "
