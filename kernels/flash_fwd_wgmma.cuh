@@ -103,7 +103,6 @@ __global__ void __launch_bounds__(NWG * 128, 1) flash_fwd_wgmma_kernel(const Fwd
   constexpr int CH = D / 8;    // 16-byte chunks per row
 
   extern __shared__ unsigned char smem[];
-  __shared__ float pin[THREADS];  // wait_after()'s scratch words
   const uint32_t sQ = (smem_addr(smem) + 1023u) & ~1023u;
   const uint32_t sK = sQ + S::kQBytes;
   const uint32_t sV = sK + ST * S::kTileBytes;
@@ -227,11 +226,13 @@ __global__ void __launch_bounds__(NWG * 128, 1) flash_fwd_wgmma_kernel(const Fwd
       softmax(0, alpha, std::true_type{});
       pack_p();
     };
-    // Iteration j >= 1: S_j is issued with P_{j-1} V_{j-1}, and the softmax of S_j runs
-    // while that P V is in flight (wait_after keeps the P V wait behind it). The tiles
-    // that need no mask for any row of this CTA (all K rows present, all at or left of the
-    // diagonal) run in a loop of their own, without the mask test and its branch. A
-    // leading warpgroup passes B_j before its wgmma, a lagging one B_{j+1} after them.
+    // Iteration j >= 1: S_j is issued with P_{j-1} V_{j-1}, meant to let the softmax of
+    // S_j run while that P V is in flight (ptxas 13.0 places the P V wait before the
+    // exponentials, and pinning it after them measured ~3 % slower: kernels/NOTES.md, v5
+    // and v7). The tiles that need no mask for any row of
+    // this CTA (all K rows present, all at or left of the diagonal) run in a loop of their
+    // own, without the mask test and its branch. A leading warpgroup passes B_j before its
+    // wgmma, a lagging one B_{j+1} after them.
     auto step = [&](int j, auto mask, bool lag) {
       float alpha[2];
       if (!lag) next_tile(j);
@@ -242,7 +243,6 @@ __global__ void __launch_bounds__(NWG * 128, 1) flash_fwd_wgmma_kernel(const Fwd
       wgmma_wait<1>();  // S_j is done; P_{j-1} V_{j-1} may still run
       fence_regs(s);
       softmax(j, alpha, mask);
-      wait_after(smem_addr(pin) + 4 * tid, row_sum[0] + row_sum[1]);  // the softmax under P V
       wgmma_wait<0>();  // P_{j-1} V_{j-1} is done: O and P may be touched again
       fence_regs(o);
       fence_regs(pf);

@@ -136,7 +136,6 @@ __global__ void __launch_bounds__(384, 1) flash_fwd_wgmma_ws_kernel(const FwdPar
 
   extern __shared__ unsigned char smem[];
   __shared__ __align__(8) uint64_t bars[S::kBarriers];
-  __shared__ float pin[S::kThreads];  // wait_after()'s scratch words
   const uint32_t sQ = (smem_addr(smem) + 1023u) & ~1023u;  // Q buffers 0 and 1
   const uint32_t sK = sQ + 2 * S::kQBytes;
   const uint32_t sV = sK + ST * S::kTileBytes;
@@ -308,7 +307,6 @@ __global__ void __launch_bounds__(384, 1) flash_fwd_wgmma_ws_kernel(const FwdPar
       fence_regs(s);
       release(k_empty, j);
       softmax(j, alpha, mask);
-      wait_after(smem_addr(pin) + 4 * tid, row_sum[0] + row_sum[1]);  // the softmax under P V
       wgmma_wait<0>();
       fence_regs(o);
       fence_regs(pf);

@@ -42,23 +42,13 @@ __device__ __forceinline__ void fence_regs(float (&r)[N]) {
 
 // The register A operand of an in-flight wgmma_rs: the tensor cores read these registers
 // until the wait, so the compiler must not treat them as free once the instruction is
-// issued; this keeps them live up to the wait. (It does not keep the wait behind the
-// softmax: wait_after() does.)
+// issued; this keeps them live up to the wait. (It does not stop ptxas from moving the
+// wait for P V ahead of the softmax: kernels/NOTES.md, v5 and v7.)
 template <int N>
 __device__ __forceinline__ void fence_regs(uint32_t (&r)[N][4]) {
 #pragma unroll
   for (int i = 0; i < N; ++i)
     asm volatile("" : "+r"(r[i][0]), "+r"(r[i][1]), "+r"(r[i][2]), "+r"(r[i][3])::"memory");
-}
-
-// Keeps the work that produced `v` ahead of the next wgmma wait. ptxas schedules
-// WARPGROUP.DEPBAR as if it cost nothing: with only arithmetic between two waits it fills
-// the first shuffle's latency with the second wait, so the softmax meant to run under the
-// in-flight P V ran after it (kernels/NOTES.md, v7). It does not move a wait ahead of a
-// shared-memory store, so a store of a value that needs all that work (each thread to its
-// own word of `scratch`, never read) pins the work before the wait. One store per tile.
-__device__ __forceinline__ void wait_after(uint32_t scratch, float v) {
-  asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(scratch), "f"(v) : "memory");
 }
 
 // Orders this thread's generic-proxy shared-memory writes (cp.async, st.shared) before

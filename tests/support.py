@@ -1,7 +1,6 @@
 """Helpers shared by the test folders (on sys.path through pytest's `pythonpath`)."""
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 import time
@@ -28,21 +27,6 @@ def find_nvcc() -> str | None:
     """nvcc where torch's extension builder looks for it too: PATH, $CUDA_HOME/bin, /usr/local/cuda/bin."""
     cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
     for candidate in (shutil.which("nvcc"), cuda_home and f"{cuda_home}/bin/nvcc", "/usr/local/cuda/bin/nvcc"):
-        if candidate and Path(candidate).is_file():
-            return candidate
-    return None
-
-
-def find_cuda_tool(name: str) -> str | None:
-    """A CUDA binary tool (cuobjdump, nvdisasm): beside nvcc, on PATH, or from NVIDIA's wheel of
-    it (nvidia-cuda-cuobjdump, nvidia-cuda-nvdisasm; the test extra installs both: toolkits
-    without them are common)."""
-    nvcc = find_nvcc()
-    candidates = [shutil.which(name), nvcc and str(Path(nvcc).resolve().parent / name)]
-    spec = importlib.util.find_spec("nvidia")
-    for root in (spec.submodule_search_locations or []) if spec else []:
-        candidates += sorted(str(p) for p in Path(root).glob(f"*/bin/{name}"))
-    for candidate in candidates:
         if candidate and Path(candidate).is_file():
             return candidate
     return None
