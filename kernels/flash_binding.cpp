@@ -158,11 +158,13 @@ std::map<std::string, int64_t> kernel_info(int64_t math, int64_t dtype, int64_t 
 // Backward of attention on (B, H, L, D)-shaped views with any strides (16-byte loads and
 // stores, as the forward's tensor-core kernels): writes dq (q's shape), dk and dv (k's
 // shape). lse is the forward's; delta (B, H, Lq) and dq_accum (B, H, Lq, D) are float32
-// contiguous workspaces the kernels fill. fp16/bf16 only (the configuration table).
+// contiguous workspaces the kernels fill. deterministic: dQ in a pass of its own without
+// atomics (flash_bwd_dq.cuh), bit-identical run to run; dq_accum is then not used (any
+// tensor, e.g. empty). fp16/bf16 only (the configuration table).
 void backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
               const at::Tensor& dout, const at::Tensor& lse, at::Tensor& dq, at::Tensor& dk, at::Tensor& dv,
               at::Tensor& delta, at::Tensor& dq_accum, bool causal, double scale, int64_t block_n, int64_t block_m,
-              int64_t warps, int64_t math, int64_t section) {
+              int64_t warps, int64_t math, int64_t section, bool deterministic) {
   for (const auto& [t, name] : {std::pair<const at::Tensor*, const char*>{&q, "q"}, {&k, "k"}, {&v, "v"},
                                 {&out, "out"}, {&dout, "dout"}, {&dq, "dq"}, {&dk, "dk"}, {&dv, "dv"}})
     check_operand(*t, name, q, true);
@@ -190,7 +192,7 @@ void backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, con
   };
   check_f32(lse, "lse", {B, H, Lq});
   check_f32(delta, "delta", {B, H, Lq});
-  check_f32(dq_accum, "dq_accum", {B, H, Lq, D});
+  if (!deterministic) check_f32(dq_accum, "dq_accum", {B, H, Lq, D});
   TORCH_CHECK(B * H * Lq * D < std::numeric_limits<int64_t>::max() / 4 &&
                   B * Hkv * ((Lk + 15) / 16) < std::numeric_limits<int32_t>::max(),
               "flashwatt custom backward: too many tiles");
@@ -208,7 +210,7 @@ void backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, con
   p.dout = dout.data_ptr();
   p.lse = lse.data_ptr<float>();
   p.delta = delta.data_ptr<float>();
-  p.dq_accum = dq_accum.data_ptr<float>();
+  p.dq_accum = deterministic ? nullptr : dq_accum.data_ptr<float>();  // null: the deterministic dQ pass
   p.dq = dq.data_ptr();
   p.dk = dk.data_ptr();
   p.dv = dv.data_ptr();
@@ -272,7 +274,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("kernel_info", &kernel_info, "registers, local bytes, shared memory and occupancy of one configuration");
   m.def("backward", &backward,
         "attention backward (q, k, v, out, dout, lse, dq, dk, dv, delta, dq_accum, causal, scale, block_n, block_m, "
-        "warps, math, section)");
+        "warps, math, section, deterministic)");
   m.def("backward_configs", &backward_configs,
         "compiled backward configurations: [dtype, head_dim, block_n, block_m, warps, math]");
   m.def("backward_kernel_info", &backward_kernel_info,

@@ -14,6 +14,8 @@
 //        dK  += dS^T Q                      (times scale once, at the end)
 //        dQ  += dS K                        (dS through shared memory, fp32 atomics)
 //   3. convert: dQ = scale * dQ_accum in the input dtype.
+// Deterministic mode (p.dq_accum null): the main kernel adds nothing into dQ, and instead
+// of the conversion flash_bwd_dq.cuh computes dQ in a pass of its own, without atomics.
 // Each warp owns 16 keys: S^T, dP^T, dK and dV are accumulators with keys as rows, so
 // P^T and dS^T are repacked in registers as the A operand of dV and dK exactly as the
 // forward repacks P, and only dS^T goes through shared memory (for dQ, whose rows are
@@ -30,6 +32,7 @@
 #include <cstdio>
 
 #include "flash_bwd.cuh"
+#include "flash_bwd_dq.cuh"
 #include "flash_fwd.cuh"
 #include "ptx.cuh"
 #include "smem_tile.cuh"
@@ -104,10 +107,13 @@ __global__ void __launch_bounds__(kRowThreads) flash_bwd_preprocess_kernel(const
       const float2 g = HalfPair<T>::unpack(dw[e]);
       dot = fmaf(a.x, g.x, fmaf(a.y, g.y, dot));
     }
-    // The main kernel adds every key block's share of dQ into this row.
-    float4* acc = reinterpret_cast<float4*>(p.dq_accum + row * D + c * 8);
-    acc[0] = make_float4(0.f, 0.f, 0.f, 0.f);
-    acc[1] = make_float4(0.f, 0.f, 0.f, 0.f);
+    // The main kernel adds every key block's share of dQ into this row (unless the
+    // deterministic dQ pass computes dQ instead).
+    if (p.dq_accum != nullptr) {
+      float4* acc = reinterpret_cast<float4*>(p.dq_accum + row * D + c * 8);
+      acc[0] = make_float4(0.f, 0.f, 0.f, 0.f);
+      acc[1] = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
   }
 #pragma unroll
   for (int off = R::kThreadsPerRow / 2; off > 0; off /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, off);
@@ -419,11 +425,13 @@ __global__ void __launch_bounds__(NW * 32, 1) flash_bwd_kernel(const BwdParams p
         Ops::mma(dq[2 * dd + 1], a, bk[2], bk[3]);
       }
     }
+    // In the deterministic mode (p.dq_accum null) flash_bwd_dq.cuh computes dQ and this
+    // block's share is dropped: skipping the GEMM above under that branch costs a spill.
     float* dq_rows = p.dq_accum + static_cast<int64_t>(b * p.heads + h) * p.len_q * D;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int row = m0 + dq_m * 16 + g + 8 * r;
-      if (row < p.len_q) {
+      if (p.dq_accum != nullptr && row < p.len_q) {
         float* dst = dq_rows + static_cast<int64_t>(row) * D + dq_c0 + 2 * t;
 #pragma unroll
         for (int dt = 0; dt < DQT; ++dt) red_add2(dst + dt * 8, dq[dt][2 * r], dq[dt][2 * r + 1]);
@@ -473,12 +481,24 @@ struct Entry {
   KernelFn convert_dq;
   int smem;
   int threads;
+  KernelFn dq;  // the deterministic dQ pass (flash_bwd_dq.cuh)
 };
+
+// The deterministic dQ pass: 64 query rows (4 warps) per CTA, 64-key steps, 2 CTAs per SM.
+constexpr int kDqBM = 64, kDqBN = 64, kDqWarps = 4;
+template <typename T, int D>
+constexpr KernelFn dq_pass() {
+  return &flash_bwd_dq_kernel<T, D, kDqBM, kDqBN, kDqWarps>;
+}
+template <int D>
+constexpr int dq_pass_smem() {
+  return BwdDqShape<D, kDqBM, kDqBN, kDqWarps>::kSmemBytes;
+}
 
 template <typename T, int D, int BN, int BM, int NW>
 constexpr Entry bwd_entry(int dtype) {
   return Entry{BwdConfig{dtype, D, BN, BM, NW}, &flash_bwd_preprocess_kernel<T, D>, &flash_bwd_kernel<T, D, BN, BM, NW>,
-               &flash_bwd_convert_dq_kernel<T, D>, BwdShape<D, BN, BM, NW>::kSmemBytes, NW * 32};
+               &flash_bwd_convert_dq_kernel<T, D>, BwdShape<D, BN, BM, NW>::kSmemBytes, NW * 32, dq_pass<T, D>()};
 }
 
 #if defined(FLASHWATT_WGMMA)
@@ -486,7 +506,8 @@ template <typename T, int D, int NWG>
 constexpr Entry bwd_wgmma_entry(int dtype) {
   using S = BwdWgShape<D, NWG>;
   return Entry{BwdConfig{dtype, D, S::BN, S::BM, 4 * NWG, kBwdWgmma}, &flash_bwd_preprocess_kernel<T, D>,
-               &flash_bwd_wgmma_kernel<T, D, NWG>, &flash_bwd_convert_dq_kernel<T, D>, S::kSmemBytes, S::kThreads};
+               &flash_bwd_wgmma_kernel<T, D, NWG>, &flash_bwd_convert_dq_kernel<T, D>, S::kSmemBytes, S::kThreads,
+               dq_pass<T, D>()};
 }
 #endif
 
@@ -539,19 +560,25 @@ int bwd_launch(int index, const BwdParams& params, void* stream_ptr, char* err, 
   if (st != cudaSuccess) return report(err, errlen, "cudaGetDevice", st);
   static unsigned long long configured[kNumEntries] = {};
   const unsigned long long bit = 1ull << (device & 63);
+  const int dq_smem = e.cfg.head_dim == 64 ? dq_pass_smem<64>() : dq_pass_smem<128>();
   if (!(configured[index] & bit)) {
     st = cudaFuncSetAttribute(e.main, cudaFuncAttributeMaxDynamicSharedMemorySize, e.smem);
     if (st != cudaSuccess) return report(err, errlen, "cudaFuncSetAttribute(max dynamic shared memory)", st);
+    st = cudaFuncSetAttribute(e.dq, cudaFuncAttributeMaxDynamicSharedMemorySize, dq_smem);
+    if (st != cudaSuccess) return report(err, errlen, "cudaFuncSetAttribute(max dynamic shared memory, dQ pass)", st);
     configured[index] |= bit;
   }
+  const bool deterministic = params.dq_accum == nullptr;
   const long long rows = static_cast<long long>(params.batch) * params.heads * params.len_q;
   const long long rows_per_cta = kRowThreads / (e.cfg.head_dim / 8);
   const long long row_ctas = (rows + rows_per_cta - 1) / rows_per_cta;
   const long long main_ctas =
       static_cast<long long>((params.len_k + e.cfg.block_n - 1) / e.cfg.block_n) * params.batch * params.kv_heads;
+  const long long dq_ctas = static_cast<long long>((params.len_q + kDqBM - 1) / kDqBM) * params.batch * params.heads;
   if (rows <= 0 || main_ctas <= 0) return 0;
-  if (row_ctas > 0x7fffffffLL || main_ctas > 0x7fffffffLL) {
-    if (err && errlen) snprintf(err, errlen, "backward grid too large (%lld, %lld CTAs)", row_ctas, main_ctas);
+  if (row_ctas > 0x7fffffffLL || main_ctas > 0x7fffffffLL || dq_ctas > 0x7fffffffLL) {
+    if (err && errlen) snprintf(err, errlen, "backward grid too large (%lld, %lld, %lld CTAs)", row_ctas, main_ctas,
+                                dq_ctas);
     return 1;
   }
   e.preprocess<<<static_cast<unsigned>(row_ctas), kRowThreads, 0, stream>>>(params);
@@ -560,6 +587,12 @@ int bwd_launch(int index, const BwdParams& params, void* stream_ptr, char* err, 
   e.main<<<static_cast<unsigned>(main_ctas), e.threads, e.smem, stream>>>(params);
   st = cudaGetLastError();
   if (st != cudaSuccess) return report(err, errlen, "backward kernel launch", st);
+  if (deterministic) {
+    e.dq<<<static_cast<unsigned>(dq_ctas), kDqWarps * 32, dq_smem, stream>>>(params);
+    st = cudaGetLastError();
+    if (st != cudaSuccess) return report(err, errlen, "backward dq pass launch", st);
+    return 0;
+  }
   e.convert_dq<<<static_cast<unsigned>(row_ctas), kRowThreads, 0, stream>>>(params);
   st = cudaGetLastError();
   if (st != cudaSuccess) return report(err, errlen, "backward dq conversion launch", st);

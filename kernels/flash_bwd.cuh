@@ -20,7 +20,8 @@ struct BwdParams {
   const void* dout;  // gradient of the loss with respect to o
   const float* lse;  // (batch, heads, len_q), contiguous: the forward's natural-log LSE of scale * q.k
   float* delta;      // (batch, heads, len_q), contiguous workspace: rowsum(dout * o) in fp32
-  float* dq_accum;   // (batch, heads, len_q, head_dim), contiguous fp32 workspace (zeroed by the kernels)
+  float* dq_accum;   // (batch, heads, len_q, head_dim), contiguous fp32 workspace (zeroed by the kernels);
+                     // null: the deterministic mode, dQ in a pass of its own without atomics
   void* dq;
   void* dk;
   void* dv;
@@ -70,6 +71,7 @@ int bwd_find_config(int dtype, int head_dim, int block_n, int block_m, int warps
 
 // Runs the three kernels of the backward on `stream` (a cudaStream_t): the row
 // preprocessing (delta, zeroed dq_accum), the main kernel (dk, dv, dq_accum) and the dq
+// conversion; with params.dq_accum null, the dq pass (flash_bwd_dq.cuh) instead of the
 // conversion. Returns 0 on success; otherwise writes a message into err and returns non-zero.
 int bwd_launch(int index, const BwdParams& params, void* stream, char* err, size_t errlen);
 

@@ -280,7 +280,10 @@ __global__ void __launch_bounds__(NWG * 128, 1) flash_bwd_wgmma_kernel(const Bwd
     fence_proxy_async_smem();
     __syncthreads();  // dS^T of every warpgroup written
 
-    // ---- dQ (64 queries x DQN columns of this warpgroup) = dS K over the BN keys
+    // ---- dQ (64 queries x DQN columns of this warpgroup) = dS K over the BN keys. In the
+    // deterministic mode (p.dq_accum null) flash_bwd_dq.cuh computes dQ and this result is
+    // dropped: a wgmma under a branch makes ptxas insert warpgroup.arrive and spill.
+    const bool dq_here = p.dq_accum != nullptr;
 #pragma unroll
     for (int kk = 0; kk < KN; ++kk)
       bwd_wgmma_ss_tt(dq, wgmma_desc_sw128(sdS + kk * 16 * 128, BN * 128, 1024),
@@ -298,7 +301,7 @@ __global__ void __launch_bounds__(NWG * 128, 1) flash_bwd_wgmma_kernel(const Bwd
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int row = m0 + wl * 16 + g + 8 * r;
-      if (row < p.len_q) {
+      if (dq_here && row < p.len_q) {
         float* dst = dq_rows + static_cast<int64_t>(row) * D + wg * DQN + 2 * t;
 #pragma unroll
         for (int j = 0; j < DQN / 8; ++j) red_add2(dst + j * 8, dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1]);

@@ -335,3 +335,39 @@ def test_hopper_takes_the_wgmma_tile_by_default_where_one_exists():
     assert backward_plan("bf16", 128).tile_name == "n128_m64_w8"  # capability unknown: the portable tile
     assert backward_plan("bf16", 64, capability=(9, 0)).tile_name == "n128_m64_w8"  # no wgmma tile at D64
     assert backward_plan("bf16", 128, "n64_m64_w4", capability=(9, 0)).tile_name == "n64_m64_w4"  # asked by name
+
+
+def test_deterministic_plan_follows_torch_and_says_how_dq_is_made(monkeypatch):
+    """flash_attention's backward is the deterministic one (dQ by its own pass, no atomics)
+    when torch.use_deterministic_algorithms(True) is on or when asked, and the plan records it."""
+    from flashwatt.kernels.custom_backward import DQ_ATOMICS, DQ_PASS
+
+    plans = []
+
+    def backward(dout, q, k, v, out, lse, causal, scale, plan, l2_section=None):
+        plans.append(plan)
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+
+    monkeypatch.setattr(custom_autograd, "flash_forward", _cpu_forward([]))
+    monkeypatch.setattr(custom_autograd, "flash_backward", backward)
+    monkeypatch.setattr(custom_autograd, "_check_inputs", lambda q, k, v: None)
+    q, k, v, dout = (t.float() for t in inputs(1, 2, 2, 8, 8, 16, seed=3))
+
+    def run(**kw):
+        leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        torch.autograd.grad(custom_autograd.flash_attention(*leaves, True, **kw), leaves, dout)
+        return plans[-1].deterministic
+
+    was = torch.are_deterministic_algorithms_enabled()
+    try:
+        torch.use_deterministic_algorithms(False)
+        assert run() is False and run(deterministic=True) is True
+        torch.use_deterministic_algorithms(True)
+        assert run() is True and run(deterministic=False) is False
+    finally:
+        torch.use_deterministic_algorithms(was)
+    for precision, D, cap in (("bf16", 64, None), ("fp16", 128, (8, 0)), ("bf16", 128, (9, 0))):
+        assert backward_plan(precision, D, capability=cap).as_dict()["dq"] == DQ_ATOMICS
+        plan = backward_plan(precision, D, capability=cap, deterministic=True)
+        assert plan.deterministic and plan.as_dict()["dq"] == DQ_PASS
+    assert "dq" not in backward_plan("fp32", 64, deterministic=True).as_dict()  # the PyTorch path: no atomics

@@ -123,7 +123,8 @@ def test_no_spills_no_stack(ptxas_report):
 
 def test_backward_kernels_compiled(bwd_ptxas_report):
     """Every row of FLASHWATT_BWD_CONFIGS (BWD_TILES) for fp16 and bf16, and the row kernels
-    (delta and the dQ conversion) per dtype and head dim, on every architecture."""
+    (delta and the dQ conversion) and the deterministic dQ pass per dtype and head dim, on
+    every architecture."""
     from flashwatt.kernels.custom_backward import BWD_TILES
 
     arch, kernels, _ = bwd_ptxas_report
@@ -131,13 +132,14 @@ def test_backward_kernels_compiled(bwd_ptxas_report):
     wg = [k for k in kernels if "flash_bwd_wgmma_kernel" in k]
     pre = [k for k in kernels if "flash_bwd_preprocess_kernel" in k]
     conv = [k for k in kernels if "flash_bwd_convert_dq_kernel" in k]
+    dq_pass = [k for k in kernels if "flash_bwd_dq_kernel" in k]  # the deterministic mode's dQ
     tiles = sum(len(t.head_dims) for t in BWD_TILES.values() if t.math == "mma.sync")
     wg_tiles = sum(len(t.head_dims) for t in BWD_TILES.values() if t.math == "wgmma")
     head_dims = {D for t in BWD_TILES.values() for D in t.head_dims}
     assert len(main) == 2 * tiles, f"sm_{arch}: expected {2 * tiles} backward kernels, found {len(main)}"
     expected_wg = 2 * wg_tiles if arch == "90a" else 0
     assert wg_tiles and len(wg) == expected_wg, f"sm_{arch}: expected {expected_wg} wgmma backward kernels: {wg}"
-    assert len(pre) == len(conv) == 2 * len(head_dims), f"sm_{arch}: row kernels {pre} {conv}"
+    assert len(pre) == len(conv) == len(dq_pass) == 2 * len(head_dims), f"sm_{arch}: row kernels {pre} {conv} {dq_pass}"
 
 
 def test_backward_wgmma_never_serialised(bwd_ptxas_report):

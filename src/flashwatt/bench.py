@@ -2,7 +2,7 @@
 
     python -m flashwatt.bench [--out bench.csv] [--variants] [--dtypes bf16,fp16] [--max-seq-len N]
                               [--pass fwd|fwd_bwd|bwd] [--bwd-tiles n128_m64_w8,n64_m64_w4]
-                              [--one-l2-section]
+                              [--one-l2-section] [--deterministic]
 
 `--pass fwd_bwd` times forward and backward together (FLOPs 3.5x the forward's, as `Cell`
 counts them) and checks our kernel's gradients against FlashAttention-2's as well.
@@ -18,6 +18,8 @@ a forward run outside a graph cannot be captured).
 `custom:bwd=<tile>` columns and rows with the tile in the CSV's `backward_tile` column.
 `--one-l2-section` also times the custom kernel with every (batch, head) pair in one L2
 section (flashwatt.kernels.l2_sections: the work order before sections), as `custom:l2=0`.
+`--deterministic` (fwd_bwd, bwd) also times the custom kernel with its deterministic
+backward (dQ in a pass of its own, no atomics), as `custom:det`.
 
 Shapes: the flash-attention convention (16k tokens per batch, H*D = 2048, (B, L) from
 (32, 512) to (1, 16384), D in {64, 128}) plus the seed shape (B=16, H=8, L=1024, D=64),
@@ -40,6 +42,7 @@ SHAPES = [(32, 512), (16, 1024), (8, 2048), (4, 4096), (2, 8192), (1, 16384)]
 SEED = (16, 8, 1024, 64)
 REFERENCE = "sdpa_flash"  # first in every shape: the output the custom runs are checked against
 ONE_SECTION = "one L2 section"  # a run of the custom kernel with l2_section=0
+DETERMINISTIC = "deterministic"  # a run of the custom kernel with the deterministic backward
 
 
 def cases(head_dims: list[int], max_seq_len: int) -> list[tuple[int, int, int, int]]:
@@ -57,11 +60,13 @@ class CustomLaunch:
     name = "custom"
     differentiable = True
 
-    def __init__(self, backward_tile: str | None = None, l2_section: int | None = None):
+    def __init__(self, backward_tile: str | None = None, l2_section: int | None = None,
+                 deterministic: bool | None = None):
         from flashwatt.kernels.custom import Custom
 
         self.tile = backward_tile
         self.l2_section = l2_section
+        self.deterministic = deterministic
         self._custom = Custom()
 
     def supports(self, cell, device) -> str | None:
@@ -80,7 +85,7 @@ class CustomLaunch:
         from flashwatt.kernels.custom_autograd import flash_attention
 
         return flash_attention(q, k, v, cell.causal, cell.variant, precision=cell.precision, backward_tile=self.tile,
-                               l2_section=self.l2_section)
+                               l2_section=self.l2_section, deterministic=self.deterministic)
 
 
 def time_cell(cell, kernel, device, settings, backward_only: bool = False) -> dict:
@@ -150,7 +155,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="BxHxLxD shapes to time instead of the default set (comma-separated, e.g. 1x32x4096x128)")
     ap.add_argument("--bwd-tiles", default="",
                     help="fwd_bwd: also time the custom kernel with each of these backward tiles (comma-separated)")
+    ap.add_argument("--deterministic", action="store_true",
+                    help="fwd_bwd, bwd: also time the custom kernel with its deterministic backward")
     args = ap.parse_args(argv)
+    if args.deterministic and args.pass_ == "fwd":
+        ap.error("--deterministic needs --pass fwd_bwd or bwd")
     try:
         shapes = [tuple(int(n) for n in text.lower().split("x")) for text in args.shapes.split(",") if text]
     except ValueError:
@@ -169,7 +178,6 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from flashwatt import measure
     from flashwatt.build import build_info, load_extension
     from flashwatt.cell import Cell
     from flashwatt.kernels import get_kernel
@@ -191,7 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     header = (f"{'dtype':5} {'B':>3} {'H':>3} {'L':>6} {'D':>4} {'mask':6} {'custom':>8} {'flash':>8} {'cudnn':>8} "
               f"{'cust/fl':>8} {'cust/cu':>8}" + (f" {'wgmma':>8} {'wg/fl':>6}" if hopper else "")
               + "".join(f" {'bwd=' + t:>16} {'/fl':>6}" for t in bwd_tiles)
-              + (f" {'l2=0':>8} {'cust/l2=0':>7}" if args.one_l2_section else ""))
+              + (f" {'l2=0':>8} {'cust/l2=0':>7}" if args.one_l2_section else "")
+              + (f" {'det':>8} {'det/cust':>8}" if args.deterministic else ""))
     print(header + "\n" + "-" * len(header), flush=True)
     for precision in args.dtypes.split(","):
         for B, H, L, D in shapes or cases([int(x) for x in args.head_dims.split(",")], args.max_seq_len):
@@ -203,15 +212,19 @@ def main(argv: list[str] | None = None) -> int:
                 runs += [("custom", "", t) for t in bwd_tiles]
                 if args.one_l2_section:
                     runs.append(("custom", "", ONE_SECTION))
+                if args.deterministic:
+                    runs.append(("custom", "", DETERMINISTIC))
                 reference = None
                 result: dict[str, float] = {}
                 for kname, variant, launch in runs:
-                    bwd_tile = launch if launch != ONE_SECTION else ""
+                    bwd_tile = launch if launch not in (ONE_SECTION, DETERMINISTIC) else ""
                     cell = Cell("bench", kname, precision, L, B, H, D, causal, cell_pass, variant)
                     label = f"{kname}:{variant}" if variant else kname
                     label = f"{label}:bwd={bwd_tile}" if bwd_tile else label
                     label = f"{label}:l2=0" if launch == ONE_SECTION else label
-                    kernel = (CustomLaunch(bwd_tile or None, 0 if launch == ONE_SECTION else None) if launch
+                    label = f"{label}:det" if launch == DETERMINISTIC else label
+                    kernel = (CustomLaunch(bwd_tile or None, 0 if launch == ONE_SECTION else None,
+                                           True if launch == DETERMINISTIC else None) if launch
                               else get_kernel(kname))
                     err_vs_flash = math.nan
                     timing: dict = {}
@@ -244,7 +257,8 @@ def main(argv: list[str] | None = None) -> int:
                     result[label] = tflops
                     rows.append(dict(device=name, dtype=precision, batch=B, heads=H, seq_len=L, head_dim=D,
                                      causal=causal, kernel=kname, variant=variant, backward_tile=bwd_tile,
-                                     l2_section="one" if launch == ONE_SECTION else "auto", pass_=args.pass_,
+                                     l2_section="one" if launch == ONE_SECTION else "auto",
+                                     deterministic=launch == DETERMINISTIC, pass_=args.pass_,
                                      method=timing.get("method"), why_not_graph=timing.get("fallback_reason", ""),
                                      ms=timing.get("median_ms", math.nan), eager_ms=timing.get("eager_ms", math.nan),
                                      tflops=round(tflops, 2), rel_err_vs_flash=err_vs_flash))
@@ -261,6 +275,9 @@ def main(argv: list[str] | None = None) -> int:
                 if args.one_l2_section:
                     one = result["custom:l2=0"]
                     line += f" {one:8.1f} {cust / one:7.3f}"
+                if args.deterministic:
+                    det = result["custom:det"]
+                    line += f" {det:8.1f} {det / cust:8.3f}"
                 print(line, flush=True)
     if args.out and rows:
         with open(args.out, "w", newline="") as f:

@@ -38,20 +38,21 @@ def test_short_benchmark_checks_and_times_every_kernel(tmp_path):
 def test_backward_alone_and_the_one_section_order_are_timed(tmp_path):
     """--pass bwd times each backend's backward from saved forwards (gradients checked
     first), at 2.5x the forward's FLOPs; --one-l2-section adds the custom kernel in the old
-    work order beside the default."""
+    work order beside the default, --deterministic its deterministic backward."""
     out = tmp_path / "bench.csv"
     rc = bench.main(["--dtypes", "bf16", "--shapes", "4x16x1024x128", "--pass", "bwd", "--one-l2-section",
-                     "--min-time-ms", "20", "--out", str(out)])
+                     "--deterministic", "--min-time-ms", "20", "--out", str(out)])
     assert rc == 0
     rows = list(csv.DictReader(out.open()))
-    by_kernel = {(r["kernel"], r["l2_section"], r["causal"]): r for r in rows if not r["variant"]}
+    by_kernel = {(r["kernel"], r["l2_section"] + ("+det" if r["deterministic"] == "True" else ""), r["causal"]): r
+                 for r in rows if not r["variant"]}
     for causal in ("False", "True"):
         for key in (("sdpa_flash", "auto", causal), ("sdpa_cudnn", "auto", causal), ("custom", "auto", causal),
-                    ("custom", "one", causal)):
+                    ("custom", "one", causal), ("custom", "auto+det", causal)):
             r = by_kernel[key]
             assert r["pass_"] == "bwd" and r["method"] == "cuda_graph", r  # one method for every backend
             assert float(r["tflops"]) > 1.0, r
-        for section in ("auto", "one"):
+        for section in ("auto", "one", "auto+det"):
             assert float(by_kernel[("custom", section, causal)]["rel_err_vs_flash"]) <= 2e-2
     # the backward alone is shorter than forward and backward together
     both = tmp_path / "both.csv"

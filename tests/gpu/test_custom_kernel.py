@@ -376,12 +376,12 @@ def grad_err(g, ref):
 
 
 def check_backward(q, k, v, causal, precision, layout="bhld", variant="", backward_tile=None, seed=0,
-                   l2_section=None):
+                   l2_section=None, deterministic=None):
     """Gradients of flash_attention on q, k, v (leaves made here) against float64."""
     dout = make(q.shape, q.dtype, seed + 1000)
     leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
     out = flash_attention(*leaves, causal, variant, layout, precision=precision if precision == "tf32" else None,
-                          backward_tile=backward_tile, l2_section=l2_section)
+                          backward_tile=backward_tile, l2_section=l2_section, deterministic=deterministic)
     grads = torch.autograd.grad(out, leaves, dout)
     if layout == "blhd":
         refs = reference_grads(*(t.transpose(1, 2) for t in (q, k, v, dout)), causal)
@@ -520,6 +520,35 @@ def test_backward_every_tile_after_the_mma_sync_forward(poisoned_grads, precisio
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("tile,D", [(name, D) for name, t in BWD_TILES.items() for D in t.head_dims])
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_deterministic_backward(poisoned_grads, precision, tile, D, causal):
+    """The deterministic backward (dQ by its own pass, no atomics) through each tile: against
+    float64 over MHA, GQA and MQA, ragged and cross lengths (key blocks no query sees, a
+    single query or key), both layouts; and bit-identical gradients from a second run."""
+    if BWD_TILES[tile].math == BWD_WGMMA and not HOPPER:
+        pytest.skip("wgmma tiles run only on compute capability 9.0")
+    dt = DTYPES[precision]
+    for B, H, Hkv, lq, lk in ((2, 4, 4, 1000, 1000), (1, 8, 2, 300, 700), (2, 8, 1, 700, 100), (1, 4, 2, 1, 17),
+                              (1, 4, 2, 17, 1)):
+        seed = lq * 7 + lk
+        check_backward(*qkv(B, H, lq, D, dt, seed, Hkv=Hkv, Lk=lk), causal, precision, backward_tile=tile, seed=seed,
+                       deterministic=True)
+    q, k, v = (make((2, 333, h, D), dt, 97 + h) for h in (4, 2, 2))
+    check_backward(q, k, v, causal, precision, "blhd", backward_tile=tile, seed=97, deterministic=True)
+
+    q, k, v = qkv(2, 8, 2048, D, dt, 99, Hkv=2)
+    dout = make(q.shape, dt, 98)
+    runs = []
+    for _ in range(2):
+        leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+        out = flash_attention(*leaves, causal, backward_tile=tile, deterministic=True)
+        runs.append(torch.autograd.grad(out, leaves, dout))
+    for name, a, b in zip(("dq", "dk", "dv"), *runs):
+        assert torch.equal(a, b), f"{name} differs between two runs of the deterministic backward"
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 def test_backward_after_each_wgmma_schedule(poisoned_grads, precision, causal):
     """The LSE of both wgmma schedules feeds the backward (Hopper; elsewhere: the refusal)."""
@@ -654,12 +683,14 @@ _SANITIZER_SCRIPT = textwrap.dedent(
     for dtype, D, tile in bwd_cases:
         for causal in (False, True):
             for lq, lk in ((77, 77), (40, 130), (130, 40)):
-                q = torch.randn(1, 4, lq, D, device="cuda", dtype=dtype, requires_grad=True)
-                k = torch.randn(1, 2, lk, D, device="cuda", dtype=dtype, requires_grad=True)
-                v = torch.randn(1, 2, lk, D, device="cuda", dtype=dtype, requires_grad=True)
-                out = flash_attention(q, k, v, causal, backward_tile=tile, l2_section=1)
-                torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
-                torch.cuda.synchronize()
+                for deterministic in (False, True):  # the dQ atomics, or the dQ pass
+                    q = torch.randn(1, 4, lq, D, device="cuda", dtype=dtype, requires_grad=True)
+                    k = torch.randn(1, 2, lk, D, device="cuda", dtype=dtype, requires_grad=True)
+                    v = torch.randn(1, 2, lk, D, device="cuda", dtype=dtype, requires_grad=True)
+                    out = flash_attention(q, k, v, causal, backward_tile=tile, l2_section=1,
+                                          deterministic=deterministic)
+                    torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
+                    torch.cuda.synchronize()
     print("SANITIZER_SCRIPT_DONE")
     """
 )

@@ -169,7 +169,8 @@ class CustomBlock:
         from flashwatt.kernels.custom import _capability, _precision_of
         from flashwatt.kernels.custom_backward import backward_plan, flash_backward
 
-        plan = backward_plan(_precision_of(q.dtype, None), q.shape[-1], capability=_capability(q.device))
+        plan = backward_plan(_precision_of(q.dtype, None), q.shape[-1], capability=_capability(q.device),
+                             deterministic=torch.are_deterministic_algorithms_enabled())
         return flash_backward(dout, q, k, v, out, lse, causal, scale, plan)
 
 

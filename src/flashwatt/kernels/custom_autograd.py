@@ -35,12 +35,15 @@ class FlashAttentionFunction(torch.autograd.Function):
 
 
 def flash_attention(q, k, v, causal: bool, variant: str = "", layout: str = "bhld", *, scale: float | None = None,
-                    precision: str | None = None, backward_tile: str | None = None, l2_section: int | None = None):
+                    precision: str | None = None, backward_tile: str | None = None, l2_section: int | None = None,
+                    deterministic: bool | None = None):
     """Attention output, differentiable in q, k and v.
 
     Arguments as flashwatt.kernels.custom.flash_forward (layout "bhld" or "blhd").
     backward_tile: a name of custom_backward.BWD_TILES (None: the default for the head dim).
     l2_section: the forward's and the backward's L2 section size (flashwatt.kernels.l2_sections).
+    deterministic: a backward bit-identical run to run (dQ without atomics); None: what
+    torch.use_deterministic_algorithms set (torch.are_deterministic_algorithms_enabled()).
     When a gradient may be needed, the backward plan is checked before the forward runs,
     so an unsupported backward (fp16/bf16 head_dim 256) fails before any launch.
     """
@@ -55,7 +58,9 @@ def flash_attention(q, k, v, causal: bool, variant: str = "", layout: str = "bhl
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     _check_inputs(q, k, v)  # the forward's own refusals first, with its messages
     capability = _capability(q.device) if q.is_cuda else None  # a wgmma tile needs 9.0
-    plan = backward_plan(_precision_of(q.dtype, precision), q.shape[-1], backward_tile, capability)
+    if deterministic is None:
+        deterministic = torch.are_deterministic_algorithms_enabled()
+    plan = backward_plan(_precision_of(q.dtype, precision), q.shape[-1], backward_tile, capability, deterministic)
     scale = float(scale if scale is not None else 1.0 / math.sqrt(q.shape[-1]))
     out = FlashAttentionFunction.apply(q, k, v, bool(causal), variant, precision, scale, plan, l2_section)
     return out.transpose(1, 2) if layout == "blhd" else out

@@ -7,7 +7,10 @@ part of what `Custom.describe` records for a fwd_bwd cell.
   backward. P is recomputed per tile from q, k and the forward's LSE; dK and dV accumulate
   in fp32 registers (summed over the query heads of a GQA group by the CTA itself), dQ in
   an fp32 buffer through atomics, converted to the input dtype at the end. Not
-  bit-reproducible run to run (the order of the dQ atomics varies).
+  bit-reproducible run to run (the order of the dQ atomics varies), unless the plan is
+  deterministic: then dQ comes from a pass of its own (kernels/flash_bwd_dq.cuh), one CTA
+  per query block walking its key blocks in order, with no atomics; dK and dV never used
+  any. Deterministic by default when torch.are_deterministic_algorithms_enabled().
 - `wgmma` (fp16, bf16; head dim 128; Hopper, compute capability 9.0 only): the same
   algorithm with the five GEMMs of a step on wgmma (kernels/flash_bwd_wgmma.cuh), one
   warpgroup per 64 keys; the default for D128 on Hopper (`wgmma_n128_m64_w8`).
@@ -76,31 +79,47 @@ BWD_HALF_PRECISIONS = ("fp16", "bf16")
 BWD_MATH_PRECISIONS = ("fp32", "tf32")
 
 
+# How a plan computes dQ (recorded in the plan's row).
+DQ_ATOMICS = "fp32 atomics"
+DQ_PASS = "separate pass (deterministic)"
+
+
 @dataclass(frozen=True)
 class BackwardPlan:
     path: str  # BWD_MMA_SYNC, BWD_WGMMA or BWD_TORCH_MATH
     tile_name: str | None  # the CUDA tile (mma.sync path only)
+    deterministic: bool = False  # CUDA paths: dQ by the separate pass, bit-identical run to run
 
     @property
     def tile(self) -> BwdTile | None:
         return BWD_TILES[self.tile_name] if self.tile_name else None
 
+    @property
+    def dq(self) -> str | None:
+        """How dQ is computed on the CUDA paths (None on the PyTorch path)."""
+        if self.path == BWD_TORCH_MATH:
+            return None
+        return DQ_PASS if self.deterministic else DQ_ATOMICS
+
     def as_dict(self) -> dict:
         row = {"path": self.path, "tile": self.tile_name}
+        if self.dq is not None:
+            row["dq"] = self.dq
         if self.tile is not None:
             row.update(self.tile.as_dict())
         return row
 
 
 def backward_plan(precision: str, head_dim: int, tile: str | None = None,
-                  capability: tuple[int, int] | None = None) -> BackwardPlan:
+                  capability: tuple[int, int] | None = None, deterministic: bool = False) -> BackwardPlan:
     """The backward path (and CUDA tile, None: the default) for a precision and head dim;
     ValueError naming what is not supported. capability: the device's compute capability
-    (None: unknown), which a wgmma tile needs to be 9.0 and which picks the Hopper default."""
+    (None: unknown), which a wgmma tile needs to be 9.0 and which picks the Hopper default.
+    deterministic: dQ without atomics (the CUDA paths; the PyTorch path has none anyway)."""
     if precision in BWD_MATH_PRECISIONS:
         if tile:
             raise ValueError(f"custom backward: {precision} runs {BWD_TORCH_MATH}, which takes no tile (got {tile!r})")
-        return BackwardPlan(BWD_TORCH_MATH, None)
+        return BackwardPlan(BWD_TORCH_MATH, None, bool(deterministic))
     if precision not in BWD_HALF_PRECISIONS:
         raise ValueError(f"custom backward: precision {precision!r} not supported "
                          f"({', '.join(BWD_HALF_PRECISIONS + BWD_MATH_PRECISIONS)})")
@@ -121,7 +140,7 @@ def backward_plan(precision: str, head_dim: int, tile: str | None = None,
         cap = ".".join(map(str, capability))
         raise ValueError(f"custom backward tile {name!r} uses wgmma, built only for compute capability 9.0 "
                          f"(device has {cap})")
-    return BackwardPlan(math_kind, name)
+    return BackwardPlan(math_kind, name, bool(deterministic))
 
 
 def _grad_buffer(t):
@@ -157,11 +176,13 @@ def flash_backward(dout, q, k, v, out, lse, causal: bool, scale: float, plan: Ba
                                                   device_properties(q.device).L2_cache_size)
     dq, dk, dv = _grad_buffer(q), _grad_buffer(k), _grad_buffer(v)
     delta = torch.empty((B, H, Lq), dtype=torch.float32, device=q.device)
-    dq_accum = torch.empty((B, H, Lq, D), dtype=torch.float32, device=q.device)
+    # The deterministic pass writes dq directly: no fp32 accumulator.
+    accum_shape = (0,) if plan.deterministic else (B, H, Lq, D)
+    dq_accum = torch.empty(accum_shape, dtype=torch.float32, device=q.device)
     tile = plan.tile
     load_extension().backward(q_k, k_k, v_k, o_k, do_k, lse.contiguous(), dq, dk, dv, delta, dq_accum, bool(causal),
                               float(scale), tile.block_n, tile.block_m, tile.warps, _BWD_MATH_CODE[tile.math],
-                              int(l2_section))
+                              int(l2_section), bool(plan.deterministic))
     return dq, dk, dv
 
 
