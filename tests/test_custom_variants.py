@@ -39,9 +39,12 @@ def test_hopper_default_follows_the_key_length_and_the_mask():
     assert parse_variant("", "bf16", 128, HOPPER, 2048, causal=True).tile_name == long_c
     assert parse_variant("", "bf16", 128, HOPPER).tile_name == long
     assert parse_variant("", "bf16", 128, HOPPER, causal=True).tile_name == long_c
-    (b1, short, _), (_, long, _) = WGMMA_DEFAULT_TILE[("bf16", 64)]
+    (b1, short, short_c), (b2, mid, mid_c), (b3, long, long_c) = WGMMA_DEFAULT_TILE[("bf16", 64)]
+    assert (b1, b2, b3) == (2048, 4096, None)
     assert parse_variant("", "bf16", 64, HOPPER, 2048).tile_name == short
-    assert parse_variant("", "bf16", 64, HOPPER, 2049).tile_name == long != short
+    assert parse_variant("", "bf16", 64, HOPPER, 2049).tile_name == mid == long != short
+    assert parse_variant("", "bf16", 64, HOPPER, 4096, causal=True).tile_name == mid_c == short_c
+    assert parse_variant("", "bf16", 64, HOPPER, 4097, causal=True).tile_name == long_c != mid_c
     assert parse_variant("ctas66", "bf16", 128, HOPPER, 1000).tile_name == short
     assert default_tile("bf16", 128, False, 1024) == DEFAULT_TILE[("bf16", 128)]  # off Hopper: no length rule
     assert default_tile("bf16", 128, False, 1024, causal=True) == DEFAULT_TILE[("bf16", 128)]
@@ -110,7 +113,7 @@ def test_ping_pong_tiles_have_what_the_lagging_warpgroup_needs():
 def test_warp_specialized_tiles_match_the_kernel():
     """kernels/flash_fwd_wgmma_ws.cuh (WsShape): 2 consumer warpgroups (128 q rows) + a
     producer warpgroup, Q double-buffered plus K and V rings of <stages> slots in at most
-    227 KB of shared memory, and Hopper defaults at short keys only."""
+    227 KB of shared memory, and the Hopper defaults that use them."""
     ws = {name: tile for name, tile in TILES.items() if tile.schedule in WS_SCHEDULES}
     assert len(ws) >= 2 and {t.schedule for t in ws.values()} == set(WS_SCHEDULES)
     for name, tile in ws.items():
@@ -123,8 +126,10 @@ def test_warp_specialized_tiles_match_the_kernel():
         assert parse_variant(f"{name}_ctas3", "fp16", tile.head_dims[0], HOPPER).max_ctas == 3
         with pytest.raises(ValueError, match="wgmma"):
             parse_variant(name, "bf16", tile.head_dims[0], AMPERE)
-    # Defaults where the H100 measured them ahead (kernels/NOTES.md v6, "L2 sections"): at
-    # head dim 64 for short keys only; at head dim 128 for every length without a mask.
+    # Defaults where the H100 measured them ahead (kernels/NOTES.md v6, "L2 sections", "Head
+    # dim 64 defaults"): at every length without a mask; under a causal mask up to 4096 keys
+    # at head dim 64 and 1024 at head dim 128.
     for (precision, D), choices in WGMMA_DEFAULT_TILE.items():
-        for bound, full, _ in choices:
-            assert (full in ws) == (bound is not None or D == 128), (precision, D, bound, full)
+        for bound, full, causal in choices:
+            assert full in ws, (precision, D, bound, full)
+            assert (causal in ws) == (bound is not None and bound <= (4096 if D == 64 else 1024)), (D, bound, causal)

@@ -143,7 +143,7 @@ def test_default_launch_on_this_device():
     """Hopper's default is the wgmma tile WGMMA_DEFAULT_TILE names for the key length and
     the mask; elsewhere mma.sync."""
     for precision, D in ((p, d) for p in ("fp16", "bf16") for d in (64, 128)):
-        for len_k in (1024, 2048, 16384):
+        for len_k in (1024, 2048, 4096, 16384):
             for causal in (False, True):
                 info = kernel_info(precision, D, len_k=len_k, causal=causal)
                 expected = default_tile(precision, D, HOPPER, len_k, causal)
