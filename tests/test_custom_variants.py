@@ -39,12 +39,11 @@ def test_hopper_default_follows_the_key_length_and_the_mask():
     assert parse_variant("", "bf16", 128, HOPPER, 2048, causal=True).tile_name == long_c
     assert parse_variant("", "bf16", 128, HOPPER).tile_name == long
     assert parse_variant("", "bf16", 128, HOPPER, causal=True).tile_name == long_c
-    (b1, short, short_c), (b2, mid, mid_c), (b3, long, long_c) = WGMMA_DEFAULT_TILE[("bf16", 64)]
-    assert (b1, b2, b3) == (2048, 4096, None)
-    assert parse_variant("", "bf16", 64, HOPPER, 2048).tile_name == short
-    assert parse_variant("", "bf16", 64, HOPPER, 2049).tile_name == mid == long != short
-    assert parse_variant("", "bf16", 64, HOPPER, 4096, causal=True).tile_name == mid_c == short_c
-    assert parse_variant("", "bf16", 64, HOPPER, 4097, causal=True).tile_name == long_c != mid_c
+    (b1, short, short_c), (b2, long, long_c) = WGMMA_DEFAULT_TILE[("bf16", 64)]
+    assert (b1, b2) == (4096, None) and short == short_c == long != long_c
+    assert parse_variant("", "bf16", 64, HOPPER, 100_000).tile_name == long
+    assert parse_variant("", "bf16", 64, HOPPER, 4096, causal=True).tile_name == short_c
+    assert parse_variant("", "bf16", 64, HOPPER, 4097, causal=True).tile_name == long_c
     assert parse_variant("ctas66", "bf16", 128, HOPPER, 1000).tile_name == short
     assert default_tile("bf16", 128, False, 1024) == DEFAULT_TILE[("bf16", 128)]  # off Hopper: no length rule
     assert default_tile("bf16", 128, False, 1024, causal=True) == DEFAULT_TILE[("bf16", 128)]
