@@ -129,9 +129,9 @@ DEFAULT_TILE = {
 # ping-pong tile, where the fixed stride of the persistent grid costs what its overlap
 # gains (NOTES, "Head dim 64 defaults"). Head dim 128: the warp-specialised persistent
 # tile at every length without a mask; under a causal mask from 2048 keys the
-# one-CTA-per-tile ping-pong tile,
-# which the hardware hands out longest first as SMs free up, where the persistent grid's
-# fixed stride leaves unequal work per CTA once the work order is cut into L2 sections.
+# one-CTA-per-tile ping-pong tile, which the hardware hands out longest first as SMs free
+# up, where the persistent grid's fixed stride leaves unequal work per CTA once the work
+# order is cut into L2 sections.
 WGMMA_DEFAULT_TILE: dict[tuple[str, int], tuple[tuple[int | None, str, str], ...]] = {
     (precision, 64): ((4096, "wgmma_ws_pp_m128_n128_s2", "wgmma_ws_pp_m128_n128_s2"),
                       (None, "wgmma_ws_pp_m128_n128_s2", "wgmma_pp_m128_n128_s4"))
