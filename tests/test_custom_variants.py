@@ -40,10 +40,10 @@ def test_hopper_default_follows_the_key_length_and_the_mask():
     assert parse_variant("", "bf16", 128, HOPPER).tile_name == long
     assert parse_variant("", "bf16", 128, HOPPER, causal=True).tile_name == long_c
     (b1, short, short_c), (b2, long, long_c) = WGMMA_DEFAULT_TILE[("bf16", 64)]
-    assert (b1, b2) == (4096, None) and short == short_c == long != long_c
+    assert (b1, b2) == (2048, None) and short == short_c == long != long_c
     assert parse_variant("", "bf16", 64, HOPPER, 100_000).tile_name == long
-    assert parse_variant("", "bf16", 64, HOPPER, 4096, causal=True).tile_name == short_c
-    assert parse_variant("", "bf16", 64, HOPPER, 4097, causal=True).tile_name == long_c
+    assert parse_variant("", "bf16", 64, HOPPER, 2048, causal=True).tile_name == short_c
+    assert parse_variant("", "bf16", 64, HOPPER, 2049, causal=True).tile_name == long_c
     assert parse_variant("ctas66", "bf16", 128, HOPPER, 1000).tile_name == short
     assert default_tile("bf16", 128, False, 1024) == DEFAULT_TILE[("bf16", 128)]  # off Hopper: no length rule
     assert default_tile("bf16", 128, False, 1024, causal=True) == DEFAULT_TILE[("bf16", 128)]
@@ -126,9 +126,9 @@ def test_warp_specialized_tiles_match_the_kernel():
         with pytest.raises(ValueError, match="wgmma"):
             parse_variant(name, "bf16", tile.head_dims[0], AMPERE)
     # Defaults where the H100 measured them ahead (kernels/NOTES.md v6, "L2 sections", "Head
-    # dim 64 defaults"): at every length without a mask; under a causal mask up to 4096 keys
+    # dim 64 defaults"): at every length without a mask; under a causal mask up to 2048 keys
     # at head dim 64 and 1024 at head dim 128.
     for (precision, D), choices in WGMMA_DEFAULT_TILE.items():
         for bound, full, causal in choices:
             assert full in ws, (precision, D, bound, full)
-            assert (causal in ws) == (bound is not None and bound <= (4096 if D == 64 else 1024)), (D, bound, causal)
+            assert (causal in ws) == (bound is not None and bound <= (2048 if D == 64 else 1024)), (D, bound, causal)
