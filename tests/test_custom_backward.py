@@ -371,3 +371,24 @@ def test_deterministic_plan_follows_torch_and_says_how_dq_is_made(monkeypatch):
         plan = backward_plan(precision, D, capability=cap, deterministic=True)
         assert plan.deterministic and plan.as_dict()["dq"] == DQ_PASS
     assert "dq" not in backward_plan("fp32", 64, deterministic=True).as_dict()  # the PyTorch path: no atomics
+
+
+def test_backward_kernel_info_records_the_dq_of_the_run(monkeypatch):
+    """A fwd_bwd cell records the backward plan flash_attention will run: under
+    torch.use_deterministic_algorithms(True), the dQ pass."""
+    from types import SimpleNamespace
+
+    import flashwatt.build
+    from flashwatt.kernels.custom_backward import DQ_ATOMICS, DQ_PASS, backward_kernel_info
+
+    ext = SimpleNamespace(DTYPE_FP16=0, DTYPE_BF16=1, backward_kernel_info=lambda *args: {"num_regs": 1})
+    monkeypatch.setattr(flashwatt.build, "load_extension", lambda: ext)
+    monkeypatch.setattr(custom, "_capability", lambda device: (8, 0))
+    was = torch.are_deterministic_algorithms_enabled()
+    try:
+        torch.use_deterministic_algorithms(False)
+        assert backward_kernel_info("bf16", 64)["dq"] == DQ_ATOMICS
+        torch.use_deterministic_algorithms(True)
+        assert backward_kernel_info("bf16", 64)["dq"] == DQ_PASS
+    finally:
+        torch.use_deterministic_algorithms(was)

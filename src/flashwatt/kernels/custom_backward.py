@@ -231,12 +231,14 @@ def math_backward_from_lse(dout, q, k, v, out, lse, causal: bool, scale: float,
 
 def backward_kernel_info(precision: str, head_dim: int, tile: str | None = None) -> dict:
     """The plan, and for the CUDA path the main kernel's registers, local memory, shared
-    memory and occupancy on the current device (needs a GPU)."""
+    memory and occupancy on the current device (needs a GPU). Deterministic as
+    flash_attention's default: when torch.are_deterministic_algorithms_enabled()."""
     import torch
 
     from flashwatt.kernels.custom import _capability
 
-    plan = backward_plan(precision, head_dim, tile, _capability(torch.device("cuda")))
+    plan = backward_plan(precision, head_dim, tile, _capability(torch.device("cuda")),
+                         torch.are_deterministic_algorithms_enabled())
     info = plan.as_dict()
     if plan.path != BWD_TORCH_MATH:
         from flashwatt.build import load_extension
