@@ -482,6 +482,7 @@ struct Entry {
   int smem;
   int threads;
   KernelFn dq;  // the deterministic dQ pass (flash_bwd_dq.cuh)
+  int dq_smem;
 };
 
 // The deterministic dQ pass: 64 query rows (4 warps) per CTA, 64-key steps, 2 CTAs per SM.
@@ -498,7 +499,8 @@ constexpr int dq_pass_smem() {
 template <typename T, int D, int BN, int BM, int NW>
 constexpr Entry bwd_entry(int dtype) {
   return Entry{BwdConfig{dtype, D, BN, BM, NW}, &flash_bwd_preprocess_kernel<T, D>, &flash_bwd_kernel<T, D, BN, BM, NW>,
-               &flash_bwd_convert_dq_kernel<T, D>, BwdShape<D, BN, BM, NW>::kSmemBytes, NW * 32, dq_pass<T, D>()};
+               &flash_bwd_convert_dq_kernel<T, D>, BwdShape<D, BN, BM, NW>::kSmemBytes, NW * 32, dq_pass<T, D>(),
+               dq_pass_smem<D>()};
 }
 
 #if defined(FLASHWATT_WGMMA)
@@ -507,7 +509,7 @@ constexpr Entry bwd_wgmma_entry(int dtype) {
   using S = BwdWgShape<D, NWG>;
   return Entry{BwdConfig{dtype, D, S::BN, S::BM, 4 * NWG, kBwdWgmma}, &flash_bwd_preprocess_kernel<T, D>,
                &flash_bwd_wgmma_kernel<T, D, NWG>, &flash_bwd_convert_dq_kernel<T, D>, S::kSmemBytes, S::kThreads,
-               dq_pass<T, D>()};
+               dq_pass<T, D>(), dq_pass_smem<D>()};
 }
 #endif
 
@@ -560,11 +562,10 @@ int bwd_launch(int index, const BwdParams& params, void* stream_ptr, char* err, 
   if (st != cudaSuccess) return report(err, errlen, "cudaGetDevice", st);
   static unsigned long long configured[kNumEntries] = {};
   const unsigned long long bit = 1ull << (device & 63);
-  const int dq_smem = e.cfg.head_dim == 64 ? dq_pass_smem<64>() : dq_pass_smem<128>();
   if (!(configured[index] & bit)) {
     st = cudaFuncSetAttribute(e.main, cudaFuncAttributeMaxDynamicSharedMemorySize, e.smem);
     if (st != cudaSuccess) return report(err, errlen, "cudaFuncSetAttribute(max dynamic shared memory)", st);
-    st = cudaFuncSetAttribute(e.dq, cudaFuncAttributeMaxDynamicSharedMemorySize, dq_smem);
+    st = cudaFuncSetAttribute(e.dq, cudaFuncAttributeMaxDynamicSharedMemorySize, e.dq_smem);
     if (st != cudaSuccess) return report(err, errlen, "cudaFuncSetAttribute(max dynamic shared memory, dQ pass)", st);
     configured[index] |= bit;
   }
@@ -588,7 +589,7 @@ int bwd_launch(int index, const BwdParams& params, void* stream_ptr, char* err, 
   st = cudaGetLastError();
   if (st != cudaSuccess) return report(err, errlen, "backward kernel launch", st);
   if (deterministic) {
-    e.dq<<<static_cast<unsigned>(dq_ctas), kDqWarps * 32, dq_smem, stream>>>(params);
+    e.dq<<<static_cast<unsigned>(dq_ctas), kDqWarps * 32, e.dq_smem, stream>>>(params);
     st = cudaGetLastError();
     if (st != cudaSuccess) return report(err, errlen, "backward dq pass launch", st);
     return 0;

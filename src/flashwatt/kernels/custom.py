@@ -127,11 +127,11 @@ DEFAULT_TILE = {
 # sections"). Head dim 64: the warp-specialised ping-pong tile at every length without a
 # mask and under a causal mask up to 2048 keys; beyond that under a causal mask v5's
 # ping-pong tile, where the fixed stride of the persistent grid costs what its overlap
-# gains on the Llama prefill shapes (NOTES, "Head dim 64 defaults"). Head dim 128: the warp-specialised persistent
-# tile at every length without a mask; under a causal mask from 2048 keys the
-# one-CTA-per-tile ping-pong tile, which the hardware hands out longest first as SMs free
-# up, where the persistent grid's fixed stride leaves unequal work per CTA once the work
-# order is cut into L2 sections.
+# gains on the Llama prefill shapes (NOTES, "Head dim 64 defaults"). Head dim 128: the
+# warp-specialised persistent tile at every length without a mask; under a causal mask
+# from 2048 keys the one-CTA-per-tile ping-pong tile, which the hardware hands out longest
+# first as SMs free up, where the persistent grid's fixed stride leaves unequal work per
+# CTA once the work order is cut into L2 sections.
 WGMMA_DEFAULT_TILE: dict[tuple[str, int], tuple[tuple[int | None, str, str], ...]] = {
     (precision, 64): ((2048, "wgmma_ws_pp_m128_n128_s2", "wgmma_ws_pp_m128_n128_s2"),
                       (None, "wgmma_ws_pp_m128_n128_s2", "wgmma_pp_m128_n128_s4"))
