@@ -436,12 +436,12 @@ constexpr Entry wg_entry(int dtype) {
                S::kSmemBytes, S::kThreads};
 }
 
-// Warp-specialised: 2 consumer warpgroups (128 q rows) + 1 producer warpgroup = 12 warps.
-template <typename T, int D, int BN, int ST, bool PP>
+// Warp-specialised: NWG consumer warpgroups (64 q rows each) + 1 producer warpgroup.
+template <typename T, int D, int BN, int NWG, int ST, bool PP>
 constexpr Entry ws_entry(int dtype) {
-  using S = WsShape<D, BN, ST, PP>;
+  using S = WsShape<D, BN, NWG, ST, PP>;
   return Entry{FwdConfig{kWgmma, dtype, D, S::BM, BN, S::kThreads / 32, ST, PP ? kWarpSpecializedPingPong : kWarpSpecialized},
-               &flash_fwd_wgmma_ws_kernel<T, D, BN, ST, PP>, S::kSmemBytes, S::kThreads, true};
+               &flash_fwd_wgmma_ws_kernel<T, D, BN, NWG, ST, PP>, S::kSmemBytes, S::kThreads, true};
 }
 #endif
 
@@ -474,9 +474,10 @@ constexpr Entry tf32_entry() {
       wg_entry<T, 128, 64, 3, 2, false>(DT), wg_entry<T, 64, 128, 2, 3, true>(DT),                          \
       wg_entry<T, 64, 128, 2, 4, true>(DT), wg_entry<T, 128, 128, 2, 3, true>(DT),                          \
       wg_entry<T, 128, 64, 2, 4, true>(DT),                                                                 \
-      ws_entry<T, 64, 128, 2, false>(DT), ws_entry<T, 128, 128, 2, false>(DT),                              \
-      ws_entry<T, 64, 128, 2, true>(DT), ws_entry<T, 128, 128, 2, true>(DT),                                \
-      ws_entry<T, 64, 128, 3, true>(DT), ws_entry<T, 128, 64, 4, true>(DT)
+      ws_entry<T, 64, 128, 2, 2, false>(DT), ws_entry<T, 128, 128, 2, 2, false>(DT),                        \
+      ws_entry<T, 64, 128, 2, 2, true>(DT), ws_entry<T, 128, 128, 2, 2, true>(DT),                          \
+      ws_entry<T, 64, 128, 2, 3, true>(DT), ws_entry<T, 128, 64, 2, 4, true>(DT),                           \
+      ws_entry<T, 64, 128, 3, 2, false>(DT), ws_entry<T, 64, 128, 3, 2, true>(DT)
 
 const Entry kEntries[] = {
     FLASHWATT_TC_CONFIGS(__half, kFp16),

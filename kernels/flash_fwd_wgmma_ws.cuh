@@ -8,8 +8,8 @@
 //   * warpgroup 0 is a producer: it only copies (cp.async, 16 B per thread) into
 //     shared-memory rings and signals each copy's completion on an mbarrier
 //     (cp.async.mbarrier.arrive.noinc); it gives its registers to the consumers
-//     (setmaxnreg: 24 for the producer, 240 for each consumer).
-//   * warpgroups 1 and 2 are consumers, 64 query rows each, as the wgmma kernel: S_j = Q K_j^T
+//     (setmaxnreg: 24 for the producer, 240 for each of two consumers; 32 and 160 with three).
+//   * warpgroups 1 .. NWG are consumers, 64 query rows each, as the wgmma kernel: S_j = Q K_j^T
 //     issued with O += P_{j-1} V_{j-1}, P straight from the S registers. They wait on the
 //     "full" mbarrier of the slot they read and release it on its "empty" mbarrier once
 //     the wgmma that read it has completed; no CTA-wide barrier in the loop.
@@ -17,8 +17,8 @@
 //     causal items first as everywhere); K and V slots form one ring across work items
 //     and Q is double-buffered, so the producer loads the next item's Q and first K/V
 //     tiles while the consumers finish the current one and store its O.
-//   * ping-pong (PP): the two consumers take turns to issue their wgmma, ordered by two
-//     named barriers (FlashAttention-3), so one consumer's softmax runs under the other's
+//   * ping-pong (PP): the consumers take turns to issue their wgmma, ordered by one named
+//     barrier each (FlashAttention-3), so one consumer's softmax runs under the others'
 //     GEMMs. Without PP they run free.
 // K and V have separate rings (ST slots each) with their own barriers, so S_j can start
 // as soon as K_j has landed, before V_j.
@@ -26,7 +26,7 @@
 // Barrier phases: slot s of a ring is used for the ring's tiles u = s, s + ST, s + 2 ST, ...
 // (u counts tiles over all work items of the CTA). Use n = u / ST of the slot completes
 // phase n of its full barrier (the producer's 128 cp.async arrivals) and phase n of its
-// empty barrier (the consumers' 256 arrivals). Consumers wait full with parity n & 1; the
+// empty barrier (128 arrivals per consumer). Consumers wait full with parity n & 1; the
 // producer, before filling use n, waits for phase n - 1 of empty: parity (n & 1) ^ 1, which
 // for n = 0 (a fresh barrier in phase 0) returns at once. Q buffers likewise by work item.
 #pragma once
@@ -99,9 +99,9 @@ __device__ __forceinline__ void setmaxnreg_inc() {
 
 // ------------------------------------------------------------------------------ kernel
 
-template <int D, int BN, int ST, bool PP>
+template <int D, int BN, int NWG_, int ST, bool PP>
 struct WsShape {
-  static constexpr int NWG = 2;  // consumer warpgroups
+  static constexpr int NWG = NWG_;  // consumer warpgroups, 64 q rows each
   static constexpr int BM = 64 * NWG;
   static constexpr int kThreads = 128 * (NWG + 1);  // + the producer warpgroup
   static constexpr int kQBytes = BM * D * 2;         // one of two Q buffers
@@ -110,12 +110,16 @@ struct WsShape {
   static constexpr int kSmemBytes = 2 * kQBytes + 2 * ST * kTileBytes + 1024;
   static constexpr int SN = BN / 2;
   static constexpr int ON = D / 2;
-  // setmaxnreg: 128 * 24 + 256 * 240 = 64512 of the 65536 registers (the launch gives each
-  // of the 384 threads 168).
-  static constexpr int kProducerRegs = 24;
-  static constexpr int kConsumerRegs = 240;
+  // setmaxnreg (multiples of 8, the whole file of 65536 at most): two consumers 240 each
+  // beside a producer of 24 (the launch gives each of the 384 threads 168); three consumers
+  // 160 each beside a producer of 32 (512 threads, 128 each at launch), FlashAttention-3's
+  // split. At 160 a consumer holds S (BN / 2), O (D / 2) and P (BN / 4) of one head dim 64
+  // tile: three consumers run head dim 64 only.
+  static constexpr int kProducerRegs = NWG == 2 ? 24 : 32;
+  static constexpr int kConsumerRegs = NWG == 2 ? 240 : 160;
   // Barriers: Q full/empty x 2 buffers, K full/empty x ST, V full/empty x ST.
   static constexpr int kBarriers = 4 + 4 * ST;
+  static_assert(NWG == 2 || (NWG == 3 && D * BN <= 64 * 128), "warp-specialised kernel: 3 consumers need D * BN <= 64 * 128");
   static_assert(D == 64 || D == 128, "wgmma kernel: head_dim 64 or 128");
   static_assert(BN == 64 || BN == 128, "wgmma kernel: block_n 64 or 128");
   static_assert(ST >= 2, "warp-specialised kernel: at least two K/V slots");
@@ -123,10 +127,10 @@ struct WsShape {
   static_assert(128 * kProducerRegs + 128 * NWG * kConsumerRegs <= 65536, "setmaxnreg: register file");
 };
 
-template <typename T, int D, int BN, int ST, bool PP>
-__global__ void __launch_bounds__(384, 1) flash_fwd_wgmma_ws_kernel(const FwdParams p) {
+template <typename T, int D, int BN, int NWG, int ST, bool PP>
+__global__ void __launch_bounds__(128 * (NWG + 1), 1) flash_fwd_wgmma_ws_kernel(const FwdParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using S = WsShape<D, BN, ST, PP>;
+  using S = WsShape<D, BN, NWG, ST, PP>;
   using Ops = TypeOps<T>;
   constexpr int BM = S::BM, SN = S::SN, ON = S::ON;
   constexpr int KD = D / 16;   // k steps of Q K^T
@@ -210,12 +214,14 @@ __global__ void __launch_bounds__(384, 1) flash_fwd_wgmma_ws_kernel(const FwdPar
   const int t = lane & 3;
   const int warp_row0 = cw * 64 + wl * 16;
   const float scale_log2 = p.scale * kLog2e;
-  // Ping-pong: consumer cw issues its wgmma after bar.sync on barrier 1 + cw, then passes
-  // the turn by bar.arrive on the other's barrier (each barrier: 128 syncing + 128 arriving).
-  // Consumer 1 hands consumer 0 the first turn.
+  // Ping-pong: the consumers issue their wgmma in turn, 0, 1, .., NWG - 1, 0, ..: consumer
+  // cw waits with bar.sync on barrier 1 + cw, then passes the turn with bar.arrive on its
+  // successor's (each barrier: 128 syncing + 128 arriving threads). The last consumer
+  // hands consumer 0 the first turn.
+  constexpr int kTurnThreads = 256;
   const int my_turn = 1 + cw;
-  const int other_turn = 2 - cw;
-  if (PP && cw == 1) named_bar_arrive(1, CONSUMERS);
+  const int next_turn = 1 + (cw + 1) % S::NWG;
+  if (PP && cw == S::NWG - 1) named_bar_arrive(1, kTurnThreads);
 
   int u0 = 0;
   int li = 0;
@@ -244,10 +250,10 @@ __global__ void __launch_bounds__(384, 1) flash_fwd_wgmma_ws_kernel(const FwdPar
     };
     auto release = [&](uint32_t empty, int j) { mbar_arrive(empty + 8 * slot_of(j)); };
     auto turn_wait = [&]() {
-      if constexpr (PP) named_bar_sync(my_turn, CONSUMERS);
+      if constexpr (PP) named_bar_sync(my_turn, kTurnThreads);
     };
     auto turn_pass = [&]() {
-      if constexpr (PP) named_bar_arrive(other_turn, CONSUMERS);
+      if constexpr (PP) named_bar_arrive(next_turn, kTurnThreads);
     };
     auto issue_s = [&](int j) {  // S_j = Q K_j^T
       const uint32_t k_base = sK + slot_of(j) * S::kTileBytes;
@@ -379,9 +385,9 @@ __global__ void __launch_bounds__(384, 1) flash_fwd_wgmma_ws_kernel(const FwdPar
     }
     mbar_arrive(q_empty + 8 * qb);  // this buffer may take the Q of work item li + 2
   }
-  // Consumer 0 takes the turn consumer 1 passed after its last wgmma, so no arrival on a
-  // named barrier is left pending when the CTA exits.
-  if (PP && cw == 0) named_bar_sync(1, CONSUMERS);
+  // Consumer 0 takes the turn the last consumer passed after its last wgmma, so no arrival
+  // on a named barrier is left pending when the CTA exits.
+  if (PP && cw == 0) named_bar_sync(1, kTurnThreads);
 #else
   __trap();  // built without sm_90a: never launched
 #endif

@@ -39,12 +39,15 @@ def test_hopper_default_follows_the_key_length_and_the_mask():
     assert parse_variant("", "bf16", 128, HOPPER, 2048, causal=True).tile_name == long_c
     assert parse_variant("", "bf16", 128, HOPPER).tile_name == long
     assert parse_variant("", "bf16", 128, HOPPER, causal=True).tile_name == long_c
-    (b1, short, short_c), (b2, long, long_c) = WGMMA_DEFAULT_TILE[("bf16", 64)]
-    assert (b1, b2) == (2048, None) and short == short_c == long != long_c
+    (b0, tiny, tiny_c), (b1, short, short_c), (b2, long, long_c) = WGMMA_DEFAULT_TILE[("bf16", 64)]
+    assert (b0, b1, b2) == (256, 1024, None) and tiny == tiny_c == short_c != short == long == long_c
+    assert TILES[long].block_m == 192 and TILES[short_c].block_m == 128
     assert parse_variant("", "bf16", 64, HOPPER, 100_000).tile_name == long
-    assert parse_variant("", "bf16", 64, HOPPER, 2048, causal=True).tile_name == short_c
-    assert parse_variant("", "bf16", 64, HOPPER, 2049, causal=True).tile_name == long_c
-    assert parse_variant("ctas66", "bf16", 128, HOPPER, 1000).tile_name == short
+    assert parse_variant("", "bf16", 64, HOPPER, 256).tile_name == tiny
+    assert parse_variant("", "bf16", 64, HOPPER, 257).tile_name == short
+    assert parse_variant("", "bf16", 64, HOPPER, 1024, causal=True).tile_name == short_c
+    assert parse_variant("", "bf16", 64, HOPPER, 1025, causal=True).tile_name == long_c
+    assert parse_variant("ctas66", "bf16", 128, HOPPER, 1000).tile_name == WGMMA_DEFAULT_TILE[("bf16", 128)][0][1]
     assert default_tile("bf16", 128, False, 1024) == DEFAULT_TILE[("bf16", 128)]  # off Hopper: no length rule
     assert default_tile("bf16", 128, False, 1024, causal=True) == DEFAULT_TILE[("bf16", 128)]
     assert parse_variant("", "bf16", 128, ADA, 1024).tile_name == DEFAULT_TILE[("bf16", 128)]
@@ -110,14 +113,17 @@ def test_ping_pong_tiles_have_what_the_lagging_warpgroup_needs():
 
 
 def test_warp_specialized_tiles_match_the_kernel():
-    """kernels/flash_fwd_wgmma_ws.cuh (WsShape): 2 consumer warpgroups (128 q rows) + a
-    producer warpgroup, Q double-buffered plus K and V rings of <stages> slots in at most
+    """kernels/flash_fwd_wgmma_ws.cuh (WsShape): 2 consumer warpgroups (128 q rows), or 3
+    (192 rows, 160 registers each: D * block_n at most 64 * 128), + a producer warpgroup, Q double-buffered plus K and V rings of <stages> slots in at most
     227 KB of shared memory, and the Hopper defaults that use them."""
     ws = {name: tile for name, tile in TILES.items() if tile.schedule in WS_SCHEDULES}
     assert len(ws) >= 2 and {t.schedule for t in ws.values()} == set(WS_SCHEDULES)
     for name, tile in ws.items():
         assert name.startswith("wgmma_ws_") and tile.mma == WGMMA, name
-        assert (tile.block_m, tile.warps) == (128, 12) and tile.block_n in (64, 128) and tile.stages >= 2, name
+        assert (tile.block_m, tile.warps) in ((128, 12), (192, 16)), name
+        assert tile.block_n in (64, 128) and tile.stages >= 2, name
+        if tile.block_m == 192:  # 160 registers per consumer: S, O and P of D * BN <= 64 * 128
+            assert all(D * tile.block_n <= 64 * 128 for D in tile.head_dims), name
         for D in tile.head_dims:
             smem = 2 * tile.block_m * D * 2 + 2 * tile.stages * tile.block_n * D * 2 + 1024
             assert smem <= 227 * 1024, (name, D, smem)
@@ -126,9 +132,9 @@ def test_warp_specialized_tiles_match_the_kernel():
         with pytest.raises(ValueError, match="wgmma"):
             parse_variant(name, "bf16", tile.head_dims[0], AMPERE)
     # Defaults where the H100 measured them ahead (kernels/NOTES.md v6, "L2 sections", "Head
-    # dim 64 defaults"): at every length without a mask; under a causal mask up to 2048 keys
-    # at head dim 64 and 1024 at head dim 128.
+    # dim 64: three consumer warpgroups"): at every length without a mask; under a causal
+    # mask at head dim 64 at every length, at head dim 128 up to 1024 keys.
     for (precision, D), choices in WGMMA_DEFAULT_TILE.items():
         for bound, full, causal in choices:
             assert full in ws, (precision, D, bound, full)
-            assert (causal in ws) == (bound is not None and bound <= (2048 if D == 64 else 1024)), (D, bound, causal)
+            assert (causal in ws) == (D == 64 or (bound is not None and bound <= 1024)), (D, bound, causal)

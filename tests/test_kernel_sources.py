@@ -93,16 +93,30 @@ def test_all_kernels_compiled(ptxas_report):
     assert len(ws) == (n_ws if arch == "90a" else 0), f"sm_{arch}: found {len(ws)} warp-specialised kernels"
 
 
+_WS_ARGS = re.compile(r"flash_fwd_wgmma_ws_kernelI\w+?Li(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELb([01])E")
+
+
 def test_warp_specialized_register_budget(ptxas_report):
     """setmaxnreg in the warp-specialised kernels moves registers between warpgroups inside
-    the CTA's allocation: 384 threads x 168 at launch = 128 x 24 (producer) + 256 x 240
-    (consumers). With fewer than 168 at launch the consumers' setmaxnreg.inc would wait
-    forever, so ptxas must report exactly 168 (__launch_bounds__(384, 1))."""
+    the CTA's allocation: with 2 consumers, 384 threads x 168 at launch = 128 x 24 (producer)
+    + 256 x 240 (consumers); with 3, 512 x 128 = 128 x 32 + 384 x 160. With fewer at launch
+    the consumers' setmaxnreg.inc would wait forever, so ptxas must report exactly the
+    launch share (__launch_bounds__(128 * (NWG + 1), 1): 65536 / threads, in multiples of 8)."""
     arch, kernels, _ = ptxas_report
     ws = {name: info for name, info in kernels.items() if "flash_fwd_wgmma_ws_kernel" in name}
     assert (arch == "90a") == bool(ws)
-    bad = {name: info.get("regs") for name, info in ws.items() if info.get("regs") != 168}
-    assert not bad, f"sm_{arch}: warp-specialised kernels not at 168 registers: {bad}"
+    bad = {}
+    consumers = set()
+    for name, info in ws.items():
+        m = _WS_ARGS.search(name)
+        assert m, f"cannot read the template arguments (D, BN, NWG, ST, PP) of {name}"
+        nwg = int(m.group(3))
+        consumers.add(nwg)
+        expected = {2: 168, 3: 128}[nwg]
+        if info.get("regs") != expected:
+            bad[name] = (info.get("regs"), expected)
+    assert not bad, f"sm_{arch}: warp-specialised kernels not at their launch share (found, expected): {bad}"
+    assert arch != "90a" or consumers == {2, 3}
 
 
 def test_wgmma_never_serialised(ptxas_report):

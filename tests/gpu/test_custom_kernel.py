@@ -122,18 +122,26 @@ def test_matrix(precision, D, causal, L):
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
-@pytest.mark.parametrize("path", ["mma.sync", "wgmma.lockstep", "wgmma.ping-pong", "wgmma.ws", "wgmma.ws-ping-pong"])
+@pytest.mark.parametrize("path", ["mma.sync", "wgmma.lockstep", "wgmma.ping-pong", "wgmma.ws", "wgmma.ws-ping-pong",
+                                  "wgmma.ws-ping-pong-3"])
 def test_matrix_all_paths(path, precision, D, causal, L):
-    """The same cases on the mma.sync default tile and on a wgmma tile of each schedule
-    (Hopper; elsewhere the wgmma tiles must be refused with the reason)."""
+    """The same cases on the mma.sync default tile and on a wgmma tile of each schedule, the
+    warp-specialised ping-pong with two and with three consumer warpgroups (Hopper;
+    elsewhere the wgmma tiles must be refused with the reason, as must a tile at a head dim
+    it is not built for)."""
     variant = {"mma.sync": DEFAULT_TILE[(precision, D)], "wgmma.lockstep": "wgmma_m128_n128_s2",
                "wgmma.ping-pong": "wgmma_pp_m128_n128_s3", "wgmma.ws": "wgmma_ws_m128_n128_s2",
-               "wgmma.ws-ping-pong": "wgmma_ws_pp_m128_n128_s2"}[path]
+               "wgmma.ws-ping-pong": "wgmma_ws_pp_m128_n128_s2",
+               "wgmma.ws-ping-pong-3": "wgmma_ws_pp_m192_n128_s2"}[path]
     B, H = (1, 2) if L > 1000 else (2, 3)
     seed = zlib.crc32(f"{path}-{precision}-{D}-{causal}-{L}".encode()) % 100_000
     args = qkv(B, H, L, D, DTYPES[precision], seed)
     if path.startswith(WGMMA) and not HOPPER:
         with pytest.raises(ValueError, match="wgmma"):
+            flash_forward(*args, causal, variant)
+        return
+    if D not in TILES[variant].head_dims:  # three consumers: head dim 64 only
+        with pytest.raises(ValueError, match=f"built for head_dim .*not {D}"):
             flash_forward(*args, causal, variant)
         return
     check(*args, causal, precision, variant=variant)
@@ -471,7 +479,8 @@ def _section_launches():
     capped to 3 CTAs (each CTA walks many items across section boundaries)."""
     out = [("", 64), ("", 128), ("m64_n64_w4_s2", 64)]
     if HOPPER:
-        out += [("wgmma_ws_pp_m128_n128_s2_ctas3", 128), ("wgmma_pp_m128_n128_s4", 64)]
+        out += [("wgmma_ws_pp_m128_n128_s2_ctas3", 128), ("wgmma_ws_pp_m192_n128_s2_ctas3", 64),
+                ("wgmma_pp_m128_n128_s4", 64)]
     return out
 
 
@@ -660,7 +669,9 @@ _SANITIZER_SCRIPT = textwrap.dedent(
              (torch.float32, 64, "", None), (torch.float32, 128, "", "tf32")]
     if hopper:
         cases += [(torch.bfloat16, 128, "wgmma_m128_n128_s2", None), (torch.float16, 64, "wgmma_m128_n64_s3_sm1", None),
-                  (torch.bfloat16, 128, "wgmma_pp_m128_n64_s4", None), (torch.float16, 64, "wgmma_pp_m128_n128_s3_sm1", None)]
+                  (torch.bfloat16, 128, "wgmma_pp_m128_n64_s4", None), (torch.float16, 64, "wgmma_pp_m128_n128_s3_sm1", None),
+                  (torch.bfloat16, 128, "wgmma_ws_pp_m128_n128_s2", None), (torch.bfloat16, 64, "wgmma_ws_pp_m192_n128_s2", None),
+                  (torch.float16, 64, "wgmma_ws_m192_n128_s2_ctas1", None)]
     for dtype, D, variant, precision in cases:
         for causal in (False, True):
             q = torch.randn(1, 2, 77, D, device="cuda", dtype=dtype)

@@ -105,6 +105,10 @@ TILES: dict[str, Tile] = {
     "wgmma_ws_pp_m128_n128_s2": Tile(128, 128, 12, 2, (64, 128), _HALF, "as wgmma_ws_m128_n128_s2 with the consumers taking turns to issue their wgmma (ping-pong)", WGMMA, WARP_SPECIALIZED_PING_PONG),
     "wgmma_ws_pp_m128_n128_s3": Tile(128, 128, 12, 3, (64,), _HALF, "as wgmma_ws_pp_m128_n128_s2 with 3 K/V slots", WGMMA, WARP_SPECIALIZED_PING_PONG),
     "wgmma_ws_pp_m128_n64_s4": Tile(128, 64, 12, 4, (128,), _HALF, "wgmma warp-specialised ping-pong, persistent: 64-row K/V tiles, 4 slots", WGMMA, WARP_SPECIALIZED_PING_PONG),
+    # 16 warps: a producer warpgroup + 3 consumer warpgroups x 64 q rows (160 registers
+    # each, head dim 64 only): each K/V tile read from shared memory serves 192 query rows.
+    "wgmma_ws_m192_n128_s2": Tile(192, 128, 16, 2, (64,), _HALF, "wgmma warp-specialised, persistent: producer warpgroup + 3 free-running consumer warpgroups x 64 q rows, 128-row K/V tiles, 2 slots", WGMMA, WARP_SPECIALIZED),
+    "wgmma_ws_pp_m192_n128_s2": Tile(192, 128, 16, 2, (64,), _HALF, "as wgmma_ws_m192_n128_s2 with the consumers taking turns to issue their wgmma (ping-pong)", WGMMA, WARP_SPECIALIZED_PING_PONG),
 }
 
 DEFAULT_TILE = {
@@ -124,17 +128,18 @@ DEFAULT_TILE = {
 # Defaults on Hopper, where they differ from DEFAULT_TILE: per (precision, head_dim), rows
 # (bound, tile without a mask, tile under a causal mask) for K/V lengths up to the bound,
 # bounds in increasing order, None for any length (kernels/NOTES.md, v5, v6 and "L2
-# sections"). Head dim 64: the warp-specialised ping-pong tile at every length without a
-# mask and under a causal mask up to 2048 keys; beyond that under a causal mask v5's
-# ping-pong tile, where the fixed stride of the persistent grid costs what its overlap
-# gains on the Llama prefill shapes (NOTES, "Head dim 64 defaults"). Head dim 128: the
+# sections"). Head dim 64: three consumer warpgroups (192 q rows per K/V tile read) in
+# ping-pong from 257 keys without a mask and from 1025 under a causal mask; below, two, as
+# the 192-row blocks waste more of a short or diagonal block than they save (NOTES, "Head
+# dim 64: three consumer warpgroups"). Head dim 128: the
 # warp-specialised persistent tile at every length without a mask; under a causal mask
 # from 2048 keys the one-CTA-per-tile ping-pong tile, which the hardware hands out longest
 # first as SMs free up, where the persistent grid's fixed stride leaves unequal work per
 # CTA once the work order is cut into L2 sections.
 WGMMA_DEFAULT_TILE: dict[tuple[str, int], tuple[tuple[int | None, str, str], ...]] = {
-    (precision, 64): ((2048, "wgmma_ws_pp_m128_n128_s2", "wgmma_ws_pp_m128_n128_s2"),
-                      (None, "wgmma_ws_pp_m128_n128_s2", "wgmma_pp_m128_n128_s4"))
+    (precision, 64): ((256, "wgmma_ws_pp_m128_n128_s2", "wgmma_ws_pp_m128_n128_s2"),
+                      (1024, "wgmma_ws_pp_m192_n128_s2", "wgmma_ws_pp_m128_n128_s2"),
+                      (None, "wgmma_ws_pp_m192_n128_s2", "wgmma_ws_pp_m192_n128_s2"))
     for precision in ("fp16", "bf16")
 }
 WGMMA_DEFAULT_TILE.update({
