@@ -1,8 +1,8 @@
 """TFLOP/s of our CUDA kernel beside PyTorch's FlashAttention-2 and cuDNN SDPA backends.
 
     python -m flashwatt.bench [--out bench.csv] [--variants] [--dtypes bf16,fp16] [--max-seq-len N]
-                              [--pass fwd|fwd_bwd|bwd] [--bwd-tiles n128_m64_w8,n64_m64_w4]
-                              [--one-l2-section] [--deterministic]
+                              [--rounds 3] [--min-time-ms 100] [--pass fwd|fwd_bwd|bwd]
+                              [--bwd-tiles n128_m64_w8,n64_m64_w4] [--one-l2-section] [--deterministic]
 
 `--pass fwd_bwd` times forward and backward together (FLOPs 3.5x the forward's, as `Cell`
 counts them) and checks our kernel's gradients against FlashAttention-2's as well.
@@ -24,9 +24,12 @@ backward (dQ in a pass of its own, no atomics), as `custom:det`.
 Shapes: the flash-attention convention (16k tokens per batch, H*D = 2048, (B, L) from
 (32, 512) to (1, 16384), D in {64, 128}) plus the seed shape (B=16, H=8, L=1024, D=64),
 causal and not. Every backend runs through the kernel registry the pipeline's cells use,
-in the same process, interleaved per shape, and is timed by the pipeline's one timing
-method (flashwatt.timing: CUDA-graph replays, input sets rotated past L2); FLOPs come from
-`Cell`. `custom` is the default launch for the device; on Hopper every wgmma tile that
+in the same process, and is timed by the pipeline's one timing method (flashwatt.timing:
+CUDA-graph replays, input sets rotated past L2); FLOPs come from `Cell`. Per shape, every
+backend is timed in `--rounds` rounds (3), the order rotated each round, and the median
+over the rounds is reported (the CSV's `round_spread` is max/min - 1 of the rounds): on a
+GPU at its power limit the same kernel measured early or late in a fixed order differed by
+up to 12%. `custom` is the default launch for the device; on Hopper every wgmma tile that
 fits the shape runs beside it in the forward pass (`custom:<tile>`). Every custom output
 is checked against sdpa_flash's before it is timed; a failed check is printed and
 recorded, its time is not reported, and the exit status is 1.
@@ -36,6 +39,7 @@ from __future__ import annotations
 import argparse
 import csv
 import math
+import statistics
 import sys
 
 SHAPES = [(32, 512), (16, 1024), (8, 2048), (4, 4096), (2, 8192), (1, 16384)]
@@ -43,6 +47,18 @@ SEED = (16, 8, 1024, 64)
 REFERENCE = "sdpa_flash"  # first in every shape: the output the custom runs are checked against
 ONE_SECTION = "one L2 section"  # a run of the custom kernel with l2_section=0
 DETERMINISTIC = "deterministic"  # a run of the custom kernel with the deterministic backward
+
+
+def round_order(entries: list, r: int, rounds: int) -> list:
+    """The order of round r of `rounds`: the list rotated by r / rounds of its length, so
+    that over the rounds each backend is timed early, in the middle and late. The GPU runs
+    at its power limit here; a kernel timed after a cooler one starts at a higher clock, so
+    one fixed order favours whichever backend follows the coolest (kernels/NOTES.md, "Head
+    dim 64: three consumer warpgroups")."""
+    if not entries:
+        return []
+    k = (r * len(entries)) // rounds % len(entries)
+    return entries[k:] + entries[:k]
 
 
 def cases(head_dims: list[int], max_seq_len: int) -> list[tuple[int, int, int, int]]:
@@ -147,7 +163,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--head-dims", default="64,128")
     ap.add_argument("--max-seq-len", type=int, default=16384, help="leave out the shapes with longer sequences")
     ap.add_argument("--variants", action="store_true", help="also time every custom tile variant")
-    ap.add_argument("--min-time-ms", type=float, default=300, help="timed device time per point")
+    ap.add_argument("--min-time-ms", type=float, default=100, help="timed device time per point and round")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="times each backend is timed per shape, the order rotated every round; the median is reported")
     ap.add_argument("--pass", dest="pass_", choices=["fwd", "fwd_bwd", "bwd"], default="fwd")
     ap.add_argument("--one-l2-section", action="store_true",
                     help="also time the custom kernel with every (batch, head) pair in one L2 section")
@@ -158,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--deterministic", action="store_true",
                     help="fwd_bwd, bwd: also time the custom kernel with its deterministic backward")
     args = ap.parse_args(argv)
+    if args.rounds < 1:
+        ap.error(f"--rounds {args.rounds}: at least 1")
     if args.deterministic and args.pass_ == "fwd":
         ap.error("--deterministic needs --pass fwd_bwd or bwd")
     try:
@@ -215,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
                 if args.deterministic:
                     runs.append(("custom", "", DETERMINISTIC))
                 reference = None
-                result: dict[str, float] = {}
+                entries: list[dict] = []  # one per run: checked first, then timed in rounds
                 for kname, variant, launch in runs:
                     bwd_tile = launch if launch not in (ONE_SECTION, DETERMINISTIC) else ""
                     cell = Cell("bench", kname, precision, L, B, H, D, causal, cell_pass, variant)
@@ -226,8 +246,9 @@ def main(argv: list[str] | None = None) -> int:
                     kernel = (CustomLaunch(bwd_tile or None, 0 if launch == ONE_SECTION else None,
                                            True if launch == DETERMINISTIC else None) if launch
                               else get_kernel(kname))
-                    err_vs_flash = math.nan
-                    timing: dict = {}
+                    entry = dict(kname=kname, variant=variant, launch=launch, bwd_tile=bwd_tile, cell=cell,
+                                 label=label, kernel=kernel, err=math.nan, ms=[], timing={}, failed=None)
+                    entries.append(entry)
                     try:
                         reason = kernel.supports(cell, device)
                         if reason:
@@ -240,29 +261,49 @@ def main(argv: list[str] | None = None) -> int:
                                 raise RuntimeError(f"no {REFERENCE} output to check it against: not timed")
                             names = ["output", "dQ", "dK", "dV"]
                             errors = [relative_error(a, b) for a, b in zip(outs, reference)]
-                            err_vs_flash = max(errors)
+                            entry["err"] = max(errors)
                             for what, err in zip(names, errors):
                                 tol = TOLERANCE[precision]["fwd" if what == "output" else "grad"]
                                 if not err <= tol:
                                     raise RuntimeError(f"{what} differs from {REFERENCE}'s by {err:.2e} (> {tol:.0e})")
                         del outs
-                        timing = time_cell(cell, kernel, device, settings, backward_only=args.pass_ == "bwd")
-                        flops = cell.flops - cell.fwd_flops if args.pass_ == "bwd" else cell.flops
-                        tflops = flops / (timing["median_ms"] * 1e-3) / 1e12
                     except Exception as err:  # a refused shape or a failed check is a result, not a crash
-                        failed_checks += kname == "custom"
+                        entry["failed"] = err
+                    torch.cuda.empty_cache()
+                reference = None
+                for r in range(args.rounds):
+                    for entry in round_order([e for e in entries if e["failed"] is None], r, args.rounds):
+                        try:
+                            timing = time_cell(entry["cell"], entry["kernel"], device, settings,
+                                               backward_only=args.pass_ == "bwd")
+                            entry["ms"].append(timing["median_ms"])
+                            entry["timing"] = timing
+                        except Exception as err:
+                            entry["failed"] = err
+                        torch.cuda.empty_cache()
+                result: dict[str, float] = {}
+                for entry in entries:
+                    cell, label, err = entry["cell"], entry["label"], entry["failed"]
+                    if err is not None:
+                        failed_checks += entry["kname"] == "custom"
                         print(f"  {label} failed on {precision} {B}x{H}x{L}x{D} causal={causal}: "
                               f"{str(err).splitlines()[0][:160]}", file=sys.stderr)
-                        tflops = math.nan
+                    ms = statistics.median(entry["ms"]) if err is None and entry["ms"] else math.nan
+                    flops = cell.flops - cell.fwd_flops if args.pass_ == "bwd" else cell.flops
+                    tflops = flops / (ms * 1e-3) / 1e12 if ms == ms else math.nan
                     result[label] = tflops
+                    timing = entry["timing"] if err is None else {}
+                    spread = (max(entry["ms"]) / min(entry["ms"]) - 1) if err is None and entry["ms"] else math.nan
                     rows.append(dict(device=name, dtype=precision, batch=B, heads=H, seq_len=L, head_dim=D,
-                                     causal=causal, kernel=kname, variant=variant, backward_tile=bwd_tile,
-                                     l2_section="one" if launch == ONE_SECTION else "auto",
-                                     deterministic=launch == DETERMINISTIC, pass_=args.pass_,
+                                     causal=causal, kernel=entry["kname"], variant=entry["variant"],
+                                     backward_tile=entry["bwd_tile"],
+                                     l2_section="one" if entry["launch"] == ONE_SECTION else "auto",
+                                     deterministic=entry["launch"] == DETERMINISTIC, pass_=args.pass_,
                                      method=timing.get("method"), why_not_graph=timing.get("fallback_reason", ""),
-                                     ms=timing.get("median_ms", math.nan), eager_ms=timing.get("eager_ms", math.nan),
-                                     tflops=round(tflops, 2), rel_err_vs_flash=err_vs_flash))
-                    torch.cuda.empty_cache()
+                                     ms=ms, rounds=len(entry["ms"]) if err is None else 0,
+                                     round_spread=round(spread, 4) if spread == spread else math.nan,
+                                     eager_ms=timing.get("eager_ms", math.nan),
+                                     tflops=round(tflops, 2), rel_err_vs_flash=entry["err"]))
                 fl, cu, cust = result[REFERENCE], result["sdpa_cudnn"], result["custom"]
                 line = (f"{precision:5} {B:>3} {H:>3} {L:>6} {D:>4} {'causal' if causal else 'full':6} "
                         f"{cust:8.1f} {fl:8.1f} {cu:8.1f} {cust / fl:8.3f} {cust / cu:8.3f}")

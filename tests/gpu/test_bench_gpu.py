@@ -16,7 +16,7 @@ from flashwatt.kernels.custom import WGMMA_CAPABILITY
 def test_short_benchmark_checks_and_times_every_kernel(tmp_path):
     out = tmp_path / "bench.csv"
     rc = bench.main(["--dtypes", "bf16", "--head-dims", "64", "--max-seq-len", "1024", "--min-time-ms", "20",
-                            "--out", str(out)])
+                     "--rounds", "2", "--out", str(out)])
     assert rc == 0
     rows = list(csv.DictReader(out.open()))
     shapes = {(r["batch"], r["seq_len"], r["causal"]) for r in rows}
@@ -28,6 +28,7 @@ def test_short_benchmark_checks_and_times_every_kernel(tmp_path):
     for r in rows:
         assert float(r["tflops"]) > 1.0, r  # every kernel ran and was timed
         assert r["method"] == "cuda_graph", r  # every backend here can be captured
+        assert r["rounds"] == "2" and 0 <= float(r["round_spread"]) < 1, r  # timed twice, rotated
         if r["kernel"] == "custom":
             assert float(r["rel_err_vs_flash"]) <= 1e-2, r
         else:
