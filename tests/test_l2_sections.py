@@ -13,6 +13,18 @@ def test_budget_is_32_mib_or_two_thirds_of_a_smaller_cache():
     assert l2_sections.budget(H100_L2) == 32 << 20
     assert l2_sections.budget(A100_L2) == A100_L2 * 2 // 3
     assert l2_sections.budget(6 << 20) == 4 << 20
+    # the forward without a mask: 8 MiB, or two thirds of a smaller cache
+    assert l2_sections.budget(H100_L2, causal=False) == l2_sections.budget(A100_L2, causal=False) == 8 << 20
+    assert l2_sections.budget(6 << 20, causal=False) == 4 << 20
+
+
+def test_forward_section_without_a_mask_keeps_8_mib():
+    # L 512, D 128, bf16: 256 KiB per head, so 32 heads per section without a mask, 128 with one
+    assert l2_sections.forward_section(512, 512, 128, 2, 1, H100_L2, causal=False) == 32
+    assert l2_sections.forward_section(512, 512, 128, 2, 1, H100_L2, causal=True) == 128
+    assert l2_sections.forward_section(512, 512, 128, 2, 1, H100_L2) == 128
+    # Llama-3.2-1B prefill, 8192 keys: 2 MiB of K and V per k/v head, a quarter per query head
+    assert l2_sections.forward_section(32, 8192, 64, 2, 4, H100_L2, causal=False) == 16
 
 
 def test_forward_section_holds_the_k_and_v_of_its_heads_within_the_budget():

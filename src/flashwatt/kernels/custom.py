@@ -346,7 +346,7 @@ def flash_forward(q, k, v, causal: bool, variant: str = "", layout: str = "bhld"
         grid_cap = min(grid_cap, per_sm) if grid_cap else per_sm
     if l2_section is None:
         l2_section = l2_sections.forward_section(B * H, k.shape[2], D, q.element_size(), H // k.shape[1],
-                                                 device_properties(q.device).L2_cache_size)
+                                                 device_properties(q.device).L2_cache_size, bool(causal))
     t = launch.tile
     ext = load_extension()
     ext.forward(
