@@ -5,7 +5,7 @@ every block of a section's pairs before the next section. A section is sized so 
 every block of a pair re-reads fits in a share of the device's L2 cache: the forward's
 query tiles all read their head's K and V, the backward's key blocks all read their head's
 Q and dO and add into its fp32 dQ accumulator. FlashAttention-3's scheduler sizes its
-sections the same way (32 MiB of K and V).
+sections the same way (32 MiB of K and V); the forward without a mask here keeps 8 MiB.
 
 `l2_section` arguments elsewhere: None picks by this module, 0 puts every pair in one
 section (the work order before sections: a wave of CTAs spread over as many heads as it
