@@ -270,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
                     except Exception as err:  # a refused shape or a failed check is a result, not a crash
                         entry["failed"] = err
                     torch.cuda.empty_cache()
-                reference = None
+                reference = None  # checked: its memory is not held through the timing
                 for r in range(args.rounds):
                     for entry in round_order([e for e in entries if e["failed"] is None], r, args.rounds):
                         try:
@@ -288,20 +288,20 @@ def main(argv: list[str] | None = None) -> int:
                         failed_checks += entry["kname"] == "custom"
                         print(f"  {label} failed on {precision} {B}x{H}x{L}x{D} causal={causal}: "
                               f"{str(err).splitlines()[0][:160]}", file=sys.stderr)
-                    ms = statistics.median(entry["ms"]) if err is None and entry["ms"] else math.nan
+                    rounds_ms = entry["ms"] if err is None else []  # one median per round
+                    ms = statistics.median(rounds_ms) if rounds_ms else math.nan
+                    spread = max(rounds_ms) / min(rounds_ms) - 1 if rounds_ms else math.nan
                     flops = cell.flops - cell.fwd_flops if args.pass_ == "bwd" else cell.flops
-                    tflops = flops / (ms * 1e-3) / 1e12 if ms == ms else math.nan
+                    tflops = flops / (ms * 1e-3) / 1e12
                     result[label] = tflops
                     timing = entry["timing"] if err is None else {}
-                    spread = (max(entry["ms"]) / min(entry["ms"]) - 1) if err is None and entry["ms"] else math.nan
                     rows.append(dict(device=name, dtype=precision, batch=B, heads=H, seq_len=L, head_dim=D,
                                      causal=causal, kernel=entry["kname"], variant=entry["variant"],
                                      backward_tile=entry["bwd_tile"],
                                      l2_section="one" if entry["launch"] == ONE_SECTION else "auto",
                                      deterministic=entry["launch"] == DETERMINISTIC, pass_=args.pass_,
                                      method=timing.get("method"), why_not_graph=timing.get("fallback_reason", ""),
-                                     ms=ms, rounds=len(entry["ms"]) if err is None else 0,
-                                     round_spread=round(spread, 4) if spread == spread else math.nan,
+                                     ms=ms, rounds=len(rounds_ms), round_spread=round(spread, 4),
                                      eager_ms=timing.get("eager_ms", math.nan),
                                      tflops=round(tflops, 2), rel_err_vs_flash=entry["err"]))
                 fl, cu, cust = result[REFERENCE], result["sdpa_cudnn"], result["custom"]
