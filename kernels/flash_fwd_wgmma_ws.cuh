@@ -113,8 +113,8 @@ struct WsShape {
   // setmaxnreg (multiples of 8, the whole file of 65536 at most): two consumers 240 each
   // beside a producer of 24 (the launch gives each of the 384 threads 168); three consumers
   // 160 each beside a producer of 32 (512 threads, 128 each at launch), FlashAttention-3's
-  // split. At 160 a consumer holds S (BN / 2), O (D / 2) and P (BN / 4) of one head dim 64
-  // tile: three consumers run head dim 64 only.
+  // split. At 160 a consumer holds S (BN / 2), O (D / 2) and P (BN / 4) registers, which
+  // fit with D * BN <= 64 * 128 (the built three-consumer tiles: head dim 64, BN 128).
   static constexpr int kProducerRegs = NWG == 2 ? 24 : 32;
   static constexpr int kConsumerRegs = NWG == 2 ? 240 : 160;
   // Barriers: Q full/empty x 2 buffers, K full/empty x ST, V full/empty x ST.

@@ -14,8 +14,9 @@ def test_budget_is_32_mib_or_two_thirds_of_a_smaller_cache():
     assert l2_sections.budget(A100_L2) == A100_L2 * 2 // 3
     assert l2_sections.budget(6 << 20) == 4 << 20
     # the forward without a mask: 8 MiB, or two thirds of a smaller cache
-    assert l2_sections.budget(H100_L2, causal=False) == l2_sections.budget(A100_L2, causal=False) == 8 << 20
-    assert l2_sections.budget(6 << 20, causal=False) == 4 << 20
+    full = l2_sections.FULL_SECTION_BUDGET_BYTES
+    assert l2_sections.budget(H100_L2, full) == l2_sections.budget(A100_L2, full) == 8 << 20
+    assert l2_sections.budget(6 << 20, full) == 4 << 20
 
 
 def test_forward_section_without_a_mask_keeps_8_mib():

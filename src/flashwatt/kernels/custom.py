@@ -131,11 +131,11 @@ DEFAULT_TILE = {
 # sections"). Head dim 64: three consumer warpgroups (192 q rows per K/V tile read) in
 # ping-pong from 257 keys without a mask and from 1025 under a causal mask; below, two, as
 # the 192-row blocks waste more of a short or diagonal block than they save (NOTES, "Head
-# dim 64: three consumer warpgroups"). Head dim 128: the
-# warp-specialised persistent tile at every length without a mask; under a causal mask
-# from 2048 keys the one-CTA-per-tile ping-pong tile, which the hardware hands out longest
-# first as SMs free up, where the persistent grid's fixed stride leaves unequal work per
-# CTA once the work order is cut into L2 sections.
+# dim 64: three consumer warpgroups"). Head dim 128: the warp-specialised persistent tile
+# at every length without a mask; under a causal mask from 2048 keys the one-CTA-per-tile
+# ping-pong tile, which the hardware hands out longest first as SMs free up, where the
+# persistent grid's fixed stride leaves unequal work per CTA once the work order is cut
+# into L2 sections.
 WGMMA_DEFAULT_TILE: dict[tuple[str, int], tuple[tuple[int | None, str, str], ...]] = {
     (precision, 64): ((256, "wgmma_ws_pp_m128_n128_s2", "wgmma_ws_pp_m128_n128_s2"),
                       (1024, "wgmma_ws_pp_m192_n128_s2", "wgmma_ws_pp_m128_n128_s2"),

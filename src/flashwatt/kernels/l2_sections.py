@@ -25,17 +25,16 @@ SECTION_BUDGET_BYTES = 32 << 20
 FULL_SECTION_BUDGET_BYTES = 8 << 20
 
 
-def budget(l2_bytes: int, causal: bool = True) -> int:
-    cap = SECTION_BUDGET_BYTES if causal else FULL_SECTION_BUDGET_BYTES
+def budget(l2_bytes: int, cap: int = SECTION_BUDGET_BYTES) -> int:
     return min(cap, l2_bytes * 2 // 3)
 
 
-def _pairs(pairs: int, bytes_per_pair: float, l2_bytes: int, causal: bool = True) -> int:
+def _pairs(pairs: int, bytes_per_pair: float, l2_bytes: int, cap: int = SECTION_BUDGET_BYTES) -> int:
     """Sections of equal width (within one pair) that each fit the budget. A narrow last
     section would come last in the order with its longest causal blocks, and the work
     would end on them (a 16-step block after every SM has finished: the seed shape's
     causal backward lost 10% to it)."""
-    widest = max(1, int(budget(l2_bytes, causal) // max(bytes_per_pair, 1.0)))
+    widest = max(1, int(budget(l2_bytes, cap) // max(bytes_per_pair, 1.0)))
     if widest >= pairs:
         return pairs
     sections = -(-pairs // widest)
@@ -47,7 +46,8 @@ def forward_section(pairs: int, len_k: int, head_dim: int, element_size: int, gr
     """Of `pairs` (batch, query head) pairs, how many per section of the forward: a pair's
     share of its k/v head's K and V (shared by the `group` query heads that read it), within
     the causal or the (smaller) mask-free budget."""
-    return _pairs(pairs, 2 * len_k * head_dim * element_size / group, l2_bytes, causal)
+    cap = SECTION_BUDGET_BYTES if causal else FULL_SECTION_BUDGET_BYTES
+    return _pairs(pairs, 2 * len_k * head_dim * element_size / group, l2_bytes, cap)
 
 
 def backward_section(pairs: int, len_q: int, head_dim: int, element_size: int, group: int, l2_bytes: int) -> int:
