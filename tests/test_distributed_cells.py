@@ -8,7 +8,7 @@ import copy
 import pandas as pd
 import pytest
 
-from flashwatt.config import ConfigError, every_cell, load_config, validate_config
+from flashwatt.config import ConfigError, every_cell, load_config, measure_settings, validate_config
 from flashwatt.distributed.cell import DistributedCell
 from flashwatt.distributed.cell_run import base_record, outcome_of
 from flashwatt.distributed.figures import DISTRIBUTED_FIGURES
@@ -64,6 +64,7 @@ def test_the_distributed_section_expands_to_cells_with_their_specs():
     runs = distributed_runs(config, "d")
     assert len(runs) == 2 * 2 * 2
     assert all(spec["repeats"] == 4 and spec["warmup"] == 3 for spec in runs.values())
+    assert all(spec["measure"] == measure_settings(config, "d") for spec in runs.values())
     assert every_cell(config, "d") == list(runs)
 
 
@@ -96,7 +97,11 @@ def result(gpus: int, total_ms: float, one_ms: float, error: float, passed: bool
                      "method": "cuda_events"},
             "communication": {"forward": {"exposed_ms": 0.1, "hidden_fraction": 0.8},
                               "backward": {"exposed_ms": 0.2, "hidden_fraction": 0.7}},
-            "tflops": {"total": 100.0 * gpus, "per_gpu": 100.0}, "single_gpu": {"total_ms": one_ms},
+            "tflops": {"total": 100.0 * gpus, "per_gpu": 100.0},
+            "single_gpu": {"total_ms": one_ms, "energy": {"energy_per_call_j": 5.0}},
+            "energy": {"energy_per_call_j": 5.0 * (1 + 0.05 * gpus), "j_per_token": 5.0 * (1 + 0.05 * gpus) / 8192,
+                       "avg_power_w": 600.0 * gpus, "n_gpus": gpus, "flags": []},
+            "energy_ratio_to_one_gpu": 1 + 0.05 * gpus,
             "speedup": one_ms / total_ms, "efficiency": one_ms / total_ms / gpus,
             "memory": {"peak_bytes_per_gpu": [2**30 // gpus, 2**30 // gpus + 5], "ratio_to_one_gpu": 1 / gpus},
             "check": {"passed": passed, "error": {"out": error, "dq": 2 * error, "dk": error, "dv": error},
@@ -130,6 +135,9 @@ def test_the_table_has_a_row_per_cell_with_scaling_memory_and_errors(table):
     assert two["speedup"] == pytest.approx(10.0 / 5.5) and two["efficiency"] == pytest.approx(10.0 / 5.5 / 2)
     assert two["peak_bytes_per_gpu"] == 2**30 // 2 + 5  # the largest rank's
     assert two["error_dq"] == pytest.approx(4e-3) and bool(two["check_passed"])
+    assert two["energy_per_call_j"] == pytest.approx(5.5) and two["single_gpu_energy_per_call_j"] == 5.0
+    assert two["energy_ratio_to_one_gpu"] == pytest.approx(1.1) and two["energy_gpus"] == 2
+    assert two["avg_power_w"] == 1200.0 and pd.isna(two["energy_flags"])
     assert "this machine has 4" in table.set_index("gpus").loc[8, "reason"]
 
 

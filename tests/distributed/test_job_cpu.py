@@ -37,6 +37,10 @@ def test_two_rank_jobs_check_time_and_split_communication(tmp_path):
         assert "compute only" in rec["communication"]["method"]
         assert rec["context_parallel"]["status"] == "skipped" and "CPU" in rec["context_parallel"]["reason"]
         assert rec["single_gpu"]["total_ms"] > 0 and rec["speedup"] > 0
+        # No NVML on CPU ranks: each energy entry says why, and nothing else is lost.
+        assert "no CUDA device" in rec["energy"]["reason"] and rec["trace"] == []
+        assert rec["single_gpu"]["energy"] == {"reason": "no CUDA device"}
+        assert "energy_ratio_to_one_gpu" not in rec
     assert set(zigzag["check"]["error"]) == {"out", "dq", "dk", "dv"}
     assert all(e < 1e-13 for e in zigzag["check"]["error"].values()), zigzag["check"]
     assert zigzag["time"]["backward_ms"] > 0 and "backward" in zigzag["communication"]

@@ -40,6 +40,7 @@ def outcome_of(result: dict) -> tuple[str, str | None]:
 def run_distributed_cell(cell: DistributedCell, spec: dict) -> CellOutcome | None:
     """Run the cell on this task; the outcome on rank 0, None on the others."""
     record = base_record(cell, spec)
+    trace: list[dict] = []
     t0 = time.perf_counter()
     try:
         record["provenance"] = provenance()
@@ -51,9 +52,11 @@ def run_distributed_cell(cell: DistributedCell, spec: dict) -> CellOutcome | Non
         record["status"], record["reason"] = outcome_of(result)
         if result.get("traceback"):
             record["traceback"] = result["traceback"]
-        record["result"] = {k: v for k, v in result.items() if k not in ("status", "reason", "traceback", "spec")}
+        record["result"] = {k: v for k, v in result.items()
+                            if k not in ("status", "reason", "traceback", "spec", "trace")}
+        trace = result.get("trace") or []
     except Exception as err:
         record.update(status="error", reason=f"{type(err).__name__}: {err}", traceback=traceback.format_exc())
     record["finished"] = utc_now()
     record["duration_s"] = round(time.perf_counter() - t0, 3)
-    return CellOutcome(record, [])
+    return CellOutcome(record, trace)

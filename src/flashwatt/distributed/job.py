@@ -6,7 +6,8 @@ for CPU checks), causal, pass (fwd|fwd_bwd), block (auto|flash|efficient|cudnn|c
 math). Optional: seed (0), repeats (10), warmup (3), ulysses_size (hybrid; default the
 processes per node), single_gpu (True: time the whole problem on one GPU in the same
 run), context_parallel (True: time PyTorch's context_parallel as the peer), variant
-(custom kernel launch variant), check (True).
+(custom kernel launch variant), check (True), measure (flashwatt.settings.MeasureSettings
+keys: the energy window's settings).
 
 Check: batch 0 and the query heads of the first K/V head group (two groups for MHA) of
 the gathered output and gradients, every row, against `reference.reference_group` in
@@ -18,6 +19,12 @@ on CPU); per rank the median; the record keeps every rank's median and the slowe
 Communication: the forward and the backward are timed three ways (split_mode): full,
 compute only (every block, no transfer) and communication only (every transfer, no
 block); exposed communication = full - compute only, hidden = comm only - exposed.
+
+Energy (measure.energy): a window of whole calls (forward, and backward for fwd_bwd) run
+in lockstep on every rank, each GPU's NVML counter read between its own updates and the
+energy summed over the job's GPUs (flashwatt.distributed.energy_window); then the whole
+problem on rank 0's GPU alone, its own window, for energy_ratio_to_one_gpu. The power
+trace of the job's window is the record's `trace` (the cell's trace file).
 """
 from __future__ import annotations
 
@@ -32,6 +39,8 @@ from flashwatt.distributed import rendezvous
 from flashwatt.distributed.api import attention
 from flashwatt.distributed.blocks import get_block
 from flashwatt.distributed.context_parallel_peer import context_parallel_peer
+from flashwatt.distributed.energy_window import device_of, job_telemetry, lockstep_energy
+from flashwatt.energy import gflops_per_watt
 from flashwatt.distributed.groups import resolve
 from flashwatt.distributed.inputs import DTYPES, make_full
 from flashwatt.distributed.layout import gather_sequence, shard_sequence
@@ -39,6 +48,7 @@ from flashwatt.distributed.ring import RingAttention
 from flashwatt.distributed.split_mode import split_mode
 from flashwatt.distributed.timing import barrier, gather, median_ms, sync
 from flashwatt.measure import relative_error
+from flashwatt.settings import MeasureSettings
 
 REQUIRED = ("strategy", "gpus", "batch", "heads", "kv_heads", "seq_len", "head_dim", "precision", "causal", "pass",
             "block")
@@ -140,6 +150,11 @@ def _run(spec: dict, rdv, device) -> dict:
     def run_backward(out):
         torch.autograd.backward(out, dl)
 
+    def step():
+        out = run_forward()
+        if bwd:
+            run_backward(out)
+
     # Correctness first (a wrong answer is not timed as if it were right).
     out = run_forward()
     if bwd:
@@ -157,10 +172,7 @@ def _run(spec: dict, rdv, device) -> dict:
     if device.type == "cuda":
         barrier(device)
         torch.cuda.reset_peak_memory_stats(device)
-        out = run_forward()
-        if bwd:
-            run_backward(out)
-        del out
+        step()
         sync(device)
         record["memory"] = {"peak_bytes_per_gpu": gather(int(torch.cuda.max_memory_allocated(device)))}
 
@@ -185,16 +197,22 @@ def _run(spec: dict, rdv, device) -> dict:
     record["communication"] = comm
     tf = flops(spec) / (total_ms * 1e-3) / 1e12
     record["tflops"] = {"total": tf, "per_gpu": tf / rdv.world, "flops": flops(spec)}
+    settings = MeasureSettings.from_mapping(spec.get("measure", {}))
+    record["energy"], record["trace"] = _job_energy(step, spec, device, settings, record["tflops"]["flops"])
     if spec.get("single_gpu", True):
-        record["single_gpu"] = _single_gpu(spec, block, device, dtype, bwd, causal, repeats, warmup)
+        record["single_gpu"] = _single_gpu(spec, block, device, dtype, bwd, causal, repeats, warmup, settings)
         one = record["single_gpu"]
         if one.get("total_ms"):
             record["speedup"] = one["total_ms"] / total_ms
             record["efficiency"] = record["speedup"] / rdv.world
+            mine, alone = record["energy"].get("energy_per_call_j"), (one.get("energy") or {}).get("energy_per_call_j")
+            if mine and alone:
+                record["energy_ratio_to_one_gpu"] = mine / alone
             if one.get("peak_bytes") and record.get("memory"):
                 record["memory"]["ratio_to_one_gpu"] = max(record["memory"]["peak_bytes_per_gpu"]) / one["peak_bytes"]
     if spec.get("context_parallel", True):
-        record["context_parallel"] = context_parallel_peer(spec, device, dtype, bwd, causal, repeats, warmup)
+        record["context_parallel"] = context_parallel_peer(spec, device, dtype, bwd, causal, repeats, warmup,
+                                                           getattr(block, "name", None))
     return record
 
 
@@ -253,7 +271,60 @@ def reference_slice(q, k, v, dout, causal, g, G):
     return [None if r is None else r.reshape(s + r.shape[-2:]) for r, s in zip(res, shapes)]
 
 
-def _single_gpu(spec, block, device, dtype, bwd, causal, repeats, warmup) -> dict:
+def tokens(spec: dict) -> int:
+    return int(spec["batch"]) * int(spec["seq_len"])
+
+
+def _energy_entry(window, spec: dict, flops_per_call: float, summed_over: str) -> dict:
+    energy = window.as_dict()
+    energy["unit"] = "one call = " + ("forward and backward" if spec["pass"] == "fwd_bwd" else "forward") + \
+        " of the whole problem"
+    energy["summed_over"] = summed_over
+    if window.energy_per_call_j:
+        energy["j_per_token"] = window.energy_per_call_j / tokens(spec)
+        energy["gflops_per_j"] = gflops_per_watt(flops_per_call, window.energy_per_call_j)
+    return energy
+
+
+def _job_energy(step, spec: dict, device, settings, flops_per_call: float) -> tuple[dict, list[dict]]:
+    """Energy of whole calls summed over every GPU of the job, each GPU between its own
+    counter updates (flashwatt.distributed.energy_window), and the power trace (rank 0)."""
+    rank = dist.get_rank()
+    side = dist.new_group(backend="gloo")
+    telemetry = job_telemetry(device, settings, rank)
+    try:
+        window = lockstep_energy(step, lambda: sync(device), telemetry, settings, side, rank)
+    finally:
+        if telemetry is not None:
+            telemetry.close()
+    if rank != 0:
+        return {}, []
+    if window is None:
+        return {"reason": telemetry.reason}, []
+    entry = _energy_entry(window, spec, flops_per_call, f"{window.n_gpus} GPUs (per_gpu holds each)")
+    return entry, [dict(row) for row in window.trace]
+
+
+def _single_gpu_energy(step, spec: dict, device, settings, flops_per_call: float) -> dict:
+    """Energy of the whole problem on rank 0's GPU alone (the other GPUs wait, not measured)."""
+    from flashwatt.energy import measure_energy
+    from flashwatt.telemetry import open_telemetry
+
+    if device.type != "cuda" or not settings.energy:
+        return {"reason": "no CUDA device" if device.type != "cuda" else "measure.energy: false"}
+    telemetry = open_telemetry([device_of(device)["uuid"]])
+    try:
+        if not telemetry.available:
+            return {"reason": telemetry.reason}
+        window = measure_energy(step, lambda: torch.cuda.synchronize(device), telemetry,
+                                min_window_s=settings.energy_window_s, idle_settle_s=settings.idle_settle_s,
+                                idle_window_s=settings.idle_window_s, sampler_period_s=settings.sampler_period_s)
+    finally:
+        telemetry.close()
+    return _energy_entry(window, spec, flops_per_call, "1 GPU")
+
+
+def _single_gpu(spec, block, device, dtype, bwd, causal, repeats, warmup, settings) -> dict:
     """The whole problem on rank 0's device through the same block backend (no communication)."""
     result = None
     if dist.get_rank() == 0:
@@ -283,6 +354,16 @@ def _single_gpu(spec, block, device, dtype, bwd, causal, repeats, warmup) -> dic
             b_ms = median_ms(bwd_call, device, repeats, warmup, before=fwd, together=False) if bwd else 0.0
             result = {"forward_ms": f_ms, "backward_ms": b_ms if bwd else None, "total_ms": f_ms + b_ms,
                       "peak_bytes": peak}
+
+            def step():
+                o = fwd()
+                if bwd:
+                    bwd_call(o)
+
+            try:
+                result["energy"] = _single_gpu_energy(step, spec, device, settings, flops(spec))
+            except Exception as err:  # the timing above stands without it
+                result["energy"] = {"reason": f"{type(err).__name__}: {err}"}
         except Exception as err:
             result = {"status": "failed", "reason": f"{type(err).__name__}: {err}"}
     box = [result]
@@ -303,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
     text = open(args[0][1:]).read() if args[0].startswith("@") else args[0]
     record = job(json.loads(text))
     if record is not None:
-        out = json.dumps(record, indent=1, default=str)
+        out = json.dumps({k: v for k, v in record.items() if k != "trace"}, indent=1, default=str)
         print(out)
         if len(args) > 1:
             with open(args[1], "w") as fh:

@@ -16,6 +16,7 @@
           causal: [true]
           passes: [fwd_bwd]
 
+Every spec carries the suite's measurement settings (`measure`: the energy window).
 A combination a strategy cannot run (L not divisible by 2 x the world size, heads not
 divisible by it for Ulysses) is refused with the grid's key, before any job starts.
 """
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import itertools
 
-from flashwatt.config import ConfigError
+from flashwatt.config import ConfigError, measure_settings
 from flashwatt.distributed.cell import DistributedCell
 
 DEFAULT_REPEATS, DEFAULT_WARMUP = 10, 3
@@ -36,7 +37,7 @@ def distributed_runs(config: dict, suite: str) -> dict[DistributedCell, dict]:
     if not section:
         return {}
     options = {"repeats": int(section.get("repeats", DEFAULT_REPEATS)),
-               "warmup": int(section.get("warmup", DEFAULT_WARMUP))}
+               "warmup": int(section.get("warmup", DEFAULT_WARMUP)), "measure": measure_settings(config, suite)}
     cells: dict[DistributedCell, dict] = {}
     for i, grid in enumerate(section["grids"]):
         where = f"suites.{suite}.distributed.grids[{i}]"

@@ -1,5 +1,6 @@
 """The distributed cells of a suite as one table: a row per cell, its timing split, speed,
-scaling against one GPU in the same run, memory per GPU and errors against float64."""
+scaling against one GPU in the same run, memory per GPU, energy summed over the job's GPUs
+and errors against float64."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -15,7 +16,8 @@ COLUMNS = [
     "backward_comm_hidden_fraction", "tflops_total", "tflops_per_gpu", "single_gpu_total_ms", "speedup",
     "efficiency", "peak_bytes_per_gpu", "memory_ratio_to_one_gpu", "check_passed", "error_out", "error_dq",
     "error_dk", "error_dv", "single_gpu_error_out", "single_gpu_error_dq", "context_parallel_total_ms",
-    "vs_context_parallel", "duration_s",
+    "vs_context_parallel", "energy_per_call_j", "j_per_token", "avg_power_w", "energy_gpus", "energy_flags",
+    "energy_reason", "single_gpu_energy_per_call_j", "energy_ratio_to_one_gpu", "duration_s",
 ]
 
 
@@ -48,6 +50,12 @@ def _row(cell: DistributedCell, record: dict) -> dict:
         row[f"error_{name}"] = (check.get("error") or {}).get(name)
     for name in ("out", "dq"):
         row[f"single_gpu_error_{name}"] = (check.get("single_gpu_error") or {}).get(name)
+    energy = result.get("energy") or {}
+    row.update(energy_per_call_j=energy.get("energy_per_call_j"), j_per_token=energy.get("j_per_token"),
+               avg_power_w=energy.get("avg_power_w"), energy_gpus=energy.get("n_gpus"),
+               energy_flags=",".join(energy.get("flags") or []) or None, energy_reason=energy.get("reason"),
+               single_gpu_energy_per_call_j=(single.get("energy") or {}).get("energy_per_call_j"),
+               energy_ratio_to_one_gpu=result.get("energy_ratio_to_one_gpu"))
     row["vs_context_parallel"] = (peer["total_ms"] / row["total_ms"]
                                   if peer.get("total_ms") and row["total_ms"] else None)
     return row

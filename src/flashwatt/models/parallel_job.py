@@ -139,6 +139,7 @@ def _measure(cell: ModelCell, spec: dict, settings, device, record: dict, stage:
     import torch
     import torch.distributed as dist
 
+    from flashwatt.distributed.energy_window import device_of, job_telemetry, lockstep_energy
     from flashwatt.distributed.timing import gather
     from flashwatt.models.attention import use_backend
     from flashwatt.models.comm_timeline import communication_split
@@ -158,10 +159,10 @@ def _measure(cell: ModelCell, spec: dict, settings, device, record: dict, stage:
     rank, world = dist.get_rank(), dist.get_world_size()
     side = dist.new_group(backend="gloo")  # rank 0's go/stop for the energy window, on the host
 
-    telemetry = _open_telemetry(device, settings, rank)
+    telemetry = job_telemetry(device, settings, rank)
     try:
         record["device"] = device_identity(device, telemetry) if rank == 0 else None
-        record["devices"] = gather(_device_of(device))
+        record["devices"] = gather(device_of(device))
 
         model = build_model(spec["model"], cell.precision, device, seed)
         shape = shape_of(model.config)
@@ -238,7 +239,7 @@ def _measure(cell: ModelCell, spec: dict, settings, device, record: dict, stage:
         record["communication"] = _communication(comm, timing)
 
         stage["now"] = "energy window"
-        window = _lockstep_energy(step, device, telemetry, settings, side, rank)
+        window = lockstep_energy(step.run, lambda: torch.cuda.synchronize(device), telemetry, settings, side, rank)
         trace: list[dict] = []
         if rank == 0:
             if window is not None:
@@ -265,34 +266,6 @@ def _measure(cell: ModelCell, spec: dict, settings, device, record: dict, stage:
         record["reason"] = "parallel model check failed: " + ", ".join(
             f"{k} {check[k].get('error', check[k].get('prefix_change')):.3g}" for k in failed)
     return trace
-
-
-def _device_of(device) -> dict:
-    import torch
-
-    if device.type != "cuda":
-        return {"type": "cpu"}
-    props = torch.cuda.get_device_properties(device)
-    return {"type": "cuda", "name": props.name, "uuid": str(getattr(props, "uuid", "")) or None,
-            "index": device.index}
-
-
-def _open_telemetry(device, settings, rank: int):
-    """Rank 0: NVML over every GPU of the job (their UUIDs gathered from the ranks);
-    the others: none. A NullTelemetry says why there is none."""
-    from flashwatt.distributed.timing import gather
-    from flashwatt.telemetry import NullTelemetry, open_telemetry
-
-    uuids = gather(_device_of(device).get("uuid"))
-    if rank != 0:
-        return None
-    if device.type != "cuda":
-        return NullTelemetry("no CUDA device: energy is measured on NVIDIA GPUs only")
-    if not settings.energy:
-        return NullTelemetry("energy measurement switched off (measure.energy: false)")
-    if not all(uuids):
-        return NullTelemetry("a rank's GPU has no UUID: the job's GPUs cannot be named to NVML")
-    return open_telemetry(list(uuids))
 
 
 def _peaks(device) -> dict:
@@ -329,35 +302,3 @@ def _communication(per_rank: list[dict], timing: dict) -> dict:
         out["exposed_share_of_step"] = out["exposed_ms"] / timing["step_ms"]
     return out
 
-
-def _lockstep_energy(step, device, telemetry, settings, side, rank: int):
-    """Rank 0 runs flashwatt.energy's window; before each of its steps it tells the other
-    ranks to run one too (a broadcast on the gloo side group), and a stop at the end."""
-    import torch
-    import torch.distributed as dist
-
-    flag = torch.zeros(1, dtype=torch.int32)
-
-    def say(value: int) -> int:
-        flag.fill_(value)
-        dist.broadcast(flag, src=0, group=side)
-        return int(flag.item())
-
-    if rank != 0:
-        while say(0) == 1:
-            step.run()
-        return None
-    try:
-        if telemetry is None or not telemetry.available:
-            return None
-        from flashwatt.energy import measure_energy
-
-        def call() -> None:
-            say(1)
-            step.run()
-
-        return measure_energy(call, lambda: torch.cuda.synchronize(device), telemetry,
-                              min_window_s=settings.energy_window_s, idle_settle_s=settings.idle_settle_s,
-                              idle_window_s=settings.idle_window_s, sampler_period_s=settings.sampler_period_s)
-    finally:
-        say(0)
