@@ -41,12 +41,13 @@ def context_parallel_peer(spec, device, dtype, bwd, causal, repeats, warmup, blo
         backend = PEER_BACKEND.get(block_name or "")
         pinned = sdpa_kernel(getattr(SDPBackend, backend)) if backend else contextlib.nullcontext()
         with pinned, context_parallel(mesh, buffers=[q, k, v, dout], buffer_seq_dims=[2, 2, 2, 2]):
-            for t in (q, k, v):
-                t.requires_grad_(bwd)
+            # The buffers are sharded in place and resized back on exit, which a tensor that
+            # requires grad refuses: the leaves are detached views of this rank's shard.
+            ql, kl, vl = (t.detach().requires_grad_(bwd) for t in (q, k, v))
 
             def fwd(_=None):
                 with torch.set_grad_enabled(bwd):
-                    return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                    return F.scaled_dot_product_attention(ql, kl, vl, is_causal=causal)
 
             def bwd_call(out):
                 torch.autograd.backward(out, dout)
