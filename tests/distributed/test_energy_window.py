@@ -1,13 +1,16 @@
 """The job-wide energy window (flashwatt.distributed.energy_window) on CPU: gloo ranks in
-lockstep with rank 0's window over fake GPUs, and the refusal of a job over several hosts."""
+lockstep over fake GPUs, on one host (rank 0 reads every GPU) and on two (each host's first
+rank reads its own, the sum at rank 0)."""
 from __future__ import annotations
 
 import json
 import socket
 
+import pytest
 import torch.multiprocessing as mp
 
 import energy_worker
+from flashwatt.distributed.energy_window import MULTI_HOST_FLAG
 
 
 def _port() -> int:
@@ -16,26 +19,45 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def _run(tmp_path, hosts):
+def _run(tmp_path, hosts, with_gpus=True):
     report = tmp_path / "energy.json"
-    mp.spawn(energy_worker.main, args=(len(hosts), _port(), str(report), hosts), nprocs=len(hosts), join=True)
+    mp.spawn(energy_worker.main, args=(len(hosts), _port(), str(report), hosts, with_gpus), nprocs=len(hosts),
+             join=True)
     return json.loads(report.read_text())
 
 
-def test_every_rank_runs_rank_zeros_steps_and_the_energy_is_summed_over_the_gpus(tmp_path):
-    out = _run(tmp_path, ["node-a", "node-a", "node-a"])
-    window = out["window"]
+def _sums_hold(energy, gpus):
+    assert energy["n_gpus"] == gpus and len(energy["per_gpu"]) == gpus
+    assert energy["energy_j"] == pytest.approx(sum(g["energy_j"] for g in energy["per_gpu"]))
+    # Every fake GPU drew 400 W through the window.
+    assert 0.85 * 400 * gpus < energy["avg_power_w"] < 1.15 * 400 * gpus, energy["avg_power_w"]
+    assert energy["energy_per_call_j"] == pytest.approx(energy["energy_j"] / energy["calls"], rel=0.02)
+
+
+def test_one_host_rank_zero_reads_every_gpu_and_every_rank_runs_its_steps(tmp_path):
+    out = _run(tmp_path, ["node-a"] * 3)
+    energy = out["energy"]
     assert len(set(out["counts"])) == 1 and out["counts"][0] >= 10, out["counts"]
-    # Every step of the window (and of the end-edge batches) ran on every rank.
-    assert window["sync_calls"] <= out["counts"][0]
-    assert window["n_gpus"] == 3 and len(window["per_gpu"]) == 3
-    assert abs(window["energy_j"] - sum(g["energy_j"] for g in window["per_gpu"])) < 1e-9
-    # Three fake GPUs at 400 W over the window.
-    assert 0.85 * 1200 < window["avg_power_w"] < 1.15 * 1200, window["avg_power_w"]
-    # One host, CPU tensors: no NVML reading, and that is why.
-    assert "no CUDA device" in out["refused"]
+    assert out["opened"] == [[out["uuids"]], [], []]  # rank 0, every GPU of the job
+    assert energy["sync_calls"] <= out["counts"][0] and energy["edges_aligned"]
+    _sums_hold(energy, 3)
+    assert out["trace_gpus"] == [0, 1, 2]
 
 
-def test_a_job_over_several_hosts_is_refused_naming_them(tmp_path):
-    out = _run(tmp_path, ["node-a", "node-b"])
-    assert "2 hosts (node-a, node-b)" in out["refused"]
+def test_several_hosts_each_read_their_own_gpus_over_the_same_steps(tmp_path):
+    out = _run(tmp_path, ["node-a", "node-a", "node-b", "node-b"])
+    energy, uuids = out["energy"], out["uuids"]
+    # The first rank of each host opened that host's GPUs, nobody else any.
+    assert out["opened"] == [[uuids[:2]], [], [uuids[2:]], []]
+    # A fixed count, from the step time: 0.3 s / 2 ms.
+    assert out["counts"] == [150] * 4 and energy["sync_calls"] == 150
+    assert energy["hosts"] == ["node-a", "node-b"] and MULTI_HOST_FLAG in energy["flags"]
+    assert [g["host"] for g in energy["per_gpu"]] == ["node-a", "node-a", "node-b", "node-b"]
+    assert [g["gpu"] for g in energy["per_gpu"]] == [0, 1, 2, 3] and out["trace_gpus"] == [0, 1, 2, 3]
+    _sums_hold(energy, 4)
+
+
+def test_ranks_without_a_gpu_give_the_reason_and_no_window(tmp_path):
+    out = _run(tmp_path, ["node-a", "node-b"], with_gpus=False)
+    assert out["energy"] == {"reason": "no CUDA device: energy is measured on NVIDIA GPUs only"}
+    assert out["counts"] == [0, 0] and out["opened"] == [[], []]

@@ -39,7 +39,7 @@ from flashwatt.distributed import rendezvous
 from flashwatt.distributed.api import attention
 from flashwatt.distributed.blocks import get_block
 from flashwatt.distributed.context_parallel_peer import context_parallel_peer
-from flashwatt.distributed.energy_window import device_of, job_telemetry, lockstep_energy
+from flashwatt.distributed.energy_window import device_of, job_energy
 from flashwatt.energy import gflops_per_watt
 from flashwatt.distributed.groups import resolve
 from flashwatt.distributed.inputs import DTYPES, make_full
@@ -198,7 +198,8 @@ def _run(spec: dict, rdv, device) -> dict:
     tf = flops(spec) / (total_ms * 1e-3) / 1e12
     record["tflops"] = {"total": tf, "per_gpu": tf / rdv.world, "flops": flops(spec)}
     settings = MeasureSettings.from_mapping(spec.get("measure", {}))
-    record["energy"], record["trace"] = _job_energy(step, spec, device, settings, record["tflops"]["flops"])
+    record["energy"], record["trace"] = _job_energy(step, spec, device, settings, record["tflops"]["flops"],
+                                                    total_ms / 1e3)
     if spec.get("single_gpu", True):
         record["single_gpu"] = _single_gpu(spec, block, device, dtype, bwd, causal, repeats, warmup, settings)
         one = record["single_gpu"]
@@ -275,34 +276,23 @@ def tokens(spec: dict) -> int:
     return int(spec["batch"]) * int(spec["seq_len"])
 
 
-def _energy_entry(window, spec: dict, flops_per_call: float, summed_over: str) -> dict:
-    energy = window.as_dict()
+def _energy_entry(energy: dict, spec: dict, flops_per_call: float, summed_over: str) -> dict:
     energy["unit"] = "one call = " + ("forward and backward" if spec["pass"] == "fwd_bwd" else "forward") + \
         " of the whole problem"
     energy["summed_over"] = summed_over
-    if window.energy_per_call_j:
-        energy["j_per_token"] = window.energy_per_call_j / tokens(spec)
-        energy["gflops_per_j"] = gflops_per_watt(flops_per_call, window.energy_per_call_j)
+    if energy.get("energy_per_call_j"):
+        energy["j_per_token"] = energy["energy_per_call_j"] / tokens(spec)
+        energy["gflops_per_j"] = gflops_per_watt(flops_per_call, energy["energy_per_call_j"])
     return energy
 
 
-def _job_energy(step, spec: dict, device, settings, flops_per_call: float) -> tuple[dict, list[dict]]:
+def _job_energy(step, spec: dict, device, settings, flops_per_call: float, step_s: float) -> tuple[dict, list[dict]]:
     """Energy of whole calls summed over every GPU of the job, each GPU between its own
     counter updates (flashwatt.distributed.energy_window), and the power trace (rank 0)."""
-    rank = dist.get_rank()
-    side = dist.new_group(backend="gloo")
-    telemetry = job_telemetry(device, settings, rank)
-    try:
-        window = lockstep_energy(step, lambda: sync(device), telemetry, settings, side, rank)
-    finally:
-        if telemetry is not None:
-            telemetry.close()
-    if rank != 0:
-        return {}, []
-    if window is None:
-        return {"reason": telemetry.reason}, []
-    entry = _energy_entry(window, spec, flops_per_call, f"{window.n_gpus} GPUs (per_gpu holds each)")
-    return entry, [dict(row) for row in window.trace]
+    energy, trace = job_energy(step, lambda: sync(device), settings, step_s, device_of(device).get("uuid"))
+    if not energy.get("available"):
+        return energy, []
+    return _energy_entry(energy, spec, flops_per_call, f"{energy['n_gpus']} GPUs (per_gpu holds each)"), trace
 
 
 def _single_gpu_energy(step, spec: dict, device, settings, flops_per_call: float) -> dict:
@@ -321,7 +311,7 @@ def _single_gpu_energy(step, spec: dict, device, settings, flops_per_call: float
                                 idle_window_s=settings.idle_window_s, sampler_period_s=settings.sampler_period_s)
     finally:
         telemetry.close()
-    return _energy_entry(window, spec, flops_per_call, "1 GPU")
+    return _energy_entry(window.as_dict(), spec, flops_per_call, "1 GPU")
 
 
 def _single_gpu(spec, block, device, dtype, bwd, causal, repeats, warmup, settings) -> dict:

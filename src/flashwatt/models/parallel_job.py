@@ -14,10 +14,9 @@ barrier, with CUDA events around forward, backward, the gradient all-reduce (con
 parallel) and the optimizer on every rank; per rank the median of each phase, and the
 record's figure the slowest rank's (every rank's kept beside it). Communication: in
 `comm_steps` profiled steps of their own (flashwatt.models.comm_timeline). Memory: each
-GPU's peak. Energy: rank 0 drives a window of whole steps (flashwatt.energy) over the
-NVML counters of every GPU of the job, the other ranks following step by step through a
-gloo side channel (so they idle with rank 0 during its idle reading); the energy is
-summed over the GPUs and divided by the step's tokens over all of them.
+GPU's peak. Energy: a window of whole steps over the NVML counters of every GPU of the
+job, every rank running the same steps (flashwatt.distributed.energy_window); the energy
+is summed over the GPUs and divided by the step's tokens over all of them.
 """
 from __future__ import annotations
 
@@ -139,7 +138,7 @@ def _measure(cell: ModelCell, spec: dict, settings, device, record: dict, stage:
     import torch
     import torch.distributed as dist
 
-    from flashwatt.distributed.energy_window import device_of, job_telemetry, lockstep_energy
+    from flashwatt.distributed.energy_window import device_of, job_energy
     from flashwatt.distributed.timing import gather
     from flashwatt.models.attention import use_backend
     from flashwatt.models.comm_timeline import communication_split
@@ -152,112 +151,108 @@ def _measure(cell: ModelCell, spec: dict, settings, device, record: dict, stage:
     from flashwatt.models.step import body_matmul_parameters, build_model, random_tokens, reference_factory, \
         time_steps, warm_up
     from flashwatt.runner import device_identity
+    from flashwatt.telemetry import NullTelemetry, open_telemetry
 
     steps = {**DEFAULT_STEPS, **PARALLEL_STEPS, **spec.get("steps", {})}
     seed = int(spec.get("seed", 0))
     train = cell.phase == "train"
     rank, world = dist.get_rank(), dist.get_world_size()
-    side = dist.new_group(backend="gloo")  # rank 0's go/stop for the energy window, on the host
+    uuid = device_of(device).get("uuid")
+    if rank == 0:
+        telemetry = open_telemetry([uuid]) if uuid else NullTelemetry("no CUDA device")
+        record["device"] = device_identity(device, telemetry)
+        telemetry.close()
+    else:
+        record["device"] = None
+    record["devices"] = gather(device_of(device))
 
-    telemetry = job_telemetry(device, settings, rank)
-    try:
-        record["device"] = device_identity(device, telemetry) if rank == 0 else None
-        record["devices"] = gather(device_of(device))
+    model = build_model(spec["model"], cell.precision, device, seed)
+    shape = shape_of(model.config)
+    body = body_matmul_parameters(model)
+    record["model"] = {"parameters": sum(p.numel() for p in model.parameters()), "body_matmul_parameters": body,
+                       "shape": shape.__dict__, "weights": "random (seeded)" if "path" not in spec["model"]
+                       else spec["model"]["path"], "dropout": 0.0}
+    adapter = use_backend(model, cell.backend, cell.precision, train) if cell.strategy == "fsdp" else None
+    parallel = prepare(model, cell.strategy, block=block_of(cell.backend) or "auto",
+                       recompute=cell.recompute and train)
+    if cell.strategy == "fsdp":
+        batch = {"batch_per_gpu": cell.batch,
+                 "batch_meaning": "data parallel: each GPU its own batch sequences, global batch = batch x gpus"}
+    else:
+        batch = {"batch": cell.batch,
+                 "batch_meaning": "context parallel: batch sequences, each split over every GPU (global batch = "
+                                  "batch)"}
+    record["parallel"] = {
+        "strategy": cell.strategy, "world_size": world, **batch, "global_batch": cell.global_batch,
+        "tokens_per_step": cell.tokens,
+        "loss": "mean next-token cross-entropy over every token of every rank (labels shifted on the global "
+                "sequence)", **parallel.details}
 
-        model = build_model(spec["model"], cell.precision, device, seed)
-        shape = shape_of(model.config)
-        body = body_matmul_parameters(model)
-        record["model"] = {"parameters": sum(p.numel() for p in model.parameters()), "body_matmul_parameters": body,
-                           "shape": shape.__dict__, "weights": "random (seeded)" if "path" not in spec["model"]
-                           else spec["model"]["path"], "dropout": 0.0}
-        adapter = use_backend(model, cell.backend, cell.precision, train) if cell.strategy == "fsdp" else None
-        parallel = prepare(model, cell.strategy, block=block_of(cell.backend) or "auto",
-                           recompute=cell.recompute and train)
-        if cell.strategy == "fsdp":
-            batch = {"batch_per_gpu": cell.batch,
-                     "batch_meaning": "data parallel: each GPU its own batch sequences, global batch = batch x gpus"}
-        else:
-            batch = {"batch": cell.batch,
-                     "batch_meaning": "context parallel: batch sequences, each split over every GPU (global batch = "
-                                      "batch)"}
-        record["parallel"] = {
-            "strategy": cell.strategy, "world_size": world, **batch, "global_batch": cell.global_batch,
-            "tokens_per_step": cell.tokens,
-            "loss": "mean next-token cross-entropy over every token of every rank (labels shifted on the global "
-                    "sequence)", **parallel.details}
+    stage["now"] = "check"
+    record["check"] = check_parallel(parallel, lambda: build_model(spec["model"], cell.precision, device, seed),
+                                     lambda m: reference_factory(m, device), cell.precision, shape.vocab,
+                                     shape.max_positions, train, seed)
+    if parallel.attention is not None:
+        record["parallel"]["block"] = parallel.attention.block_name
+        record["parallel"]["kv_expanded"] = parallel.attention.kv_expanded
 
-        stage["now"] = "check"
-        record["check"] = check_parallel(parallel, lambda: build_model(spec["model"], cell.precision, device, seed),
-                                         lambda m: reference_factory(m, device), cell.precision, shape.vocab,
-                                         shape.max_positions, train, seed)
-        if parallel.attention is not None:
-            record["parallel"]["block"] = parallel.attention.block_name
-            record["parallel"]["kv_expanded"] = parallel.attention.kv_expanded
+    tokens = random_tokens(shape.vocab, cell.global_batch, cell.seq_len, seed + 1, device)
+    optimizer = None
+    if train:
+        model.train()
+        # Fused on CPU too: the tests then run the optimizer path a GPU runs (fused over DTensor shards).
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.1, fused=True)
+    else:
+        model.eval()
+    step = ParallelStep(parallel, tokens, cell.phase, optimizer)
 
-        tokens = random_tokens(shape.vocab, cell.global_batch, cell.seq_len, seed + 1, device)
-        optimizer = None
-        if train:
-            model.train()
-            # Fused on CPU too: the tests then run the optimizer path a GPU runs (fused over DTensor shards).
-            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.1, fused=True)
-        else:
-            model.eval()
-        step = ParallelStep(parallel, tokens, cell.phase, optimizer)
+    stage["now"] = "warm-up"
+    warm = warm_up(step, device, int(steps["warmup_steps"]))
 
-        stage["now"] = "warm-up"
-        warm = warm_up(step, device, int(steps["warmup_steps"]))
+    stage["now"] = "timed steps"
+    mine = time_steps(step, device, int(steps["timed_steps"]))
+    per_rank = gather(mine)
+    timing = _slowest(per_rank, [f"{part}_ms" for part in (*step.parts, "step")])
+    timing["steps_ms"] = mine["steps_ms"] if rank == 0 else None
+    timing["method"] = mine["method"] + "; every step after a barrier; the slowest rank's median per phase"
+    timing["warmup_s"] = warm
+    timing["tokens_per_s"] = cell.tokens / (timing["step_ms"] / 1e3)
+    record["timing"] = timing
+    record["memory"] = _memory(device, gather(_peaks(device)))
+    if train:
+        record["memory"]["optimizer"] = (f"AdamW (fused), states in {cell.precision}"
+                                         + (", sharded like the weights" if cell.strategy == "fsdp" else ""))
+    record["memory"]["recompute"] = cell.recompute
 
-        stage["now"] = "timed steps"
-        mine = time_steps(step, device, int(steps["timed_steps"]))
-        per_rank = gather(mine)
-        timing = _slowest(per_rank, [f"{part}_ms" for part in (*step.parts, "step")])
-        timing["steps_ms"] = mine["steps_ms"] if rank == 0 else None
-        timing["method"] = mine["method"] + "; every step after a barrier; the slowest rank's median per phase"
-        timing["warmup_s"] = warm
-        timing["tokens_per_s"] = cell.tokens / (timing["step_ms"] / 1e3)
-        record["timing"] = timing
-        record["memory"] = _memory(device, gather(_peaks(device)))
-        if train:
-            record["memory"]["optimizer"] = (f"AdamW (fused), states in {cell.precision}"
-                                             + (", sharded like the weights" if cell.strategy == "fsdp" else ""))
-        record["memory"]["recompute"] = cell.recompute
+    record["flops"] = step_utilisation(
+        shape, body, cell.global_batch, cell.seq_len, cell.phase, timing["step_ms"] / 1e3,
+        (record.get("device") or {}).get("name") if rank == 0 else None, cell.precision, gpus=world)
 
-        record["flops"] = step_utilisation(
-            shape, body, cell.global_batch, cell.seq_len, cell.phase, timing["step_ms"] / 1e3,
-            (record.get("device") or {}).get("name") if rank == 0 else None, cell.precision, gpus=world)
+    stage["now"] = "attention steps"
+    share = attention_share(step, model, cell, device, int(steps["attention_steps"]))
+    shares = gather(share)
+    record["attention"] = shares[0] | ({"per_rank_share": [s.get("share") for s in shares]}
+                                       if share.get("method") else {})
+    if adapter is not None:
+        record["attention"]["kv_expanded"] = adapter.kv_expanded
 
-        stage["now"] = "attention steps"
-        share = attention_share(step, model, cell, device, int(steps["attention_steps"]))
-        shares = gather(share)
-        record["attention"] = shares[0] | ({"per_rank_share": [s.get("share") for s in shares]}
-                                           if share.get("method") else {})
-        if adapter is not None:
-            record["attention"]["kv_expanded"] = adapter.kv_expanded
+    stage["now"] = "communication steps"
+    comm = gather(communication_split(step.run, device, int(steps["comm_steps"])))
+    record["communication"] = _communication(comm, timing)
 
-        stage["now"] = "communication steps"
-        comm = gather(communication_split(step.run, device, int(steps["comm_steps"])))
-        record["communication"] = _communication(comm, timing)
-
-        stage["now"] = "energy window"
-        window = lockstep_energy(step.run, lambda: torch.cuda.synchronize(device), telemetry, settings, side, rank)
-        trace: list[dict] = []
-        if rank == 0:
-            if window is not None:
-                energy = window.as_dict()
-                energy["unit"] = "one call = one step on every GPU"
-                energy["summed_over"] = f"{window.n_gpus} GPUs (per_gpu holds each)"
-                if window.energy_per_call_j is not None:
-                    energy["j_per_token"] = window.energy_per_call_j / cell.tokens
-                    energy["tokens_per_j"] = cell.tokens / window.energy_per_call_j
-                if window.time_per_call_s:
-                    energy["window_tokens_per_s"] = cell.tokens / window.time_per_call_s
-                record["energy"] = energy
-                trace = [dict(row) for row in window.trace]
-            else:
-                record["energy"] = {"reason": telemetry.reason}
-    finally:
-        if telemetry is not None:
-            telemetry.close()
+    stage["now"] = "energy window"
+    energy, trace = job_energy(step.run, lambda: torch.cuda.synchronize(device), settings,
+                               timing["step_ms"] / 1e3, uuid)
+    if rank == 0:
+        if energy.get("available"):
+            energy["unit"] = "one call = one step on every GPU"
+            energy["summed_over"] = f"{energy['n_gpus']} GPUs (per_gpu holds each)"
+            if energy["energy_per_call_j"] is not None:
+                energy["j_per_token"] = energy["energy_per_call_j"] / cell.tokens
+                energy["tokens_per_j"] = cell.tokens / energy["energy_per_call_j"]
+            if energy["time_per_call_s"]:
+                energy["window_tokens_per_s"] = cell.tokens / energy["time_per_call_s"]
+        record["energy"] = energy
 
     check = record["check"]
     record["status"] = "ok" if check["passed"] else "incorrect"
