@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import time
 from pathlib import Path
 
@@ -70,3 +71,15 @@ def synthetic_corpus(folder: Path, documents: int = 400, seed: int = 0) -> Path:
     path = folder / "corpus.txt"
     path.write_text("\n\n".join(paragraphs) + "\n")
     return path
+
+
+def free_ports(n: int = 1) -> list[int]:
+    """n distinct free TCP ports on the loopback, for process groups started by a test
+    (all held open together while drawn, so no two are the same)."""
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports

@@ -11,7 +11,6 @@ loss, gathered logits and every whole gradient must match to 1e-10 (float64) and
 from __future__ import annotations
 
 import json
-import socket
 
 import pytest
 import torch.multiprocessing as mp
@@ -26,14 +25,9 @@ from flashwatt.models.parallel import STRATEGIES
 from flashwatt.models.parallel_job import why_not_parallel
 from flashwatt.models.presets import build_config, model_spec, shape_of
 from flashwatt.models.suite import model_runs
+from support import free_ports
 
 TOLERANCE = {"float64": 1e-10, "float32": 2e-6}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ---- the numerics, 2 and 4 processes ----------------------------------------------
@@ -41,7 +35,7 @@ def _free_port() -> int:
 def report(request, tmp_path_factory):
     world = request.param
     path = tmp_path_factory.mktemp(f"world{world}") / "report.json"
-    mp.spawn(models_parallel_worker.main, args=(world, _free_port(), str(path)), nprocs=world, join=True)
+    mp.spawn(models_parallel_worker.main, args=(world, free_ports()[0], str(path)), nprocs=world, join=True)
     return world, json.loads(path.read_text())
 
 

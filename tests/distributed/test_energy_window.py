@@ -4,24 +4,18 @@ rank reads its own, the sum at rank 0)."""
 from __future__ import annotations
 
 import json
-import socket
 
 import pytest
 import torch.multiprocessing as mp
 
 import energy_worker
 from flashwatt.distributed.energy_window import MULTI_HOST_FLAG
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from support import free_ports
 
 
 def _run(tmp_path, hosts, with_gpus=True):
     report = tmp_path / "energy.json"
-    mp.spawn(energy_worker.main, args=(len(hosts), _port(), str(report), hosts, with_gpus), nprocs=len(hosts),
+    mp.spawn(energy_worker.main, args=(len(hosts), free_ports()[0], str(report), hosts, with_gpus), nprocs=len(hosts),
              join=True)
     return json.loads(report.read_text())
 

@@ -2,27 +2,17 @@
 from __future__ import annotations
 
 import json
-import socket
 
 import torch.multiprocessing as mp
 
 import job_worker
 from flashwatt.distributed.job import job
-
-
-def _ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
+from support import free_ports
 
 
 def test_two_rank_jobs_check_time_and_split_communication(tmp_path):
     report = tmp_path / "records.json"
-    mp.spawn(job_worker.main, args=(2, _ports(len(job_worker.SPECS)), str(report)), nprocs=2, join=True)
+    mp.spawn(job_worker.main, args=(2, free_ports(len(job_worker.SPECS)), str(report)), nprocs=2, join=True)
     zigzag, ulysses = json.loads(report.read_text())
     for rec in (zigzag, ulysses):
         assert rec["status"] == "ok", rec.get("traceback", rec)
@@ -49,7 +39,7 @@ def test_two_rank_jobs_check_time_and_split_communication(tmp_path):
 
 def test_four_rank_hybrid_job_on_a_two_by_two_mesh(tmp_path):
     report = tmp_path / "records.json"
-    mp.spawn(job_worker.main, args=(4, _ports(1), str(report)), nprocs=4, join=True)
+    mp.spawn(job_worker.main, args=(4, free_ports(1), str(report)), nprocs=4, join=True)
     (rec,) = json.loads(report.read_text())
     assert rec["status"] == "ok", rec.get("traceback", rec)
     assert rec["check"]["passed"] and set(rec["check"]["error"]) == {"out", "dq", "dk", "dv"}, rec["check"]

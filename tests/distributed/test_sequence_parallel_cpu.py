@@ -8,27 +8,21 @@ reference to 1e-10 relative.
 from __future__ import annotations
 
 import json
-import socket
 
 import pytest
 import torch.multiprocessing as mp
 
 import sp_worker
+from support import free_ports
 
 TOLERANCE = 1e-10
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module", params=[2, 3, 4])
 def report(request, tmp_path_factory):
     world = request.param
     path = tmp_path_factory.mktemp(f"world{world}") / "report.json"
-    mp.spawn(sp_worker.main, args=(world, _free_port(), str(path)), nprocs=world, join=True)
+    mp.spawn(sp_worker.main, args=(world, free_ports()[0], str(path)), nprocs=world, join=True)
     return world, json.loads(path.read_text())
 
 

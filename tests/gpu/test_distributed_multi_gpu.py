@@ -8,13 +8,13 @@ strategy runs where the machine has four or more (Ulysses pairs inside, a ring a
 from __future__ import annotations
 
 import json
-import socket
 
 import pytest
 import torch
 import torch.multiprocessing as mp
 
 import multi_gpu_worker
+from support import free_ports
 
 pytestmark = [pytest.mark.gpu, pytest.mark.gpus(2)]
 
@@ -43,20 +43,10 @@ for s in SPECS:  # `pass` is a keyword: the override above is spelt pass_
         s["pass"] = s.pop("pass_")
 
 
-def _ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
 @pytest.fixture(scope="module")
 def records(tmp_path_factory):
     report = tmp_path_factory.mktemp("multi_gpu") / "records.json"
-    mp.spawn(multi_gpu_worker.main, args=(WORLD, _ports(len(SPECS)), SPECS, str(report)), nprocs=WORLD, join=True)
+    mp.spawn(multi_gpu_worker.main, args=(WORLD, free_ports(len(SPECS)), SPECS, str(report)), nprocs=WORLD, join=True)
     return json.loads(report.read_text())
 
 
