@@ -156,6 +156,14 @@ def test_scaling_figure_draws_speedup_and_efficiency_per_strategy(table):
     assert "3 of 4 cells ok" in fig._suptitle.get_text()
 
 
+def test_energy_figure_draws_joules_per_token_and_the_ratio_to_one_gpu(table):
+    fig = DISTRIBUTED_FIGURES["distributed_energy"].render(table)
+    ys = sorted(tuple(round(float(y), 4) for y in line.get_ydata()) for ax in fig.axes for line in ax.lines
+                if line.get_label() != "one GPU" and len(line.get_xdata()) == 3)
+    assert (1.05, 1.1, 1.2) in ys  # energy against one GPU at 1, 2 and 4 GPUs
+    assert tuple(round(5.0 * (1 + 0.05 * g) / 8192 * 1e3, 4) for g in (1, 2, 4)) in ys  # mJ per token
+
+
 def test_every_distributed_figure_says_why_when_nothing_ran(table):
     nothing = table.assign(status="skipped", reason="no CUDA device for a bf16 cell (CPU runs take precision fp64)")
     for name, figure in DISTRIBUTED_FIGURES.items():

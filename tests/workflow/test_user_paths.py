@@ -217,7 +217,8 @@ def test_distributed_cells_run_as_one_job_with_a_task_per_gpu(tmp_path):
         assert row["status"] == "ok" and row["world_size"] == 2 and bool(row["check_passed"])
         assert row["error_dq"] < 1e-12 and row["total_ms"] > 0 and row["speedup"] > 0
     assert table.loc["ring", "status"] == "skipped" and "no CUDA device" in table.loc["ring", "reason"]
-    for name in ("distributed_scaling", "distributed_memory", "distributed_time", "distributed_error"):
+    for name in ("distributed_scaling", "distributed_memory", "distributed_time", "distributed_error",
+                 "distributed_energy"):
         assert (workdir / f"figures/dist/{name}.pdf").stat().st_size > 0
     assert (workdir / "results/dist/report.html").exists()
     assert "WARNING/2" not in proc.stdout + proc.stderr

@@ -3,7 +3,9 @@
 - distributed_scaling: speedup and parallel efficiency against GPUs, a line per strategy;
 - distributed_memory: peak memory per GPU against the sequence length, per world size;
 - distributed_time: forward, backward and exposed communication per strategy and world size;
-- distributed_error: error of the output and dQ against float64, against the world size.
+- distributed_error: error of the output and dQ against float64, against the world size;
+- distributed_energy: joules per token summed over the job's GPUs, and that against one GPU
+  running the whole problem alone, against GPUs.
 
 Only cells that finished `ok` are drawn; a figure with nothing to draw says why.
 """
@@ -95,6 +97,28 @@ def draw_error(table: pd.DataFrame) -> plt.Figure:
     return grid.figure
 
 
+def draw_energy(table: pd.DataFrame) -> plt.Figure:
+    data, why = ok_rows_or_why(table, "j_per_token", "distributed")
+    if why:
+        return nothing_to_draw(why)
+    data["shape"] = _shape(data)
+    data["method"] = data["strategy"] + " / " + data["block"]
+    data["mJ per token, all GPUs"] = data["j_per_token"] * 1e3
+    data["energy / one GPU's"] = data["energy_ratio_to_one_gpu"]
+    long = data.melt(id_vars=["gpus", "method", "shape"], value_vars=["mJ per token, all GPUs", "energy / one GPU's"],
+                     var_name="measure").dropna(subset=["value"])
+    grid = sns.relplot(data=long, x="gpus", y="value", hue="method", col="measure", row="shape", kind="line",
+                       marker="o", height=3.0, aspect=1.3, facet_kws={"sharey": False})
+    for (shape, measure), ax in grid.axes_dict.items():
+        gpus = sorted(data["gpus"].unique())
+        if measure == "energy / one GPU's":
+            ax.plot(gpus, [1.0] * len(gpus), color="0.6", ls=":", label="one GPU")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(gpus, [str(g) for g in gpus])
+    grid.set_axis_labels("GPUs", "")
+    return grid.figure
+
+
 DISTRIBUTED_FIGURES: dict[str, TableFigure] = {
     f.name: f
     for f in [
@@ -111,6 +135,10 @@ DISTRIBUTED_FIGURES: dict[str, TableFigure] = {
         TableFigure("distributed_error", "pdf", "Error against float64 as the world grows",
                           "The gathered output and gradients against a float64 reference on the same data; each must "
                           "stay within twice the same block backend's single-GPU error.", draw_error),
+        TableFigure("distributed_energy", "pdf", "Energy per token across GPUs",
+                          "Energy per call summed over every GPU of the job (each GPU's NVML counter between its "
+                          "own updates) per token of the whole problem, and that against one GPU running the "
+                          "whole problem alone in the same job; dotted: one GPU's.", draw_energy),
     ]
 }
 
