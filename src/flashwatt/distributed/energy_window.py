@@ -53,10 +53,9 @@ def job_energy(step: Callable[[], None], sync: Callable[[], None], settings, ste
     reason = _why_none(settings, [u for _, u in where])
     if reason is not None:
         return ({"reason": reason}, []) if rank == 0 else ({}, [])
-    hosts = list(dict.fromkeys(host for host, _ in where))
-    if len(hosts) == 1:
+    if len({host for host, _ in where}) == 1:
         return _one_host(step, sync, settings, side, rank, [u for _, u in where], telemetry_for)
-    return _several_hosts(step, sync, settings, side, rank, where, hosts, step_s, telemetry_for)
+    return _several_hosts(step, sync, settings, side, rank, where, step_s, telemetry_for)
 
 
 def _why_none(settings, uuids: list[str | None]) -> str | None:
@@ -107,7 +106,7 @@ def _one_host(step, sync, settings, side, rank, uuids, telemetry_for) -> tuple[d
             telemetry.close()
 
 
-def _several_hosts(step, sync, settings, side, rank, where, hosts, step_s, telemetry_for) -> tuple[dict, list[dict]]:
+def _several_hosts(step, sync, settings, side, rank, where, step_s, telemetry_for) -> tuple[dict, list[dict]]:
     host = where[rank][0]
     leader = min(r for r, (h, _) in enumerate(where) if h == host)
     steps = [max(1, math.ceil(settings.energy_window_s / max(step_s, 1e-6)))]
