@@ -68,8 +68,7 @@ def _why_none(settings, uuids: list[str | None]) -> str | None:
     return None
 
 
-def measure_window(call, sync, telemetry, settings, **options):
-    """flashwatt.energy.measure_energy with the window settings of `settings` (MeasureSettings)."""
+def _measure(call, sync, telemetry, settings, **options):
     from flashwatt.energy import measure_energy
 
     return measure_energy(call, sync, telemetry, min_window_s=options.pop("min_window_s", settings.energy_window_s),
@@ -99,7 +98,7 @@ def _one_host(step, sync, settings, side, rank, uuids, telemetry_for) -> tuple[d
             say(1)
             step()
 
-        window = measure_window(call, sync, telemetry, settings)
+        window = _measure(call, sync, telemetry, settings)
         return window.as_dict(), [dict(row) for row in window.trace]
     finally:
         say(0)
@@ -127,7 +126,7 @@ def _several_hosts(step, sync, settings, side, rank, where, step_s, telemetry_fo
                     started.append(True)
                 step()
 
-            window = measure_window(call, sync, telemetry, settings, min_window_s=math.inf, max_calls=steps[0],
+            window = _measure(call, sync, telemetry, settings, min_window_s=math.inf, max_calls=steps[0],
                               align_edges=False)
         else:
             dist.barrier(group=side)

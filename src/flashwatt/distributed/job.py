@@ -39,14 +39,14 @@ from flashwatt.distributed import rendezvous
 from flashwatt.distributed.api import attention
 from flashwatt.distributed.blocks import get_block
 from flashwatt.distributed.context_parallel_peer import context_parallel_peer
-from flashwatt.distributed.energy_window import device_of, job_energy, measure_window
+from flashwatt.distributed.energy_window import device_of, job_energy
+from flashwatt.energy import gflops_per_watt
 from flashwatt.distributed.groups import resolve
 from flashwatt.distributed.inputs import DTYPES, make_full
 from flashwatt.distributed.layout import gather_sequence, shard_sequence
 from flashwatt.distributed.ring import RingAttention
 from flashwatt.distributed.split_mode import split_mode
 from flashwatt.distributed.timing import barrier, gather, median_ms, sync
-from flashwatt.energy import gflops_per_watt
 from flashwatt.measure import relative_error
 from flashwatt.settings import MeasureSettings
 
@@ -297,6 +297,7 @@ def _job_energy(step, spec: dict, device, settings, flops_per_call: float, step_
 
 def _single_gpu_energy(step, spec: dict, device, settings, flops_per_call: float) -> dict:
     """Energy of the whole problem on rank 0's GPU alone (the other GPUs wait, not measured)."""
+    from flashwatt.energy import measure_energy
     from flashwatt.telemetry import open_telemetry
 
     if device.type != "cuda" or not settings.energy:
@@ -305,7 +306,9 @@ def _single_gpu_energy(step, spec: dict, device, settings, flops_per_call: float
     try:
         if not telemetry.available:
             return {"reason": telemetry.reason}
-        window = measure_window(step, lambda: sync(device), telemetry, settings)
+        window = measure_energy(step, lambda: torch.cuda.synchronize(device), telemetry,
+                                min_window_s=settings.energy_window_s, idle_settle_s=settings.idle_settle_s,
+                                idle_window_s=settings.idle_window_s, sampler_period_s=settings.sampler_period_s)
     finally:
         telemetry.close()
     return _energy_entry(window.as_dict(), spec, flops_per_call, "1 GPU")
