@@ -109,6 +109,14 @@ def result(gpus: int, total_ms: float, one_ms: float, error: float, passed: bool
                       "single_gpu_error": {"out": error, "dq": error}}}
 
 
+@pytest.fixture(autouse=True)
+def _close_figures():
+    yield
+    import matplotlib.pyplot as plt
+
+    plt.close("all")
+
+
 @pytest.fixture
 def table(tmp_path):
     paths = []
