@@ -28,7 +28,7 @@ def main(rank: int, world: int, port: int, report: str, hosts: list[str], with_g
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=60))
     settings = MeasureSettings(energy_window_s=0.3, idle_settle_s=0.05, idle_window_s=0.2, sampler_period_s=0.02)
-    gpus = [FakeGpu(uuid_for(i), index=i, power_w=60.0, update_period_s=0.02) for i in range(world)]
+    gpus = [FakeGpu(uuid_for(i), index=i, power_w=60.0, update_period_s=0.005) for i in range(world)]
     opened: list = []
 
     def telemetry_for(uuids):
