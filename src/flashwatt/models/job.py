@@ -100,18 +100,13 @@ def _memory(device) -> dict:
 def _measure(cell: ModelCell, spec: dict, settings, device, telemetry, record: dict, stage) -> list[dict]:
     from flashwatt.models.attention import use_backend
     from flashwatt.models.check import check_model
-    from flashwatt.models.presets import shape_of
-    from flashwatt.models.step import body_matmul_parameters, build_model, make_step, reference_factory
+    from flashwatt.models.step import build_model, make_step, model_record, reference_factory
 
     seed = int(spec.get("seed", 0))
     train = cell.phase == "train"
 
     model = build_model(spec["model"], cell.precision, device, seed)
-    shape = shape_of(model.config)
-    body = body_matmul_parameters(model)
-    record["model"] = {"parameters": sum(p.numel() for p in model.parameters()), "body_matmul_parameters": body,
-                       "shape": shape.__dict__, "weights": "random (seeded)" if "path" not in spec["model"]
-                       else spec["model"]["path"], "dropout": 0.0}
+    shape, body, record["model"] = model_record(model, spec["model"])
     if cell.control is not None:
         return _measure_controlled(cell, spec, settings, device, telemetry, record, stage, model, shape, body)
     adapter = use_backend(model, cell.backend, cell.precision, train)

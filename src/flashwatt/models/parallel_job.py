@@ -147,9 +147,8 @@ def _measure(cell: ModelCell, spec: dict, settings, device, record: dict, stage:
     from flashwatt.models.parallel import prepare
     from flashwatt.models.parallel_check import check_parallel
     from flashwatt.models.parallel_step import ParallelStep
-    from flashwatt.models.presets import shape_of
-    from flashwatt.models.step import body_matmul_parameters, build_model, random_tokens, reference_factory, \
-        time_steps, warm_up
+    from flashwatt.models.step import build_model, model_record, random_tokens, reference_factory, time_steps, \
+        warm_up
     from flashwatt.runner import device_identity
     from flashwatt.telemetry import NullTelemetry, open_telemetry
 
@@ -167,11 +166,7 @@ def _measure(cell: ModelCell, spec: dict, settings, device, record: dict, stage:
     record["devices"] = gather(device_of(device))
 
     model = build_model(spec["model"], cell.precision, device, seed)
-    shape = shape_of(model.config)
-    body = body_matmul_parameters(model)
-    record["model"] = {"parameters": sum(p.numel() for p in model.parameters()), "body_matmul_parameters": body,
-                       "shape": shape.__dict__, "weights": "random (seeded)" if "path" not in spec["model"]
-                       else spec["model"]["path"], "dropout": 0.0}
+    shape, body, record["model"] = model_record(model, spec["model"])
     adapter = use_backend(model, cell.backend, cell.precision, train) if cell.strategy == "fsdp" else None
     parallel = prepare(model, cell.strategy, block=block_of(cell.backend) or "auto",
                        recompute=cell.recompute and train)

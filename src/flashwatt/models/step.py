@@ -60,6 +60,17 @@ def body_matmul_parameters(model) -> int:
     return sum(p.numel() for p in model.parameters() if p.dim() >= 2 and id(p) not in skip)
 
 
+def model_record(model, model_spec: dict) -> tuple[object, int, dict]:
+    """(the model's shape, its body matmul parameters, the record's `model` entry)."""
+    from flashwatt.models.presets import shape_of
+
+    shape = shape_of(model.config)
+    body = body_matmul_parameters(model)
+    return shape, body, {"parameters": sum(p.numel() for p in model.parameters()), "body_matmul_parameters": body,
+                         "shape": shape.__dict__,
+                         "weights": model_spec["path"] if "path" in model_spec else "random (seeded)", "dropout": 0.0}
+
+
 def random_tokens(vocab: int, batch: int, seq_len: int, seed: int, device: torch.device) -> torch.Tensor:
     gen = torch.Generator(device="cpu").manual_seed(seed)
     return torch.randint(0, vocab, (batch, seq_len), generator=gen).to(device)
