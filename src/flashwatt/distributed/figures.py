@@ -28,22 +28,31 @@ def _shape(data: pd.DataFrame) -> pd.Series:
             + " D=" + data["head_dim"].astype(str) + " " + data["precision"] + " " + mask + " " + data["pass"])
 
 
-def draw_scaling(table: pd.DataFrame) -> plt.Figure:
-    data, why = ok_rows_or_why(table, "speedup", "distributed")
-    if why:
-        return nothing_to_draw(why)
+def _against_gpus(data: pd.DataFrame, measures: list[str], references: dict[str, tuple[str, object]]) -> plt.Figure:
+    """A line per strategy / block against GPUs: a column per measure, a row per shape;
+    references[measure] = (label, f(gpus) -> values), drawn dotted."""
     data["shape"] = _shape(data)
     data["method"] = data["strategy"] + " / " + data["block"]
-    long = data.melt(id_vars=["gpus", "method", "shape"], value_vars=["speedup", "efficiency"], var_name="measure")
-    grid = sns.relplot(data=long, x="gpus", y="value", hue="method", col="measure", row="shape", kind="line",
-                       marker="o", height=3.0, aspect=1.3, facet_kws={"sharey": False})
+    long = data.melt(id_vars=["gpus", "method", "shape"], value_vars=measures, var_name="measure")
+    grid = sns.relplot(data=long.dropna(subset=["value"]), x="gpus", y="value", hue="method", col="measure",
+                       row="shape", kind="line", marker="o", height=3.0, aspect=1.3, facet_kws={"sharey": False})
+    gpus = sorted(data["gpus"].unique())
     for (shape, measure), ax in grid.axes_dict.items():
-        gpus = sorted(data["gpus"].unique())
-        ax.plot(gpus, gpus if measure == "speedup" else [1.0] * len(gpus), color="0.6", ls=":", label="ideal")
+        if measure in references:
+            label, values = references[measure]
+            ax.plot(gpus, values(gpus), color="0.6", ls=":", label=label)
         ax.set_xscale("log", base=2)
         ax.set_xticks(gpus, [str(g) for g in gpus])
     grid.set_axis_labels("GPUs", "")
     return grid.figure
+
+
+def draw_scaling(table: pd.DataFrame) -> plt.Figure:
+    data, why = ok_rows_or_why(table, "speedup", "distributed")
+    if why:
+        return nothing_to_draw(why)
+    return _against_gpus(data, ["speedup", "efficiency"],
+                         {"speedup": ("ideal", list), "efficiency": ("ideal", lambda g: [1.0] * len(g))})
 
 
 def draw_memory(table: pd.DataFrame) -> plt.Figure:
@@ -101,22 +110,10 @@ def draw_energy(table: pd.DataFrame) -> plt.Figure:
     data, why = ok_rows_or_why(table, "j_per_token", "distributed")
     if why:
         return nothing_to_draw(why)
-    data["shape"] = _shape(data)
-    data["method"] = data["strategy"] + " / " + data["block"]
     data["mJ per token, all GPUs"] = data["j_per_token"] * 1e3
     data["energy / one GPU's"] = data["energy_ratio_to_one_gpu"]
-    long = data.melt(id_vars=["gpus", "method", "shape"], value_vars=["mJ per token, all GPUs", "energy / one GPU's"],
-                     var_name="measure").dropna(subset=["value"])
-    grid = sns.relplot(data=long, x="gpus", y="value", hue="method", col="measure", row="shape", kind="line",
-                       marker="o", height=3.0, aspect=1.3, facet_kws={"sharey": False})
-    for (shape, measure), ax in grid.axes_dict.items():
-        gpus = sorted(data["gpus"].unique())
-        if measure == "energy / one GPU's":
-            ax.plot(gpus, [1.0] * len(gpus), color="0.6", ls=":", label="one GPU")
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(gpus, [str(g) for g in gpus])
-    grid.set_axis_labels("GPUs", "")
-    return grid.figure
+    return _against_gpus(data, ["mJ per token, all GPUs", "energy / one GPU's"],
+                         {"energy / one GPU's": ("one GPU", lambda g: [1.0] * len(g))})
 
 
 DISTRIBUTED_FIGURES: dict[str, TableFigure] = {
