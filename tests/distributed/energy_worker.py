@@ -16,7 +16,8 @@ import torch.distributed as dist
 STEP_S = 0.002
 
 
-def main(rank: int, world: int, port: int, report: str, hosts: list[str], with_gpus: bool) -> None:
+def main(rank: int, world: int, port: int, report: str, hosts: list[str], with_gpus: bool,
+         broken_nvml: bool = False) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from fake_nvml import FakeGpu, FakeNvml, uuid_for
 
@@ -33,6 +34,8 @@ def main(rank: int, world: int, port: int, report: str, hosts: list[str], with_g
 
     def telemetry_for(uuids):
         opened.append(list(uuids))
+        if broken_nvml:
+            raise RuntimeError("NVML gone")
         return open_telemetry(uuids, nvml=FakeNvml(gpus))
 
     steps = {"n": 0}

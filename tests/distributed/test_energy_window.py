@@ -13,10 +13,10 @@ from flashwatt.distributed.energy_window import MULTI_HOST_FLAG
 from support import free_ports
 
 
-def _run(tmp_path, hosts, with_gpus=True):
+def _run(tmp_path, hosts, with_gpus=True, broken_nvml=False):
     report = tmp_path / "energy.json"
-    mp.spawn(energy_worker.main, args=(len(hosts), free_ports()[0], str(report), hosts, with_gpus), nprocs=len(hosts),
-             join=True)
+    mp.spawn(energy_worker.main, args=(len(hosts), free_ports()[0], str(report), hosts, with_gpus, broken_nvml),
+             nprocs=len(hosts), join=True)
     return json.loads(report.read_text())
 
 
@@ -55,3 +55,9 @@ def test_ranks_without_a_gpu_give_the_reason_and_no_window(tmp_path):
     out = _run(tmp_path, ["node-a", "node-b"], with_gpus=False)
     assert out["energy"] == {"reason": "no CUDA device: energy is measured on NVIDIA GPUs only"}
     assert out["counts"] == [0, 0] and out["opened"] == [[], []]
+
+
+def test_nvml_failing_on_rank_zero_gives_a_reason_and_releases_the_other_ranks(tmp_path):
+    out = _run(tmp_path, ["node-a"] * 2, broken_nvml=True)
+    assert out["energy"] == {"reason": "energy window failed: RuntimeError: NVML gone"}
+    assert out["counts"] == [0, 0]  # nobody ran a step, nobody was left waiting for one

@@ -100,6 +100,8 @@ def _one_host(step, sync, settings, side, rank, uuids, telemetry_for) -> tuple[d
 
         window = _measure(call, sync, telemetry, settings)
         return window.as_dict(), [dict(row) for row in window.trace]
+    except Exception as err:  # NVML failing mid-window: the cell's timing and check stand without it
+        return {"reason": f"energy window failed: {type(err).__name__}: {err}"}, []
     finally:
         say(0)
         if telemetry is not None:
