@@ -147,29 +147,39 @@ __global__ void __launch_bounds__(kRowThreads) flash_bwd_convert_dq_kernel(const
 template <int D, int BN, int BM, int NW>
 struct BwdShape {
   static constexpr int kThreads = NW * 32;
+  // Warps sharing a group of 16 keys (BN = 16 NW / KS), each owning D / KS columns of the
+  // group's dK and dV: at head dim 256 one warp's dK and dV would need 256 fp32 registers
+  // per thread, two warps of 128 columns need what head dim 128 does. S^T and dP^T
+  // contract over the whole head dim, so each warp of a pair computes them over its own
+  // columns and the two add each other's partial sums through shared memory.
+  static constexpr int KS = 16 * NW / BN;
+  static constexpr int DW = D / KS;    // this warp's head-dim columns
   static constexpr int NTQ = BM / 8;   // 8-query n tiles of S^T and dP^T
   static constexpr int KQ = BM / 16;   // 16-query k steps of dV and dK
-  static constexpr int KD = D / 16;    // 16-wide k steps over head_dim (S^T, dP^T)
-  static constexpr int DT = D / 8;     // 8-wide n tiles of dK and dV
+  static constexpr int KD = DW / 16;   // 16-wide k steps over the warp's columns (S^T, dP^T)
+  static constexpr int DT = DW / 8;    // 8-wide n tiles of the warp's dK and dV
   static constexpr int KN = BN / 16;   // 16-key k steps of dQ
   static constexpr int QM = BM / 16;   // 16-row query tiles of dQ
   static constexpr int WQ = NW / QM;   // warps sharing one dQ query tile (each a column slice)
   static constexpr int DQC = D / WQ;   // dQ columns per warp
   static constexpr int DQT = DQC / 8;  // 8-wide n tiles of a warp's dQ
   // K and V as A fragments in registers when they are small (d64: 2 x 16 registers).
-  static constexpr bool kKVInRegs = D <= 64;
+  static constexpr bool kKVInRegs = DW <= 64;
   static constexpr int kRowBytes = padded_row_bytes<D>();
   static constexpr int kQStageBytes = BM * kRowBytes;
-  // K, V; Q and dO in two stages each; dS^T (keys x queries); LSE and delta in two stages.
+  // K, V; Q and dO in two stages each; dS^T (keys x queries); LSE and delta in two stages;
+  // with KS = 2 each warp's partial S^T or dP^T (one fragment of 16 bytes per lane and n tile).
   static constexpr int kOffV = BN * kRowBytes;
   static constexpr int kOffQ = 2 * BN * kRowBytes;
   static constexpr int kOffDO = kOffQ + 2 * kQStageBytes;
   static constexpr int kOffDS = kOffDO + 2 * kQStageBytes;
   static constexpr int kOffRows = kOffDS + BN * padded_row_bytes<BM>();
-  static constexpr int kSmemBytes = kOffRows + 2 * 2 * BM * 4;
-  static_assert(BN == 16 * NW, "each warp owns 16 keys");
+  static constexpr int kOffPartial = kOffRows + 2 * 2 * BM * 4;
+  static constexpr int kPartialBytes = KS > 1 ? NW * NTQ * 32 * 16 : 0;
+  static constexpr int kSmemBytes = kOffPartial + kPartialBytes;
+  static_assert(BN * KS == 16 * NW && (KS == 1 || KS == 2), "16 keys per warp, or per pair of warps");
   static_assert(BM % 16 == 0 && NW % QM == 0 && D % WQ == 0 && DQT % 2 == 0, "dQ warp split must divide evenly");
-  static_assert(D % 64 == 0, "head_dim must be a multiple of 64");
+  static_assert(D % 64 == 0 && DW % 32 == 0, "head_dim must be a multiple of 64");
   static_assert(kThreads >= 2 * BM, "one thread per LSE and per delta entry of a query block");
 };
 
@@ -178,6 +188,7 @@ __global__ void __launch_bounds__(NW * 32, 1) flash_bwd_kernel(const BwdParams p
   using S = BwdShape<D, BN, BM, NW>;
   using Ops = TypeOps<T>;
   constexpr int NTQ = S::NTQ, KQ = S::KQ, KD = S::KD, DT = S::DT, KN = S::KN, QM = S::QM, DQT = S::DQT;
+  constexpr int KS = S::KS;
   constexpr int THREADS = S::kThreads;
   constexpr bool KVREG = S::kKVInRegs;
 
@@ -190,6 +201,7 @@ __global__ void __launch_bounds__(NW * 32, 1) flash_bwd_kernel(const BwdParams p
   // Per stage: BM LSE values, then BM delta values.
   const float* sRows = reinterpret_cast<const float*>(smem + S::kOffRows);
   const uint32_t sRowsAddr = sK + S::kOffRows;
+  const uint32_t sPartial = sK + S::kOffPartial;
 
   const int tid = threadIdx.x;
   const int lane = tid & 31;
@@ -254,7 +266,28 @@ __global__ void __launch_bounds__(NW * 32, 1) flash_bwd_kernel(const BwdParams p
   uint32_t kf[KVREG ? KD : 1][4];
   uint32_t vf[KVREG ? KD : 1][4];
 
-  const int warp_key0 = warp * 16;  // this warp's first key within the block
+  const int warp_key0 = (warp / KS) * 16;  // this warp's first key within the block
+  const int dc = (warp % KS) * (S::DW / 8);  // first 16-byte chunk of its head-dim columns
+  // KS = 2: this warp's partial sums (over its head-dim columns) plus its partner's, which
+  // has the same 16 keys and lanes; both warps then hold the same sums (a + b == b + a).
+  auto add_partner_partial = [&](float (&acc)[NTQ][4]) {
+    const uint32_t mine = sPartial + ((warp * NTQ) * 32 + lane) * 16;
+    const uint32_t other = sPartial + (((warp ^ 1) * NTQ) * 32 + lane) * 16;
+#pragma unroll
+    for (int nt = 0; nt < NTQ; ++nt)
+      asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(mine + nt * 512), "f"(acc[nt][0]),
+                   "f"(acc[nt][1]), "f"(acc[nt][2]), "f"(acc[nt][3]));
+    named_bar_sync(1 + warp / KS, 32 * KS);
+#pragma unroll
+    for (int nt = 0; nt < NTQ; ++nt) {
+      float x[4];
+      asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+                   : "=f"(x[0]), "=f"(x[1]), "=f"(x[2]), "=f"(x[3])
+                   : "r"(other + nt * 512));
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[nt][e] += x[e];
+    }
+  };
   const int dq_m = warp % QM;       // this warp's 16-row query tile of dQ
   const int dq_c0 = (warp / QM) * S::DQC;  // and its first dQ column
 
@@ -274,8 +307,8 @@ __global__ void __launch_bounds__(NW * 32, 1) flash_bwd_kernel(const BwdParams p
       if (it == 0) {
 #pragma unroll
         for (int kk = 0; kk < KD; ++kk) {
-          ldmatrix_x4(kf[kk], sK + padded_off<D>(warp_key0 + a_row, kk * 2 + a_chk));
-          ldmatrix_x4(vf[kk], sV + padded_off<D>(warp_key0 + a_row, kk * 2 + a_chk));
+          ldmatrix_x4(kf[kk], sK + padded_off<D>(warp_key0 + a_row, dc + kk * 2 + a_chk));
+          ldmatrix_x4(vf[kk], sV + padded_off<D>(warp_key0 + a_row, dc + kk * 2 + a_chk));
         }
       }
     }
@@ -299,16 +332,18 @@ __global__ void __launch_bounds__(NW * 32, 1) flash_bwd_kernel(const BwdParams p
 #pragma unroll
         for (int e = 0; e < 4; ++e) a[e] = kf[kk][e];
       } else {
-        ldmatrix_x4(a, sK + padded_off<D>(warp_key0 + a_row, kk * 2 + a_chk));
+        ldmatrix_x4(a, sK + padded_off<D>(warp_key0 + a_row, dc + kk * 2 + a_chk));
       }
 #pragma unroll
       for (int nn = 0; nn < NTQ / 2; ++nn) {
         uint32_t bq[4];
-        ldmatrix_x4(bq, sQs + padded_off<D>(nn * 16 + b_row, kk * 2 + b_chk));
+        ldmatrix_x4(bq, sQs + padded_off<D>(nn * 16 + b_row, dc + kk * 2 + b_chk));
         Ops::mma(s[2 * nn], a, bq[0], bq[1]);
         Ops::mma(s[2 * nn + 1], a, bq[2], bq[3]);
       }
     }
+
+    if constexpr (KS > 1) add_partner_partial(s);
 
     // ---- P^T = exp(scale * S^T - LSE): element e of tile nt is key
     // warp_key0 + g + 8 * (e >> 1), query nt * 8 + 2t + (e & 1) of the block.
@@ -340,7 +375,7 @@ __global__ void __launch_bounds__(NW * 32, 1) flash_bwd_kernel(const BwdParams p
 #pragma unroll
       for (int dd = 0; dd < DT / 2; ++dd) {
         uint32_t bo[4];
-        ldmatrix_x4_trans(bo, sdOs + padded_off<D>(kk * 16 + v_row, dd * 2 + v_chk));
+        ldmatrix_x4_trans(bo, sdOs + padded_off<D>(kk * 16 + v_row, dc + dd * 2 + v_chk));
         Ops::mma(dv[2 * dd], pa, bo[0], bo[1]);
         Ops::mma(dv[2 * dd + 1], pa, bo[2], bo[3]);
       }
@@ -360,15 +395,20 @@ __global__ void __launch_bounds__(NW * 32, 1) flash_bwd_kernel(const BwdParams p
 #pragma unroll
         for (int e = 0; e < 4; ++e) a[e] = vf[kk][e];
       } else {
-        ldmatrix_x4(a, sV + padded_off<D>(warp_key0 + a_row, kk * 2 + a_chk));
+        ldmatrix_x4(a, sV + padded_off<D>(warp_key0 + a_row, dc + kk * 2 + a_chk));
       }
 #pragma unroll
       for (int nn = 0; nn < NTQ / 2; ++nn) {
         uint32_t bo[4];
-        ldmatrix_x4(bo, sdOs + padded_off<D>(nn * 16 + b_row, kk * 2 + b_chk));
+        ldmatrix_x4(bo, sdOs + padded_off<D>(nn * 16 + b_row, dc + kk * 2 + b_chk));
         Ops::mma(ds[2 * nn], a, bo[0], bo[1]);
         Ops::mma(ds[2 * nn + 1], a, bo[2], bo[3]);
       }
+    }
+
+    if constexpr (KS > 1) {
+      named_bar_sync(1 + warp / KS, 32 * KS);  // the partner has read this warp's partial S^T
+      add_partner_partial(ds);
     }
 
     // ---- dS^T = P^T (dP^T - delta); masked entries have P = 0, hence dS = 0
@@ -392,14 +432,16 @@ __global__ void __launch_bounds__(NW * 32, 1) flash_bwd_kernel(const BwdParams p
       // da[0], da[2]: key row g, queries 16kk + 2t (+1) and 16kk + 8 + 2t (+1); da[1], da[3]: key row g + 8.
       const uint32_t row_g = sdS + padded_off<BM>(warp_key0 + g, 0) + (kk * 16 + 2 * t) * 2;
       const uint32_t row_g8 = row_g + 8 * padded_row_bytes<BM>();
-      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(row_g), "r"(da[0]));
-      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(row_g + 16), "r"(da[2]));
-      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(row_g8), "r"(da[1]));
-      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(row_g8 + 16), "r"(da[3]));
+      if (KS == 1 || warp % KS == 0) {  // both warps of a pair hold the same dS^T
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(row_g), "r"(da[0]));
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(row_g + 16), "r"(da[2]));
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(row_g8), "r"(da[1]));
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(row_g8 + 16), "r"(da[3]));
+      }
 #pragma unroll
       for (int dd = 0; dd < DT / 2; ++dd) {
         uint32_t bq[4];
-        ldmatrix_x4_trans(bq, sQs + padded_off<D>(kk * 16 + v_row, dd * 2 + v_chk));
+        ldmatrix_x4_trans(bq, sQs + padded_off<D>(kk * 16 + v_row, dc + dd * 2 + v_chk));
         Ops::mma(dk[2 * dd], da, bq[0], bq[1]);
         Ops::mma(dk[2 * dd + 1], da, bq[2], bq[3]);
       }
@@ -442,15 +484,15 @@ __global__ void __launch_bounds__(NW * 32, 1) flash_bwd_kernel(const BwdParams p
   }
   cp_async_wait<0>();  // only an empty group (or, with no step at all, K and V) can be pending
 
-  // ---- epilogue: dK (times scale) and dV of this warp's 16 keys, 32 bits per store
+  // ---- epilogue: dK (times scale) and dV of this warp's 16 keys and columns, 32 bits per store
   T* gdK = static_cast<T*>(p.dk) + b * p.dk_sb + hk * p.dk_sh;
   T* gdV = static_cast<T*>(p.dv) + b * p.dv_sb + hk * p.dv_sh;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int key = n0 + warp_key0 + g + 8 * r;
     if (key < p.len_k) {
-      T* dk_row = gdK + static_cast<int64_t>(key) * p.dk_sl + 2 * t;
-      T* dv_row = gdV + static_cast<int64_t>(key) * p.dv_sl + 2 * t;
+      T* dk_row = gdK + static_cast<int64_t>(key) * p.dk_sl + dc * 8 + 2 * t;
+      T* dv_row = gdV + static_cast<int64_t>(key) * p.dv_sl + dc * 8 + 2 * t;
 #pragma unroll
       for (int dt = 0; dt < DT; ++dt) {
         *reinterpret_cast<uint32_t*>(dk_row + dt * 8) = Ops::pack(dk[dt][2 * r] * p.scale, dk[dt][2 * r + 1] * p.scale);
@@ -485,15 +527,20 @@ struct Entry {
   int dq_smem;
 };
 
-// The deterministic dQ pass: 64 query rows (4 warps) per CTA, 64-key steps, 2 CTAs per SM.
-constexpr int kDqBM = 64, kDqBN = 64, kDqWarps = 4;
+// The deterministic dQ pass: 64 query rows (4 warps) per CTA, 64-key steps; 32-key steps
+// at head dim 256, so that Q, dO and two stages of K and V fit an A100's 163 KB.
+constexpr int kDqBM = 64, kDqWarps = 4;
+template <int D>
+constexpr int dq_block_n() {
+  return D <= 128 ? 64 : 32;
+}
 template <typename T, int D>
 constexpr KernelFn dq_pass() {
-  return &flash_bwd_dq_kernel<T, D, kDqBM, kDqBN, kDqWarps>;
+  return &flash_bwd_dq_kernel<T, D, kDqBM, dq_block_n<D>(), kDqWarps>;
 }
 template <int D>
 constexpr int dq_pass_smem() {
-  return BwdDqShape<D, kDqBM, kDqBN, kDqWarps>::kSmemBytes;
+  return BwdDqShape<D, kDqBM, dq_block_n<D>(), kDqWarps>::kSmemBytes;
 }
 
 template <typename T, int D, int BN, int BM, int NW>
@@ -517,7 +564,7 @@ constexpr Entry bwd_wgmma_entry(int dtype) {
 // (the wgmma rows exist only in sm_90a builds).
 #define FLASHWATT_BWD_CONFIGS(T, DT) \
   bwd_entry<T, 64, 128, 64, 8>(DT), bwd_entry<T, 64, 64, 64, 4>(DT), bwd_entry<T, 128, 64, 64, 4>(DT), \
-      bwd_entry<T, 128, 128, 64, 8>(DT)
+      bwd_entry<T, 128, 128, 64, 8>(DT), bwd_entry<T, 256, 64, 32, 8>(DT)
 
 const Entry kEntries[] = {
     FLASHWATT_BWD_CONFIGS(__half, kFp16),

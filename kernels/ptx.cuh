@@ -1,4 +1,4 @@
-// PTX wrappers and per-type operations shared by the attention forward kernels.
+// PTX wrappers and per-type operations shared by the attention kernels (forward and backward).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -35,6 +35,16 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// Barrier `id` (1..15; 0 is __syncthreads') among `threads` threads, a multiple of 32:
+// sync waits for all of them, arrive counts this warp in without waiting.
+__device__ __forceinline__ void named_bar_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+__device__ __forceinline__ void named_bar_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {

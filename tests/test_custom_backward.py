@@ -60,10 +60,13 @@ def rel(x, ref):
     return (err / ref.norm() if ref.norm() > 0 else err).item()
 
 
-def tiled_backward(dout, q, k, v, out, lse, causal, scale, block_n, block_m):
+def tiled_backward(dout, q, k, v, out, lse, causal, scale, block_n, block_m, warps_per_keys=1):
     """kernels/flash_bwd.cu in float64: preprocess, one 'CTA' per (key block, batch, k/v
-    head) walking (query head, query block) steps, then the dQ conversion."""
+    head) walking (query head, query block) steps, then the dQ conversion. warps_per_keys
+    (KS): S^T and dP^T as the sum of KS partial products over slices of the head dim, dK
+    and dV accumulated slice by slice, as the warps sharing 16 keys compute them."""
     B, H, Lq, D = q.shape
+    slices = [slice(c * D // warps_per_keys, (c + 1) * D // warps_per_keys) for c in range(warps_per_keys)]
     Hkv, Lk = k.shape[1], k.shape[2]
     group = H // Hkv
     BN, BM = block_n, block_m
@@ -92,16 +95,18 @@ def tiled_backward(dout, q, k, v, out, lse, causal, scale, block_n, block_m):
                     m0 = (mb_first + it % mb_count) * BM
                     Qt, dOt = rows(q[b, h], m0, BM, Lq), rows(dout[b, h], m0, BM, Lq)
                     lse_t, delta_t = rows(lse[b, h], m0, BM, Lq), rows(delta[b, h], m0, BM, Lq)
-                    sT = Kt @ Qt.T  # keys x queries
+                    sT = sum(Kt[:, c] @ Qt[:, c].T for c in slices)  # keys x queries
                     if n0 + BN > Lk or m0 + BM > Lq or (causal and n0 + BN - 1 > m0):
                         key = n0 + torch.arange(BN)[:, None]
                         query = m0 + torch.arange(BM)[None, :]
                         hidden = (key >= Lk) | (query >= Lq) | ((key > query) & causal)
                         sT = sT.masked_fill(hidden, -math.inf)
                     pT = torch.exp2(sT * (scale * LOG2E) - (lse_t * LOG2E)[None, :])
-                    dv_acc += pT @ dOt
-                    dsT = pT * (Vt @ dOt.T - delta_t[None, :])
-                    dk_acc += dsT @ Qt
+                    dpT = sum(Vt[:, c] @ dOt[:, c].T for c in slices)
+                    dsT = pT * (dpT - delta_t[None, :])
+                    for c in slices:
+                        dv_acc[:, c] += pT @ dOt[:, c]
+                        dk_acc[:, c] += dsT @ Qt[:, c]
                     valid = max(0, min(BM, Lq - m0))
                     dq_accum[b, h, m0:m0 + valid] += (dsT.T @ Kt)[:valid]
                 valid = max(0, min(BN, Lk - n0))
@@ -131,7 +136,7 @@ def test_tiled_algorithm_matches_autograd(B, H, Hkv, Lq, Lk, D, causal, tile):
     q, k, v, dout = inputs(B, H, Hkv, Lq, Lk, D, seed=Lq * 31 + Lk + H)
     scale = 1 / math.sqrt(D)
     out, lse = attention64(q, k, v, causal, scale)
-    got = tiled_backward(dout, q, k, v, out, lse, causal, scale, t.block_n, t.block_m)
+    got = tiled_backward(dout, q, k, v, out, lse, causal, scale, t.block_n, t.block_m, t.warps_per_keys)
     for name, g, r in zip(("dq", "dk", "dv"), got, autograd_reference(q, k, v, dout, causal, scale)):
         assert torch.isfinite(g).all(), f"{name}: unwritten or non-finite rows"
         assert rel(g, r) < 1e-12, f"{name}: rel err {rel(g, r):.2e}"
@@ -173,7 +178,7 @@ def test_math_backward_from_lse_in_float32():
 # ---------------------------------------------------------------- which path
 
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
-@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("D", [64, 128, 256])
 def test_half_precisions_run_the_cuda_kernel(precision, D):
     plan = backward_plan(precision, D)
     assert plan.path == BWD_MMA_SYNC and plan.tile_name == DEFAULT_BWD_TILE[D]
@@ -190,8 +195,8 @@ def test_fp32_and_tf32_run_the_pytorch_path(precision, D):
 
 def test_refusals_name_the_reason(monkeypatch):
     for precision in ("fp16", "bf16"):
-        with pytest.raises(ValueError, match=rf"head_dim 256 is not supported for {precision}"):
-            backward_plan(precision, 256)
+        with pytest.raises(ValueError, match=rf"head_dim 96 is not supported for {precision}"):
+            backward_plan(precision, 96)
     with pytest.raises(ValueError, match="precision 'fp8'"):
         backward_plan("fp8", 64)
     with pytest.raises(ValueError, match="unknown custom backward tile 'nosuch'"):
@@ -235,17 +240,15 @@ def _cell(**kw):
     return Cell(**{**base, **kw})
 
 
-def test_custom_is_differentiable_and_says_which_backward_it_cannot_run(monkeypatch):
+def test_custom_is_differentiable_wherever_its_forward_runs(monkeypatch):
     monkeypatch.setattr(custom, "_capability", lambda device: (8, 0))
     kern, dev = Custom(), torch.device("cuda", 0)
     assert kern.differentiable
     for precision in ("fp16", "bf16", "fp32", "tf32"):
-        for D in (64, 128):
-            assert kern.supports(_cell(precision=precision, head_dim=D), dev) is None
-    assert kern.supports(_cell(precision="fp32", head_dim=256), dev) is None
-    reason = kern.supports(_cell(precision="bf16", head_dim=256), dev)
-    assert "backward" in reason and "head_dim 256" in reason
-    assert kern.supports(_cell(precision="bf16", head_dim=256, pass_="fwd"), dev) is None
+        for D in custom.HEAD_DIMS:
+            fwd = kern.supports(_cell(precision=precision, head_dim=D, pass_="fwd"), dev)
+            assert kern.supports(_cell(precision=precision, head_dim=D), dev) == fwd, (precision, D)
+            assert fwd is None or precision == "tf32" and D == 256, (precision, D, fwd)
 
 
 def _cpu_forward(calls):
@@ -303,9 +306,9 @@ def test_unsupported_backward_fails_before_the_forward(monkeypatch):
     calls = []
     monkeypatch.setattr(custom_autograd, "flash_forward", _cpu_forward(calls))
     monkeypatch.setattr(custom_autograd, "_check_inputs", lambda q, k, v: None)
-    q, k, v, _ = (t.to(torch.bfloat16).requires_grad_(True) for t in inputs(1, 2, 2, 8, 8, 256, seed=2))
-    with pytest.raises(ValueError, match="head_dim 256"):
-        custom_autograd.flash_attention(q, k, v, False)
+    q, k, v, _ = (t.to(torch.bfloat16).requires_grad_(True) for t in inputs(1, 2, 2, 8, 8, 64, seed=2))
+    with pytest.raises(ValueError, match=r"built for head_dim \(256,\), not 64"):
+        custom_autograd.flash_attention(q, k, v, False, backward_tile="n64_m32_w8")
     assert calls == []
 
 

@@ -45,7 +45,8 @@ def flash_attention(q, k, v, causal: bool, variant: str = "", layout: str = "bhl
     deterministic: a backward bit-identical run to run (dQ without atomics); None: what
     torch.use_deterministic_algorithms set (torch.are_deterministic_algorithms_enabled()).
     When a gradient may be needed, the backward plan is checked before the forward runs,
-    so an unsupported backward (fp16/bf16 head_dim 256) fails before any launch.
+    so an unsupported backward (a backward tile built for another head dim, say) fails before
+    any launch.
     """
     needs_grad = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v))
     if not needs_grad:

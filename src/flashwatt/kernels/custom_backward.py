@@ -3,7 +3,7 @@
 Two paths, chosen by precision and head dim (`backward_plan`), never silently: the plan is
 part of what `Custom.describe` records for a fwd_bwd cell.
 
-- `mma.sync` (fp16, bf16; head dims 64 and 128): kernels/flash_bwd.cu, FlashAttention-2's
+- `mma.sync` (fp16, bf16; head dims 64, 128 and 256): kernels/flash_bwd.cu, FlashAttention-2's
   backward. P is recomputed per tile from q, k and the forward's LSE; dK and dV accumulate
   in fp32 registers (summed over the query heads of a GQA group by the CTA itself), dQ in
   an fp32 buffer through atomics, converted to the input dtype at the end. Not
@@ -19,8 +19,10 @@ part of what `Custom.describe` records for a fwd_bwd cell.
   tf32 cells the matmuls run at whatever `torch.backends.cuda.matmul.allow_tf32` says,
   which flashwatt.measure sets to tf32 for them.
 
-Head dim 256 in fp16/bf16 has no backward: a warp's 16 keys would need 256 fp32
-registers per thread for dK and dV alone (kernels/NOTES.md, "Backward").
+At head dim 256 a warp's 16 keys would need 256 fp32 registers per thread for dK and dV
+alone, so two warps share each group of 16 keys, each owning half the head dim's columns
+of dK and dV and adding the other's partial S^T and dP^T (`n64_m32_w8`; kernels/NOTES.md,
+"Head dim 256").
 
 Conventions shared with the forward (kernels/flash_fwd.cuh): lse is float32 (B, H, Lq),
 the natural log of sum_j exp(scale * q_i . k_j) over the visible keys; causal is
@@ -47,16 +49,23 @@ MATH_CHUNK_ELEMENTS = 1 << 26
 
 @dataclass(frozen=True)
 class BwdTile:
-    block_n: int  # key/value rows per CTA (16 per warp)
+    block_n: int  # key/value rows per CTA (16 per warp, or per pair of warps at head dim 256)
     block_m: int  # query rows per step
     warps: int
     head_dims: tuple[int, ...]
     description: str
     math: str = BWD_MMA_SYNC  # BWD_MMA_SYNC or BWD_WGMMA
 
+    @property
+    def warps_per_keys(self) -> int:
+        """mma.sync tiles: warps sharing a group of 16 keys, each owning head_dim / this
+        columns of the group's dK and dV (kernels/flash_bwd.cu, BwdShape::KS)."""
+        return 16 * self.warps // self.block_n if self.math == BWD_MMA_SYNC else 1
+
     def as_dict(self) -> dict:
         return {"block_n": self.block_n, "block_m": self.block_m, "warps": self.warps, "math": self.math,
-                "head_dims": list(self.head_dims), "description": self.description}
+                "warps_per_keys": self.warps_per_keys, "head_dims": list(self.head_dims),
+                "description": self.description}
 
 
 # The rows of kEntries in kernels/flash_bwd.cu (each for fp16 and bf16; wgmma rows only in
@@ -66,11 +75,14 @@ BWD_TILES: dict[str, BwdTile] = {
                            "128 keys per CTA, 8 warps x 16 keys, 64-row query steps (d64 and d128 default)"),
     "n64_m64_w4": BwdTile(64, 64, 4, (64, 128),
                           "64 keys per CTA, 4 warps x 16 keys, 64-row query steps (the first d128 default)"),
+    "n64_m32_w8": BwdTile(64, 32, 8, (256,),
+                          "64 keys per CTA, 8 warps: each 16 keys shared by 2 warps of 128 head-dim columns, "
+                          "32-row query steps (d256 default)"),
     "wgmma_n128_m64_w8": BwdTile(128, 64, 8, (128,),
                                  "Hopper: 128 keys per CTA, 2 warpgroups x 64 keys, 64-row query steps, "
                                  "all five GEMMs on wgmma", BWD_WGMMA),
 }
-DEFAULT_BWD_TILE = {64: "n128_m64_w8", 128: "n128_m64_w8"}
+DEFAULT_BWD_TILE = {64: "n128_m64_w8", 128: "n128_m64_w8", 256: "n64_m32_w8"}
 # On Hopper (compute capability 9.0) the wgmma tile where one exists: on an H100 it ran
 # fwd+bwd at 1.03-1.36x the mma.sync tile for bf16 D128, L 512-16384, causal and full
 # (kernels/NOTES.md, "Backward on wgmma: measured").
@@ -124,10 +136,8 @@ def backward_plan(precision: str, head_dim: int, tile: str | None = None,
         raise ValueError(f"custom backward: precision {precision!r} not supported "
                          f"({', '.join(BWD_HALF_PRECISIONS + BWD_MATH_PRECISIONS)})")
     if head_dim not in DEFAULT_BWD_TILE:
-        raise ValueError(
-            f"custom backward: head_dim {head_dim} is not supported for {precision} "
-            f"(the CUDA backward is built for head_dim {', '.join(map(str, DEFAULT_BWD_TILE))}; at {head_dim} the "
-            f"dK and dV accumulators of a warp's 16 keys alone would need {head_dim} registers per thread)")
+        raise ValueError(f"custom backward: head_dim {head_dim} is not supported for {precision} "
+                         f"(the CUDA backward is built for head_dim {', '.join(map(str, DEFAULT_BWD_TILE))})")
     hopper = capability is not None and tuple(capability) == BWD_WGMMA_CAPABILITY
     name = tile or (WGMMA_DEFAULT_BWD_TILE.get(head_dim) if hopper else None) or DEFAULT_BWD_TILE[head_dim]
     if name not in BWD_TILES:
