@@ -16,7 +16,8 @@
 //   3. convert: dQ = scale * dQ_accum in the input dtype.
 // Deterministic mode (p.dq_accum null): the main kernel adds nothing into dQ, and instead
 // of the conversion flash_bwd_dq.cuh computes dQ in a pass of its own, without atomics.
-// Each warp owns 16 keys: S^T, dP^T, dK and dV are accumulators with keys as rows, so
+// Each warp owns 16 keys (at head dim 256 a pair of warps does, each with half the
+// columns: BwdShape::KS): S^T, dP^T, dK and dV are accumulators with keys as rows, so
 // P^T and dS^T are repacked in registers as the A operand of dV and dK exactly as the
 // forward repacks P, and only dS^T goes through shared memory (for dQ, whose rows are
 // queries). Causal masking is top-left aligned as in the forward: query blocks wholly
