@@ -571,6 +571,8 @@ const Entry kEntries[] = {
     FLASHWATT_BWD_CONFIGS(__half, kFp16),
     FLASHWATT_BWD_CONFIGS(__nv_bfloat16, kBf16),
 #if defined(FLASHWATT_WGMMA)
+    bwd_wgmma_entry<__half, 64, 2>(kFp16),
+    bwd_wgmma_entry<__nv_bfloat16, 64, 2>(kBf16),
     bwd_wgmma_entry<__half, 128, 2>(kFp16),
     bwd_wgmma_entry<__nv_bfloat16, 128, 2>(kBf16),
 #endif

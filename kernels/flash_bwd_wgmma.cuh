@@ -15,11 +15,14 @@
 //                       m64nN accumulator layout is the A-fragment layout, as the forward's
 //                       P), B = dO [query][d]: N-major, as the forward's V in P V.
 //   dK  += dS^T Q       the same with dS^T and Q.
-//   dQ  += dS K         wgmma SS, m64 (queries) n(D/NWG) k16 (keys), warpgroup w takes head
-//                       dim columns w*D/NWG ..: A = dS, read from dS^T stored [key][query]
-//                       in shared memory (the 16-bit values the mma reads), i.e. M-major
-//                       (transposed A, as FlashAttention-3 reads dS); B = K [key][d]: N-major.
-//                       fp32 reductions into the dQ accumulator, 8 bytes per red.
+//   dQ  += dS K         wgmma SS, m64 (queries) n64 k16 (keys): at head dim 128 warpgroup w
+//                       takes head-dim columns w*64 .. over all BN keys, at head dim 64 (one
+//                       64-wide swizzle atom, which an n32 wgmma cannot address half of) all
+//                       columns over its own 64 keys, the two adding into the same dQ rows.
+//                       A = dS, read from dS^T stored [key][query] in shared memory (the
+//                       16-bit values the mma reads), i.e. M-major (transposed A, as
+//                       FlashAttention-3 reads dS); B = K [key][d]: N-major. fp32
+//                       reductions into the dQ accumulator, 8 bytes per red.
 // dK is multiplied by the scale once, at the store.
 #pragma once
 
@@ -93,7 +96,11 @@ struct BwdWgShape {
   static constexpr int BN = 64 * NWG;  // keys per CTA
   static constexpr int BM = 64;        // queries per step (one 128-byte swizzle atom of dS^T)
   static constexpr int kThreads = 128 * NWG;
-  static constexpr int DQN = D / NWG;  // dQ columns per warpgroup
+  // dQ split among the warpgroups by head-dim columns where each one's share is a whole
+  // 64-wide swizzle atom, else by keys (kernel comment above).
+  static constexpr bool kDqByKeys = D / NWG < 64;
+  static constexpr int DQN = kDqByKeys ? D : D / NWG;    // dQ columns per warpgroup
+  static constexpr int DQK = kDqByKeys ? BN / NWG : BN;  // keys its dQ sums over
   static constexpr int kKBytes = BN * D * 2;  // K or V
   static constexpr int kQBytes = BM * D * 2;  // one stage of Q or dO
   static constexpr int kOffV = kKBytes;
@@ -103,7 +110,8 @@ struct BwdWgShape {
   static constexpr int kOffRows = kOffDS + BN * BM * 2;
   // + 1 KB: the dynamic shared-memory base is rounded up to the 1 KB swizzle atom.
   static constexpr int kSmemBytes = kOffRows + 2 * 2 * BM * 4 + 1024;
-  static_assert(D == 128 && NWG == 2, "wgmma backward: built for head_dim 128, two warpgroups (dQ as m64n64)");
+  static_assert((D == 64 || D == 128) && NWG == 2 && DQN == 64,
+                "wgmma backward: built for head_dim 64 and 128, two warpgroups (dQ as m64n64)");
   static_assert(kThreads >= 2 * BM, "one thread per LSE and per delta entry of a query block");
 };
 
@@ -115,7 +123,6 @@ __global__ void __launch_bounds__(NWG * 128, 1) flash_bwd_wgmma_kernel(const Bwd
   constexpr int BN = S::BN, BM = S::BM, THREADS = S::kThreads, DQN = S::DQN;
   constexpr int KD = D / 16;   // k steps of S^T and dP^T (head dim)
   constexpr int KQ = BM / 16;  // k steps of dV and dK (queries)
-  constexpr int KN = BN / 16;  // k steps of dQ (keys)
 
   extern __shared__ unsigned char smem[];
   const uint32_t sK = (smem_addr(smem) + 1023u) & ~1023u;
@@ -175,10 +182,13 @@ __global__ void __launch_bounds__(NWG * 128, 1) flash_bwd_wgmma_kernel(const Bwd
   uint32_t pf[KQ][4], dsf[KQ][4];
 
   // Descriptor bases: K and V rows of this warpgroup (K-major A of S^T, dP^T); K's column
-  // block of this warpgroup's dQ columns (N-major B of dQ).
+  // block of this warpgroup's dQ columns (N-major B of dQ), and the first 16-key step of
+  // the keys its dQ sums over (dS^T rows and K rows alike).
   const uint32_t k_rows = sK + wg * 64 * 128;
   const uint32_t v_rows = sV + wg * 64 * 128;
-  const uint32_t k_cols = sK + (wg * DQN / 64) * BN * 128;
+  const uint32_t k_cols = sK + (S::kDqByKeys ? 0 : (wg * DQN / 64) * BN * 128);
+  const int dq_kk0 = S::kDqByKeys ? wg * (S::DQK / 16) : 0;
+  const int dq_col0 = S::kDqByKeys ? 0 : wg * DQN;
 
   int h = hk * group, m0 = mb_first * BM;
 #pragma unroll 1
@@ -280,14 +290,14 @@ __global__ void __launch_bounds__(NWG * 128, 1) flash_bwd_wgmma_kernel(const Bwd
     fence_proxy_async_smem();
     __syncthreads();  // dS^T of every warpgroup written
 
-    // ---- dQ (64 queries x DQN columns of this warpgroup) = dS K over the BN keys. In the
+    // ---- dQ (64 queries x DQN columns of this warpgroup) = dS K over its DQK keys. In the
     // deterministic mode (p.dq_accum null) flash_bwd_dq.cuh computes dQ and this result is
     // dropped: a wgmma under a branch makes ptxas insert warpgroup.arrive and spill.
     const bool dq_here = p.dq_accum != nullptr;
 #pragma unroll
-    for (int kk = 0; kk < KN; ++kk)
-      bwd_wgmma_ss_tt(dq, wgmma_desc_sw128(sdS + kk * 16 * 128, BN * 128, 1024),
-                      wgmma_desc_sw128(k_cols + kk * 16 * 128, BN * 128, 1024), kk > 0 ? 1 : 0, T{});
+    for (int kk = 0; kk < S::DQK / 16; ++kk)
+      bwd_wgmma_ss_tt(dq, wgmma_desc_sw128(sdS + (dq_kk0 + kk) * 16 * 128, BN * 128, 1024),
+                      wgmma_desc_sw128(k_cols + (dq_kk0 + kk) * 16 * 128, BN * 128, 1024), kk > 0 ? 1 : 0, T{});
     wgmma_commit();
     wgmma_wait<0>();
     fence_regs(dq);
@@ -296,13 +306,13 @@ __global__ void __launch_bounds__(NWG * 128, 1) flash_bwd_wgmma_kernel(const Bwd
     fence_regs(pf);
     fence_regs(dsf);
 
-    // element i of dq: query wl*16 + g + 8*((i>>1)&1), column wg*DQN + (i>>2)*8 + 2t + (i&1)
+    // element i of dq: query wl*16 + g + 8*((i>>1)&1), column dq_col0 + (i>>2)*8 + 2t + (i&1)
     float* dq_rows = p.dq_accum + static_cast<int64_t>(b * p.heads + h) * p.len_q * D;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int row = m0 + wl * 16 + g + 8 * r;
       if (dq_here && row < p.len_q) {
-        float* dst = dq_rows + static_cast<int64_t>(row) * D + wg * DQN + 2 * t;
+        float* dst = dq_rows + static_cast<int64_t>(row) * D + dq_col0 + 2 * t;
 #pragma unroll
         for (int j = 0; j < DQN / 8; ++j) red_add2(dst + j * 8, dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1]);
       }

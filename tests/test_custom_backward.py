@@ -313,19 +313,19 @@ def test_unsupported_backward_fails_before_the_forward(monkeypatch):
 
 
 def test_wgmma_tile_plan():
-    """A wgmma tile is chosen only by name, for head dim 128, on compute capability 9.0."""
+    """A wgmma tile runs head dims 64 and 128, on compute capability 9.0 only."""
     wg = [name for name, t in BWD_TILES.items() if t.math == BWD_WGMMA]
     assert wg and all(BWD_TILES[name].math == BWD_MMA_SYNC for name in DEFAULT_BWD_TILE.values())
     for name in wg:
-        for precision in ("fp16", "bf16"):
-            plan = backward_plan(precision, 128, name, (9, 0))
+        for precision, D in ((p, D) for p in ("fp16", "bf16") for D in (64, 128)):
+            plan = backward_plan(precision, D, name, (9, 0))
             assert plan.path == BWD_WGMMA and plan.tile_name == name and plan.as_dict()["math"] == BWD_WGMMA
-            assert backward_plan(precision, 128, name).path == BWD_WGMMA  # capability not known: not checked
+            assert backward_plan(precision, D, name).path == BWD_WGMMA  # capability not known: not checked
             for cap in ((8, 0), (8, 9), (10, 0)):
                 with pytest.raises(ValueError, match=r"uses wgmma, built only for compute capability 9\.0"):
-                    backward_plan(precision, 128, name, cap)
-            with pytest.raises(ValueError, match=r"built for head_dim \(128,\), not 64"):
-                backward_plan(precision, 64, name, (9, 0))
+                    backward_plan(precision, D, name, cap)
+        with pytest.raises(ValueError, match=r"built for head_dim \(64, 128\), not 256"):
+            backward_plan("bf16", 256, name, (9, 0))
     assert backward_plan("bf16", 128, None, (8, 0)).path == BWD_MMA_SYNC
 
 

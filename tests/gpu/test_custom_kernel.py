@@ -459,16 +459,16 @@ def test_backward_matrix_wgmma_tiles(poisoned_grads, precision, D, causal, L, la
     check_backward(q, k, v, causal, precision, layout, backward_tile=tile, seed=seed)
 
 
-@pytest.mark.parametrize("tile", WGMMA_BWD_TILES)
+@pytest.mark.parametrize("tile,D", [(name, D) for name in WGMMA_BWD_TILES for D in BWD_TILES[name].head_dims])
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
-def test_backward_cross_lengths_wgmma_tiles(poisoned_grads, precision, tile):
-    """Lq != Lk through each wgmma tile (head dim 128): key blocks no query sees, the causal
+def test_backward_cross_lengths_wgmma_tiles(poisoned_grads, precision, tile, D):
+    """Lq != Lk through each wgmma tile and head dim: key blocks no query sees, the causal
     first query block past the end, a single query or key."""
     if not HOPPER:
         pytest.skip("wgmma tiles run only on compute capability 9.0")
     for lq, lk in ((100, 700), (700, 100), (1, 300), (300, 1), (64, 192), (200, 64)):
         for causal in (False, True):
-            args = qkv(2, 4, lq, 128, DTYPES[precision], 95 + lq, Hkv=2, Lk=lk)
+            args = qkv(2, 4, lq, D, DTYPES[precision], 95 + lq, Hkv=2, Lk=lk)
             check_backward(*args, causal, precision, backward_tile=tile, seed=lq)
 
 

@@ -11,8 +11,8 @@ part of what `Custom.describe` records for a fwd_bwd cell.
   deterministic: then dQ comes from a pass of its own (kernels/flash_bwd_dq.cuh), one CTA
   per query block walking its key blocks in order, with no atomics; dK and dV never used
   any. Deterministic by default when torch.are_deterministic_algorithms_enabled().
-- `wgmma` (fp16, bf16; head dim 128; Hopper, compute capability 9.0 only): the same
-  algorithm with the five GEMMs of a step on wgmma (kernels/flash_bwd_wgmma.cuh), one
+- `wgmma` (fp16, bf16; head dims 64 and 128; Hopper, compute capability 9.0 only): the
+  same algorithm with the five GEMMs of a step on wgmma (kernels/flash_bwd_wgmma.cuh), one
   warpgroup per 64 keys; the default for D128 on Hopper (`wgmma_n128_m64_w8`).
 - `torch.math_from_lse` (fp32, tf32): the same equations in PyTorch, chunked over query
   rows so the scores never take more than about 256 MiB. Exact fp32 for fp32 cells; for
@@ -78,7 +78,7 @@ BWD_TILES: dict[str, BwdTile] = {
     "n64_m32_w8": BwdTile(64, 32, 8, (256,),
                           "64 keys per CTA, 8 warps: each 16 keys shared by 2 warps of 128 head-dim columns, "
                           "32-row query steps (d256 default)"),
-    "wgmma_n128_m64_w8": BwdTile(128, 64, 8, (128,),
+    "wgmma_n128_m64_w8": BwdTile(128, 64, 8, (64, 128),
                                  "Hopper: 128 keys per CTA, 2 warpgroups x 64 keys, 64-row query steps, "
                                  "all five GEMMs on wgmma", BWD_WGMMA),
 }
