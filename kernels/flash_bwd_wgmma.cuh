@@ -288,7 +288,11 @@ __global__ void __launch_bounds__(NWG * 128, 1) flash_bwd_wgmma_kernel(const Bwd
     wgmma_commit();
 
     fence_proxy_async_smem();
-    __syncthreads();  // dS^T of every warpgroup written
+    if constexpr (S::kDqByKeys) {
+      named_bar_sync(1 + wg, 128);  // this warpgroup's dS^T written: its dQ reads no other rows
+    } else {
+      __syncthreads();  // dS^T of every warpgroup written
+    }
 
     // ---- dQ (64 queries x DQN columns of this warpgroup) = dS K over its DQK keys. In the
     // deterministic mode (p.dq_accum null) flash_bwd_dq.cuh computes dQ and this result is

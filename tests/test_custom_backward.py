@@ -336,7 +336,8 @@ def test_hopper_takes_the_wgmma_tile_by_default_where_one_exists():
     assert backward_plan("fp16", 128, capability=(9, 0)).path == "wgmma"
     assert backward_plan("bf16", 128, capability=(8, 0)).tile_name == "n128_m64_w8"
     assert backward_plan("bf16", 128).tile_name == "n128_m64_w8"  # capability unknown: the portable tile
-    assert backward_plan("bf16", 64, capability=(9, 0)).tile_name == "n128_m64_w8"  # no wgmma tile at D64
+    assert backward_plan("bf16", 64, capability=(9, 0)).tile_name == "wgmma_n128_m64_w8"
+    assert backward_plan("bf16", 256, capability=(9, 0)).tile_name == "n64_m32_w8"  # no wgmma tile at D256
     assert backward_plan("bf16", 128, "n64_m64_w4", capability=(9, 0)).tile_name == "n64_m64_w4"  # asked by name
 
 

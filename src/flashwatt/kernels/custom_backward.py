@@ -13,7 +13,7 @@ part of what `Custom.describe` records for a fwd_bwd cell.
   any. Deterministic by default when torch.are_deterministic_algorithms_enabled().
 - `wgmma` (fp16, bf16; head dims 64 and 128; Hopper, compute capability 9.0 only): the
   same algorithm with the five GEMMs of a step on wgmma (kernels/flash_bwd_wgmma.cuh), one
-  warpgroup per 64 keys; the default for D128 on Hopper (`wgmma_n128_m64_w8`).
+  warpgroup per 64 keys; the default on Hopper (`wgmma_n128_m64_w8`).
 - `torch.math_from_lse` (fp32, tf32): the same equations in PyTorch, chunked over query
   rows so the scores never take more than about 256 MiB. Exact fp32 for fp32 cells; for
   tf32 cells the matmuls run at whatever `torch.backends.cuda.matmul.allow_tf32` says,
@@ -84,9 +84,10 @@ BWD_TILES: dict[str, BwdTile] = {
 }
 DEFAULT_BWD_TILE = {64: "n128_m64_w8", 128: "n128_m64_w8", 256: "n64_m32_w8"}
 # On Hopper (compute capability 9.0) the wgmma tile where one exists: on an H100 it ran
-# fwd+bwd at 1.03-1.36x the mma.sync tile for bf16 D128, L 512-16384, causal and full
-# (kernels/NOTES.md, "Backward on wgmma: measured").
-WGMMA_DEFAULT_BWD_TILE = {128: "wgmma_n128_m64_w8"}
+# fwd+bwd at 1.03-1.36x the mma.sync tile for bf16 D128, L 512-16384, causal and full, and
+# the D64 backward alone at 1.01-1.04x (kernels/NOTES.md, "Backward on wgmma: measured",
+# "Backward on wgmma at head dim 64").
+WGMMA_DEFAULT_BWD_TILE = {64: "wgmma_n128_m64_w8", 128: "wgmma_n128_m64_w8"}
 BWD_HALF_PRECISIONS = ("fp16", "bf16")
 BWD_MATH_PRECISIONS = ("fp32", "tf32")
 
