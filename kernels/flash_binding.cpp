@@ -71,7 +71,7 @@ void check_operand(const at::Tensor& t, const char* name, const at::Tensor& q, b
 // with any strides; writes out (same shape as q) and lse (B, H, Lq) float32 contiguous.
 void forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out, at::Tensor& lse,
              bool causal, double scale, int64_t math, int64_t block_m, int64_t block_n, int64_t warps,
-             int64_t stages, int64_t schedule, int64_t grid_cap, int64_t section) {
+             int64_t stages, int64_t schedule, int64_t grid_cap, int64_t section, bool tile_counter) {
   const bool align16 = math != flashwatt::kFfma;
   check_operand(q, "q", q, align16);
   check_operand(k, "k", q, align16);
@@ -123,6 +123,15 @@ void forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::
   p.section = section > 0 ? static_cast<int>(std::min<int64_t>(section, B * H)) : 0;
 
   const c10::cuda::CUDAGuard guard(q.device());
+  // The persistent kernels' work items from a counter (flashwatt.kernels.custom.work_order):
+  // one zeroed int per call, freed in stream order after the launch.
+  at::Tensor counter;
+  if (tile_counter) {
+    TORCH_CHECK(schedule == flashwatt::kWarpSpecialized || schedule == flashwatt::kWarpSpecializedPingPong,
+                "flashwatt custom: a tile counter needs a persistent (warp-specialised) schedule, not ", schedule);
+    counter = at::zeros({1}, q.options().dtype(at::kInt));
+    p.tile_counter = counter.data_ptr<int>();
+  }
   char err[512] = {0};
   const int rc = flashwatt::fwd_launch(index, p, at::cuda::getCurrentCUDAStream().stream(), err, sizeof(err));
   TORCH_CHECK(rc == 0, "flashwatt custom: ", err);
@@ -269,7 +278,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "flashwatt attention forward and backward kernels";
   m.def("forward", &forward,
         "attention forward (q, k, v, out, lse, causal, scale, math, block_m, block_n, warps, stages, schedule, grid_cap, "
-        "section)");
+        "section, tile_counter)");
   m.def("configs", &configs, "compiled configurations: [math, dtype, head_dim, block_m, block_n, warps, stages, schedule]");
   m.def("kernel_info", &kernel_info, "registers, local bytes, shared memory and occupancy of one configuration");
   m.def("backward", &backward,

@@ -29,6 +29,8 @@ struct FwdParams {
   int grid_cap; // 0: one CTA per (q tile, batch, head), or one per SM for the persistent (warp-specialised)
                 // kernels; > 0: persistent grid of at most this many CTAs
   int section;  // (batch, head) pairs per L2 section of the work order (tile_schedule.cuh); 0: one section
+  int* tile_counter;  // persistent (warp-specialised) kernels: a zeroed int from which CTAs take their work
+                      // items after the first as they free up; null: items blockIdx.x + k * gridDim.x
 };
 
 // The instructions a configuration computes with.

@@ -111,6 +111,8 @@ struct WsShape {
   static constexpr int kConsumerRegs = NWG == 2 ? 240 : 160;
   // Barriers: Q full/empty x 2 buffers, K full/empty x ST, V full/empty x ST.
   static constexpr int kBarriers = 4 + 4 * ST;
+  // Named barrier of the producer warpgroup alone (the consumers' turns take 1 .. NWG).
+  static constexpr int kProducerBarrier = 8;
   static_assert(NWG == 2 || (NWG == 3 && D * BN <= 64 * 128), "warp-specialised kernel: 3 consumers need D * BN <= 64 * 128");
   static_assert(D == 64 || D == 128, "wgmma kernel: head_dim 64 or 128");
   static_assert(BN == 64 || BN == 128, "wgmma kernel: block_n 64 or 128");
@@ -132,6 +134,10 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) flash_fwd_wgmma_ws_kernel(
 
   extern __shared__ unsigned char smem[];
   __shared__ __align__(8) uint64_t bars[S::kBarriers];
+  // The work item whose Q is in buffer qb (grid.total: none left), published with q_full;
+  // and the producer's next item under a tile counter.
+  __shared__ int item_of_q[2];
+  __shared__ int next_item[2];
   const uint32_t sQ = (smem_addr(smem) + 1023u) & ~1023u;  // Q buffers 0 and 1
   const uint32_t sK = sQ + 2 * S::kQBytes;
   const uint32_t sV = sK + ST * S::kTileBytes;
@@ -147,7 +153,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) flash_fwd_wgmma_ws_kernel(
   if (tid == 0) {
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      mbar_init(q_full + 8 * i, 128);
+      mbar_init(q_full + 8 * i, 128 + 1);  // the producer's copies, and its thread 0 with item_of_q
       mbar_init(q_empty + 8 * i, CONSUMERS);
     }
 #pragma unroll
@@ -168,12 +174,26 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) flash_fwd_wgmma_ws_kernel(
     setmaxnreg_dec<S::kProducerRegs>();
     const int ptid = tid;  // 0 .. 127
     int u0 = 0;            // ring tiles used by earlier work items
-    int li = 0;            // work items of this CTA so far
+    // Work items: blockIdx.x first; then, under a tile counter (causal work of unequal
+    // length), the next one any CTA has not taken, as it frees up, else a fixed stride.
+    int tile = blockIdx.x;
 #pragma unroll 1
-    for (int tile = blockIdx.x; tile < grid.total; tile += gridDim.x, ++li) {
-      const TileWork<T> w = grid.template work<T>(p, tile);
+    for (int li = 0;; ++li) {
       const int qb = li & 1;
       mbar_wait(q_empty + 8 * qb, ((li >> 1) & 1) ^ 1);
+      if (tile >= grid.total) {  // tell the consumers there is nothing left
+        if (ptid == 0) {
+          item_of_q[qb] = grid.total;
+          mbar_arrive(q_full + 8 * qb);
+        }
+        mbar_arrive(q_full + 8 * qb);
+        break;
+      }
+      if (ptid == 0) {
+        item_of_q[qb] = tile;
+        mbar_arrive(q_full + 8 * qb);  // release: the consumers read item_of_q after their wait
+      }
+      const TileWork<T> w = grid.template work<T>(p, tile);
       load_tile_sw128<BM, D, 128>(sQ + qb * S::kQBytes, w.q, p.q_sl, w.m0, p.len_q, ptid);
       cp_async_mbar_arrive(q_full + 8 * qb);
       int slot = u0 % ST;
@@ -192,6 +212,17 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) flash_fwd_wgmma_ws_kernel(
         }
       }
       u0 += w.n_tiles;
+      if (p.tile_counter != nullptr) {
+        // Taken once this item's copies are issued, ST tiles ahead of the consumers: late
+        // enough that a CTA takes an item when it is nearly free, early enough that the
+        // atomic's round trip hides under the consumers' last tiles. One slot per Q buffer:
+        // thread 0 rewrites a slot only after the producer barrier of the item between.
+        if (ptid == 0) next_item[qb] = gridDim.x + atomicAdd(p.tile_counter, 1);
+        named_bar_sync(S::kProducerBarrier, 128);
+        tile = next_item[qb];
+      } else {
+        tile += gridDim.x;
+      }
     }
     cp_async_wait<0>();  // nothing of this thread's still in flight when it exits
     return;
@@ -216,12 +247,14 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) flash_fwd_wgmma_ws_kernel(
   if (PP && cw == S::NWG - 1) named_bar_arrive(1, kTurnThreads);
 
   int u0 = 0;
-  int li = 0;
 #pragma unroll 1
-  for (int tile = blockIdx.x; tile < grid.total; tile += gridDim.x, ++li) {
+  for (int li = 0;; ++li) {
+    const int qb = li & 1;
+    mbar_wait(q_full + 8 * qb, (li >> 1) & 1);
+    const int tile = *static_cast<volatile int*>(&item_of_q[qb]);
+    if (tile >= grid.total) break;
     const TileWork<T> w = grid.template work<T>(p, tile);
     const int b = w.b, h = w.h, m0 = w.m0, n_tiles = w.n_tiles;
-    const int qb = li & 1;
     const uint32_t sQb = sQ + qb * S::kQBytes;
     const uint32_t q_base = sQb + cw * 64 * 128;
 
@@ -314,7 +347,6 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) flash_fwd_wgmma_ws_kernel(
       pack_p();
     };
 
-    mbar_wait(q_full + 8 * qb, (li >> 1) & 1);
     {  // tile 0: no P V in flight yet
       float alpha[2];
       wait_full(k_full, 0);  // also publishes Q (same fence)

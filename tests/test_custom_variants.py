@@ -138,3 +138,17 @@ def test_warp_specialized_tiles_match_the_kernel():
         for bound, full, causal in choices:
             assert full in ws, (precision, D, bound, full)
             assert (causal in ws) == (D == 64 or (bound is not None and bound <= 1024)), (D, bound, causal)
+
+
+def test_work_order_takes_a_counter_only_for_causal_persistent_tiles():
+    from flashwatt.kernels.custom import (
+        TILES, WORK_FIXED_STRIDE, WORK_ONE_CTA_PER_TILE, WORK_TILE_COUNTER, WS_SCHEDULES, work_order,
+    )
+
+    persistent = [t for t in TILES.values() if t.schedule in WS_SCHEDULES]
+    one_per_tile = [t for t in TILES.values() if t.schedule not in WS_SCHEDULES]
+    assert persistent and one_per_tile
+    for t in persistent:
+        assert work_order(t, True) == WORK_TILE_COUNTER and work_order(t, False) == WORK_FIXED_STRIDE
+    for t in one_per_tile:
+        assert work_order(t, True) == work_order(t, False) == WORK_ONE_CTA_PER_TILE

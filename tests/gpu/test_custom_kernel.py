@@ -276,6 +276,34 @@ def test_warp_specialized_tiles(tile, D, precision, causal):
         check(*qkv(2, 8, 777, D, dt, seed + 10 + hkv, Hkv=hkv), causal, precision, variant=tile)
 
 
+@pytest.mark.parametrize("tile,D,precision", _ws_cases())
+def test_tile_counter_hands_out_every_item_once(tile, D, precision):
+    """A persistent tile's CTAs take their work items from the tile counter (the default
+    under a causal mask) or by a fixed stride: each item is computed by one CTA either way,
+    so the outputs and LSE agree bit for bit, whatever the grid (every SM, one CTA, three
+    CTAs) and the section width; and the launch records which order ran."""
+    if not HOPPER:
+        pytest.skip("the warp-specialised tiles run only on compute capability 9.0")
+    dt = DTYPES[precision]
+    seed = zlib.crc32(f"counter-{tile}-{D}-{precision}".encode()) % 100_000
+    q, k, v = qkv(4, 6, 1500, D, dt, seed, Hkv=2)
+    for variant in (tile, f"{tile}_ctas1", f"{tile}_ctas3"):
+        for causal in (True, False):
+            for section in (None, 0, 5):
+                runs = [flash_forward(q, k, v, causal, variant, l2_section=section, tile_counter=counter)
+                        for counter in (True, False, True)]
+                for out, lse in runs[1:]:
+                    assert torch.equal(out, runs[0][0]) and torch.equal(lse, runs[0][1]), (variant, causal, section)
+            check(q, k, v, causal, precision, variant=variant)
+    assert kernel_info(precision, D, tile, 1500, True)["work_order"] == "tile counter"
+    assert kernel_info(precision, D, tile, 1500, False)["work_order"] == "fixed stride"
+    one_cta_per_tile = next(name for name, t in TILES.items() if t.schedule not in WS_SCHEDULES and D in t.head_dims
+                            and precision in t.precisions)
+    assert kernel_info(precision, D, one_cta_per_tile, 1500, True)["work_order"] == "one CTA per tile"
+    with pytest.raises(ValueError, match="take a tile counter"):
+        flash_forward(q, k, v, True, one_cta_per_tile, tile_counter=True)
+
+
 def test_compiled_kernels_have_no_local_memory():
     for name, tile in TILES.items():
         for D in tile.head_dims:

@@ -299,7 +299,7 @@ def _capability(device) -> tuple[int, int]:
 
 
 def flash_forward(q, k, v, causal: bool, variant: str = "", layout: str = "bhld", *, out=None, scale: float | None = None,
-                  precision: str | None = None, l2_section: int | None = None):
+                  precision: str | None = None, l2_section: int | None = None, tile_counter: bool | None = None):
     """Attention forward; returns (out, lse).
 
     precision: None runs the inputs' own (fp16, bf16, exact fp32); "tf32" runs float32
@@ -309,6 +309,8 @@ def flash_forward(q, k, v, causal: bool, variant: str = "", layout: str = "bhld"
     shape and dtype; it is written in place. lse is float32 (B, H, Lq), natural log.
     l2_section: (batch, head) pairs per L2 section of the work order
     (flashwatt.kernels.l2_sections; None: sized for the device's L2, 0: one section).
+    tile_counter: whether a persistent (warp-specialised) tile's CTAs take their work items
+    from a counter as they free up rather than by a fixed stride (None: `work_order`'s choice).
     Every check runs before the launch.
     """
     import torch
@@ -348,15 +350,35 @@ def flash_forward(q, k, v, causal: bool, variant: str = "", layout: str = "bhld"
         l2_section = l2_sections.forward_section(B * H, k.shape[2], D, q.element_size(), H // k.shape[1],
                                                  device_properties(q.device).L2_cache_size, bool(causal))
     t = launch.tile
+    if tile_counter is None:
+        tile_counter = work_order(t, bool(causal)) == WORK_TILE_COUNTER
+    elif tile_counter and t.schedule not in WS_SCHEDULES:
+        raise ValueError(f"custom kernel: tile {launch.tile_name} runs one CTA per tile; only the persistent "
+                         f"(warp-specialised) tiles take a tile counter")
     ext = load_extension()
     ext.forward(
         q_k, k_k, v_k, out_k, lse, bool(causal), float(scale if scale is not None else 1.0 / math.sqrt(D)),
         _mma_code(ext, t), t.block_m, t.block_n, t.warps, t.stages, _schedule_code(ext, t), int(grid_cap),
-        int(l2_section),
+        int(l2_section), bool(tile_counter),
     )
     if out_k is not target:
         target.copy_(out_k)
     return (target.transpose(1, 2) if layout == "blhd" else target), lse
+
+
+# How a launch hands its work items (query tiles) to CTAs.
+WORK_ONE_CTA_PER_TILE, WORK_FIXED_STRIDE, WORK_TILE_COUNTER = "one CTA per tile", "fixed stride", "tile counter"
+
+
+def work_order(tile: Tile, causal: bool) -> str:
+    """One CTA per tile (the hardware hands CTAs to SMs as they free up); for the persistent
+    tiles, items by a fixed stride where they are of equal length (no mask), else from a
+    counter as CTAs free up: causal items differ in length, and a fixed stride over an
+    order cut into L2 sections leaves CTAs with unequal work (kernels/NOTES.md, "A tile
+    counter for causal persistent grids")."""
+    if tile.schedule not in WS_SCHEDULES:
+        return WORK_ONE_CTA_PER_TILE
+    return WORK_TILE_COUNTER if causal else WORK_FIXED_STRIDE
 
 
 def _mma_code(ext, tile: Tile) -> int:
@@ -384,7 +406,7 @@ def kernel_info(precision: str, head_dim: int, variant: str = "", len_k: int | N
     info = dict(ext.kernel_info(_mma_code(ext, t), code, head_dim, t.block_m, t.block_n, t.warps, t.stages,
                                 _schedule_code(ext, t)))
     info.update(tile=launch.tile_name, mma=t.mma, schedule=t.schedule, ctas_per_sm_cap=launch.ctas_per_sm,
-                max_ctas=launch.max_ctas)
+                max_ctas=launch.max_ctas, work_order=work_order(t, bool(causal)))
     return info
 
 
