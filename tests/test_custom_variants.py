@@ -31,14 +31,11 @@ def test_hopper_defaults_name_wgmma_tiles_that_fit():
 
 
 def test_hopper_default_follows_the_key_length_and_the_mask():
-    (b1, short, short_c), (b2, long, long_c) = WGMMA_DEFAULT_TILE[("bf16", 128)]
-    assert (b1, b2) == (1024, None) and long != long_c
-    assert parse_variant("", "bf16", 128, HOPPER, 1024).tile_name == short
-    assert parse_variant("", "bf16", 128, HOPPER, 1024, causal=True).tile_name == short_c
-    assert parse_variant("", "bf16", 128, HOPPER, 1025).tile_name == long
-    assert parse_variant("", "bf16", 128, HOPPER, 2048, causal=True).tile_name == long_c
-    assert parse_variant("", "bf16", 128, HOPPER).tile_name == long
-    assert parse_variant("", "bf16", 128, HOPPER, causal=True).tile_name == long_c
+    ((b1, every, every_c),) = WGMMA_DEFAULT_TILE[("bf16", 128)]
+    assert b1 is None and every == every_c  # the causal order comes from the tile counter (work_order)
+    for len_k in (1, 1024, 1025, 16384, None):
+        for causal in (False, True):
+            assert parse_variant("", "bf16", 128, HOPPER, len_k, causal).tile_name == every
     (b0, tiny, tiny_c), (b1, short, short_c), (b2, long, long_c) = WGMMA_DEFAULT_TILE[("bf16", 64)]
     assert (b0, b1, b2) == (256, 1024, None) and tiny == tiny_c == short_c != short == long == long_c
     assert TILES[long].block_m == 192 and TILES[short_c].block_m == 128
@@ -132,12 +129,11 @@ def test_warp_specialized_tiles_match_the_kernel():
         with pytest.raises(ValueError, match="wgmma"):
             parse_variant(name, "bf16", tile.head_dims[0], AMPERE)
     # Defaults where the H100 measured them ahead (kernels/NOTES.md v6, "L2 sections", "Head
-    # dim 64: three consumer warpgroups"): at every length without a mask; under a causal
-    # mask at head dim 64 at every length, at head dim 128 up to 1024 keys.
+    # dim 64: three consumer warpgroups", "A tile counter for causal persistent grids"):
+    # persistent at every length, with and without a mask.
     for (precision, D), choices in WGMMA_DEFAULT_TILE.items():
         for bound, full, causal in choices:
-            assert full in ws, (precision, D, bound, full)
-            assert (causal in ws) == (D == 64 or (bound is not None and bound <= 1024)), (D, bound, causal)
+            assert full in ws and causal in ws, (precision, D, bound, full, causal)
 
 
 def test_work_order_takes_a_counter_only_for_causal_persistent_tiles():
@@ -149,6 +145,7 @@ def test_work_order_takes_a_counter_only_for_causal_persistent_tiles():
     one_per_tile = [t for t in TILES.values() if t.schedule not in WS_SCHEDULES]
     assert persistent and one_per_tile
     for t in persistent:
-        assert work_order(t, True) == WORK_TILE_COUNTER and work_order(t, False) == WORK_FIXED_STRIDE
+        assert work_order(t, True) == work_order(t, True, 1024) == WORK_TILE_COUNTER
+        assert work_order(t, True, 1023) == work_order(t, False) == work_order(t, False, 4096) == WORK_FIXED_STRIDE
     for t in one_per_tile:
-        assert work_order(t, True) == work_order(t, False) == WORK_ONE_CTA_PER_TILE
+        assert work_order(t, True, 4096) == work_order(t, False) == WORK_ONE_CTA_PER_TILE

@@ -132,10 +132,9 @@ DEFAULT_TILE = {
 # ping-pong from 257 keys without a mask and from 1025 under a causal mask; below, two, as
 # the 192-row blocks waste more of a short or diagonal block than they save (NOTES, "Head
 # dim 64: three consumer warpgroups"). Head dim 128: the warp-specialised persistent tile
-# at every length without a mask; under a causal mask from 2048 keys the one-CTA-per-tile
-# ping-pong tile, which the hardware hands out longest first as SMs free up, where the
-# persistent grid's fixed stride leaves unequal work per CTA once the work order is cut
-# into L2 sections.
+# at every length, under a causal mask with its items from the tile counter (work_order),
+# which beat the one-CTA-per-tile ping-pong tile from 2048 keys (NOTES, "A tile counter for
+# causal persistent grids").
 WGMMA_DEFAULT_TILE: dict[tuple[str, int], tuple[tuple[int | None, str, str], ...]] = {
     (precision, 64): ((256, "wgmma_ws_pp_m128_n128_s2", "wgmma_ws_pp_m128_n128_s2"),
                       (1024, "wgmma_ws_pp_m192_n128_s2", "wgmma_ws_pp_m128_n128_s2"),
@@ -143,8 +142,7 @@ WGMMA_DEFAULT_TILE: dict[tuple[str, int], tuple[tuple[int | None, str, str], ...
     for precision in ("fp16", "bf16")
 }
 WGMMA_DEFAULT_TILE.update({
-    (precision, 128): ((1024, "wgmma_ws_pp_m128_n128_s2", "wgmma_ws_pp_m128_n128_s2"),
-                       (None, "wgmma_ws_pp_m128_n128_s2", "wgmma_pp_m128_n128_s3"))
+    (precision, 128): ((None, "wgmma_ws_pp_m128_n128_s2", "wgmma_ws_pp_m128_n128_s2"),)
     for precision in ("fp16", "bf16")
 })
 
@@ -351,7 +349,7 @@ def flash_forward(q, k, v, causal: bool, variant: str = "", layout: str = "bhld"
                                                  device_properties(q.device).L2_cache_size, bool(causal))
     t = launch.tile
     if tile_counter is None:
-        tile_counter = work_order(t, bool(causal)) == WORK_TILE_COUNTER
+        tile_counter = work_order(t, bool(causal), k.shape[2]) == WORK_TILE_COUNTER
     elif tile_counter and t.schedule not in WS_SCHEDULES:
         raise ValueError(f"custom kernel: tile {launch.tile_name} runs one CTA per tile; only the persistent "
                          f"(warp-specialised) tiles take a tile counter")
@@ -368,17 +366,21 @@ def flash_forward(q, k, v, causal: bool, variant: str = "", layout: str = "bhld"
 
 # How a launch hands its work items (query tiles) to CTAs.
 WORK_ONE_CTA_PER_TILE, WORK_FIXED_STRIDE, WORK_TILE_COUNTER = "one CTA per tile", "fixed stride", "tile counter"
+# Below this many keys a causal item is a few K/V tiles long and the counter's atomic per
+# item cost more than the balance gained (H100: 0.96-0.99 at 512 keys, 1.01-1.14 from 1024).
+TILE_COUNTER_MIN_KEYS = 1024
 
 
-def work_order(tile: Tile, causal: bool) -> str:
+def work_order(tile: Tile, causal: bool, len_k: int | None = None) -> str:
     """One CTA per tile (the hardware hands CTAs to SMs as they free up); for the persistent
-    tiles, items by a fixed stride where they are of equal length (no mask), else from a
-    counter as CTAs free up: causal items differ in length, and a fixed stride over an
-    order cut into L2 sections leaves CTAs with unequal work (kernels/NOTES.md, "A tile
-    counter for causal persistent grids")."""
+    tiles, items by a fixed stride where they are of equal length (no mask) or short, else
+    from a counter as CTAs free up: causal items differ in length, and a fixed stride over
+    an order cut into L2 sections leaves CTAs with unequal work (kernels/NOTES.md, "A tile
+    counter for causal persistent grids"). len_k None: the longest."""
     if tile.schedule not in WS_SCHEDULES:
         return WORK_ONE_CTA_PER_TILE
-    return WORK_TILE_COUNTER if causal else WORK_FIXED_STRIDE
+    long_enough = len_k is None or len_k >= TILE_COUNTER_MIN_KEYS
+    return WORK_TILE_COUNTER if causal and long_enough else WORK_FIXED_STRIDE
 
 
 def _mma_code(ext, tile: Tile) -> int:
@@ -406,7 +408,7 @@ def kernel_info(precision: str, head_dim: int, variant: str = "", len_k: int | N
     info = dict(ext.kernel_info(_mma_code(ext, t), code, head_dim, t.block_m, t.block_n, t.warps, t.stages,
                                 _schedule_code(ext, t)))
     info.update(tile=launch.tile_name, mma=t.mma, schedule=t.schedule, ctas_per_sm_cap=launch.ctas_per_sm,
-                max_ctas=launch.max_ctas, work_order=work_order(t, bool(causal)))
+                max_ctas=launch.max_ctas, work_order=work_order(t, bool(causal), len_k))
     return info
 
 
