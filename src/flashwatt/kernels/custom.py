@@ -10,16 +10,18 @@ fp32 runs an exact FFMA path; the opt-in tf32 precision runs fp32 inputs on tens
 rounded to tf32 (kernels/flash_fwd_tf32.cuh, d64/d128). Head dims 64, 128 and 256; causal
 (top-left aligned, as torch's is_causal) and full masks; any sequence length; (B, H, L, D)
 and (B, L, H, D) layouts through strides; grouped-query attention (q heads a multiple of
-k/v heads). The backward (flashwatt.kernels.custom_backward: a CUDA kernel for fp16/bf16 at
-head dims 64 and 128, an exact PyTorch path from the saved LSE for fp32 and tf32) makes
-`Custom` differentiable through flashwatt.kernels.custom_autograd.
+k/v heads). The backward (flashwatt.kernels.custom_backward: CUDA kernels for fp16/bf16 at
+head dims 64, 128 and 256, wgmma ones on Hopper at 64 and 128, an exact PyTorch path from the
+saved LSE for fp32 and tf32) makes `Custom` differentiable wherever its forward runs, through
+flashwatt.kernels.custom_autograd.
 
 A *variant* names the launch configuration, the knobs a power-aware scheduler turns:
     <tile>[_sm<N> | _ctas<N>]
 where <tile> is one of TILES (rows of Q per CTA, K/V rows per tile, warps, pipeline
 stages; `wgmma_` tiles need Hopper), `_sm<N>` runs a persistent grid of N CTAs per multiprocessor and `_ctas<N>` a
 persistent grid of at most N CTAs in total (`wgmma_ws_` tiles are persistent already: one CTA
-per SM without a cap). The tile may be left out ("sm1", "ctas64")
+per SM without a cap, taking causal work items from a counter: `work_order`). The tile may be
+left out ("sm1", "ctas64")
 to keep the default tile; "" is the default tile with one CTA per query tile.
 """
 from __future__ import annotations
