@@ -13,8 +13,12 @@
 //     issued with O += P_{j-1} V_{j-1}, P straight from the S registers. They wait on the
 //     "full" mbarrier of the slot they read and release it on its "empty" mbarrier once
 //     the wgmma that read it has completed; no CTA-wide barrier in the loop.
-//   * the grid is persistent (one CTA per SM, work items strided by gridDim.x, longest
-//     causal items first as everywhere); K and V slots form one ring across work items
+//   * the grid is persistent (one CTA per SM, longest causal items first as everywhere):
+//     a CTA's first item is blockIdx.x, the next ones strided by gridDim.x or, with a
+//     tile counter (FwdParams::tile_counter: causal items of unequal length), the next one
+//     no CTA has taken, fetched by the producer as it frees up. The producer publishes each
+//     item's index beside its Q buffer with that buffer's q_full mbarrier, and an index
+//     past the end stops the consumers. K and V slots form one ring across work items
 //     and Q is double-buffered, so the producer loads the next item's Q and first K/V
 //     tiles while the consumers finish the current one and store its O.
 //   * ping-pong (PP): the consumers take turns to issue their wgmma, ordered by one named
@@ -28,7 +32,8 @@
 // phase n of its full barrier (the producer's 128 cp.async arrivals) and phase n of its
 // empty barrier (128 arrivals per consumer). Consumers wait full with parity n & 1; the
 // producer, before filling use n, waits for phase n - 1 of empty: parity (n & 1) ^ 1, which
-// for n = 0 (a fresh barrier in phase 0) returns at once. Q buffers likewise by work item.
+// for n = 0 (a fresh barrier in phase 0) returns at once. Q buffers likewise by work item,
+// their full barrier with one more arrival: the producer's thread 0 publishing the index.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -189,7 +194,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) flash_fwd_wgmma_ws_kernel(
         mbar_arrive(q_full + 8 * qb);
         break;
       }
-      if (ptid == 0) {
+      if (ptid == 0) {  // before the copies: fewer live registers in the producer's 24
         item_of_q[qb] = tile;
         mbar_arrive(q_full + 8 * qb);  // release: the consumers read item_of_q after their wait
       }
