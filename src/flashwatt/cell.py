@@ -11,14 +11,10 @@ import re
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
-from flashwatt.cell_files import CellFiles
+from flashwatt.cell_files import RECORD_SUFFIX, RESULTS_ROOT, TRACE_SUFFIX, CellFiles, file_patterns
 from flashwatt.vocabulary import KERNEL_NAMES, PASSES, PRECISIONS
-RESULTS_ROOT = "results/cells"
 # Every file of a cell, as Snakemake patterns over the cell's wildcards.
-RECORD_SUFFIX, TRACE_SUFFIX = ".json", ".trace.parquet"
-RECORD_PATTERN = RESULTS_ROOT + "/{suite}/{kernel}/{precision}/{name}" + RECORD_SUFFIX
-TRACE_PATTERN = RESULTS_ROOT + "/{suite}/{kernel}/{precision}/{name}" + TRACE_SUFFIX
-LOG_PATTERN = "results/logs/cells/{suite}/{kernel}/{precision}/{name}.log"
+RECORD_PATTERN, TRACE_PATTERN, LOG_PATTERN = file_patterns("/{suite}/{kernel}/{precision}/{name}")
 _TOKEN_RE = "[a-z0-9_]+"
 # Name segment of a cell inside results/cells/<suite>/<kernel>/<precision>/.
 _NAME_RE = (

@@ -1,13 +1,24 @@
 """The files and job name of any kind of cell, from its patterns and wildcards.
 
-Attention, control and distributed cells each define RECORD_PATTERN, TRACE_PATTERN and
-LOG_PATTERN (Snakemake patterns over their wildcards), `wildcards` and `id`; the paths
-are formatted here, in one place, so that a rule's outputs and the cell's own idea of
-its files cannot drift apart.
+Every kind of cell (attention, control, distributed, model, training run) takes its
+RECORD_PATTERN, TRACE_PATTERN and LOG_PATTERN (Snakemake patterns over its wildcards) from
+`file_patterns` and defines `wildcards` and `id`; the paths are formatted here, in one
+place, so that a rule's outputs and the cell's own idea of its files cannot drift apart.
 """
 from __future__ import annotations
 
 from pathlib import PurePosixPath
+
+RESULTS_ROOT = "results/cells"
+LOGS_ROOT = "results/logs/cells"
+RECORD_SUFFIX, TRACE_SUFFIX, LOG_SUFFIX = ".json", ".trace.parquet", ".log"
+
+
+def file_patterns(where: str) -> tuple[str, str, str]:
+    """The record, trace and log patterns of a kind of cell whose files sit at `where`
+    (e.g. "/{suite}/model/{mmodel}/..."; Snakemake wildcards) under the results and the
+    logs roots."""
+    return (RESULTS_ROOT + where + RECORD_SUFFIX, RESULTS_ROOT + where + TRACE_SUFFIX, LOGS_ROOT + where + LOG_SUFFIX)
 
 
 class CellFiles:

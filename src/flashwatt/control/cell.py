@@ -23,8 +23,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from flashwatt.cell import RESULTS_ROOT
-from flashwatt.cell_files import CellFiles, record_wildcards
+from flashwatt.cell_files import RECORD_SUFFIX, RESULTS_ROOT, CellFiles, file_patterns, record_wildcards
 
 WORKLOADS = ("steady", "stream")
 CONTROL_PRECISIONS = ("bf16", "fp16", "fp32")
@@ -32,11 +31,8 @@ CONTROL_MODES = ("budget", "energy", "oracle")
 DISTURBANCES = ("colocated", "nvml_failure")
 
 CONTROL_FOLDER = "control"
-RECORD_SUFFIX, TRACE_SUFFIX = ".json", ".trace.parquet"
 _WHERE = "/{suite}/" + CONTROL_FOLDER + "/{group}/{scenario}"
-RECORD_PATTERN = RESULTS_ROOT + _WHERE + RECORD_SUFFIX
-TRACE_PATTERN = RESULTS_ROOT + _WHERE + TRACE_SUFFIX
-LOG_PATTERN = "results/logs/cells" + _WHERE + ".log"
+RECORD_PATTERN, TRACE_PATTERN, LOG_PATTERN = file_patterns(_WHERE)
 
 _GROUP_RE = (f"(?P<workload>{'|'.join(WORKLOADS)})-(?P<precision>{'|'.join(CONTROL_PRECISIONS)})"
              "-(?P<mask>full|causal)")

@@ -11,8 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from flashwatt.cell import RESULTS_ROOT
-from flashwatt.cell_files import CellFiles, record_wildcards
+from flashwatt.cell_files import RECORD_SUFFIX, RESULTS_ROOT, CellFiles, file_patterns, record_wildcards
 
 STRATEGIES = ("ring", "zigzag", "ulysses", "hybrid")
 BLOCKS = ("auto", "math", "flash", "efficient", "cudnn", "custom")  # flashwatt.distributed.blocks.BLOCK_NAMES
@@ -20,11 +19,8 @@ PRECISIONS = ("fp64", "fp32", "tf32", "fp16", "bf16")  # fp64: the CPU checks (b
 PASSES = ("fwd", "fwd_bwd")
 
 FOLDER = "distributed"
-RECORD_SUFFIX, TRACE_SUFFIX = ".json", ".trace.parquet"
 _WHERE = "/{suite}/" + FOLDER + "/{method}/{dprecision}/{dname}"
-RECORD_PATTERN = RESULTS_ROOT + _WHERE + RECORD_SUFFIX
-TRACE_PATTERN = RESULTS_ROOT + _WHERE + TRACE_SUFFIX
-LOG_PATTERN = "results/logs/cells" + _WHERE + ".log"
+RECORD_PATTERN, TRACE_PATTERN, LOG_PATTERN = file_patterns(_WHERE)
 
 _METHOD_RE = f"(?P<strategy>{'|'.join(STRATEGIES)})-(?P<block>{'|'.join(BLOCKS)})"
 _NAME_RE = (r"G(?P<gpus>\d+)-L(?P<seq_len>\d+)-B(?P<batch>\d+)-H(?P<heads>\d+)-K(?P<kv_heads>\d+)"

@@ -14,8 +14,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from flashwatt.cell import RESULTS_ROOT
-from flashwatt.cell_files import CellFiles, record_wildcards
+from flashwatt.cell_files import RECORD_SUFFIX, RESULTS_ROOT, CellFiles, file_patterns, record_wildcards
 
 # flashwatt.models.attention.BACKENDS (kept torch-free here; a test checks they agree)
 MODEL_BACKENDS = ("eager", "sdpa_default", "sdpa_math", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "custom")
@@ -32,12 +31,9 @@ MODEL_STRATEGIES = ("none", "fsdp", "ring", "zigzag", "ulysses", "hybrid")
 CONTEXT_PARALLEL = ("ring", "zigzag", "ulysses", "hybrid")
 
 FOLDER = "model"
-RECORD_SUFFIX, TRACE_SUFFIX = ".json", ".trace.parquet"
 _TOKEN_RE = "[a-z0-9_]+"
 _WHERE = "/{suite}/" + FOLDER + "/{mmodel}/{mbackend}/{mprecision}/{mname}"
-RECORD_PATTERN = RESULTS_ROOT + _WHERE + RECORD_SUFFIX
-TRACE_PATTERN = RESULTS_ROOT + _WHERE + TRACE_SUFFIX
-LOG_PATTERN = "results/logs/cells" + _WHERE + ".log"
+RECORD_PATTERN, TRACE_PATTERN, LOG_PATTERN = file_patterns(_WHERE)
 _NAME_RE = (rf"(?P<phase>{'|'.join(PHASES)})-L(?P<seq_len>\d+)-B(?P<batch>\d+)"
             r"(?P<recompute>-recompute)?(?P<compiled>-compiled)?"
             rf"(?:-G(?P<gpus>\d+)-(?P<strategy>{'|'.join(MODEL_STRATEGIES[1:])}))?")

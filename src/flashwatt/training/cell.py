@@ -14,8 +14,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from flashwatt.cell import RESULTS_ROOT
-from flashwatt.cell_files import CellFiles, record_wildcards
+from flashwatt.cell_files import RECORD_SUFFIX, RESULTS_ROOT, CellFiles, file_patterns, record_wildcards
 from flashwatt.models.cell import MODEL_BACKENDS
 
 # Mixed precision: weights, gradients and optimizer states in float32; the forward and
@@ -28,13 +27,10 @@ TRAIN_OPTIMIZERS = ("adamw", "lion")
 TRAIN_SCHEDULES = ("cosine", "wsd", "constant")
 
 FOLDER = "train"
-RECORD_SUFFIX, TRACE_SUFFIX = ".json", ".trace.parquet"
 _TOKEN_RE = "[a-z0-9_]+"
 _NUMBER_RE = r"[0-9.]+(?:e[-+]?[0-9]+)?"
 _WHERE = "/{suite}/" + FOLDER + "/{tmodel}/{tbackend}/{tprecision}/{tname}"
-RECORD_PATTERN = RESULTS_ROOT + _WHERE + RECORD_SUFFIX
-TRACE_PATTERN = RESULTS_ROOT + _WHERE + TRACE_SUFFIX
-LOG_PATTERN = "results/logs/cells" + _WHERE + ".log"
+RECORD_PATTERN, TRACE_PATTERN, LOG_PATTERN = file_patterns(_WHERE)
 _NAME_RE = (rf"(?P<optimizer>{'|'.join(TRAIN_OPTIMIZERS)})-(?P<schedule>{'|'.join(TRAIN_SCHEDULES)})"
             rf"-lr(?P<lr>{_NUMBER_RE})-do(?P<dropout>{_NUMBER_RE})-wd(?P<weight_decay>{_NUMBER_RE})"
             r"-B(?P<batch>\d+)-L(?P<context>\d+)-T(?P<tokens>\d+)-s(?P<seed>\d+)")
