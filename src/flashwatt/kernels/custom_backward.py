@@ -85,7 +85,7 @@ BWD_TILES: dict[str, BwdTile] = {
 DEFAULT_BWD_TILE = {64: "n128_m64_w8", 128: "n128_m64_w8", 256: "n64_m32_w8"}
 # On Hopper (compute capability 9.0) the wgmma tile where one exists: on an H100 it ran
 # fwd+bwd at 1.03-1.36x the mma.sync tile for bf16 D128, L 512-16384, causal and full, and
-# the D64 backward alone at 1.01-1.04x (kernels/NOTES.md, "Backward on wgmma: measured",
+# the D64 backward alone at 1.02-1.07x (kernels/NOTES.md, "Backward on wgmma: measured",
 # "Backward on wgmma at head dim 64").
 WGMMA_DEFAULT_BWD_TILE = {64: "wgmma_n128_m64_w8", 128: "wgmma_n128_m64_w8"}
 BWD_HALF_PRECISIONS = ("fp16", "bf16")
