@@ -51,6 +51,15 @@ def plain_log_y(ax, unit: str = "") -> None:
     ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: plain_number(value) + unit))
 
 
+def plain_log_x(ax, unit: str = "") -> None:
+    """`plain_log_y` for an x axis."""
+    low, high = ax.get_xlim()
+    ax.set_xlim(low, high)
+    ax.xaxis.set_major_locator(FixedLocator(log_ticks(low, high)))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: plain_number(value) + unit))
+
+
 def sequence_length_label(length: int) -> str:
     """512, 1k, 16k: sequence lengths as attention papers write them."""
     return f"{length // 1024}k" if length >= 1024 and length % 1024 == 0 else str(length)

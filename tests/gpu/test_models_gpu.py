@@ -54,6 +54,24 @@ def test_a_model_cell_measures_its_step_and_energy_per_token():
     assert record["memory"]["peak_allocated_bytes"] > 0
 
 
+def test_paired_rounds_time_a_backend_beside_the_default_with_the_energy_of_each():
+    """Eager attention on a tiny Llama at 1024 tokens is attention-bound, so beside the
+    SDPA default it must come out slower, in time and in joules per token, every round."""
+    cell = ModelCell("gputest", "llama_tiny", "eager", "bf16", "prefill", 1024, 8)
+    spec = {"model": model_spec("llama_tiny"), "seed": 0,
+            "steps": {"warmup_steps": 2, "timed_steps": 5, "attention_steps": 0, "paired_rounds": 2},
+            "measure": {"energy_window_s": 0.5, "idle_settle_s": 0.2, "idle_window_s": 0.3}}
+    record = run_model_cell(cell, spec).record
+    assert record["status"] == "ok", record.get("reason") or record.get("traceback")
+    paired = record["paired"]
+    assert len(paired["rounds"]) == 2 and "reason" not in paired, paired
+    for r in paired["rounds"]:
+        assert r["implementation"] == {"eager": "eager", "sdpa_default": "sdpa"}
+        assert r["step_ms"]["eager"] > r["step_ms"]["sdpa_default"] > 0, r
+        assert r["j_per_token"]["eager"] > r["j_per_token"]["sdpa_default"] > 0, r
+    assert paired["speed"] < 1 < paired["energy"]
+
+
 def controller_cell(backend: str) -> dict:
     cell = ModelCell("gputest", "llama_3_2_1b", backend, "bf16", "prefill", 4096, 1)
     spec = {"model": model_spec("llama_3_2_1b"), "seed": 0,

@@ -18,6 +18,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
+from flashwatt.plot_axes import plain_log_x  # noqa: E402
 from flashwatt.plots import TableFigure, nothing_to_draw, ok_rows_or_why  # noqa: E402
 
 
@@ -30,7 +31,11 @@ def _label(data: pd.DataFrame) -> pd.Series:
             + data["precision"] + options)
 
 
-def _bars(table: pd.DataFrame, column: str, xlabel: str) -> plt.Figure:
+def _bars(table: pd.DataFrame, column: str, xlabel: str, log: bool = False) -> plt.Figure:
+    """Horizontal bars per cell and backend, a panel per phase. `log`: a log x axis over
+    each panel's own range, for a quantity that spans decades between models (GPT-2's
+    tokens per second and Llama-3-8B's are 30x apart: on a linear axis the 8B's bars
+    would be slivers)."""
     data, why = ok_rows_or_why(table, column, "model")
     if why:
         return nothing_to_draw(why)
@@ -40,15 +45,21 @@ def _bars(table: pd.DataFrame, column: str, xlabel: str) -> plt.Figure:
     grid = sns.catplot(data=data, y="cell", x=column, hue="backend", col="phase", kind="bar", height=height,
                        aspect=6.0 / height, sharex=False, sharey=False, orient="h")
     grid.set_axis_labels(xlabel, "")
+    if log:
+        for phase, ax in grid.axes_dict.items():
+            values = data.loc[data["phase"] == phase, column]
+            ax.set_xscale("log")
+            ax.set_xlim(values.min() / 1.5, values.max() * 1.3)  # bars start at the left edge
+            plain_log_x(ax)
     return grid.figure
 
 
 def draw_throughput(table: pd.DataFrame) -> plt.Figure:
-    return _bars(table, "tokens_per_s", "tokens per second")
+    return _bars(table, "tokens_per_s", "tokens per second (log scale)", log=True)
 
 
 def draw_energy(table: pd.DataFrame) -> plt.Figure:
-    return _bars(table, "j_per_token", "joules per token (NVML counter over whole steps)")
+    return _bars(table, "j_per_token", "joules per token (NVML counter over whole steps; log scale)", log=True)
 
 
 def draw_share(table: pd.DataFrame) -> plt.Figure:

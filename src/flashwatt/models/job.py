@@ -13,7 +13,8 @@ and optimizer; the record's step time is their median. The attention share is me
 in `attention_steps` steps of their own (flashwatt.models.attention_timer). Energy: the
 NVML counter over a window of whole steps run back to back (flashwatt.energy), at least
 the suite's `energy_window_s`, warm-up excluded; joules per token = window energy /
-tokens in the window.
+tokens in the window. With `steps.paired_rounds`, the cell's backend is then timed
+beside the SDPA default in alternating rounds on the same model (flashwatt.models.paired).
 """
 from __future__ import annotations
 
@@ -120,11 +121,29 @@ def _measure(cell: ModelCell, spec: dict, settings, device, telemetry, record: d
     trace = _time_and_meter(cell, spec, settings, device, telemetry, record, stage, model, shape, body, step)
     if adapter is not None:
         record["attention"]["kv_expanded"] = adapter.kv_expanded
+    rounds = int(spec.get("steps", {}).get("paired_rounds", 0))
+    if rounds > 0:
+        record["paired"] = _paired(cell, spec, settings, device, telemetry, stage, model, step, rounds)
     check = record["check"]
     record["status"] = "ok" if check["passed"] else "incorrect"
     if not check["passed"]:
         record["reason"] = "model check failed: " + _check_failures(check)
     return trace
+
+
+def _paired(cell: ModelCell, spec: dict, settings, device, telemetry, stage, model, step, rounds: int) -> dict:
+    """The cell's backend beside the SDPA default in alternating rounds (flashwatt.models.paired)."""
+    from flashwatt.models.attention import use_backend
+    from flashwatt.models.paired import paired_rounds, why_unpaired
+
+    reason = why_unpaired(cell)
+    if reason is not None:
+        return {"reason": reason}
+    stage.enter("paired rounds")
+    steps = {**DEFAULT_STEPS, **spec.get("steps", {})}
+    return paired_rounds(cell, step, device, telemetry, settings, rounds, int(steps["timed_steps"]),
+                         switch=lambda name: use_backend(model, name, cell.precision, cell.phase == "train"),
+                         implementation=lambda: model.config._attn_implementation)
 
 
 def _check_failures(check: dict) -> str:

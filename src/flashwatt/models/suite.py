@@ -16,6 +16,7 @@
           compiled: [false]          # torch.compile
           gpus: [1, 2, 4]            # world sizes (default [1])
           strategies: [fsdp, zigzag] # how several GPUs share a step (flashwatt.models.parallel)
+          steps: {paired_rounds: 5}  # this grid's cells: any `steps` key, over the section's
 
 A prefill with recompute is not a combination (checkpointing applies to training) and is
 left out of the product, and so are a compiled cell on several GPUs (torch.compile cells
@@ -25,7 +26,10 @@ world size of 1 is the one-GPU cell (strategy none) whatever `strategies` lists;
 larger one takes every strategy listed. `steps.comm_steps` (profiled steps of the
 communication split) goes to the multi-GPU cells' specs only, and `steps.control_settle_s`
 (the controller's longest settling) to the controller cells' only (backend
-`control_energy` or `control_<W>w`), so every other cell keeps the spec it always had.
+`control_energy` or `control_<W>w`), so every other cell keeps the spec it always had;
+`steps.paired_rounds` (0: none) goes to the one-GPU cells that time their backend beside
+the SDPA default in alternating rounds (flashwatt.models.paired): neither the default's
+own cells nor compiled or controller cells.
 An unknown model, or a context longer than a preset's positions, is refused with the grid's key before any job starts; a batch that does not
 fit is a cell recorded `oom`, and a backend that cannot run the model one recorded
 `skipped`, while the rest of the suite goes on.
@@ -37,10 +41,12 @@ import itertools
 from flashwatt.config import ConfigError
 from flashwatt.models.cell import ModelCell
 from flashwatt.models.job import DEFAULT_SETTLE_S, DEFAULT_STEPS
+from flashwatt.models.paired import why_unpaired
 from flashwatt.models.parallel_job import PARALLEL_STEPS
 from flashwatt.models.presets import model_spec
 
 CONTROL_STEPS = {"control_settle_s": DEFAULT_SETTLE_S}
+PAIRED_STEPS = ("paired_rounds",)
 _POSITIONS = ("max_position_embeddings", "n_positions")
 
 
@@ -61,6 +67,23 @@ def positions_of(spec: dict) -> int | None:
     return next((int(settings[k]) for k in _POSITIONS if k in settings), None)
 
 
+def cell_steps(steps: dict, cell: ModelCell) -> dict:
+    """The steps a cell's job reads, and no others, so a setting for one kind of cell never
+    makes the others' specs (and their records) stale: `comm_steps` for cells on several
+    GPUs, `control_settle_s` for controller cells, `paired_rounds` (when above 0) for the
+    cells that pair with the SDPA default (flashwatt.models.paired)."""
+    drop = set(PAIRED_STEPS)
+    if cell.gpus > 1:
+        drop |= set(CONTROL_STEPS)
+    else:
+        drop |= set(PARALLEL_STEPS)
+        if cell.control is None:
+            drop |= set(CONTROL_STEPS)
+            if steps.get("paired_rounds", 0) > 0 and why_unpaired(cell) is None:
+                drop -= set(PAIRED_STEPS)
+    return {k: v for k, v in steps.items() if k not in drop}
+
+
 def model_runs(config: dict, suite: str, measure: dict | None = None) -> dict[ModelCell, dict]:
     """Each model cell of the suite and its job spec (plain data), in a stable order; empty
     for a suite without a models section. `measure`: the suite's measure settings."""
@@ -69,17 +92,13 @@ def model_runs(config: dict, suite: str, measure: dict | None = None) -> dict[Mo
         return {}
     where = f"suites.{suite}.models"
     steps = {**DEFAULT_STEPS, **PARALLEL_STEPS, **CONTROL_STEPS, **section.get("steps", {})}
-    # Each cell's spec holds the steps its job reads, so a setting for one kind of cell
-    # never makes the others' specs (and their records) stale.
-    by_kind = {"parallel": {k: v for k, v in steps.items() if k not in CONTROL_STEPS},
-               "one_gpu": {k: v for k, v in steps.items() if k not in PARALLEL_STEPS and k not in CONTROL_STEPS},
-               "control": {k: v for k, v in steps.items() if k not in PARALLEL_STEPS}}
     seed = int((measure or {}).get("seed", 0))
     user = section.get("presets", {})
     cells: dict[ModelCell, dict] = {}
     for i, grid in enumerate(section["grids"]):
         key = f"{where}.grids[{i}]"
         specs = grid_model_specs(grid, user, key)
+        grid_steps = {**steps, **grid.get("steps", {})}
         strategies = grid.get("strategies", ["none"])
         for gpus in grid.get("gpus", [1]):
             if gpus > 1 and not [s for s in strategies if s != "none"]:
@@ -103,7 +122,6 @@ def model_runs(config: dict, suite: str, measure: dict | None = None) -> dict[Mo
                                  strategy)
             except ValueError as err:
                 raise ConfigError(f"config key {key}: {err}") from None
-            kind = "parallel" if gpus > 1 else ("control" if cell.control else "one_gpu")
-            cells[cell] = {"model": specs[name], "steps": by_kind[kind], "seed": seed,
+            cells[cell] = {"model": specs[name], "steps": cell_steps(grid_steps, cell), "seed": seed,
                            "measure": dict(measure or {})}
     return {cell: cells[cell] for cell in sorted(cells)}

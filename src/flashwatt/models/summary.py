@@ -4,7 +4,10 @@ communication inside them, exposed and hidden), tokens per second, MFU (formula 
 record), attention share, memory (the largest GPU's peak), joules per token (energy
 summed over every GPU of the cell), the check, and each against transformers' SDPA
 default on the same model, phase, context, batch, options, GPUs and strategy in the
-same suite, and against the same model, backend and step on one GPU."""
+same suite (`baseline_same_gpu` says whether the default's cell ran on the same GPU: the
+figure compares GPUs as well as backends where it did not), its paired rounds where it
+has them (the backend beside the default in one process on one GPU,
+flashwatt.models.paired), and against the same model, backend and step on one GPU."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -16,14 +19,15 @@ from flashwatt.records import read_record
 
 BASELINE = "sdpa_default"
 COLUMNS = [
-    "status", "reason", "device", "device_type", "parameters", "step_ms", "forward_ms", "backward_ms",
+    "status", "reason", "device", "device_type", "device_uuid", "parameters", "step_ms", "forward_ms", "backward_ms",
     "grad_sync_ms", "optimizer_ms", "communication_ms", "exposed_communication_ms", "hidden_communication_fraction",
     "tokens_per_s", "achieved_tflops", "mfu", "peak_tflops", "attention_share",
     "attention_forward_ms", "attention_backward_ms", "attention_method", "kv_expanded", "peak_allocated_bytes",
     "peak_reserved_bytes", "energy_gpus", "j_per_token", "tokens_per_j", "avg_power_w", "peak_power_w",
     "energy_window_s", "energy_flags", "check_passed", "logits_error", "logits_tolerance", "causal_passed", "grad_error",
     "grad_tolerance", "loss", "control_configurations", "control_settle_s", "control_settled", "compile_s", "oom_stage", "speedup_vs_sdpa_default", "energy_vs_sdpa_default",
-    "speedup_vs_one_gpu", "scaling_efficiency", "duration_s",
+    "baseline_same_gpu", "paired_rounds", "paired_speed", "paired_speed_min", "paired_speed_max", "paired_energy",
+    "paired_reason", "speedup_vs_one_gpu", "scaling_efficiency", "duration_s",
 ]
 _SAME_STEP = ["suite", "model", "precision", "phase", "seq_len", "batch", "recompute", "compiled", "gpus", "strategy"]
 # One GPU's cell of the same step: the same sequences per GPU for fsdp (the same per-GPU
@@ -41,8 +45,10 @@ def _row(cell: ModelCell, record: dict) -> dict:
     control = record.get("control") or {}
     device = record.get("device") or {}
     communication = record.get("communication") or {}
+    paired = record.get("paired") or {}
+    speed_range = paired.get("speed_range") or [None, None]
     return {**cell.as_row(), "status": record.get("status"), "reason": record.get("reason"),
-            "device": device.get("name"), "device_type": device.get("type"),
+            "device": device.get("name"), "device_type": device.get("type"), "device_uuid": device.get("uuid"),
             "parameters": (record.get("model") or {}).get("parameters"),
             "step_ms": timing.get("step_ms"), "forward_ms": timing.get("forward_ms"),
             "backward_ms": timing.get("backward_ms"), "grad_sync_ms": timing.get("grad_sync_ms"),
@@ -69,7 +75,11 @@ def _row(cell: ModelCell, record: dict) -> dict:
             "control_configurations": _shares(control.get("measured_calls")),
             "control_settle_s": (control.get("settle") or {}).get("seconds"),
             "control_settled": (control.get("settle") or {}).get("settled"), "compile_s": timing.get("compile_s"),
-            "oom_stage": record.get("oom_stage"), "duration_s": record.get("duration_s")}
+            "oom_stage": record.get("oom_stage"),
+            "paired_rounds": len(paired["rounds"]) if "rounds" in paired else None,
+            "paired_speed": paired.get("speed"), "paired_speed_min": speed_range[0],
+            "paired_speed_max": speed_range[1], "paired_energy": paired.get("energy"),
+            "paired_reason": paired.get("reason"), "duration_s": record.get("duration_s")}
 
 
 def _check_summary(check: dict) -> dict:
@@ -105,9 +115,9 @@ def model_table(paths: list[str | Path]) -> pd.DataFrame:
     if table.empty:
         return table
     base = table[(table["backend"] == BASELINE) & (table["status"] == "ok")]
-    base = base[_SAME_STEP + ["tokens_per_s", "j_per_token"]].rename(
-        columns={"tokens_per_s": "_base_tps", "j_per_token": "_base_jpt"})
-    table = table.drop(columns=["speedup_vs_sdpa_default", "energy_vs_sdpa_default"]).merge(
+    base = base[_SAME_STEP + ["tokens_per_s", "j_per_token", "device_uuid"]].rename(
+        columns={"tokens_per_s": "_base_tps", "j_per_token": "_base_jpt", "device_uuid": "_base_uuid"})
+    table = table.drop(columns=["speedup_vs_sdpa_default", "energy_vs_sdpa_default", "baseline_same_gpu"]).merge(
         base, on=_SAME_STEP, how="left")
     one = table[(table["gpus"] == 1) & (table["status"] == "ok")][_ONE_GPU + ["tokens_per_s"]].rename(
         columns={"tokens_per_s": "_one_tps"})
@@ -115,6 +125,9 @@ def model_table(paths: list[str | Path]) -> pd.DataFrame:
     ok = table["status"] == "ok"
     table["speedup_vs_sdpa_default"] = (table["tokens_per_s"] / table["_base_tps"]).where(ok)
     table["energy_vs_sdpa_default"] = (table["j_per_token"] / table["_base_jpt"]).where(ok)
+    # Unknown (NA) where either cell ran without a GPU uuid (a CPU) or has no default to compare with.
+    known = ok & table["_base_tps"].notna() & table["device_uuid"].notna() & table["_base_uuid"].notna()
+    table["baseline_same_gpu"] = (table["device_uuid"] == table["_base_uuid"]).where(known).astype("boolean")
     table["speedup_vs_one_gpu"] = (table["tokens_per_s"] / table["_one_tps"]).where(ok)
     table["scaling_efficiency"] = table["speedup_vs_one_gpu"] / table["gpus"]
-    return table.drop(columns=["_base_tps", "_base_jpt", "_one_tps"]).reindex(columns=columns)
+    return table.drop(columns=["_base_tps", "_base_jpt", "_base_uuid", "_one_tps"]).reindex(columns=columns)
