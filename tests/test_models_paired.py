@@ -161,3 +161,19 @@ def test_the_table_carries_the_paired_ratio_and_says_when_the_default_ran_on_ano
     rows = model_table(paths).set_index("backend")
     assert rows.loc["eager", "baseline_same_gpu"] == False  # noqa: E712 - a nullable boolean
     assert rows.loc[REFERENCE, "baseline_same_gpu"] == True  # noqa: E712
+
+
+def test_the_paired_prefill_overlay_pairs_our_kernel_on_every_llama_prefill_and_leaves_the_default_as_it_was():
+    from flashwatt.config import load_config
+
+    plain = model_runs(load_config("config/config.yaml"), "models")
+    paired = model_runs(load_config("config/config.yaml", configfiles=["config/overlays/models-paired-prefill.yaml"]),
+                        "models")
+    ours = {c: s for c, s in paired.items() if c.backend == "custom"}
+    assert {(c.model, c.seq_len) for c in ours} == {
+        (m, 4096) for m in ("llama_3_2_1b", "llama_3_2_3b", "llama_2_7b", "llama_3_8b")} | {
+        (m, 8192) for m in ("llama_3_2_1b", "llama_3_2_3b", "llama_3_8b")}
+    assert all(s["steps"]["paired_rounds"] == 5 for s in ours.values())
+    for cell, spec in paired.items():
+        if cell.backend == REFERENCE:  # the suite's own default records stay current
+            assert spec == plain[cell], cell
