@@ -237,7 +237,7 @@ def test_the_shipped_models_suite_covers_every_preset_backend_and_phase():
     cells = model_runs(config, "models")
     assert {c.model for c in cells} == {"llama_3_2_1b", "llama_3_2_3b", "llama_2_7b", "llama_3_8b", "gpt2_124m"}
     assert {c.backend for c in cells} >= {"eager", "sdpa_default", "sdpa_flash", "sdpa_cudnn", "custom"}
-    assert {c.phase for c in cells} == {"prefill", "train"}
+    assert {c.phase for c in cells} == {"prefill", "train", "decode"}
     assert any(c.compiled for c in cells) and any(c.recompute for c in cells)
     assert every_cell(config, "models") == list(cells)
 

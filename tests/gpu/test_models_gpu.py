@@ -54,6 +54,18 @@ def test_a_model_cell_measures_its_step_and_energy_per_token():
     assert record["memory"]["peak_allocated_bytes"] > 0
 
 
+def test_a_decode_cell_measures_tokens_per_second_and_energy_over_a_fixed_context():
+    cell = ModelCell("gputest", "llama_tiny", "sdpa_default", "bf16", "decode", 1024, 8)
+    spec = {"model": model_spec("llama_tiny"), "seed": 0, "steps": {"warmup_steps": 2, "timed_steps": 5,
+            "attention_steps": 2}, "measure": {"energy_window_s": 0.5, "idle_settle_s": 0.2, "idle_window_s": 0.3}}
+    record = run_model_cell(cell, spec).record
+    assert record["status"] == "ok", record.get("reason") or record.get("traceback")
+    assert record["check"]["decode"]["passed"], record["check"]
+    assert record["attention"]["calls_per_step"] == 2  # one per layer, over the cache
+    assert record["timing"]["tokens_per_s"] == pytest.approx(8 / (record["timing"]["step_ms"] / 1e3))
+    assert record["energy"]["j_per_token"] > 0
+
+
 def test_paired_rounds_time_a_backend_beside_the_default_with_the_energy_of_each():
     """Eager attention on a tiny Llama at 1024 tokens is attention-bound, so beside the
     SDPA default it must come out slower, in time and in joules per token, every round."""

@@ -25,7 +25,7 @@ CONTROL_BACKEND_RE = r"control_(?:energy|[1-9]\d*w)"
 # Storage and arithmetic of the whole model: weights, activations, gradients and AdamW's
 # states all in this dtype (pure half-precision training, as the anchors measured).
 MODEL_PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
-PHASES = ("prefill", "train")
+PHASES = ("prefill", "train", "decode")
 # flashwatt.models.parallel.STRATEGIES, with `none` for one GPU (a test checks they agree)
 MODEL_STRATEGIES = ("none", "fsdp", "ring", "zigzag", "ulysses", "hybrid")
 CONTEXT_PARALLEL = ("ring", "zigzag", "ulysses", "hybrid")
@@ -89,6 +89,9 @@ class ModelCell(CellFiles):
                    f"one of {', '.join(MODEL_STRATEGIES[1:])}")
         if self.compiled and self.gpus > 1:
             refuse("compiled: torch.compile cells run on one GPU")
+        if self.phase == "decode" and (self.compiled or self.gpus > 1):
+            refuse("decode: a decode step runs on one GPU, uncompiled (its KV cache grows and is cut back every "
+                   "step)")
         if self.control is not None and (self.gpus > 1 or self.compiled):
             refuse(f"backend {self.backend}: the controller reads one GPU's power and decides in Python at every "
                    "call, so it runs on one GPU and without torch.compile")
@@ -120,8 +123,9 @@ class ModelCell(CellFiles):
 
     @property
     def tokens(self) -> int:
-        """Tokens per step, over all GPUs."""
-        return self.global_batch * self.seq_len
+        """Tokens per step, over all GPUs: a decode step makes one per sequence (L is its
+        context), the other phases take L per sequence."""
+        return self.global_batch * (1 if self.phase == "decode" else self.seq_len)
 
     @property
     def id(self) -> str:

@@ -13,6 +13,10 @@ weights, before anything is timed.
    weights can hide inside the logits' error of check 1.
 3. For a train cell, the gradients of one block (the middle one) against the reference,
    under the same rule as the logits.
+4. For a decode cell, the last token's logits decoded over a KV cache of the tokens
+   before it, against the reference's full forward at that position, under the same rule
+   (the baseline: that position of the full forward with the math backend, so a cache
+   that is dropped or misplaced, by the attention or by transformers, fails).
 
 The check runs on one sequence of at most `CHECK_TOKENS` tokens (the kernels' long-L
 numerics are the attention cells' business; here it is the wiring: mask, GQA, layout,
@@ -80,15 +84,23 @@ def verdict(error: float, baseline: float, precision: str) -> tuple[bool, float]
     return (error == error and error <= tolerance), tolerance  # NaN never passes
 
 
+def _decode_last(model, ids, autocast=contextlib.nullcontext) -> torch.Tensor:
+    """Logits of the last token, decoded over a KV cache of the tokens before it."""
+    with torch.no_grad(), autocast():
+        cache = model(input_ids=ids[:, :-1], use_cache=True).past_key_values
+        return model(input_ids=ids[:, -1:], past_key_values=cache, use_cache=True).logits[:, -1].detach()
+
+
 def check_model(model, reference_factory, precision: str, vocab: int, train: bool, seed: int,
-                forward=None, autocast=None) -> dict:
+                forward=None, autocast=None, decode: bool = False) -> dict:
     """Run the three checks on `model` (already on its backend and device).
 
     reference_factory() returns the reference model (float32 on a GPU, float64 on CPU)
     holding the same weights; it is built here and freed before returning. `forward`: what
     the step calls instead of the model (its torch.compile'd form), checked in its place.
     `autocast`: the context every run of the model (not the reference) is made in, for a
-    model trained in mixed precision (float32 weights, `precision` arithmetic).
+    model trained in mixed precision (float32 weights, `precision` arithmetic). `decode`:
+    check 4 as well.
     """
     autocast = autocast or contextlib.nullcontext
     device = next(model.parameters()).device
@@ -115,6 +127,7 @@ def check_model(model, reference_factory, precision: str, vocab: int, train: boo
         # graph's, which is no leak.
         same_way = _run(model, ids, False, block, forward, autocast)[0] if train else logits
         moved, _, _ = _run(model, changed, False, block, forward, autocast)
+        decoded = _decode_last(model, ids, autocast) if decode else None
         with math_sdpa(model):
             base_logits, base_loss, base_grads = _run(model, ids, train, block, autocast=autocast)
 
@@ -148,5 +161,11 @@ def check_model(model, reference_factory, precision: str, vocab: int, train: boo
         error, baseline = rel_error(grads, ref_grads), rel_error(base_grads, ref_grads)
         result["grad"] = {"block": block.rstrip("."), "error": error, "baseline_error": baseline}
         result["grad"]["passed"], result["grad"]["tolerance"] = verdict(error, baseline, precision)
-    result["passed"] = all(result[k]["passed"] for k in ("logits", "causal", "grad") if k in result)
+    if decode:
+        # The baseline is the same position's error of the full forward with the math
+        # backend, not a decode: a cache bug in transformers would be in both.
+        error, baseline = rel_error(decoded, ref_logits[:, -1]), rel_error(base_logits[:, -1], ref_logits[:, -1])
+        result["decode"] = {"error": error, "baseline_error": baseline, "context": length - 1}
+        result["decode"]["passed"], result["decode"]["tolerance"] = verdict(error, baseline, precision)
+    result["passed"] = all(result[k]["passed"] for k in ("logits", "causal", "grad", "decode") if k in result)
     return result

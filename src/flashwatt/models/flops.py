@@ -12,14 +12,16 @@ N_matmul counts the parameters a token multiplies by: every weight matrix of the
 and the LM head (once more when it is tied to the embedding, whose lookup is not a
 matmul), not the embedding tables and not norms or biases (O(hidden) work, below the
 formula's resolution). A prefill that keeps the logits of the last position only runs
-the LM head on one token per sequence, and is counted so.
+the LM head on one token per sequence, and is counted so. A decode step makes one token
+per sequence, whose query attends to all L cached keys and itself (no causal halving).
 """
 from __future__ import annotations
 
 from flashwatt.models.presets import Shape
 
 FORMULA = ("forward FLOPs = 2*N_matmul*tokens + 4*layers*L*heads*head_dim*tokens (x0.5 causal); "
-           "train = 3 x forward; N_matmul = block weight matrices + LM head")
+           "train = 3 x forward; decode: one token per sequence over L+1 keys, not halved; "
+           "N_matmul = block weight matrices + LM head")
 
 # Dense (no sparsity) tensor-core peak from the datasheets, TFLOP/s, by device-name
 # substring and precision; a device not listed gets no MFU rather than a guessed one.
@@ -36,12 +38,16 @@ DENSE_PEAK_TFLOPS = {
 
 def step_flops(shape: Shape, body_matmul: int, batch: int, seq_len: int, phase: str, causal: bool = True,
                logits_of_last_only: bool = False) -> dict:
-    """FLOPs of one step of `phase` ("prefill" or "train") on batch x seq_len tokens."""
-    tokens = batch * seq_len
+    """FLOPs of one step of `phase`: "prefill" or "train" on batch x seq_len tokens,
+    "decode" on one new token per sequence after a context of seq_len."""
+    if phase == "decode":
+        tokens, keys, half = batch, seq_len + 1, 1.0
+    else:
+        tokens, keys, half = batch * seq_len, seq_len, (0.5 if causal else 1.0)
     head_tokens = batch if logits_of_last_only else tokens
-    attention = 4 * shape.layers * seq_len * shape.heads * shape.head_dim * tokens * (0.5 if causal else 1.0)
+    attention = 4 * shape.layers * keys * shape.heads * shape.head_dim * tokens * half
     forward = 2 * body_matmul * tokens + 2 * shape.vocab * shape.hidden * head_tokens + attention
-    factor = {"prefill": 1, "train": 3}[phase]
+    factor = {"prefill": 1, "decode": 1, "train": 3}[phase]
     return {"total": factor * forward, "attention": factor * attention, "per_token": factor * forward / tokens,
             "formula": FORMULA}
 

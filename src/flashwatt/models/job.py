@@ -45,6 +45,9 @@ def why_not(cell: ModelCell, shape, device, telemetry=None) -> str | None:
         return f"context {cell.seq_len} is longer than {cell.model}'s {shape.max_positions} positions"
     if cell.compiled and device.type != "cuda":
         return "torch.compile cells run on a GPU only"
+    if cell.phase == "decode" and (cell.backend in REGISTRY or cell.control is not None):
+        return (f"{cell.backend} runs self-attention over a whole context only (a decode step's query reads a KV "
+                "cache); eager and sdpa_default decode")
     if cell.control is not None:
         if device.type != "cuda":
             return f"{cell.backend}: the controller runs on a CUDA device (running on {device.type})"
@@ -116,7 +119,7 @@ def _measure(cell: ModelCell, spec: dict, settings, device, telemetry, record: d
     stage.enter("check")
     # A compiled cell is checked through its compiled forward: that is what it times.
     record["check"] = check_model(model, reference_factory(model, device), cell.precision, shape.vocab, train, seed,
-                                  forward=step.forward if cell.compiled else None)
+                                  forward=step.forward if cell.compiled else None, decode=cell.phase == "decode")
     record["check"]["through"] = "torch.compile'd model" if cell.compiled else "model"
     trace = _time_and_meter(cell, spec, settings, device, telemetry, record, stage, model, shape, body, step)
     if adapter is not None:
@@ -147,7 +150,7 @@ def _paired(cell: ModelCell, spec: dict, settings, device, telemetry, stage, mod
 
 
 def _check_failures(check: dict) -> str:
-    failed = [k for k in ("logits", "causal", "grad") if k in check and not check[k]["passed"]]
+    failed = [k for k in ("logits", "causal", "grad", "decode") if k in check and not check[k]["passed"]]
     return ", ".join(f"{k} {check[k].get('error', check[k].get('prefix_change')):.3g}" for k in failed)
 
 

@@ -1,6 +1,7 @@
 """A model step, built and timed: prefill (the forward of a full context, logits of the last
-position only, as a server's prefill keeps) or train (forward with the loss, backward,
-optimizer step), each phase between CUDA events.
+position only, as a server's prefill keeps), train (forward with the loss, backward,
+optimizer step) or decode (one new token per sequence over a KV cache of the context),
+each phase between CUDA events.
 """
 from __future__ import annotations
 
@@ -109,6 +110,8 @@ class Step:
     tokens: torch.Tensor
     phase: str
     optimizer: torch.optim.Optimizer | None = None
+    cache: object | None = None  # decode: the KV cache of the context, cut back to it every step
+    next_tokens: torch.Tensor | None = None  # decode: the token each sequence feeds per step
     parts: tuple[str, ...] = field(init=False)
 
     def __post_init__(self):
@@ -121,6 +124,14 @@ class Step:
             with torch.no_grad():
                 self.forward(input_ids=self.tokens, use_cache=False, logits_to_keep=1)
             mark()
+            return
+        if self.phase == "decode":
+            context = self.tokens.shape[1]
+            with torch.no_grad():
+                self.forward(input_ids=self.next_tokens, past_key_values=self.cache, use_cache=True,
+                             logits_to_keep=1)
+            mark()
+            crop_cache(self.cache, context)  # every step sees the same context (outside the timing)
             return
         loss = self.forward(input_ids=self.tokens, labels=self.tokens, use_cache=False).loss
         mark()
@@ -147,11 +158,28 @@ def enable_recompute(model) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
+def crop_cache(cache, length: int) -> None:
+    """Cut a transformers DynamicCache back to its first `length` tokens. A negative
+    argument removes that many tokens both where `crop` takes a maximum length (older
+    transformers 5 releases) and where it takes the tokens to remove (newer ones)."""
+    extra = cache.get_seq_length() - length
+    if extra > 0:
+        cache.crop(-extra)
+
+
 def make_step(model, cell, device: torch.device, seed: int, lr: float = 1e-5, weight_decay: float = 0.1) -> Step:
     """The cell's step: its tokens, its optimizer (AdamW, fused on a GPU) and its compiled
-    forward when the cell asks for torch.compile."""
+    forward when the cell asks for torch.compile. A decode step's KV cache is filled here,
+    by a prefill of the context (transformers' DynamicCache, what `generate` uses by default:
+    each step appends its token's keys and values, and the step cuts them off again)."""
     vocab = model.get_output_embeddings().weight.shape[0]
     tokens = random_tokens(vocab, cell.batch, cell.seq_len, seed + 1, device)
+    if cell.phase == "decode":
+        model.eval()
+        with torch.no_grad():
+            cache = model(input_ids=tokens, use_cache=True, logits_to_keep=1).past_key_values
+        next_tokens = random_tokens(vocab, cell.batch, 1, seed + 2, device)
+        return Step(model, model, tokens, cell.phase, cache=cache, next_tokens=next_tokens)
     optimizer = None
     if cell.phase == "train":
         model.train()

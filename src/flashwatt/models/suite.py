@@ -18,9 +18,10 @@
           strategies: [fsdp, zigzag] # how several GPUs share a step (flashwatt.models.parallel)
           steps: {paired_rounds: 5}  # this grid's cells: any `steps` key, over the section's
 
-A prefill with recompute is not a combination (checkpointing applies to training) and is
-left out of the product, and so are a compiled cell on several GPUs (torch.compile cells
-run on one), a controller backend compiled or on several GPUs (it runs on one, uncompiled)
+A prefill or decode with recompute is not a combination (checkpointing applies to
+training) and is left out of the product, and so are a compiled cell on several GPUs
+(torch.compile cells run on one), a decode compiled or on several GPUs (it runs on one,
+uncompiled: a step over a KV cache of L tokens makes one token per sequence), a controller backend compiled or on several GPUs (it runs on one, uncompiled)
 and hybrid below 4 GPUs (a ring of 2 across Ulysses groups of gpus/2). A
 world size of 1 is the one-GPU cell (strategy none) whatever `strategies` lists; each
 larger one takes every strategy listed. `steps.comm_steps` (profiled steps of the
@@ -111,7 +112,8 @@ def model_runs(config: dict, suite: str, measure: dict | None = None) -> dict[Mo
                 grid["models"], grid["backends"], grid["precisions"], grid["phases"], grid["seq_lens"],
                 grid["batches"], grid.get("recompute", [False]), grid.get("compiled", [False]), placements):
             controlled = backend.startswith("control_")
-            if (recompute and phase != "train") or (compiled and gpus > 1) or (controlled and (compiled or gpus > 1)):
+            if ((recompute and phase != "train") or (compiled and gpus > 1) or (controlled and (compiled or gpus > 1))
+                    or (phase == "decode" and (compiled or gpus > 1))):
                 continue
             positions = positions_of(specs[name])
             if positions is not None and seq_len > positions:
