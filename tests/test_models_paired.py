@@ -151,6 +151,12 @@ def test_the_table_carries_the_paired_ratio_and_says_when_the_default_ran_on_ano
     assert eager["paired_speed_min"] <= eager["paired_speed"] <= eager["paired_speed_max"]
     assert rows.loc[REFERENCE, "paired_reason"].startswith("the cell is the reference")
     assert rows["baseline_same_gpu"].isna().all()  # CPU cells name no GPU
+    from flashwatt.models.figures import MODEL_FIGURES
+
+    figure = MODEL_FIGURES["model_paired"].render(model_table(paths))
+    labels = [t.get_text() for ax in figure.axes for t in ax.get_yticklabels()]
+    assert len(labels) == 1 and labels[0].startswith("eager, prefill")  # the reference has no pairing of its own
+    assert figure.axes[0].lines  # the point and its range
 
     for path, uuid in zip(paths, ("GPU-a", "GPU-b")):
         from flashwatt.records import read_record

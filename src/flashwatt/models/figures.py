@@ -4,7 +4,9 @@
 - model_energy: joules per token per backend, the same cells;
 - model_memory: peak memory of a training step against the context, with and without
   activation recompute;
-- model_attention_share: the attention's share of the step per backend.
+- model_attention_share: the attention's share of the step per backend;
+- model_paired: each paired cell's speed and joules per token against the SDPA default
+  in the same process on the same GPU (flashwatt.models.paired), with the rounds' range.
 
 Only cells that finished `ok` are drawn; a figure with nothing to draw says why.
 """
@@ -67,6 +69,31 @@ def draw_share(table: pd.DataFrame) -> plt.Figure:
                  "attention share of the step (%)")
 
 
+def draw_paired(table: pd.DataFrame) -> plt.Figure:
+    data, why = ok_rows_or_why(table, "paired_speed", "model")
+    if why:
+        return nothing_to_draw(why + " (a cell pairs with the SDPA default under steps.paired_rounds)")
+    data = data.sort_values(["model", "phase", "seq_len", "batch", "backend"]).reset_index(drop=True)
+    labels = data["backend"] + ", " + data["phase"] + "\n" + _label(data).str.replace("\n", " ", regex=False)
+    energy = data["paired_energy"].notna().any()
+    fig, axes = plt.subplots(1, 2 if energy else 1, figsize=(11 if energy else 6, 0.5 * len(data) + 1.5),
+                             sharey=True, squeeze=False)
+    rows = range(len(data))
+    speed = axes[0][0]
+    speed.errorbar(data["paired_speed"], rows, fmt="o",
+                   xerr=[data["paired_speed"] - data["paired_speed_min"], data["paired_speed_max"] - data["paired_speed"]])
+    speed.set_xlabel("tokens per second against the SDPA default\n(same GPU, same process: median of rounds, range)")
+    if energy:
+        axes[0][1].plot(data["paired_energy"], rows, "o")
+        axes[0][1].set_xlabel("joules per token against the SDPA default\n(median of rounds)")
+    for ax in axes[0]:
+        ax.axvline(1.0, color="grey", linestyle="--", linewidth=1)
+    speed.set_yticks(list(rows), labels)
+    speed.invert_yaxis()
+    fig.tight_layout()
+    return fig
+
+
 def draw_memory(table: pd.DataFrame) -> plt.Figure:
     train = table[table["phase"] == "train"]
     if train.empty:
@@ -99,6 +126,11 @@ MODEL_FIGURES: dict[str, TableFigure] = {
         TableFigure("model_attention_share", "pdf", "How much of the step is attention",
                     "CUDA events around every attention call, forward and backward, in marked steps of their own, "
                     "over the marked step's time.", draw_share),
+        TableFigure("model_paired", "pdf", "A backend beside the SDPA default on the same GPU",
+                    "Paired rounds (steps.paired_rounds): the cell's backend and the SDPA default on the same model "
+                    "in one process, alternating ABBA; each round's step-time ratio (CUDA events, median of the "
+                    "round's steps) and joules-per-token ratio (an NVML window of each); the point is the median "
+                    "over the rounds, the bar their range.", draw_paired),
     ]
 }
 
