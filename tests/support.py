@@ -83,3 +83,12 @@ def free_ports(n: int = 1) -> list[int]:
     for s in socks:
         s.close()
     return ports
+
+
+def model_cell_spec(name: str = "llama_tiny", **steps) -> dict:
+    """A model cell's job spec for a quick CPU run: one warm-up step, two timed, energy off;
+    `steps` adds to or overrides the steps."""
+    from flashwatt.models.presets import model_spec
+
+    return {"model": model_spec(name), "seed": 0, "steps": {"warmup_steps": 1, "timed_steps": 2, **steps},
+            "measure": {"energy": False}}

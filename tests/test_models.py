@@ -27,6 +27,7 @@ from flashwatt.models.step import body_matmul_parameters, build_model, reference
 from flashwatt.models.suite import model_runs
 from flashwatt.models.summary import model_table
 from flashwatt.records import write_record
+from support import model_cell_spec
 
 CPU = torch.device("cpu")
 
@@ -243,14 +244,11 @@ def test_the_shipped_models_suite_covers_every_preset_backend_and_phase():
 
 
 # ---- the job ----------------------------------------------------------------------------
-def spec_of(name="llama_tiny", **steps):
-    return {"model": model_spec(name), "seed": 0, "steps": {"warmup_steps": 1, "timed_steps": 2, **steps},
-            "measure": {"energy": False}}
 
 
 def test_a_train_cell_on_cpu_is_checked_timed_and_counted():
     cell = ModelCell("t", "llama_tiny", "sdpa_math", "fp32", "train", 64, 2, recompute=True)
-    record = run_model_cell(cell, spec_of()).record
+    record = run_model_cell(cell, model_cell_spec()).record
     assert record["status"] == "ok", record.get("traceback")
     assert record["check"]["passed"] and record["check"]["grad"]["block"] == "model.layers.1"
     timing = record["timing"]
@@ -268,7 +266,7 @@ def test_a_train_cell_on_cpu_is_checked_timed_and_counted():
     (ModelCell("t", "llama_tiny", "eager", "fp32", "prefill", 4096, 1), "longer than llama_tiny's 2048 positions"),
 ])
 def test_a_cell_that_cannot_run_here_is_skipped_with_the_reason(cell, reason):
-    record = run_model_cell(cell, spec_of()).record
+    record = run_model_cell(cell, model_cell_spec()).record
     assert record["status"] == "skipped" and reason in record["reason"]
 
 
@@ -279,7 +277,7 @@ def test_running_out_of_memory_is_a_recorded_outcome_naming_the_stage(monkeypatc
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 4.00 GiB")
 
     monkeypatch.setattr(step, "make_step", no_room)
-    record = run_model_cell(ModelCell("t", "llama_tiny", "eager", "fp32", "train", 64, 2), spec_of()).record
+    record = run_model_cell(ModelCell("t", "llama_tiny", "eager", "fp32", "train", 64, 2), model_cell_spec()).record
     assert record["status"] == "oom" and record["oom_stage"] == "build"
     assert record["model"]["parameters"] > 0  # what was learnt before is kept
 
@@ -292,7 +290,7 @@ def table(tmp_path_factory):
     for backend in ("sdpa_default", "eager", "custom"):
         cell = ModelCell("t", "gpt2_tiny", backend, "fp32", "prefill", 64, 2)
         path = folder / cell.path
-        write_record(path, run_model_cell(cell, spec_of("gpt2_tiny")).record)
+        write_record(path, run_model_cell(cell, model_cell_spec("gpt2_tiny")).record)
         paths.append(path)
     return model_table(paths)
 

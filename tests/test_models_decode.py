@@ -15,20 +15,18 @@ from flashwatt.models.job import run_model_cell
 from flashwatt.models.presets import model_spec, shape_of
 from flashwatt.models.step import build_model, make_step, reference_factory
 from flashwatt.models.suite import model_runs
+from support import model_cell_spec
 
 CPU = torch.device("cpu")
 
 
-def spec_of(name="llama_tiny", **steps):
-    return {"model": model_spec(name), "seed": 0, "steps": {"warmup_steps": 1, "timed_steps": 3, **steps},
-            "measure": {"energy": False}}
 
 
 @pytest.mark.parametrize("model", ["llama_tiny", "gpt2_tiny"])
 @pytest.mark.parametrize("backend", ["eager", "sdpa_default"])
 def test_a_decode_cell_makes_one_token_per_sequence_and_checks_it_against_a_full_forward(model, backend):
     cell = ModelCell("t", model, backend, "fp32", "decode", 48, 3)
-    record = run_model_cell(cell, spec_of(model)).record
+    record = run_model_cell(cell, model_cell_spec(model, timed_steps=3)).record
     assert record["status"] == "ok", record.get("reason") or record.get("traceback")
     assert cell.tokens == 3 and cell.name == "decode-L48-B3"
     assert record["timing"]["tokens_per_s"] == pytest.approx(3 / (record["timing"]["step_ms"] / 1e3))
@@ -69,7 +67,8 @@ def test_the_decode_check_fails_an_attention_that_drops_the_cache(monkeypatch):
 
 @pytest.mark.parametrize("backend", ["sdpa_math", "control_energy"])
 def test_a_backend_without_a_kv_cache_path_is_skipped_with_the_reason(backend):
-    record = run_model_cell(ModelCell("t", "llama_tiny", backend, "fp32", "decode", 48, 1), spec_of()).record
+    cell = ModelCell("t", "llama_tiny", backend, "fp32", "decode", 48, 1)
+    record = run_model_cell(cell, model_cell_spec(timed_steps=3)).record
     assert record["status"] == "skipped" and "reads a KV cache" in record["reason"]
 
 

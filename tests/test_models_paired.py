@@ -19,13 +19,11 @@ from flashwatt.models.suite import model_runs
 from flashwatt.models.summary import model_table
 from flashwatt.records import write_record
 from flashwatt.settings import MeasureSettings
+from support import model_cell_spec
 
 CPU = torch.device("cpu")
 
 
-def spec_of(name="llama_tiny", **steps):
-    return {"model": model_spec(name), "seed": 0, "steps": {"warmup_steps": 1, "timed_steps": 2, **steps},
-            "measure": {"energy": False}}
 
 
 def test_rounds_alternate_abba():
@@ -36,7 +34,7 @@ def test_rounds_alternate_abba():
 
 def test_a_paired_cell_times_its_backend_beside_the_default_on_the_same_model():
     cell = ModelCell("t", "llama_tiny", "eager", "fp32", "prefill", 64, 2)
-    record = run_model_cell(cell, spec_of(paired_rounds=3)).record
+    record = run_model_cell(cell, model_cell_spec(paired_rounds=3)).record
     assert record["status"] == "ok", record.get("traceback")
     paired = record["paired"]
     assert [r["order"] for r in paired["rounds"]] == [list(round_order("eager", r)) for r in range(3)]
@@ -53,7 +51,7 @@ def test_a_paired_cell_times_its_backend_beside_the_default_on_the_same_model():
 
 def test_the_reference_itself_is_not_paired():
     cell = ModelCell("t", "llama_tiny", REFERENCE, "fp32", "prefill", 64, 2)
-    record = run_model_cell(cell, spec_of(paired_rounds=2)).record
+    record = run_model_cell(cell, model_cell_spec(paired_rounds=2)).record
     assert record["status"] == "ok" and "the cell is the reference" in record["paired"]["reason"]
 
 
@@ -142,7 +140,7 @@ def test_the_table_carries_the_paired_ratio_and_says_when_the_default_ran_on_ano
     paths = []
     for backend in ("sdpa_default", "eager"):
         cell = ModelCell("t", "gpt2_tiny", backend, "fp32", "prefill", 64, 2)
-        record = run_model_cell(cell, spec_of("gpt2_tiny", paired_rounds=2)).record
+        record = run_model_cell(cell, model_cell_spec("gpt2_tiny", paired_rounds=2)).record
         paths.append(tmp_path / cell.path)
         write_record(paths[-1], record)
     rows = model_table(paths).set_index("backend")

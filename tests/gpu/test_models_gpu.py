@@ -40,11 +40,16 @@ def test_custom_runs_llama_grouped_query_attention_without_expanding():
     assert adapter.kv_expanded is False
 
 
+def tiny_spec(energy_window_s: float = 0.5, **steps) -> dict:
+    """The tiny Llama's job spec with short steps and energy windows; `steps` overrides."""
+    return {"model": model_spec("llama_tiny"), "seed": 0,
+            "steps": {"warmup_steps": 2, "timed_steps": 5, "attention_steps": 2, **steps},
+            "measure": {"energy_window_s": energy_window_s, "idle_settle_s": 0.2, "idle_window_s": 0.3}}
+
+
 def test_a_model_cell_measures_its_step_and_energy_per_token():
     cell = ModelCell("gputest", "llama_tiny", "custom", "bf16", "train", 512, 4)
-    spec = {"model": model_spec("llama_tiny"), "seed": 0, "steps": {"warmup_steps": 2, "timed_steps": 3,
-            "attention_steps": 2}, "measure": {"energy_window_s": 1.0, "idle_settle_s": 0.2, "idle_window_s": 0.3}}
-    record = run_model_cell(cell, spec).record
+    record = run_model_cell(cell, tiny_spec(energy_window_s=1.0, timed_steps=3)).record
     assert record["status"] == "ok", record.get("reason") or record.get("traceback")
     timing = record["timing"]
     assert timing["forward_ms"] > 0 and timing["backward_ms"] > 0 and timing["optimizer_ms"] > 0
@@ -56,9 +61,7 @@ def test_a_model_cell_measures_its_step_and_energy_per_token():
 
 def test_a_decode_cell_measures_tokens_per_second_and_energy_over_a_fixed_context():
     cell = ModelCell("gputest", "llama_tiny", "sdpa_default", "bf16", "decode", 1024, 8)
-    spec = {"model": model_spec("llama_tiny"), "seed": 0, "steps": {"warmup_steps": 2, "timed_steps": 5,
-            "attention_steps": 2}, "measure": {"energy_window_s": 0.5, "idle_settle_s": 0.2, "idle_window_s": 0.3}}
-    record = run_model_cell(cell, spec).record
+    record = run_model_cell(cell, tiny_spec()).record
     assert record["status"] == "ok", record.get("reason") or record.get("traceback")
     assert record["check"]["decode"]["passed"], record["check"]
     assert record["attention"]["calls_per_step"] == 2  # one per layer, over the cache
@@ -70,10 +73,7 @@ def test_paired_rounds_time_a_backend_beside_the_default_with_the_energy_of_each
     """Eager attention on a tiny Llama at 1024 tokens is attention-bound, so beside the
     SDPA default it must come out slower, in time and in joules per token, every round."""
     cell = ModelCell("gputest", "llama_tiny", "eager", "bf16", "prefill", 1024, 8)
-    spec = {"model": model_spec("llama_tiny"), "seed": 0,
-            "steps": {"warmup_steps": 2, "timed_steps": 5, "attention_steps": 0, "paired_rounds": 2},
-            "measure": {"energy_window_s": 0.5, "idle_settle_s": 0.2, "idle_window_s": 0.3}}
-    record = run_model_cell(cell, spec).record
+    record = run_model_cell(cell, tiny_spec(attention_steps=0, paired_rounds=2)).record
     assert record["status"] == "ok", record.get("reason") or record.get("traceback")
     paired = record["paired"]
     assert len(paired["rounds"]) == 2 and "reason" not in paired, paired
