@@ -13,13 +13,11 @@ from flashwatt.models.check import check_model
 from flashwatt.models.flops import step_flops
 from flashwatt.models.job import run_model_cell
 from flashwatt.models.presets import model_spec, shape_of
-from flashwatt.models.step import build_model, make_step, reference_factory
+from flashwatt.models.step import build_model, fill_cache, make_step, reference_factory
 from flashwatt.models.suite import model_runs
 from support import model_cell_spec
 
 CPU = torch.device("cpu")
-
-
 
 
 @pytest.mark.parametrize("model", ["llama_tiny", "gpt2_tiny"])
@@ -43,6 +41,28 @@ def test_every_decode_step_sees_the_same_context():
     for _ in range(4):
         step.run()
         assert step.cache.get_seq_length() == 40
+
+
+def test_an_eager_cells_cache_is_filled_under_sdpa_and_its_steps_run_eager(monkeypatch):
+    """The context's prefill runs under SDPA (no L x L scores), the decode steps under the
+    cell's own backend, and the cache holds the keys and values an eager prefill makes."""
+    model = build_model(model_spec("llama_tiny"), "fp32", CPU, 0)
+    tokens = torch.randint(0, model.config.vocab_size, (2, 24))
+    use_backend(model, "eager", "fp32", False)
+    with torch.no_grad():
+        eager_cache = model(input_ids=tokens, use_cache=True).past_key_values
+    seen = []
+    module = __import__(type(model.model.layers[0].self_attn).__module__, fromlist=["eager_attention_forward"])
+    eager = module.eager_attention_forward
+    monkeypatch.setattr(module, "eager_attention_forward", lambda *a, **k: seen.append(a[1].shape[2]) or eager(*a, **k))
+    cache = fill_cache(model, tokens)
+    assert seen == [] and model.config._attn_implementation == "eager"
+    for layer, reference in zip(cache.layers, eager_cache.layers):
+        torch.testing.assert_close(layer.keys, reference.keys, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(layer.values, reference.values, rtol=1e-5, atol=1e-5)
+    with torch.no_grad():
+        model(input_ids=tokens[:, :1], past_key_values=cache, use_cache=True)
+    assert seen and set(seen) == {1}  # one query per sequence, through the eager function
 
 
 def test_the_decode_check_fails_an_attention_that_drops_the_cache(monkeypatch):

@@ -167,17 +167,31 @@ def crop_cache(cache, length: int) -> None:
         cache.crop(-extra)
 
 
+def fill_cache(model, tokens: torch.Tensor):
+    """The KV cache of `tokens`, filled by a prefill under PyTorch's SDPA whatever the cell's
+    backend (restored afterwards): a decode cell measures the steps after the context, and
+    eager attention's prefill holds a batch x heads x L x L score matrix (32 GiB for
+    Llama-3-8B at 32 x 4096) that the decode steps never need."""
+    backend = model.config._attn_implementation
+    model.set_attn_implementation("sdpa")
+    try:
+        with torch.no_grad():
+            return model(input_ids=tokens, use_cache=True, logits_to_keep=1).past_key_values
+    finally:
+        model.set_attn_implementation(backend)
+
+
 def make_step(model, cell, device: torch.device, seed: int, lr: float = 1e-5, weight_decay: float = 0.1) -> Step:
     """The cell's step: its tokens, its optimizer (AdamW, fused on a GPU) and its compiled
     forward when the cell asks for torch.compile. A decode step's KV cache is filled here,
-    by a prefill of the context (transformers' DynamicCache, what `generate` uses by default:
-    each step appends its token's keys and values, and the step cuts them off again)."""
+    by a prefill of the context (`fill_cache`; transformers' DynamicCache, what `generate`
+    uses by default: each step appends its token's keys and values, and the step cuts them
+    off again)."""
     vocab = model.get_output_embeddings().weight.shape[0]
     tokens = random_tokens(vocab, cell.batch, cell.seq_len, seed + 1, device)
     if cell.phase == "decode":
         model.eval()
-        with torch.no_grad():
-            cache = model(input_ids=tokens, use_cache=True, logits_to_keep=1).past_key_values
+        cache = fill_cache(model, tokens)
         next_tokens = random_tokens(vocab, cell.batch, 1, seed + 2, device)
         return Step(model, model, tokens, cell.phase, cache=cache, next_tokens=next_tokens)
     optimizer = None
