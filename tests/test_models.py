@@ -304,6 +304,16 @@ def test_the_table_compares_each_backend_with_the_sdpa_default(table):
     assert rows.loc["eager", "check_passed"] and rows.loc["eager", "causal_passed"]
 
 
+def test_the_table_says_how_busy_the_gpu_was_over_the_energy_window(tmp_path):
+    """NVML's utilisation over the window comes through, so a host-bound step shows as one."""
+    cell = ModelCell("t", "gpt2_tiny", "sdpa_default", "fp32", "prefill", 64, 2)
+    record = run_model_cell(cell, model_cell_spec("gpt2_tiny")).record
+    record["energy"] = {"available": True, "j_per_token": 0.5, "gpu_util_pct": 21.5, "window_s": 3.0}
+    write_record(tmp_path / cell.path, record)
+    row = model_table([tmp_path / cell.path]).iloc[0]
+    assert row["gpu_util_pct"] == 21.5 and row["j_per_token"] == 0.5
+
+
 def test_every_model_figure_draws_or_says_why(table):
     nothing = table.assign(status="skipped", reason="custom needs a CUDA device (running on cpu)")
     for name, figure in MODEL_FIGURES.items():

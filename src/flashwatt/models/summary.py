@@ -24,7 +24,7 @@ COLUMNS = [
     "tokens_per_s", "achieved_tflops", "mfu", "peak_tflops", "attention_share",
     "attention_forward_ms", "attention_backward_ms", "attention_method", "kv_expanded", "peak_allocated_bytes",
     "peak_reserved_bytes", "energy_gpus", "j_per_token", "tokens_per_j", "avg_power_w", "peak_power_w",
-    "energy_window_s", "energy_flags", "check_passed", "logits_error", "logits_tolerance", "causal_passed", "grad_error",
+    "gpu_util_pct", "energy_window_s", "energy_flags", "check_passed", "logits_error", "logits_tolerance", "causal_passed", "grad_error",
     "grad_tolerance", "loss", "control_configurations", "control_settle_s", "control_settled", "compile_s", "oom_stage", "speedup_vs_sdpa_default", "energy_vs_sdpa_default",
     "baseline_same_gpu", "paired_rounds", "paired_speed", "paired_speed_min", "paired_speed_max", "paired_energy",
     "paired_reason", "speedup_vs_one_gpu", "scaling_efficiency", "duration_s",
@@ -64,6 +64,9 @@ def _row(cell: ModelCell, record: dict) -> dict:
             "peak_reserved_bytes": memory.get("peak_reserved_bytes"), "energy_gpus": energy.get("n_gpus"),
             "j_per_token": energy.get("j_per_token"), "tokens_per_j": energy.get("tokens_per_j"),
             "avg_power_w": energy.get("avg_power_w"), "peak_power_w": energy.get("peak_power_w"),
+            # NVML's share of the energy window with a kernel running: far under 100 says the
+            # step waits on the host (an uncompiled decode step's Python), not on the GPU
+            "gpu_util_pct": energy.get("gpu_util_pct"),
             "energy_window_s": energy.get("window_s"),
             "energy_flags": ",".join(energy.get("flags") or []) or None,
             "check_passed": check.get("passed"), "logits_error": (check.get("logits") or {}).get("error"),
