@@ -61,12 +61,25 @@ def round_order(entries: list, r: int, rounds: int) -> list:
     return entries[k:] + entries[:k]
 
 
-def cases(head_dims: list[int], max_seq_len: int) -> list[tuple[int, int, int, int]]:
-    """(B, H, L, D) of the benchmark, the seed shape first."""
+def cases(head_dims: list[int], max_seq_len: int) -> list[tuple[int, int, int, int, int]]:
+    """(B, H, L, D, Hkv) of the benchmark, the seed shape first."""
     out = [(B, 2048 // D, L, D) for D in head_dims for B, L in SHAPES if L <= max_seq_len]
     if SEED not in out and SEED[2] <= max_seq_len:
         out.insert(0, SEED)
-    return out
+    return [(B, H, L, D, H) for B, H, L, D in out]
+
+
+def parse_shape(text: str) -> tuple[int, int, int, int, int]:
+    """(B, H, L, D, Hkv) from "BxHxLxD" or "BxH/HkvxLxD"; ValueError if it is neither."""
+    parts = text.lower().split("x")
+    if len(parts) != 4:
+        raise ValueError(text)
+    heads, _, kv = parts[1].partition("/")
+    B, H, L, D = (int(n) for n in (parts[0], heads, parts[2], parts[3]))
+    Hkv = int(kv) if kv else H
+    if min(B, H, L, D, Hkv) <= 0 or H % Hkv:
+        raise ValueError(text)
+    return B, H, L, D, Hkv
 
 
 class CustomLaunch:
@@ -104,15 +117,16 @@ class CustomLaunch:
                                l2_section=self.l2_section, deterministic=self.deterministic)
 
 
-def time_cell(cell, kernel, device, settings, backward_only: bool = False) -> dict:
+def time_cell(cell, kernel, device, settings, backward_only: bool = False, kv_heads: int | None = None) -> dict:
     """The pipeline's timing of one cell (median ms per call, eager ms beside it); with
-    backward_only, of a fwd_bwd cell's backward alone (see the module docstring)."""
+    backward_only, of a fwd_bwd cell's backward alone (see the module docstring); k and v
+    with `kv_heads` heads where given."""
     import torch
 
     from flashwatt import measure
     from flashwatt.timing import Workload, time_workload
 
-    inputs = measure.make_inputs(cell, device, settings.seed, measure.input_sets_needed(cell, device))
+    inputs = measure.make_inputs(cell, device, settings.seed, measure.input_sets_needed(cell, device), kv_heads)
     dout = _dout(cell, device) if cell.pass_ == "fwd_bwd" else None
     if backward_only:
         forward = torch.cuda.CUDAGraph()
@@ -140,13 +154,13 @@ def _dout(cell, device):
     return torch.randn(shape, generator=gen, device=device).to(measure.DTYPES[cell.precision])
 
 
-def _outputs(kernel, cell, device) -> list:
+def _outputs(kernel, cell, device, kv_heads: int | None = None) -> list:
     """The forward's output and, for fwd_bwd, dQ, dK, dV, in float64."""
     import torch
 
     from flashwatt import measure
 
-    q, k, v = measure.make_inputs(cell, device, 0, 1)[0]
+    q, k, v = measure.make_inputs(cell, device, 0, 1, kv_heads)[0]
     if cell.pass_ == "fwd":
         with torch.no_grad():
             return [kernel(q, k, v, cell).double()]
@@ -170,7 +184,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--one-l2-section", action="store_true",
                     help="also time the custom kernel with every (batch, head) pair in one L2 section")
     ap.add_argument("--shapes", default="",
-                    help="BxHxLxD shapes to time instead of the default set (comma-separated, e.g. 1x32x4096x128)")
+                    help="BxHxLxD shapes to time instead of the default set (comma-separated, e.g. 1x32x4096x128); "
+                         "H/Hkv for grouped-query attention (1x32/8x4096x128: 32 query heads over 8 K/V heads)")
+    ap.add_argument("--masks", default="full,causal", help="which of full,causal to time (comma-separated)")
     ap.add_argument("--bwd-tiles", default="",
                     help="fwd_bwd: also time the custom kernel with each of these backward tiles (comma-separated)")
     ap.add_argument("--deterministic", action="store_true",
@@ -181,11 +197,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.deterministic and args.pass_ == "fwd":
         ap.error("--deterministic needs --pass fwd_bwd or bwd")
     try:
-        shapes = [tuple(int(n) for n in text.lower().split("x")) for text in args.shapes.split(",") if text]
+        shapes = [parse_shape(text) for text in args.shapes.split(",") if text]
     except ValueError:
-        shapes = [()]
-    if any(len(shape) != 4 or min(shape) <= 0 for shape in shapes):
-        ap.error(f"--shapes {args.shapes!r}: give positive BxHxLxD, comma-separated (e.g. 1x32x4096x128)")
+        ap.error(f"--shapes {args.shapes!r}: give positive BxHxLxD or BxH/HkvxLxD with H a multiple of Hkv, "
+                 "comma-separated (e.g. 1x32x4096x128,1x32/8x4096x128)")
+    masks = [m for m in args.masks.split(",") if m]
+    if not masks or any(m not in ("full", "causal") for m in masks):
+        ap.error(f"--masks {args.masks!r}: give full, causal or both (comma-separated)")
     bwd_tiles = [t for t in args.bwd_tiles.split(",") if t]
     if bwd_tiles:
         from flashwatt.kernels.custom_backward import BWD_TILES
@@ -216,15 +234,16 @@ def main(argv: list[str] | None = None) -> int:
     cell_pass = "fwd" if args.pass_ == "fwd" else "fwd_bwd"  # bwd: a fwd_bwd cell, its backward timed
     rows: list[dict] = []
     failed_checks = 0
-    header = (f"{'dtype':5} {'B':>3} {'H':>3} {'L':>6} {'D':>4} {'mask':6} {'custom':>8} {'flash':>8} {'cudnn':>8} "
+    header = (f"{'dtype':5} {'B':>3} {'H':>5} {'L':>6} {'D':>4} {'mask':6} {'custom':>8} {'flash':>8} {'cudnn':>8} "
               f"{'cust/fl':>8} {'cust/cu':>8}" + (f" {'wgmma':>8} {'wg/fl':>6}" if hopper else "")
               + "".join(f" {'bwd=' + t:>16} {'/fl':>6}" for t in bwd_tiles)
               + (f" {'l2=0':>8} {'cust/l2=0':>7}" if args.one_l2_section else "")
               + (f" {'det':>8} {'det/cust':>8}" if args.deterministic else ""))
     print(header + "\n" + "-" * len(header), flush=True)
     for precision in args.dtypes.split(","):
-        for B, H, L, D in shapes or cases([int(x) for x in args.head_dims.split(",")], args.max_seq_len):
-            for causal in (False, True):
+        for B, H, L, D, Hkv in shapes or cases([int(x) for x in args.head_dims.split(",")], args.max_seq_len):
+            heads = f"{H}/{Hkv}" if Hkv != H else f"{H}"
+            for causal in [m == "causal" for m in masks]:
                 runs = [(REFERENCE, "", ""), ("custom", "", ""), ("sdpa_cudnn", "", "")]
                 runs += [("custom", t, "") for t, tile in TILES.items()
                          if D in tile.head_dims and precision in tile.precisions
@@ -253,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
                         reason = kernel.supports(cell, device)
                         if reason:
                             raise RuntimeError(reason)
-                        outs = _outputs(kernel, cell, device)
+                        outs = _outputs(kernel, cell, device, Hkv)
                         if kname == REFERENCE:
                             reference = outs
                         elif kname == "custom":
@@ -275,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
                     for entry in round_order([e for e in entries if e["failed"] is None], r, args.rounds):
                         try:
                             timing = time_cell(entry["cell"], entry["kernel"], device, settings,
-                                               backward_only=args.pass_ == "bwd")
+                                               backward_only=args.pass_ == "bwd", kv_heads=Hkv)
                             entry["ms"].append(timing["median_ms"])
                             entry["timing"] = timing
                         except Exception as err:
@@ -286,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
                     cell, label, err = entry["cell"], entry["label"], entry["failed"]
                     if err is not None:
                         failed_checks += entry["kname"] == "custom"
-                        print(f"  {label} failed on {precision} {B}x{H}x{L}x{D} causal={causal}: "
+                        print(f"  {label} failed on {precision} {B}x{heads}x{L}x{D} causal={causal}: "
                               f"{str(err).splitlines()[0][:160]}", file=sys.stderr)
                     rounds_ms = entry["ms"] if err is None else []  # one median per round
                     ms = statistics.median(rounds_ms) if rounds_ms else math.nan
@@ -295,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
                     tflops = flops / (ms * 1e-3) / 1e12
                     result[label] = tflops
                     timing = entry["timing"] if err is None else {}
-                    rows.append(dict(device=name, dtype=precision, batch=B, heads=H, seq_len=L, head_dim=D,
+                    rows.append(dict(device=name, dtype=precision, batch=B, heads=H, kv_heads=Hkv, seq_len=L, head_dim=D,
                                      causal=causal, kernel=entry["kname"], variant=entry["variant"],
                                      backward_tile=entry["bwd_tile"],
                                      l2_section="one" if entry["launch"] == ONE_SECTION else "auto",
@@ -305,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
                                      eager_ms=timing.get("eager_ms", math.nan),
                                      tflops=round(tflops, 2), rel_err_vs_flash=entry["err"]))
                 fl, cu, cust = result[REFERENCE], result["sdpa_cudnn"], result["custom"]
-                line = (f"{precision:5} {B:>3} {H:>3} {L:>6} {D:>4} {'causal' if causal else 'full':6} "
+                line = (f"{precision:5} {B:>3} {heads:>5} {L:>6} {D:>4} {'causal' if causal else 'full':6} "
                         f"{cust:8.1f} {fl:8.1f} {cu:8.1f} {cust / fl:8.3f} {cust / cu:8.3f}")
                 if hopper:
                     wg = max((t for n, t in result.items() if n.startswith("custom:wgmma") and t == t), default=math.nan)

@@ -49,17 +49,20 @@ def input_sets_needed(cell: Cell, device: torch.device) -> int:
     return max(1, min(MAX_INPUT_SETS, math.ceil(L2_MULTIPLE * l2 / input_bytes(cell))))
 
 
-def make_inputs(cell: Cell, device: torch.device, seed: int, sets: int) -> list[tuple[torch.Tensor, ...]]:
-    """`sets` independent (q, k, v) triples drawn from N(0, 1) under `seed`."""
+def make_inputs(cell: Cell, device: torch.device, seed: int, sets: int,
+                kv_heads: int | None = None) -> list[tuple[torch.Tensor, ...]]:
+    """`sets` independent (q, k, v) triples drawn from N(0, 1) under `seed`; k and v with
+    `kv_heads` heads where given (grouped-query attention), the cell's heads otherwise."""
     gen = torch.Generator(device=device).manual_seed(seed)
     shape = (cell.batch, cell.heads, cell.seq_len, cell.head_dim)
+    shapes = (shape, *[(cell.batch, kv_heads or cell.heads, cell.seq_len, cell.head_dim)] * 2)
     dtype = DTYPES[cell.precision]
     grad = cell.pass_ == "fwd_bwd"
     out = []
     for _ in range(sets):
         triple = tuple(
-            torch.randn(shape, generator=gen, device=device, dtype=torch.float32).to(dtype).requires_grad_(grad)
-            for _ in range(3)
+            torch.randn(s, generator=gen, device=device, dtype=torch.float32).to(dtype).requires_grad_(grad)
+            for s in shapes
         )
         out.append(triple)
     return out
