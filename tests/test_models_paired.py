@@ -156,9 +156,17 @@ def test_the_table_carries_the_paired_ratio_and_says_when_the_default_ran_on_ano
     assert len(labels) == 1 and labels[0].startswith("eager, prefill")  # the reference has no pairing of its own
     assert figure.axes[0].lines  # the point and its range
 
-    for path, uuid in zip(paths, ("GPU-a", "GPU-b")):
-        from flashwatt.records import read_record
+    from flashwatt.records import read_record
 
+    record = read_record(paths[1])  # joules per token come with NVML, which a CPU cell has not
+    record["paired"].update(energy=1.01, energy_range=[0.99, 1.03])
+    write_record(paths[1], record)
+    eager = model_table(paths).set_index("backend").loc["eager"]
+    assert (eager["paired_energy_min"], eager["paired_energy"], eager["paired_energy_max"]) == (0.99, 1.01, 1.03)
+    figure = MODEL_FIGURES["model_paired"].render(model_table(paths))
+    assert len(figure.axes) == 2 and figure.axes[1].lines
+
+    for path, uuid in zip(paths, ("GPU-a", "GPU-b")):
         record = read_record(path)
         record["device"]["uuid"] = uuid
         write_record(path, record)

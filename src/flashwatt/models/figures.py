@@ -84,8 +84,9 @@ def draw_paired(table: pd.DataFrame) -> plt.Figure:
                    xerr=[data["paired_speed"] - data["paired_speed_min"], data["paired_speed_max"] - data["paired_speed"]])
     speed.set_xlabel("tokens per second against the SDPA default\n(same GPU, same process: median of rounds, range)")
     if energy:
-        axes[0][1].plot(data["paired_energy"], rows, "o")
-        axes[0][1].set_xlabel("joules per token against the SDPA default\n(median of rounds)")
+        axes[0][1].errorbar(data["paired_energy"], rows, fmt="o", xerr=[data["paired_energy"] - data["paired_energy_min"],
+                                                                    data["paired_energy_max"] - data["paired_energy"]])
+        axes[0][1].set_xlabel("joules per token against the SDPA default\n(same GPU, same process: median of rounds, range)")
     for ax in axes[0]:
         ax.axvline(1.0, color="grey", linestyle="--", linewidth=1)
     speed.set_yticks(list(rows), labels)

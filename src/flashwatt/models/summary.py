@@ -27,7 +27,7 @@ COLUMNS = [
     "gpu_util_pct", "energy_window_s", "energy_flags", "check_passed", "logits_error", "logits_tolerance", "causal_passed", "grad_error",
     "grad_tolerance", "loss", "control_configurations", "control_settle_s", "control_settled", "compile_s", "oom_stage", "speedup_vs_sdpa_default", "energy_vs_sdpa_default",
     "baseline_same_gpu", "paired_rounds", "paired_speed", "paired_speed_min", "paired_speed_max", "paired_energy",
-    "paired_reason", "speedup_vs_one_gpu", "scaling_efficiency", "duration_s",
+    "paired_energy_min", "paired_energy_max", "paired_reason", "speedup_vs_one_gpu", "scaling_efficiency", "duration_s",
 ]
 _SAME_STEP = ["suite", "model", "precision", "phase", "seq_len", "batch", "recompute", "compiled", "gpus", "strategy"]
 # One GPU's cell of the same step: the same sequences per GPU for fsdp (the same per-GPU
@@ -47,6 +47,7 @@ def _row(cell: ModelCell, record: dict) -> dict:
     communication = record.get("communication") or {}
     paired = record.get("paired") or {}
     speed_range = paired.get("speed_range") or [None, None]
+    energy_range = paired.get("energy_range") or [None, None]
     return {**cell.as_row(), "status": record.get("status"), "reason": record.get("reason"),
             "device": device.get("name"), "device_type": device.get("type"), "device_uuid": device.get("uuid"),
             "parameters": (record.get("model") or {}).get("parameters"),
@@ -82,6 +83,7 @@ def _row(cell: ModelCell, record: dict) -> dict:
             "paired_rounds": len(paired["rounds"]) if "rounds" in paired else None,
             "paired_speed": paired.get("speed"), "paired_speed_min": speed_range[0],
             "paired_speed_max": speed_range[1], "paired_energy": paired.get("energy"),
+            "paired_energy_min": energy_range[0], "paired_energy_max": energy_range[1],
             "paired_reason": paired.get("reason"), "duration_s": record.get("duration_s")}
 
 
