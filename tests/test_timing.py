@@ -64,3 +64,16 @@ def test_settings_refuse_unknown_keys():
     s = MeasureSettings.from_mapping({"min_repeats": 3})
     assert s.min_repeats == 3 and MeasureSettings.from_mapping(s) is s
     assert MeasureSettings.from_mapping(s.as_dict()) == s
+
+
+def test_every_energy_window_takes_its_options_from_the_settings():
+    import inspect
+
+    from flashwatt.energy import measure_energy
+
+    s = MeasureSettings(energy_window_s=2.5, idle_settle_s=0.7, idle_window_s=0.4, sampler_period_s=0.05)
+    assert s.energy_window() == {"min_window_s": 2.5, "idle_settle_s": 0.7, "idle_window_s": 0.4,
+                                 "sampler_period_s": 0.05}
+    assert s.energy_window(idle=False) == {"min_window_s": 2.5, "idle_settle_s": 0.0, "idle_window_s": 0.0,
+                                           "sampler_period_s": 0.05}
+    inspect.signature(measure_energy).bind(None, None, None, **s.energy_window())  # names measure_energy takes

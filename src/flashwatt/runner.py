@@ -191,10 +191,7 @@ def _measure(cell: Cell, settings: MeasureSettings, device, kernel, telemetry, r
                 workload.step,
                 lambda: torch.cuda.synchronize(device),
                 telemetry,
-                min_window_s=settings.energy_window_s,
-                idle_settle_s=settings.idle_settle_s,
-                idle_window_s=settings.idle_window_s,
-                sampler_period_s=settings.sampler_period_s,
+                **settings.energy_window(),
                 calls_per_step=workload.k,
             )
             energy = window.as_dict()

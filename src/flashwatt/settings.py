@@ -43,3 +43,10 @@ class MeasureSettings:
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def energy_window(self, *, idle: bool = True) -> dict[str, float]:
+        """flashwatt.energy.measure_energy's window options from these settings. Without
+        `idle`, no idle window is read before it (a comparison of two windows, whose ratio
+        needs no idle baseline)."""
+        return {"min_window_s": self.energy_window_s, "idle_settle_s": self.idle_settle_s if idle else 0.0,
+                "idle_window_s": self.idle_window_s if idle else 0.0, "sampler_period_s": self.sampler_period_s}

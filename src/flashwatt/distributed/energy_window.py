@@ -71,9 +71,7 @@ def _why_none(settings, uuids: list[str | None]) -> str | None:
 def _measure(call, sync, telemetry, settings, **options):
     from flashwatt.energy import measure_energy
 
-    return measure_energy(call, sync, telemetry, min_window_s=options.pop("min_window_s", settings.energy_window_s),
-                          idle_settle_s=settings.idle_settle_s, idle_window_s=settings.idle_window_s,
-                          sampler_period_s=settings.sampler_period_s, **options)
+    return measure_energy(call, sync, telemetry, **(settings.energy_window() | options))
 
 
 def _one_host(step, sync, settings, side, rank, uuids, telemetry_for) -> tuple[dict, list[dict]]:

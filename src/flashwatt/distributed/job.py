@@ -307,8 +307,7 @@ def _single_gpu_energy(step, spec: dict, device, settings, flops_per_call: float
         if not telemetry.available:
             return {"reason": telemetry.reason}
         window = measure_energy(step, lambda: torch.cuda.synchronize(device), telemetry,
-                                min_window_s=settings.energy_window_s, idle_settle_s=settings.idle_settle_s,
-                                idle_window_s=settings.idle_window_s, sampler_period_s=settings.sampler_period_s)
+                                **settings.energy_window())
     finally:
         telemetry.close()
     return _energy_entry(window.as_dict(), spec, flops_per_call, "1 GPU")

@@ -247,8 +247,7 @@ def _time_and_meter(cell: ModelCell, spec: dict, settings, device, telemetry, re
     stage.enter("energy window")
     if telemetry.available:
         window = measure_energy(step.run, lambda: torch.cuda.synchronize(device), telemetry,
-                                min_window_s=settings.energy_window_s, idle_settle_s=settings.idle_settle_s,
-                                idle_window_s=settings.idle_window_s, sampler_period_s=settings.sampler_period_s)
+                                **settings.energy_window())
         energy = window.as_dict()
         energy["unit"] = "one call = one step"
         if window.energy_per_call_j is not None:

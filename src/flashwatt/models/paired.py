@@ -82,9 +82,7 @@ def paired_rounds(cell, step, device, telemetry, settings, rounds: int, steps_pe
                 entry["implementation"][name] = implementation()
                 entry["step_ms"][name] = time_steps(step, device, steps_per_round)["step_ms"]
                 if energy:
-                    window = measure_energy(step.run, sync, telemetry, min_window_s=settings.energy_window_s,
-                                            idle_settle_s=0.0, idle_window_s=0.0,
-                                            sampler_period_s=settings.sampler_period_s)
+                    window = measure_energy(step.run, sync, telemetry, **settings.energy_window(idle=False))
                     per_call = window.energy_per_call_j
                     entry["j_per_token"][name] = per_call / cell.tokens if per_call is not None else None
             out["rounds"].append(entry)
