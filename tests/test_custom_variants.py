@@ -149,3 +149,22 @@ def test_work_order_takes_a_counter_only_for_causal_persistent_tiles():
         assert work_order(t, True, 1023) == work_order(t, False) == work_order(t, False, 4096) == WORK_FIXED_STRIDE
     for t in one_per_tile:
         assert work_order(t, True, 4096) == work_order(t, False) == WORK_ONE_CTA_PER_TILE
+
+
+def test_a_view_the_kernel_can_read_goes_as_it_is_and_any_other_is_copied():
+    """16-byte loads need a contiguous head dim, a 16-byte aligned start and every other
+    stride a multiple of 16 bytes; views meeting that are not copied (a copy per call costs
+    the model its memory traffic), others are made contiguous."""
+    import torch
+
+    from flashwatt.kernels.custom import _kernel_ready
+
+    blhd = torch.zeros(2, 64, 8, 64, dtype=torch.bfloat16)
+    for view in (blhd, blhd.transpose(1, 2), blhd[:, 8:40], blhd[:, :, 2:6]):
+        assert _kernel_ready(view) is view
+    misaligned = torch.zeros(2 * 64 * 8 * 64 + 1, dtype=torch.bfloat16)[1:].view(2, 64, 8, 64)
+    odd_stride = torch.zeros(2, 64, 8, 68, dtype=torch.bfloat16)[..., :60]  # a row of 120 bytes
+    strided_d = blhd[..., ::2]
+    for view in (misaligned, odd_stride, strided_d):
+        ready = _kernel_ready(view)
+        assert ready is not view and ready.is_contiguous() and torch.equal(ready, view)
