@@ -48,9 +48,12 @@ def test_grouped_query_inputs_give_k_and_v_their_own_heads():
     import torch
 
     from flashwatt.cell import Cell
-    from flashwatt.measure import make_inputs
+    from flashwatt.measure import input_bytes, make_inputs
 
     cell = Cell("bench", "sdpa_math", "fp32", 16, 2, 8, 4, True)
     q, k, v = make_inputs(cell, torch.device("cpu"), 0, 1, kv_heads=2)[0]
     assert q.shape == (2, 8, 16, 4) and k.shape == v.shape == (2, 2, 16, 4)
     assert [t.shape for t in make_inputs(cell, torch.device("cpu"), 0, 1)[0]] == [(2, 8, 16, 4)] * 3
+    # the sets rotated past L2 are counted at their own size: q at 8 heads, k and v at 2
+    assert input_bytes(cell, kv_heads=2) == sum(t.numel() * t.element_size() for t in (q, k, v))
+    assert input_bytes(cell) == 3 * q.numel() * q.element_size()

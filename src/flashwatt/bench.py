@@ -126,7 +126,8 @@ def time_cell(cell, kernel, device, settings, backward_only: bool = False, kv_he
     from flashwatt import measure
     from flashwatt.timing import Workload, time_workload
 
-    inputs = measure.make_inputs(cell, device, settings.seed, measure.input_sets_needed(cell, device), kv_heads)
+    inputs = measure.make_inputs(cell, device, settings.seed, measure.input_sets_needed(cell, device, kv_heads),
+                                kv_heads)
     dout = _dout(cell, device) if cell.pass_ == "fwd_bwd" else None
     if backward_only:
         forward = torch.cuda.CUDAGraph()

@@ -37,16 +37,17 @@ def precision_mode(cell: Cell):
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn
 
 
-def input_bytes(cell: Cell) -> int:
+def input_bytes(cell: Cell, kv_heads: int | None = None) -> int:
+    """Bytes of one (q, k, v) set; k and v with `kv_heads` heads where given."""
     elem = torch.empty((), dtype=DTYPES[cell.precision]).element_size()
-    return 3 * cell.batch * cell.heads * cell.seq_len * cell.head_dim * elem
+    return (cell.heads + 2 * (kv_heads or cell.heads)) * cell.batch * cell.seq_len * cell.head_dim * elem
 
 
-def input_sets_needed(cell: Cell, device: torch.device) -> int:
+def input_sets_needed(cell: Cell, device: torch.device, kv_heads: int | None = None) -> int:
     if device.type != "cuda":
         return 1
     l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 50 * 2**20)
-    return max(1, min(MAX_INPUT_SETS, math.ceil(L2_MULTIPLE * l2 / input_bytes(cell))))
+    return max(1, min(MAX_INPUT_SETS, math.ceil(L2_MULTIPLE * l2 / input_bytes(cell, kv_heads))))
 
 
 def make_inputs(cell: Cell, device: torch.device, seed: int, sets: int,
