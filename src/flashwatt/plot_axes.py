@@ -41,23 +41,23 @@ def log_ticks(low: float, high: float) -> list[float]:
     return [float(t) for t in ticks if low <= t <= high and t > 0]
 
 
+def _plain_log(axis, get_lim, set_lim, unit: str) -> None:
+    low, high = get_lim()
+    set_lim(low, high)
+    axis.set_major_locator(FixedLocator(log_ticks(low, high)))
+    axis.set_minor_locator(NullLocator())
+    axis.set_major_formatter(FuncFormatter(lambda value, _: plain_number(value) + unit))
+
+
 def plain_log_y(ax, unit: str = "") -> None:
     """Label a log y axis with round plain numbers (and `unit`, e.g. '×'); the limits
     are frozen first, so the ticks are chosen for the range the axis shows."""
-    low, high = ax.get_ylim()
-    ax.set_ylim(low, high)
-    ax.yaxis.set_major_locator(FixedLocator(log_ticks(low, high)))
-    ax.yaxis.set_minor_locator(NullLocator())
-    ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: plain_number(value) + unit))
+    _plain_log(ax.yaxis, ax.get_ylim, ax.set_ylim, unit)
 
 
 def plain_log_x(ax, unit: str = "") -> None:
     """`plain_log_y` for an x axis."""
-    low, high = ax.get_xlim()
-    ax.set_xlim(low, high)
-    ax.xaxis.set_major_locator(FixedLocator(log_ticks(low, high)))
-    ax.xaxis.set_minor_locator(NullLocator())
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: plain_number(value) + unit))
+    _plain_log(ax.xaxis, ax.get_xlim, ax.set_xlim, unit)
 
 
 def sequence_length_label(length: int) -> str:

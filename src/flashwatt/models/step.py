@@ -172,8 +172,10 @@ def fill_cache(model, tokens: torch.Tensor):
     backend (restored afterwards): a decode cell measures the steps after the context, and
     eager attention's prefill holds a batch x heads x L x L score matrix (32 GiB for
     Llama-3-8B at 32 x 4096) that the decode steps never need."""
+    from flashwatt.models.attention import BUILTIN
+
     backend = model.config._attn_implementation
-    model.set_attn_implementation("sdpa")
+    model.set_attn_implementation(BUILTIN["sdpa_default"])
     try:
         with torch.no_grad():
             return model(input_ids=tokens, use_cache=True, logits_to_keep=1).past_key_values
