@@ -3,9 +3,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import job_worker
+from flashwatt.distributed import job as job_module
 from flashwatt.distributed.job import job
 from support import free_ports
 
@@ -63,3 +66,15 @@ def test_cells_that_cannot_run_are_skipped_with_the_reason():
     custom = dict(job_worker.SPECS[0], block="custom", precision="bf16")
     rec = job(custom)
     assert rec["status"] == "skipped" and ("GPU" in rec["reason"] or "CUDA" in rec["reason"])
+
+
+def test_an_interrupted_cell_reaches_the_caller_as_the_interrupt(monkeypatch):
+    # Ctrl-C (or a time limit's SIGINT) inside the cell: the job must not wait at the closing
+    # barrier nor hide the interrupt behind an error of its own; the process group is released.
+    def interrupted(*_args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(job_module, "_run", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        job(dict(job_worker.SPECS[0], strategy="ring", gpus=1))
+    assert not dist.is_initialized()

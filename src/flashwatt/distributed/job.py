@@ -101,13 +101,15 @@ def job(spec: dict, rank: int | None = None, world: int | None = None, local_ran
         raise ValueError(f"distributed job: cell asks for {wanted} GPUs but {rdv.world} processes were started "
                          "(one process per GPU)")
     device = rendezvous.start(rdv)
+    # Set before the call: an interrupt (KeyboardInterrupt, SystemExit) skips both branches and
+    # must reach the caller as itself, without the closing barrier that the other ranks may never join.
+    ok = False
     try:
         record = _run(spec, rdv, device)
         ok = True
     except Exception as err:  # every rank reaches here; rank 0 reports
         record = {"status": "failed", "reason": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc(),
                   "spec": spec}
-        ok = False
     finally:
         if ok:
             dist.barrier()
