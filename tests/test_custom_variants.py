@@ -168,3 +168,4 @@ def test_a_view_the_kernel_can_read_goes_as_it_is_and_any_other_is_copied():
     for view in (misaligned, odd_stride, strided_d):
         ready = _kernel_ready(view)
         assert ready is not view and ready.is_contiguous() and torch.equal(ready, view)
+        assert ready.data_ptr() % 16 == 0
