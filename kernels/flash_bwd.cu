@@ -140,7 +140,7 @@ __global__ void __launch_bounds__(kRowThreads) flash_bwd_convert_dq_kernel(const
   out.z = Ops::pack(y.x * p.scale, y.y * p.scale);
   out.w = Ops::pack(y.z * p.scale, y.w * p.scale);
   T* dq = static_cast<T*>(p.dq) + b * p.dq_sb + h * p.dq_sh + static_cast<int64_t>(i) * p.dq_sl + c * 8;
-  *reinterpret_cast<uint4*>(dq) = out;
+  st_global_v4(dq, out);
 }
 
 // ------------------------------------------------------------- main kernel

@@ -305,7 +305,7 @@ __global__ void __launch_bounds__(NWG * 128, 1) flash_fwd_wgmma_kernel(const Fwd
       asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
                    : "=r"(val.x), "=r"(val.y), "=r"(val.z), "=r"(val.w)
                    : "r"(sQ + sw128_off<BM>(warp_row0 + r, c)));
-      if (row < p.len_q) *reinterpret_cast<uint4*>(gO + static_cast<int64_t>(row) * p.o_sl + c * 8) = val;
+      if (row < p.len_q) st_global_v4(gO + static_cast<int64_t>(row) * p.o_sl + c * 8, val);
     }
   }
 #else

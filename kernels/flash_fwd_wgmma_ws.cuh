@@ -410,7 +410,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) flash_fwd_wgmma_ws_kernel(
       asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
                    : "=r"(val.x), "=r"(val.y), "=r"(val.z), "=r"(val.w)
                    : "r"(sQb + sw128_off<BM>(warp_row0 + r, c)));
-      if (row < p.len_q) *reinterpret_cast<uint4*>(gO + static_cast<int64_t>(row) * p.o_sl + c * 8) = val;
+      if (row < p.len_q) st_global_v4(gO + static_cast<int64_t>(row) * p.o_sl + c * 8, val);
     }
     mbar_arrive(q_empty + 8 * qb);  // this buffer may take the Q of work item li + 2
   }

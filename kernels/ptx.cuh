@@ -24,6 +24,15 @@ __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int sr
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
 }
 
+// 16-byte global store (ptr 16-byte aligned). nvcc 13.0 compiles
+// `*reinterpret_cast<uint4*>(ptr) = v` into four st.global.u32 where v's words come from
+// inline asm (a shared-memory load, a pack), which costs four store instructions and four
+// LSU requests per 16 bytes; this is one st.global.v4.
+__device__ __forceinline__ void st_global_v4(void* ptr, uint4 v) {
+  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(ptr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+               : "memory");
+}
+
 // 4-byte global -> shared copy (rows of per-row floats need no 16-byte alignment);
 // src_bytes == 0 writes a zero.
 __device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, int src_bytes) {

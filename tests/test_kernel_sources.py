@@ -1,6 +1,7 @@
 """Compiles kernels/flash_fwd.cu and kernels/flash_bwd.cu with nvcc for sm_80, sm_90 and sm_90a
 with the wgmma kernels (no GPU, no torch needed) and checks ptxas's resource report: no register
-spills and no stack frame in any kernel, and no wgmma that ptxas had to serialise."""
+spills and no stack frame in any kernel, and no wgmma that ptxas had to serialise; and in the
+PTX, that 16-byte rows leave in one store."""
 from __future__ import annotations
 
 import re
@@ -175,3 +176,36 @@ def test_backward_no_spills_no_stack(bwd_ptxas_report):
 def test_header_is_torch_free():
     text = "".join(p.read_text() for p in sorted(KERNELS.glob("*.cu*")))
     assert "torch" not in re.sub(r"//.*", "", text), "the .cu/.cuh kernel sources must not include torch headers"
+
+
+_PTX_ENTRY = re.compile(r"^(?:\.visible )?\.entry (\S+)\(", re.M)
+
+
+def _ptx_entries(source: str, tmp_path) -> dict[str, str]:
+    """kernel name -> its PTX body, for an sm_90a build of source."""
+    out = tmp_path / source.replace(".cu", ".ptx")
+    cmd = [_nvcc(), "-O3", "-std=c++17", *ARCH_FLAGS["90a"], "-ptx", str(KERNELS / source), "-o", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 0, f"nvcc -ptx failed on {source}:\n{proc.stdout}\n{proc.stderr}"
+    text = out.read_text()
+    marks = list(_PTX_ENTRY.finditer(text))
+    return {m.group(1): text[m.start():(marks[i + 1].start() if i + 1 < len(marks) else len(text))]
+            for i, m in enumerate(marks)}
+
+
+def test_sixteen_byte_rows_leave_in_one_store(tmp_path):
+    """The forward's O rows and the backward's converted dQ rows go to global memory in
+    16-byte stores. nvcc splits `*reinterpret_cast<uint4*>(p) = v` into four 32-bit stores
+    when v's words come from inline asm, which cost the forward 3-6 % at 1024-2048 keys on an
+    H100 (kernels/NOTES.md, "O in 16-byte stores")."""
+    fwd = _ptx_entries("flash_fwd.cu", tmp_path)
+    half = {name: body for name, body in fwd.items() if "I6__half" in name or "I13__nv_bfloat16" in name}
+    assert half, sorted(fwd)
+    split = sorted(name for name, body in half.items() if "st.global.u32" in body)
+    assert not split, f"forward kernels storing O in 32-bit pieces: {split[:3]}"
+    assert all("st.global.v4.b32" in body for body in half.values())
+    bwd = _ptx_entries("flash_bwd.cu", tmp_path)
+    convert = {name: body for name, body in bwd.items() if "convert_dq" in name}
+    assert len(convert) >= 2, sorted(bwd)
+    for name, body in convert.items():
+        assert "st.global.v4.b32" in body and "st.global.u32" not in body, name
