@@ -92,6 +92,48 @@ __device__ __forceinline__ void load_tile_sw128(uint32_t dst, const T* __restric
   }
 }
 
+// The epilogue of one warp's 16 query rows (warp_row0 ..) of a BM-row work item at m0:
+// O normalised by the row sums, the rows' LSE, and O staged through the warp's own rows of
+// the swizzled Q tile at sq (whose only readers, this warpgroup's S wgmma, are done) so
+// that it leaves in 16-byte stores, one row chunk per lane.
+template <typename T, int D, int BM>
+__device__ __forceinline__ void store_o_rows(const FwdParams& p, const float (&o)[D / 2], const float (&row_max)[2],
+                                             const float (&row_sum)[2], uint32_t sq, int b, int h, int m0,
+                                             int warp_row0, int lane) {
+  using Ops = TypeOps<T>;
+  constexpr int CH = D / 8;  // 16-byte chunks per row
+  const int g = lane >> 2;
+  const int t = lane & 3;
+  float* lse = p.lse + static_cast<int64_t>(b * p.heads + h) * p.len_q;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float l = quad_sum(row_sum[r]);
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    const int lrow = warp_row0 + g + r * 8;
+    const int row = m0 + lrow;
+    if (t == 0 && row < p.len_q) lse[row] = row_lse(row_max[r], l);
+#pragma unroll
+    for (int dt = 0; dt < D / 8; ++dt) {
+      const uint32_t packed = Ops::pack(o[4 * dt + 2 * r] * inv, o[4 * dt + 2 * r + 1] * inv);
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sq + sw128_off<BM>(lrow, dt) + t * 4), "r"(packed));
+    }
+  }
+  __syncwarp();
+  T* gO = static_cast<T*>(p.o) + b * p.o_sb + h * p.o_sh;
+#pragma unroll
+  for (int it = 0; it < 16 * CH / 32; ++it) {
+    const int idx = lane + it * 32;
+    const int r = idx / CH;
+    const int c = idx % CH;
+    const int row = m0 + warp_row0 + r;
+    uint4 val;
+    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(val.x), "=r"(val.y), "=r"(val.z), "=r"(val.w)
+                 : "r"(sq + sw128_off<BM>(warp_row0 + r, c)));
+    if (row < p.len_q) st_global_v4(gO + static_cast<int64_t>(row) * p.o_sl + c * 8, val);
+  }
+}
+
 template <typename T, int D, int BN, int NWG, int ST, bool PP>
 __global__ void __launch_bounds__(NWG * 128, 1) flash_fwd_wgmma_kernel(const FwdParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -100,7 +142,6 @@ __global__ void __launch_bounds__(NWG * 128, 1) flash_fwd_wgmma_kernel(const Fwd
   constexpr int BM = S::BM, THREADS = S::kThreads, SN = S::SN, ON = S::ON, AHEAD = S::kAhead;
   constexpr int KD = D / 16;   // k steps of Q K^T
   constexpr int KN = BN / 16;  // k steps of P V
-  constexpr int CH = D / 8;    // 16-byte chunks per row
 
   extern __shared__ unsigned char smem[];
   const uint32_t sQ = (smem_addr(smem) + 1023u) & ~1023u;
@@ -278,35 +319,8 @@ __global__ void __launch_bounds__(NWG * 128, 1) flash_fwd_wgmma_kernel(const Fwd
     fence_regs(o);
     cp_async_wait<0>();  // the lagging warpgroup's zero-fill group issued at B_n, before the slots are reused
 
-    // ---- epilogue: normalise, write LSE, stage O in this warp's own Q rows, store 16 B per lane
-    float* lse = p.lse + static_cast<int64_t>(b * p.heads + h) * p.len_q;
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const float l = quad_sum(row_sum[r]);
-      const float inv = l > 0.f ? 1.f / l : 0.f;
-      const int lrow = warp_row0 + g + r * 8;
-      const int row = m0 + lrow;
-      if (t == 0 && row < p.len_q) lse[row] = row_lse(row_max[r], l);
-#pragma unroll
-      for (int dt = 0; dt < D / 8; ++dt) {
-        const uint32_t packed = Ops::pack(o[4 * dt + 2 * r] * inv, o[4 * dt + 2 * r + 1] * inv);
-        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sQ + sw128_off<BM>(lrow, dt) + t * 4), "r"(packed));
-      }
-    }
-    __syncwarp();
-    T* gO = static_cast<T*>(p.o) + b * p.o_sb + h * p.o_sh;
-#pragma unroll
-    for (int it = 0; it < 16 * CH / 32; ++it) {
-      const int idx = lane + it * 32;
-      const int r = idx / CH;
-      const int c = idx % CH;
-      const int row = m0 + warp_row0 + r;
-      uint4 val;
-      asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-                   : "=r"(val.x), "=r"(val.y), "=r"(val.z), "=r"(val.w)
-                   : "r"(sQ + sw128_off<BM>(warp_row0 + r, c)));
-      if (row < p.len_q) st_global_v4(gO + static_cast<int64_t>(row) * p.o_sl + c * 8, val);
-    }
+    // ---- epilogue
+    store_o_rows<T, D, BM>(p, o, row_max, row_sum, sQ, b, h, m0, warp_row0, lane);
   }
 #else
   __trap();  // built without sm_90a: never launched (the launch table only lists it for sm_90a builds)

@@ -134,7 +134,6 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) flash_fwd_wgmma_ws_kernel(
   constexpr int BM = S::BM, SN = S::SN, ON = S::ON;
   constexpr int KD = D / 16;   // k steps of Q K^T
   constexpr int KN = BN / 16;  // k steps of P V
-  constexpr int CH = D / 8;    // 16-byte chunks per row
   constexpr int CONSUMERS = 128 * S::NWG;
 
   extern __shared__ unsigned char smem[];
@@ -382,36 +381,8 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) flash_fwd_wgmma_ws_kernel(
     }
     u0 += n_tiles;
 
-    // ---- epilogue: normalise, write LSE, stage O in this warp's own rows of its Q buffer
-    // (this warpgroup's S wgmma, the only readers of those rows, are done), 16 B per lane.
-    float* lse = p.lse + static_cast<int64_t>(b * p.heads + h) * p.len_q;
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const float l = quad_sum(row_sum[r]);
-      const float inv = l > 0.f ? 1.f / l : 0.f;
-      const int lrow = warp_row0 + g + r * 8;
-      const int row = m0 + lrow;
-      if (t == 0 && row < p.len_q) lse[row] = row_lse(row_max[r], l);
-#pragma unroll
-      for (int dt = 0; dt < D / 8; ++dt) {
-        const uint32_t packed = Ops::pack(o[4 * dt + 2 * r] * inv, o[4 * dt + 2 * r + 1] * inv);
-        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sQb + sw128_off<BM>(lrow, dt) + t * 4), "r"(packed));
-      }
-    }
-    __syncwarp();
-    T* gO = static_cast<T*>(p.o) + b * p.o_sb + h * p.o_sh;
-#pragma unroll
-    for (int it = 0; it < 16 * CH / 32; ++it) {
-      const int idx = lane + it * 32;
-      const int r = idx / CH;
-      const int c = idx % CH;
-      const int row = m0 + warp_row0 + r;
-      uint4 val;
-      asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-                   : "=r"(val.x), "=r"(val.y), "=r"(val.z), "=r"(val.w)
-                   : "r"(sQb + sw128_off<BM>(warp_row0 + r, c)));
-      if (row < p.len_q) st_global_v4(gO + static_cast<int64_t>(row) * p.o_sl + c * 8, val);
-    }
+    // ---- epilogue, O staged through this warp's own rows of its Q buffer
+    store_o_rows<T, D, BM>(p, o, row_max, row_sum, sQb, b, h, m0, warp_row0, lane);
     mbar_arrive(q_empty + 8 * qb);  // this buffer may take the Q of work item li + 2
   }
   // Consumer 0 takes the turn the last consumer passed after its last wgmma, so no arrival
