@@ -65,10 +65,11 @@ __device__ __forceinline__ uint32_t sw128_off(int r, int c) {
 }
 
 // Copies rows [row0, row0 + ROWS) of a [rows, D] global tile into a swizzled smem tile;
-// rows at or past row_end are zero-filled. Each thread moves the same 16-byte column
-// chunk of rows r0, r0 + RSTEP, ...; RSTEP is a multiple of 8, so the swizzle of
-// every row a thread touches is the same and each address is a base plus an immediate.
-template <int ROWS, int D, int THREADS, typename T>
+// rows at or past row_end, and with BELOW_ZERO rows below 0 (row0 < 0), are zero-filled.
+// Each thread moves the same 16-byte column chunk of rows r0, r0 + RSTEP, ...; RSTEP is a
+// multiple of 8, so the swizzle of every row a thread touches is the same and each address
+// is a base plus an immediate.
+template <int ROWS, int D, int THREADS, bool BELOW_ZERO = false, typename T>
 __device__ __forceinline__ void load_tile_sw128(uint32_t dst, const T* __restrict__ src, int64_t row_stride,
                                                 int row0, int row_end, int tid) {
   constexpr int CH = D / 8;
@@ -84,7 +85,7 @@ __device__ __forceinline__ void load_tile_sw128(uint32_t dst, const T* __restric
 #pragma unroll
   for (int it = 0; it < ITERS; ++it) {
     if (ROWS % RSTEP == 0 || r0 + it * RSTEP < ROWS) {
-      const bool ok = rows_left > 0;
+      const bool ok = rows_left > 0 && (!BELOW_ZERO || row0 + r0 + it * RSTEP >= 0);
       cp_async16(d0 + it * RSTEP * 128, ok ? g : src, ok ? 16 : 0);
     }
     g += step;
@@ -92,11 +93,13 @@ __device__ __forceinline__ void load_tile_sw128(uint32_t dst, const T* __restric
   }
 }
 
-// The epilogue of one warp's 16 query rows (warp_row0 ..) of a BM-row work item at m0:
+// The epilogue of one warp's 16 query rows (warp_row0 ..) of a BM-row work item at m0
+// (rows at or past len_q not stored, nor with BELOW_ZERO rows below 0: m0 < 0 where
+// causal blocks end at len_q):
 // O normalised by the row sums, the rows' LSE, and O staged through the warp's own rows of
 // the swizzled Q tile at sq (whose only readers, this warpgroup's S wgmma, are done) so
 // that it leaves in 16-byte stores, one row chunk per lane.
-template <typename T, int D, int BM>
+template <typename T, int D, int BM, bool BELOW_ZERO = false>
 __device__ __forceinline__ void store_o_rows(const FwdParams& p, const float (&o)[D / 2], const float (&row_max)[2],
                                              const float (&row_sum)[2], uint32_t sq, int b, int h, int m0,
                                              int warp_row0, int lane) {
@@ -111,7 +114,7 @@ __device__ __forceinline__ void store_o_rows(const FwdParams& p, const float (&o
     const float inv = l > 0.f ? 1.f / l : 0.f;
     const int lrow = warp_row0 + g + r * 8;
     const int row = m0 + lrow;
-    if (t == 0 && row < p.len_q) lse[row] = row_lse(row_max[r], l);
+    if (t == 0 && row < p.len_q && (!BELOW_ZERO || row >= 0)) lse[row] = row_lse(row_max[r], l);
 #pragma unroll
     for (int dt = 0; dt < D / 8; ++dt) {
       const uint32_t packed = Ops::pack(o[4 * dt + 2 * r] * inv, o[4 * dt + 2 * r + 1] * inv);
@@ -130,7 +133,7 @@ __device__ __forceinline__ void store_o_rows(const FwdParams& p, const float (&o
     asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(val.x), "=r"(val.y), "=r"(val.z), "=r"(val.w)
                  : "r"(sq + sw128_off<BM>(warp_row0 + r, c)));
-    if (row < p.len_q) st_global_v4(gO + static_cast<int64_t>(row) * p.o_sl + c * 8, val);
+    if (row < p.len_q && (!BELOW_ZERO || row >= 0)) st_global_v4(gO + static_cast<int64_t>(row) * p.o_sl + c * 8, val);
   }
 }
 

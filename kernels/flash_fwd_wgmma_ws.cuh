@@ -171,7 +171,9 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) flash_fwd_wgmma_ws_kernel(
   }
   __syncthreads();
 
-  const TileGrid<BM, BN> grid(p);
+  // Three consumers skip the rows and tiles a warpgroup does not need (below), so under a
+  // causal mask the partial block goes first, where it has the fewest tiles.
+  const TileGrid<BM, BN, S::NWG == 3> grid(p);
 
   if (wg == 0) {
     // ---------------------------------------------------------------- producer
@@ -198,7 +200,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) flash_fwd_wgmma_ws_kernel(
         mbar_arrive(q_full + 8 * qb);  // release: the consumers read item_of_q after their wait
       }
       const TileWork<T> w = grid.template work<T>(p, tile);
-      load_tile_sw128<BM, D, 128>(sQ + qb * S::kQBytes, w.q, p.q_sl, w.m0, p.len_q, ptid);
+      load_tile_sw128<BM, D, 128, S::NWG == 3>(sQ + qb * S::kQBytes, w.q, p.q_sl, w.m0, p.len_q, ptid);
       cp_async_mbar_arrive(q_full + 8 * qb);
       int slot = u0 % ST;
       int par = (u0 / ST) & 1;
@@ -284,30 +286,39 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) flash_fwd_wgmma_ws_kernel(
     auto turn_pass = [&]() {
       if constexpr (PP) named_bar_arrive(next_turn, kTurnThreads);
     };
-    auto issue_s = [&](int j) {  // S_j = Q K_j^T
+    // W: the keys of a tile this warpgroup computes, BN or (three consumers: a last tile
+    // with at most BN / 2 visible keys) BN / 2, the first half of the slot: the same
+    // descriptors, a narrower wgmma for S and half the k steps of P V.
+    using Full = std::integral_constant<int, BN>;
+    using Half = std::integral_constant<int, BN / 2>;
+    auto issue_s = [&](int j, auto width) {  // S_j = Q K_j^T
+      constexpr int W = decltype(width)::value;
+      float(&sw)[W / 2] = reinterpret_cast<float(&)[W / 2]>(s);
       const uint32_t k_base = sK + slot_of(j) * S::kTileBytes;
 #pragma unroll
       for (int kk = 0; kk < KD; ++kk) {
         const uint32_t off = (kk & 3) * 32;
         const uint64_t da = wgmma_desc_sw128(q_base + (kk >> 2) * BM * 128 + off, 16, 1024);
         const uint64_t db = wgmma_desc_sw128(k_base + (kk >> 2) * BN * 128 + off, 16, 1024);
-        wgmma_ss(s, da, db, kk > 0 ? 1 : 0, T{});
+        wgmma_ss(sw, da, db, kk > 0 ? 1 : 0, T{});
       }
       wgmma_commit();
     };
-    auto issue_pv = [&](int j) {  // O += P_j V_j
+    auto issue_pv = [&](int j, auto width) {  // O += P_j V_j
+      constexpr int W = decltype(width)::value;
       const uint32_t v_base = sV + slot_of(j) * S::kTileBytes;
 #pragma unroll
-      for (int kk = 0; kk < KN; ++kk)
+      for (int kk = 0; kk < W / 16; ++kk)
         wgmma_rs(o, pf[kk], wgmma_desc_sw128(v_base + kk * 16 * 128, BN * 128, 1024), 1, T{});
       wgmma_commit();
     };
-    auto softmax = [&](int j, float (&alpha)[2], auto mask) {
+    auto softmax = [&](int j, float (&alpha)[2], auto mask, auto width) {
       constexpr bool kMask = decltype(mask)::value;
+      constexpr int W = decltype(width)::value;
       const int n0 = j * BN;
-      if (kMask && (n0 + BN > p.len_k || (p.causal && n0 + BN - 1 > m0 + warp_row0))) {
+      if (kMask && (n0 + W > p.len_k || (p.causal && n0 + W - 1 > m0 + warp_row0))) {
 #pragma unroll
-        for (int i = 0; i < SN; ++i) {
+        for (int i = 0; i < W / 2; ++i) {
           const int row = m0 + warp_row0 + g + ((i >> 1) & 1) * 8;
           const int col = n0 + (i >> 2) * 8 + 2 * t + (i & 1);
           if (col >= p.len_k || (p.causal && col > row)) s[i] = -INFINITY;
@@ -315,12 +326,13 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) flash_fwd_wgmma_ws_kernel(
       }
 #pragma unroll
       for (int r = 0; r < 2; ++r)
-        alpha[r] = online_softmax_row<BN / 8>([&](int nt, int e) -> float& { return s[4 * nt + 2 * r + e]; },
-                                              row_max[r], row_sum[r], scale_log2);
+        alpha[r] = online_softmax_row<W / 8>([&](int nt, int e) -> float& { return s[4 * nt + 2 * r + e]; },
+                                             row_max[r], row_sum[r], scale_log2);
     };
-    auto pack_p = [&]() {
+    auto pack_p = [&](auto width) {
+      constexpr int W = decltype(width)::value;
 #pragma unroll
-      for (int kk = 0; kk < KN; ++kk) {
+      for (int kk = 0; kk < W / 16; ++kk) {
         pf[kk][0] = Ops::pack(s[8 * kk + 0], s[8 * kk + 1]);
         pf[kk][1] = Ops::pack(s[8 * kk + 2], s[8 * kk + 3]);
         pf[kk][2] = Ops::pack(s[8 * kk + 4], s[8 * kk + 5]);
@@ -328,61 +340,117 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) flash_fwd_wgmma_ws_kernel(
       }
     };
     // Iteration j >= 1: S_j with P_{j-1} V_{j-1}; K_j is released once S_j is done, V_{j-1}
-    // once P V is. Nothing between a wgmma's issue and its wait branches.
-    auto step = [&](int j, auto mask) {
+    // once P V is. Nothing between a wgmma's issue and its wait branches. `width` is tile
+    // j's; tile j - 1 was full.
+    auto step = [&](int j, auto mask, auto width) {
       float alpha[2];
       wait_full(k_full, j);
       wait_full(v_full, j - 1);
       turn_wait();
       wgmma_fence();
-      issue_s(j);
-      issue_pv(j - 1);
+      issue_s(j, width);
+      issue_pv(j - 1, Full{});
       turn_pass();
       wgmma_wait<1>();
       fence_regs(s);
       release(k_empty, j);
-      softmax(j, alpha, mask);
+      softmax(j, alpha, mask, width);
       wgmma_wait<0>();
       fence_regs(o);
       fence_regs(pf);
       release(v_empty, j - 1);
 #pragma unroll
       for (int i = 0; i < ON; ++i) o[i] *= alpha[(i >> 1) & 1];
-      pack_p();
+      pack_p(width);
     };
-
-    {  // tile 0: no P V in flight yet
+    auto first = [&](auto width) {  // tile 0: no P V in flight yet
       float alpha[2];
       wait_full(k_full, 0);  // also publishes Q (same fence)
       turn_wait();
       wgmma_fence();
-      issue_s(0);
+      issue_s(0, width);
       turn_pass();
       wgmma_wait<0>();
       fence_regs(s);
       release(k_empty, 0);
-      softmax(0, alpha, std::true_type{});
-      pack_p();
-    }
-    const int n_clean = min(n_tiles, p.causal ? min(p.len_k, m0 + 1) / BN : p.len_k / BN);
-#pragma unroll 1
-    for (int j = 1; j < n_clean; ++j) step(j, std::false_type{});
-#pragma unroll 1
-    for (int j = max(1, n_clean); j < n_tiles; ++j) step(j, std::true_type{});
-    {  // O += P V of the last tile
-      wait_full(v_full, n_tiles - 1);
+      softmax(0, alpha, std::true_type{}, width);
+      pack_p(width);
+    };
+    auto last_pv = [&](int j, auto width) {  // O += P V of this warpgroup's last tile
+      wait_full(v_full, j);
       turn_wait();
       wgmma_fence();
-      issue_pv(n_tiles - 1);
+      issue_pv(j, width);
       turn_pass();
       wgmma_wait<0>();
       fence_regs(o);
-      release(v_empty, n_tiles - 1);
+      release(v_empty, j);
+    };
+
+    if constexpr (S::NWG == 2) {
+      // Every consumer computes every tile of the item (its two row halves differ by at most
+      // half a tile; skipping that half measured slower: kernels/NOTES.md, "Each
+      // warpgroup's own tiles").
+      first(Full{});
+      const int n_clean = min(n_tiles, p.causal ? min(p.len_k, m0 + 1) / BN : p.len_k / BN);
+#pragma unroll 1
+      for (int j = 1; j < n_clean; ++j) step(j, std::false_type{}, Full{});
+#pragma unroll 1
+      for (int j = max(1, n_clean); j < n_tiles; ++j) step(j, std::true_type{}, Full{});
+      last_pv(n_tiles - 1, Full{});
+    } else {
+      // Three consumers: this warpgroup's own tiles (kernels/NOTES.md, "Each warpgroup's
+      // own tiles"). Its rows see keys below kv_end, up to 128 fewer than the item's last
+      // row, so of the item's tiles it computes the first nw, the last of them at half width
+      // where at most BN / 2 of its keys are visible; rows wholly outside [0, len_q) compute
+      // none.
+      // It still takes a turn for every tile, so the consumers' turns stay in step.
+      const int wg_row0 = m0 + cw * 64;
+      const int kv_end = wg_row0 >= p.len_q || wg_row0 + 64 <= 0 ? 0 : (p.causal ? min(p.len_k, wg_row0 + 64) : p.len_k);
+      const int nw = (kv_end + BN - 1) / BN;
+      const bool half_last = nw > 0 && kv_end - (nw - 1) * BN <= BN / 2;
+      const int n_clean = min(nw, p.causal ? min(p.len_k, m0 + 1) / BN : p.len_k / BN);
+      if (nw > 0) {
+        if (nw == 1 && half_last) {
+          first(Half{});
+        } else {
+          first(Full{});
+        }
+#pragma unroll 1
+        for (int j = 1; j < n_clean; ++j) step(j, std::false_type{}, Full{});
+#pragma unroll 1
+        for (int j = max(1, n_clean); j < nw - (half_last ? 1 : 0); ++j) step(j, std::true_type{}, Full{});
+        if (half_last) {
+          if (nw > 1) step(nw - 1, std::true_type{}, Half{});
+          last_pv(nw - 1, Half{});
+        } else {
+          last_pv(nw - 1, Full{});
+        }
+      }
+      // The tiles it does not read: released as its turns come, turn k where the others
+      // read K_k and V_{k-1}, so it waits for no copy that needs a later turn of theirs.
+      if (nw > 0 && nw < n_tiles) {
+        wait_full(k_full, nw);
+        release(k_empty, nw);
+      }
+#pragma unroll 1
+      for (int k = nw > 0 ? nw + 1 : 0; k <= n_tiles; ++k) {
+        if (k < n_tiles) {
+          wait_full(k_full, k);
+          release(k_empty, k);
+        }
+        if (k > nw) {
+          wait_full(v_full, k - 1);
+          release(v_empty, k - 1);
+        }
+        turn_wait();
+        turn_pass();
+      }
     }
     u0 += n_tiles;
 
     // ---- epilogue, O staged through this warp's own rows of its Q buffer
-    store_o_rows<T, D, BM>(p, o, row_max, row_sum, sQb, b, h, m0, warp_row0, lane);
+    store_o_rows<T, D, BM, S::NWG == 3>(p, o, row_max, row_sum, sQb, b, h, m0, warp_row0, lane);
     mbar_arrive(q_empty + 8 * qb);  // this buffer may take the Q of work item li + 2
   }
   // Consumer 0 takes the turn the last consumer passed after its last wgmma, so no arrival

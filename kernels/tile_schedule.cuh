@@ -49,7 +49,12 @@ struct TileWork {
   const T* v;
 };
 
-template <int BM, int BN>
+// With END_ALIGNED (the three-consumer kernel) and a causal mask, the blocks end at len_q
+// rather than start at 0: the first block starts at m0 = len_q - num_mb * BM <= 0 and
+// holds the partial one, which under the mask is then the shortest (its rows see fewest
+// keys) instead of the longest with only a few rows. The shift is worked out per item
+// from the parameters, which keeps it out of the kernels' live registers.
+template <int BM, int BN, bool END_ALIGNED = false>
 struct TileGrid {
   int num_mb, bh_count, total, group;
 
@@ -68,7 +73,7 @@ struct TileGrid {
     w.b = bh / p.heads;
     w.h = bh % p.heads;
     const int hk = w.h / group;
-    w.m0 = mb * BM;
+    w.m0 = END_ALIGNED && p.causal ? p.len_q - (num_mb - mb) * BM : mb * BM;
     w.q = static_cast<const T*>(p.q) + w.b * p.q_sb + w.h * p.q_sh;
     w.k = static_cast<const T*>(p.k) + w.b * p.k_sb + hk * p.k_sh;
     w.v = static_cast<const T*>(p.v) + w.b * p.v_sb + hk * p.v_sh;

@@ -276,6 +276,34 @@ def test_warp_specialized_tiles(tile, D, precision, causal):
         check(*qkv(2, 8, 777, D, dt, seed + 10 + hkv, Hkv=hkv), causal, precision, variant=tile)
 
 
+@pytest.mark.parametrize("tile", [name for name, t in TILES.items() if t.schedule in WS_SCHEDULES and t.block_m == 192])
+def test_three_consumers_own_tiles(tile):
+    """The three-consumer kernel (kernels/NOTES.md, "Each warpgroup's own tiles"): each
+    warpgroup computes only the K/V tiles its 64 rows see, the last at half width where at
+    most 64 keys of it are visible, none for rows outside [0, len_q); under a causal mask
+    the blocks end at len_q, so the first starts above row 0. Lengths on and off the 64-
+    and 192-row grids, unequal lengths, GQA: out and LSE against float64, and no row
+    written outside the output (a guard of 8 rows before and after every head's rows keeps
+    its value)."""
+    if not HOPPER:
+        pytest.skip("the warp-specialised tiles run only on compute capability 9.0")
+    guard = 8
+    for lq, lk in ((1, 1), (63, 63), (64, 64), (65, 65), (128, 128), (191, 191), (192, 192), (193, 193),
+                   (1000, 1000), (1024, 1024), (300, 1000), (1000, 300), (1, 300)):
+        for causal in (True, False):
+            seed = zlib.crc32(f"own-{tile}-{lq}-{lk}-{causal}".encode()) % 100_000
+            q, k, v = qkv(2, 6, lq, 64, torch.bfloat16, seed, Hkv=2, Lk=lk)
+            buf = torch.full((2, 6, lq + 2 * guard, 64), 7.0, device="cuda", dtype=torch.bfloat16)
+            out = buf[:, :, guard:guard + lq]
+            out.fill_(float("nan"))
+            got, lse = flash_forward(q, k, v, causal, tile, out=out)
+            assert got.data_ptr() == out.data_ptr(), "the output view was copied, not written in place"
+            ref, ref_lse = reference(q, k, v, causal)
+            case = (lq, lk, causal)
+            assert rel_err(got, ref) <= TOL["bf16"] and rel_err(lse, ref_lse) <= TOL["bf16"], case
+            assert (buf[:, :, :guard] == 7.0).all() and (buf[:, :, guard + lq:] == 7.0).all(), case
+
+
 @pytest.mark.parametrize("tile,D,precision", _ws_cases())
 def test_tile_counter_hands_out_every_item_once(tile, D, precision):
     """A persistent tile's CTAs take their work items from the tile counter (the default
