@@ -403,8 +403,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) flash_fwd_wgmma_ws_kernel(
       // own tiles"). Its rows see keys below kv_end, up to 128 fewer than the item's last
       // row, so of the item's tiles it computes the first nw, the last of them at half width
       // where at most BN / 2 of its keys are visible; rows wholly outside [0, len_q) compute
-      // none.
-      // It still takes a turn for every tile, so the consumers' turns stay in step.
+      // none. It still takes a turn for every tile, so the consumers' turns stay in step.
       const int wg_row0 = m0 + cw * 64;
       const int kv_end = wg_row0 >= p.len_q || wg_row0 + 64 <= 0 ? 0 : (p.causal ? min(p.len_k, wg_row0 + 64) : p.len_k);
       const int nw = (kv_end + BN - 1) / BN;

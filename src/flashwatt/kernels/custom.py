@@ -133,10 +133,10 @@ DEFAULT_TILE = {
 # sections"). Head dim 64: three consumer warpgroups (192 q rows per K/V tile read) in
 # ping-pong from 257 keys without a mask and from 513 under a causal mask, where each
 # warpgroup computes only the tiles its own rows see (NOTES, "Head dim 64: three consumer
-# warpgroups", "Each warpgroup's own tiles"); below, two. Head dim 128: the warp-specialised persistent tile
-# at every length, under a causal mask with its items from the tile counter (work_order),
-# which beat the one-CTA-per-tile ping-pong tile from 2048 keys (NOTES, "A tile counter for
-# causal persistent grids").
+# warpgroups", "Each warpgroup's own tiles"); below, two. Head dim 128: the
+# warp-specialised persistent tile at every length, under a causal mask with its items from
+# the tile counter (work_order), which beat the one-CTA-per-tile ping-pong tile from 2048
+# keys (NOTES, "A tile counter for causal persistent grids").
 WGMMA_DEFAULT_TILE: dict[tuple[str, int], tuple[tuple[int | None, str, str], ...]] = {
     (precision, 64): ((256, "wgmma_ws_pp_m128_n128_s2", "wgmma_ws_pp_m128_n128_s2"),
                       (512, "wgmma_ws_pp_m192_n128_s2", "wgmma_ws_pp_m128_n128_s2"),
