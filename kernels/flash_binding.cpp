@@ -71,7 +71,8 @@ void check_operand(const at::Tensor& t, const char* name, const at::Tensor& q, b
 // with any strides; writes out (same shape as q) and lse (B, H, Lq) float32 contiguous.
 void forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out, at::Tensor& lse,
              bool causal, double scale, int64_t math, int64_t block_m, int64_t block_n, int64_t warps,
-             int64_t stages, int64_t schedule, int64_t grid_cap, int64_t section, bool tile_counter) {
+             int64_t stages, int64_t schedule, int64_t grid_cap, int64_t section, bool tile_counter,
+             int64_t copies) {
   const bool align16 = math != flashwatt::kFfma;
   check_operand(q, "q", q, align16);
   check_operand(k, "k", q, align16);
@@ -121,6 +122,10 @@ void forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::
   p.causal = causal ? 1 : 0;
   p.grid_cap = grid_cap > 0 ? static_cast<int>(std::min<int64_t>(grid_cap, std::numeric_limits<int32_t>::max())) : 0;
   p.section = section > 0 ? static_cast<int>(std::min<int64_t>(section, B * H)) : 0;
+  TORCH_CHECK(copies == flashwatt::kCopiesAuto || copies == flashwatt::kCopiesThreads ||
+                  copies == flashwatt::kCopiesTma,
+              "flashwatt custom: copies ", copies, " not one of 0 (auto), 1 (threads), 2 (TMA)");
+  p.copies = static_cast<int>(copies);
 
   const c10::cuda::CUDAGuard guard(q.device());
   // The persistent kernels' work items from a counter (flashwatt.kernels.custom.work_order):
@@ -278,7 +283,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "flashwatt attention forward and backward kernels";
   m.def("forward", &forward,
         "attention forward (q, k, v, out, lse, causal, scale, math, block_m, block_n, warps, stages, schedule, grid_cap, "
-        "section, tile_counter)");
+        "section, tile_counter, copies)");
   m.def("configs", &configs, "compiled configurations: [math, dtype, head_dim, block_m, block_n, warps, stages, schedule]");
   m.def("kernel_info", &kernel_info, "registers, local bytes, shared memory and occupancy of one configuration");
   m.def("backward", &backward,

@@ -31,6 +31,9 @@
 #include "smem_tile.cuh"
 #include "tile_schedule.cuh"
 #if defined(FLASHWATT_WGMMA)
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
 #include "flash_fwd_wgmma.cuh"
 #include "flash_fwd_wgmma_ws.cuh"
 #endif
@@ -419,6 +422,7 @@ struct Entry {
   int smem;
   int threads;
   bool persistent = false;  // grid of one CTA per SM when no cap is given
+  KernelFn fn_tma = nullptr;  // the same kernel with TMA copies (warp-specialised kernels)
 };
 
 template <typename T, int D, int BM, int BN, int NW, int ST>
@@ -441,7 +445,8 @@ template <typename T, int D, int BN, int NWG, int ST, bool PP>
 constexpr Entry ws_entry(int dtype) {
   using S = WsShape<D, BN, NWG, ST, PP>;
   return Entry{FwdConfig{kWgmma, dtype, D, S::BM, BN, S::kThreads / 32, ST, PP ? kWarpSpecializedPingPong : kWarpSpecialized},
-               &flash_fwd_wgmma_ws_kernel<T, D, BN, NWG, ST, PP>, S::kSmemBytes, S::kThreads, true};
+               &flash_fwd_wgmma_ws_kernel<T, D, BN, NWG, ST, PP, false>, S::kSmemBytes, S::kThreads, true,
+               &flash_fwd_wgmma_ws_kernel<T, D, BN, NWG, ST, PP, true>};
 }
 #endif
 
@@ -499,6 +504,69 @@ int report(char* err, size_t errlen, const char* what, cudaError_t code) {
   return static_cast<int>(code) ? static_cast<int>(code) : 1;
 }
 
+#if defined(FLASHWATT_WGMMA)
+static_assert(sizeof(CUtensorMap) == sizeof(FwdTensorMaps::q) && alignof(FwdTensorMaps) >= alignof(CUtensorMap),
+              "FwdTensorMaps holds CUtensorMaps");
+
+// The driver's cuTensorMapEncodeTiled, looked up once through the runtime, so that the
+// extension needs no link to libcuda; null where the driver has none.
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &found) !=
+            cudaSuccess ||
+        found != cudaDriverEntryPointSuccess)
+      f = nullptr;
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+// The tensor map of one operand for tma_load_tile: dims (head_dim, rows, heads, batch) with
+// the operand's strides, boxes of [box_rows, 64] in the wgmma 128-byte swizzle, elements
+// outside the dims read as zeros. Returns false with the reason in why.
+bool encode_operand_map(unsigned char* map, const char* name, int dtype, const void* base, int head_dim, int rows,
+                        int heads, int batch, int64_t sl, int64_t sh, int64_t sb, int box_rows, char* why,
+                        size_t whylen) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+  if (encode == nullptr) {
+    snprintf(why, whylen, "the driver has no cuTensorMapEncodeTiled");
+    return false;
+  }
+  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(head_dim), static_cast<cuuint64_t>(rows),
+                              static_cast<cuuint64_t>(heads), static_cast<cuuint64_t>(batch)};
+  const cuuint64_t strides[3] = {static_cast<cuuint64_t>(sl) * 2, static_cast<cuuint64_t>(sh) * 2,
+                                 static_cast<cuuint64_t>(sb) * 2};  // bytes, of dims 1 .. 3
+  const cuuint32_t box[4] = {64, static_cast<cuuint32_t>(box_rows), 1, 1};
+  const cuuint32_t element_strides[4] = {1, 1, 1, 1};
+  const CUresult rc = encode(reinterpret_cast<CUtensorMap*>(map),
+                             dtype == kBf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
+                             const_cast<void*>(base), dims, strides, box, element_strides,
+                             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (rc != CUDA_SUCCESS) {
+    snprintf(why, whylen,
+             "cuTensorMapEncodeTiled refused %s (error %d; strides in elements: rows %lld, heads %lld, batch %lld)",
+             name, static_cast<int>(rc), static_cast<long long>(sl), static_cast<long long>(sh),
+             static_cast<long long>(sb));
+    return false;
+  }
+  return true;
+}
+
+// The tensor maps of q, k and v for configuration `e`.
+bool encode_tensor_maps(const Entry& e, FwdParams& p, char* why, size_t whylen) {
+  const int d = e.cfg.head_dim, dt = e.cfg.dtype;
+  return encode_operand_map(p.maps.q, "q", dt, p.q, d, p.len_q, p.heads, p.batch, p.q_sl, p.q_sh, p.q_sb,
+                            e.cfg.block_m, why, whylen) &&
+         encode_operand_map(p.maps.k, "k", dt, p.k, d, p.len_k, p.kv_heads, p.batch, p.k_sl, p.k_sh, p.k_sb,
+                            e.cfg.block_n, why, whylen) &&
+         encode_operand_map(p.maps.v, "v", dt, p.v, d, p.len_k, p.kv_heads, p.batch, p.v_sl, p.v_sh, p.v_sb,
+                            e.cfg.block_n, why, whylen);
+}
+#endif
+
 }  // namespace
 
 int fwd_num_configs() { return kNumEntries; }
@@ -521,16 +589,41 @@ int fwd_launch(int index, const FwdParams& params, void* stream, char* err, size
     return 1;
   }
   const Entry& e = kEntries[index];
+  // The kernel and its parameters: with TMA copies, a copy of the parameters that carries
+  // the tensor maps.
+  KernelFn fn = e.fn;
+  const FwdParams* args = &params;
+  if (params.copies == kCopiesTma && e.fn_tma == nullptr) {
+    if (err && errlen)
+      snprintf(err, errlen, "TMA copies need a warp-specialised configuration (an sm_90a build); index %d is not one",
+               index);
+    return 1;
+  }
+#if defined(FLASHWATT_WGMMA)
+  FwdParams with_maps;
+  if (e.fn_tma != nullptr && params.copies != kCopiesThreads) {
+    with_maps = params;
+    char why[256] = {0};
+    if (encode_tensor_maps(e, with_maps, why, sizeof(why))) {
+      fn = e.fn_tma;
+      args = &with_maps;
+    } else if (params.copies == kCopiesTma) {
+      if (err && errlen) snprintf(err, errlen, "TMA copies: %s", why);
+      return 1;
+    }
+  }
+#endif
   int device = 0;
   cudaError_t st = cudaGetDevice(&device);
   if (st != cudaSuccess) return report(err, errlen, "cudaGetDevice", st);
-  // Raising the dynamic shared-memory limit is per device; remember which devices are done.
-  static unsigned long long configured[kNumEntries] = {};
+  // Raising the dynamic shared-memory limit is per device and kernel; remember which are done.
+  static unsigned long long configured[kNumEntries][2] = {};
   const unsigned long long bit = 1ull << (device & 63);
-  if (!(configured[index] & bit)) {
-    st = cudaFuncSetAttribute(e.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, e.smem);
+  unsigned long long& done = configured[index][fn == e.fn ? 0 : 1];
+  if (!(done & bit)) {
+    st = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, e.smem);
     if (st != cudaSuccess) return report(err, errlen, "cudaFuncSetAttribute(max dynamic shared memory)", st);
-    configured[index] |= bit;
+    done |= bit;
   }
   const long long tiles =
       static_cast<long long>((params.len_q + e.cfg.block_m - 1) / e.cfg.block_m) * params.batch * params.heads;
@@ -548,7 +641,7 @@ int fwd_launch(int index, const FwdParams& params, void* stream, char* err, size
   }
   if (grid > 0x7fffffffLL) grid = 0x7fffffffLL;
   if (grid <= 0) return 0;
-  e.fn<<<static_cast<unsigned>(grid), e.threads, e.smem, static_cast<cudaStream_t>(stream)>>>(params);
+  fn<<<static_cast<unsigned>(grid), e.threads, e.smem, static_cast<cudaStream_t>(stream)>>>(*args);
   st = cudaGetLastError();
   if (st != cudaSuccess) return report(err, errlen, "kernel launch", st);
   return 0;

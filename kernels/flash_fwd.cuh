@@ -12,6 +12,19 @@ namespace flashwatt {
 
 enum FwdDtype : int { kFp16 = 0, kBf16 = 1, kFp32 = 2 };
 
+// How the producer of a warp-specialised kernel moves Q, K and V into shared memory.
+enum FwdCopies : int {
+  kCopiesAuto = 0,     // TMA where the tensor maps of q, k and v encode, else the threads
+  kCopiesThreads = 1,  // 16-byte cp.async issued by the producer's 128 threads
+  kCopiesTma = 2,      // the tensor memory accelerator, from one thread; an error where it cannot
+};
+
+// Tensor maps (CUtensorMap: 128 opaque bytes, 128-byte aligned as cuda.h declares it) of q, k and v for the TMA
+// copies, encoded by fwd_launch; the kernel reads them from its parameters.
+struct alignas(128) FwdTensorMaps {
+  unsigned char q[128], k[128], v[128];
+};
+
 // All strides are in elements. The last dimension (head_dim) must be contiguous.
 struct FwdParams {
   const void* q;
@@ -31,6 +44,8 @@ struct FwdParams {
   int section;  // (batch, head) pairs per L2 section of the work order (tile_schedule.cuh); 0: one section
   int* tile_counter;  // persistent (warp-specialised) kernels: a zeroed int from which CTAs take their work
                       // items after the first as they free up; null: items blockIdx.x + k * gridDim.x
+  int copies;         // warp-specialised kernels: FwdCopies
+  FwdTensorMaps maps; // written by fwd_launch where the copies are TMA
 };
 
 // The instructions a configuration computes with.

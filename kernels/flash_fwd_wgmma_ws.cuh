@@ -5,8 +5,10 @@
 // (one CTA per SM: the SM idles), then drains its pipeline and stores O while no load
 // for the next query tile is in flight; every K/V tile costs a CTA-wide barrier in which
 // the compute warps also issue and wait for their own cp.async. Here:
-//   * warpgroup 0 is a producer: it only copies (cp.async, 16 B per thread) into
-//     shared-memory rings and signals each copy's completion on an mbarrier
+//   * warpgroup 0 is a producer: it only copies into shared-memory rings and signals each
+//     copy's completion on an mbarrier, either with TMA from one thread (the tensor
+//     memory accelerator moves a whole tile and completes its bytes on the barrier;
+//     kernels/NOTES.md, "TMA copies") or with cp.async, 16 B per thread of all 128
 //     (cp.async.mbarrier.arrive.noinc); it gives its registers to the consumers
 //     (setmaxnreg: 24 for the producer, 240 for each of two consumers; 32 and 160 with three).
 //   * warpgroups 1 .. NWG are consumers, 64 query rows each, as the wgmma kernel: S_j = Q K_j^T
@@ -29,7 +31,8 @@
 //
 // Barrier phases: slot s of a ring is used for the ring's tiles u = s, s + ST, s + 2 ST, ...
 // (u counts tiles over all work items of the CTA). Use n = u / ST of the slot completes
-// phase n of its full barrier (the producer's 128 cp.async arrivals) and phase n of its
+// phase n of its full barrier (the producer's 128 cp.async arrivals, or its one TMA
+// arrival with the tile's bytes) and phase n of its
 // empty barrier (128 arrivals per consumer). Consumers wait full with parity n & 1; the
 // producer, before filling use n, waits for phase n - 1 of empty: parity (n & 1) ^ 1, which
 // for n = 0 (a fresh barrier in phase 0) returns at once. Q buffers likewise by work item,
@@ -84,6 +87,38 @@ __device__ __forceinline__ void cp_async_mbar_arrive(uint32_t bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
 
+// One arrival that also expects `bytes` more to land through TMA copies completing on
+// this barrier (its phase completes when both the arrivals and the bytes are in).
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+
+// TMA: the box at coordinates (c0 .. c3) of the 4-d tensor map at `map` (a kernel
+// parameter's generic address) into shared memory at dst, completing its bytes on `bar`.
+// Elements outside the tensor, below 0 included, land as zeros and count as bytes.
+__device__ __forceinline__ void tma_load_4d(uint32_t dst, const void* map, int c0, int c1, int c2, int c3,
+                                            uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], "
+      "[%6];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+      : "memory");
+}
+
+__device__ __forceinline__ void tma_prefetch_map(const void* map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+
+// Rows [row0, row0 + ROWS) of head (h, b) of a tensor map over (D, L, heads, batch) into
+// a swizzled [ROWS, D] tile: one box of [ROWS, 64] per 64 columns, the layout of
+// load_tile_sw128 (the map's 128-byte swizzle is the wgmma one). Rows outside [0, L) are
+// zeros. The caller expects ROWS * D * 2 bytes on `bar`.
+template <int ROWS, int D>
+__device__ __forceinline__ void tma_load_tile(uint32_t dst, const void* map, int row0, int h, int b, uint32_t bar) {
+#pragma unroll
+  for (int c = 0; c < D / 64; ++c) tma_load_4d(dst + c * ROWS * 128, map, c * 64, row0, h, b, bar);
+}
+
 template <int N>
 __device__ __forceinline__ void setmaxnreg_dec() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
@@ -126,8 +161,11 @@ struct WsShape {
   static_assert(128 * kProducerRegs + 128 * NWG * kConsumerRegs <= 65536, "setmaxnreg: register file");
 };
 
-template <typename T, int D, int BN, int NWG, int ST, bool PP>
-__global__ void __launch_bounds__(128 * (NWG + 1), 1) flash_fwd_wgmma_ws_kernel(const FwdParams p) {
+// TMA: the producer's copies are TMA loads issued by its thread 0 from the tensor maps in
+// p.maps (each full barrier then counts one arrival, with the bytes it expects); otherwise
+// 16-byte cp.async from all 128 producer threads (128 arrivals).
+template <typename T, int D, int BN, int NWG, int ST, bool PP, bool TMA>
+__global__ void __launch_bounds__(128 * (NWG + 1), 1) flash_fwd_wgmma_ws_kernel(const __grid_constant__ FwdParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using S = WsShape<D, BN, NWG, ST, PP>;
   using Ops = TypeOps<T>;
@@ -154,17 +192,20 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) flash_fwd_wgmma_ws_kernel(
 
   const int tid = threadIdx.x;
   const int wg = tid >> 7;
+  // Arrivals that fill a slot: one per copying thread.
+  constexpr uint32_t kFillers = TMA ? 1 : 128;
   if (tid == 0) {
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      mbar_init(q_full + 8 * i, 128 + 1);  // the producer's copies, and its thread 0 with item_of_q
+      // The producer's copies, and its thread 0 with item_of_q (TMA: the same arrival).
+      mbar_init(q_full + 8 * i, TMA ? 1 : 128 + 1);
       mbar_init(q_empty + 8 * i, CONSUMERS);
     }
 #pragma unroll
     for (int i = 0; i < ST; ++i) {
-      mbar_init(k_full + 8 * i, 128);
+      mbar_init(k_full + 8 * i, kFillers);
       mbar_init(k_empty + 8 * i, CONSUMERS);
-      mbar_init(v_full + 8 * i, 128);
+      mbar_init(v_full + 8 * i, kFillers);
       mbar_init(v_empty + 8 * i, CONSUMERS);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -178,6 +219,52 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) flash_fwd_wgmma_ws_kernel(
   if (wg == 0) {
     // ---------------------------------------------------------------- producer
     setmaxnreg_dec<S::kProducerRegs>();
+    if constexpr (TMA) {
+      // One thread issues every copy; the rest of the warpgroup has nothing to do.
+      if (tid != 0) return;
+      // The maps into the constant cache ahead of the first copy (here rather than beside
+      // the barriers' initialisation, where ptxas 13.0 serialised the three-consumer wgmma).
+      tma_prefetch_map(p.maps.q);
+      tma_prefetch_map(p.maps.k);
+      tma_prefetch_map(p.maps.v);
+      int u0 = 0;
+      int tile = blockIdx.x;
+#pragma unroll 1
+      for (int li = 0;; ++li) {
+        const int qb = li & 1;
+        mbar_wait(q_empty + 8 * qb, ((li >> 1) & 1) ^ 1);
+        if (tile >= grid.total) {  // tell the consumers there is nothing left
+          item_of_q[qb] = grid.total;
+          mbar_arrive(q_full + 8 * qb);
+          break;
+        }
+        item_of_q[qb] = tile;  // published by the arrival below (release)
+        const TileWork<T> w = grid.template work<T>(p, tile);
+        const int hk = w.h / grid.group;
+        mbar_arrive_expect_tx(q_full + 8 * qb, S::kQBytes);
+        tma_load_tile<BM, D>(sQ + qb * S::kQBytes, p.maps.q, w.m0, w.h, w.b, q_full + 8 * qb);
+        int slot = u0 % ST;
+        int par = (u0 / ST) & 1;
+#pragma unroll 1
+        for (int j = 0; j < w.n_tiles; ++j) {
+          mbar_wait(k_empty + 8 * slot, par ^ 1);
+          mbar_arrive_expect_tx(k_full + 8 * slot, S::kTileBytes);
+          tma_load_tile<BN, D>(sK + slot * S::kTileBytes, p.maps.k, j * BN, hk, w.b, k_full + 8 * slot);
+          mbar_wait(v_empty + 8 * slot, par ^ 1);
+          mbar_arrive_expect_tx(v_full + 8 * slot, S::kTileBytes);
+          tma_load_tile<BN, D>(sV + slot * S::kTileBytes, p.maps.v, j * BN, hk, w.b, v_full + 8 * slot);
+          if (++slot == ST) {
+            slot = 0;
+            par ^= 1;
+          }
+        }
+        u0 += w.n_tiles;
+        // Under a tile counter, the next item is taken once this one's copies are issued
+        // (below: why then).
+        tile = p.tile_counter != nullptr ? gridDim.x + atomicAdd(p.tile_counter, 1) : tile + gridDim.x;
+      }
+      return;  // the consumers wait for every copy issued here before they exit
+    }
     const int ptid = tid;  // 0 .. 127
     int u0 = 0;            // ring tiles used by earlier work items
     // Work items: blockIdx.x first; then, under a tile counter (causal work of unequal
@@ -274,10 +361,12 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) flash_fwd_wgmma_ws_kernel(
 
     auto slot_of = [&](int j) { return (u0 + j) % ST; };
     auto parity_of = [&](int j) { return static_cast<uint32_t>(((u0 + j) / ST) & 1); };
-    // Wait until tile j of a ring has landed; make it visible to the tensor cores' proxy.
+    // Wait until tile j of a ring has landed; make the threads' copies visible to the tensor
+    // cores' proxy. TMA writes through that proxy already, but without the fence ptxas 13.0
+    // serialises the wgmma of the three 160-register consumers (C7511), so they keep it.
     auto wait_full = [&](uint32_t full, int j) {
       mbar_wait(full + 8 * slot_of(j), parity_of(j));
-      fence_proxy_async_smem();
+      if constexpr (!TMA || S::NWG == 3) fence_proxy_async_smem();
     };
     auto release = [&](uint32_t empty, int j) { mbar_arrive(empty + 8 * slot_of(j)); };
     auto turn_wait = [&]() {
@@ -365,7 +454,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) flash_fwd_wgmma_ws_kernel(
     };
     auto first = [&](auto width) {  // tile 0: no P V in flight yet
       float alpha[2];
-      wait_full(k_full, 0);  // also publishes Q (same fence)
+      wait_full(k_full, 0);  // also publishes Q (same fence; TMA: Q landed with q_full)
       turn_wait();
       wgmma_fence();
       issue_s(0, width);
@@ -450,6 +539,9 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) flash_fwd_wgmma_ws_kernel(
 
     // ---- epilogue, O staged through this warp's own rows of its Q buffer
     store_o_rows<T, D, BM, S::NWG == 3>(p, o, row_max, row_sum, sQb, b, h, m0, warp_row0, lane);
+    // The staging above wrote and read the buffer through the generic proxy; the next TMA
+    // copy into it writes through the async proxy, after them.
+    if constexpr (TMA) fence_proxy_async_smem();
     mbar_arrive(q_empty + 8 * qb);  // this buffer may take the Q of work item li + 2
   }
   // Consumer 0 takes the turn the last consumer passed after its last wgmma, so no arrival

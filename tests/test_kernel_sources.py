@@ -87,14 +87,17 @@ def test_all_kernels_compiled(ptxas_report):
     assert len(f32) == 3, f"sm_{arch}: expected 3 fp32 kernels, found {len(f32)}"
     assert len(tf32) == 2, f"sm_{arch}: expected 2 tf32 kernels, found {len(tf32)}"
     assert len(wg) == (22 if arch == "90a" else 0), f"sm_{arch}: found {len(wg)} wgmma kernels"
-    # Warp-specialised: the wgmma_ws_ tiles of custom.TILES, per head dim, x 2 half types.
+    # Warp-specialised: the wgmma_ws_ tiles of custom.TILES, per head dim, x 2 half types, x 2
+    # ways to copy (TMA, the producer's threads).
     from flashwatt.kernels.custom import TILES, WS_SCHEDULES
 
-    n_ws = 2 * sum(len(t.head_dims) for t in TILES.values() if t.schedule in WS_SCHEDULES)
+    n_ws = 4 * sum(len(t.head_dims) for t in TILES.values() if t.schedule in WS_SCHEDULES)
+    tma = [k for k in ws if _WS_ARGS.search(k) and _WS_ARGS.search(k).group(6) == "1"]
+    assert len(tma) == (n_ws // 2 if arch == "90a" else 0), f"sm_{arch}: found {len(tma)} warp-specialised kernels with TMA copies"
     assert len(ws) == (n_ws if arch == "90a" else 0), f"sm_{arch}: found {len(ws)} warp-specialised kernels"
 
 
-_WS_ARGS = re.compile(r"flash_fwd_wgmma_ws_kernelI\w+?Li(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELb([01])E")
+_WS_ARGS = re.compile(r"flash_fwd_wgmma_ws_kernelI\w+?Li(\d+)ELi(\d+)ELi(\d+)ELi(\d+)ELb([01])ELb([01])E")
 
 
 def test_warp_specialized_register_budget(ptxas_report):
@@ -110,7 +113,7 @@ def test_warp_specialized_register_budget(ptxas_report):
     consumers = set()
     for name, info in ws.items():
         m = _WS_ARGS.search(name)
-        assert m, f"cannot read the template arguments (D, BN, NWG, ST, PP) of {name}"
+        assert m, f"cannot read the template arguments (D, BN, NWG, ST, PP, TMA) of {name}"
         nwg = int(m.group(3))
         consumers.add(nwg)
         expected = {2: 168, 3: 128}[nwg]

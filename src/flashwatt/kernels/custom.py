@@ -305,7 +305,8 @@ def _capability(device) -> tuple[int, int]:
 
 
 def flash_forward(q, k, v, causal: bool, variant: str = "", layout: str = "bhld", *, out=None, scale: float | None = None,
-                  precision: str | None = None, l2_section: int | None = None, tile_counter: bool | None = None):
+                  precision: str | None = None, l2_section: int | None = None, tile_counter: bool | None = None,
+                  tma: bool | None = None):
     """Attention forward; returns (out, lse).
 
     precision: None runs the inputs' own (fp16, bf16, exact fp32); "tf32" runs float32
@@ -317,6 +318,9 @@ def flash_forward(q, k, v, causal: bool, variant: str = "", layout: str = "bhld"
     (flashwatt.kernels.l2_sections; None: sized for the device's L2, 0: one section).
     tile_counter: whether a persistent (warp-specialised) tile's CTAs take their work items
     from a counter as they free up rather than by a fixed stride (None: `work_order`'s choice).
+    tma: how a persistent (warp-specialised) tile's producer copies Q, K and V into shared
+    memory: True with the tensor memory accelerator (an error where the driver cannot map
+    the operands), False with 16-byte copies from its threads, None TMA where it can.
     Every check runs before the launch.
     """
     import torch
@@ -361,16 +365,24 @@ def flash_forward(q, k, v, causal: bool, variant: str = "", layout: str = "bhld"
     elif tile_counter and t.schedule not in WS_SCHEDULES:
         raise ValueError(f"custom kernel: tile {launch.tile_name} runs one CTA per tile; only the persistent "
                          f"(warp-specialised) tiles take a tile counter")
+    if tma not in _COPIES:
+        raise ValueError(f"custom kernel: tma must be True, False or None, got {tma!r}")
+    if tma and t.schedule not in WS_SCHEDULES:
+        raise ValueError(f"custom kernel: tile {launch.tile_name} copies with its compute threads; only the "
+                         f"persistent (warp-specialised) tiles copy with TMA")
     ext = load_extension()
     ext.forward(
         q_k, k_k, v_k, out_k, lse, bool(causal), float(scale if scale is not None else 1.0 / math.sqrt(D)),
         _mma_code(ext, t), t.block_m, t.block_n, t.warps, t.stages, _schedule_code(ext, t), int(grid_cap),
-        int(l2_section), bool(tile_counter),
+        int(l2_section), bool(tile_counter), _COPIES[tma],
     )
     if out_k is not target:
         target.copy_(out_k)
     return (target.transpose(1, 2) if layout == "blhd" else target), lse
 
+
+# flash_forward's `tma` as the extension's FwdCopies (kernels/flash_fwd.cuh).
+_COPIES = {None: 0, False: 1, True: 2}
 
 # How a launch hands its work items (query tiles) to CTAs.
 WORK_ONE_CTA_PER_TILE, WORK_FIXED_STRIDE, WORK_TILE_COUNTER = "one CTA per tile", "fixed stride", "tile counter"
