@@ -75,11 +75,11 @@ def rel_err(x, ref):
     return ((x.double() - ref).norm() / ref.norm().clamp_min(1e-300)).item()
 
 
-def check(q, k, v, causal, precision, variant="", layout="bhld", l2_section=None):
+def check(q, k, v, causal, precision, variant="", layout="bhld", l2_section=None, tma=None):
     """Runs the kernel on NaN-poisoned output and compares out and lse with float64."""
     out = torch.full_like(q, float("nan"))
     got, lse = flash_forward(q, k, v, causal, variant, layout=layout, out=out, precision=precision,
-                             l2_section=l2_section)
+                             l2_section=l2_section, tma=tma)
     assert got.data_ptr() == out.data_ptr()
     if layout == "blhd":
         ref, ref_lse = reference(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal)
@@ -248,32 +248,65 @@ def _ws_cases():
             for D in tile.head_dims for precision in tile.precisions]
 
 
+@pytest.mark.parametrize("tma", [True, False], ids=["tma", "threads"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("tile,D,precision", _ws_cases())
-def test_warp_specialized_tiles(tile, D, precision, causal):
-    """The persistent warp-specialised kernels (kernels/flash_fwd_wgmma_ws.cuh): many work
-    items per CTA (rings and Q buffers wrap, mbarrier phases flip many times), one CTA for
-    everything (_ctas1) and an odd grid (_ctas3), ragged and cross lengths, both layouts,
-    packed strided views, GQA and MQA."""
+def test_warp_specialized_tiles(tile, D, precision, causal, tma):
+    """The persistent warp-specialised kernels (kernels/flash_fwd_wgmma_ws.cuh), with either
+    copy (TMA from one producer thread, cp.async from all of them): many work items per CTA
+    (rings and Q buffers wrap, mbarrier phases flip many times), one CTA for everything
+    (_ctas1) and an odd grid (_ctas3), ragged and cross lengths, both layouts, packed
+    strided views, GQA and MQA, K/V heads broadcast with a stride of 0."""
     dt = DTYPES[precision]
     if not HOPPER:
         with pytest.raises(ValueError, match="wgmma"):
-            flash_forward(*qkv(1, 1, 64, D, dt, 1), causal, tile)
+            flash_forward(*qkv(1, 1, 64, D, dt, 1), causal, tile, tma=tma)
         return
     seed = zlib.crc32(f"ws-{tile}-{D}-{precision}-{causal}".encode()) % 100_000
-    check(*qkv(8, 16, 2048, D, dt, seed), causal, precision, variant=tile)          # 2048 items on 132 CTAs
-    check(*qkv(2, 3, 1000, D, dt, seed + 1), causal, precision, variant=f"{tile}_ctas1")  # one CTA walks all 48
-    check(*qkv(3, 2, 777, D, dt, seed + 2), causal, precision, variant=f"{tile}_ctas3")
+    check(*qkv(8, 16, 2048, D, dt, seed), causal, precision, variant=tile, tma=tma)  # 2048 items on 132 CTAs
+    check(*qkv(2, 3, 1000, D, dt, seed + 1), causal, precision, variant=f"{tile}_ctas1", tma=tma)  # one CTA: all 48
+    check(*qkv(3, 2, 777, D, dt, seed + 2), causal, precision, variant=f"{tile}_ctas3", tma=tma)
     for L in (1, 7, 127, 129, 4097):
-        check(*qkv(1, 2, L, D, dt, seed + 3 + L), causal, precision, variant=tile)
+        check(*qkv(1, 2, L, D, dt, seed + 3 + L), causal, precision, variant=tile, tma=tma)
     for lq, lk in ((100, 700), (700, 100), (1, 300)):
-        check(*qkv(2, 2, lq, D, dt, seed + 5, Lk=lk), causal, precision, variant=tile)
+        check(*qkv(2, 2, lq, D, dt, seed + 5, Lk=lk), causal, precision, variant=tile, tma=tma)
     q, k, v = make((2, 333, 4, D), dt, seed + 6), make((2, 333, 4, D), dt, seed + 7), make((2, 333, 4, D), dt, seed + 8)
-    check(q, k, v, causal, precision, variant=tile, layout="blhd")
+    check(q, k, v, causal, precision, variant=tile, layout="blhd", tma=tma)
     packed = make((2, 515, 3, 4, D), dt, seed + 9)
-    check(*(packed[:, :, i].transpose(1, 2) for i in range(3)), causal, precision, variant=tile)
+    check(*(packed[:, :, i].transpose(1, 2) for i in range(3)), causal, precision, variant=tile, tma=tma)
     for hkv in (1, 2):
-        check(*qkv(2, 8, 777, D, dt, seed + 10 + hkv, Hkv=hkv), causal, precision, variant=tile)
+        check(*qkv(2, 8, 777, D, dt, seed + 10 + hkv, Hkv=hkv), causal, precision, variant=tile, tma=tma)
+    q, k, v = qkv(2, 6, 300, D, dt, seed + 13, Hkv=1)
+    check(q, k.expand(-1, 6, -1, -1), v.expand(-1, 6, -1, -1), causal, precision, variant=tile, tma=tma)
+
+
+@pytest.mark.parametrize("tile,D,precision", _ws_cases())
+def test_tma_and_thread_copies_agree(tile, D, precision):
+    """The two copies of a warp-specialised kernel put the same bytes in the same shared
+    memory and run the same arithmetic after, so their outputs and LSE are equal bit for bit
+    (rows past the end and, with three consumers, before row 0, zero either way); the
+    default copies with TMA; a tile without a producer refuses TMA, and tma takes a bool."""
+    if not HOPPER:
+        pytest.skip("the warp-specialised tiles run only on compute capability 9.0")
+    dt = DTYPES[precision]
+    seed = zlib.crc32(f"copies-{tile}-{D}-{precision}".encode()) % 100_000
+    for B, H, Hkv, lq, lk in ((2, 4, 4, 1, 1), (2, 6, 2, 333, 333), (1, 4, 1, 1000, 300), (3, 2, 2, 129, 4097)):
+        q, k, v = qkv(B, H, lq, D, dt, seed + lq, Hkv=Hkv, Lk=lk)
+        for causal in (False, True):
+            tma_out, tma_lse = flash_forward(q, k, v, causal, tile, tma=True)
+            thr_out, thr_lse = flash_forward(q, k, v, causal, tile, tma=False)
+            auto_out, auto_lse = flash_forward(q, k, v, causal, tile)
+            case = (B, H, Hkv, lq, lk, causal)
+            assert torch.equal(tma_out, thr_out) and torch.equal(tma_lse, thr_lse), case
+            assert torch.equal(auto_out, tma_out) and torch.equal(auto_lse, tma_lse), case
+    no_producer = next(name for name, t in TILES.items() if t.schedule not in WS_SCHEDULES and D in t.head_dims
+                       and precision in t.precisions)
+    assert kernel_info(precision, D, tile)["copies"] == "tma"
+    assert kernel_info(precision, D, no_producer)["copies"] == "threads"
+    with pytest.raises(ValueError, match="only the persistent .* copy with TMA"):
+        flash_forward(q, k, v, True, no_producer, tma=True)
+    with pytest.raises(ValueError, match="tma must be True, False or None"):
+        flash_forward(q, k, v, True, tile, tma="yes")
 
 
 @pytest.mark.parametrize("tile", [name for name, t in TILES.items() if t.schedule in WS_SCHEDULES and t.block_m == 192])
@@ -295,13 +328,14 @@ def test_three_consumers_own_tiles(tile):
             q, k, v = qkv(2, 6, lq, 64, torch.bfloat16, seed, Hkv=2, Lk=lk)
             buf = torch.full((2, 6, lq + 2 * guard, 64), 7.0, device="cuda", dtype=torch.bfloat16)
             out = buf[:, :, guard:guard + lq]
-            out.fill_(float("nan"))
-            got, lse = flash_forward(q, k, v, causal, tile, out=out)
-            assert got.data_ptr() == out.data_ptr(), "the output view was copied, not written in place"
             ref, ref_lse = reference(q, k, v, causal)
-            case = (lq, lk, causal)
-            assert rel_err(got, ref) <= TOL["bf16"] and rel_err(lse, ref_lse) <= TOL["bf16"], case
-            assert (buf[:, :, :guard] == 7.0).all() and (buf[:, :, guard + lq:] == 7.0).all(), case
+            for tma in (True, False):
+                out.fill_(float("nan"))
+                got, lse = flash_forward(q, k, v, causal, tile, out=out, tma=tma)
+                assert got.data_ptr() == out.data_ptr(), "the output view was copied, not written in place"
+                case = (lq, lk, causal, tma)
+                assert rel_err(got, ref) <= TOL["bf16"] and rel_err(lse, ref_lse) <= TOL["bf16"], case
+                assert (buf[:, :, :guard] == 7.0).all() and (buf[:, :, guard + lq:] == 7.0).all(), case
 
 
 @pytest.mark.parametrize("tile,D,precision", _ws_cases())

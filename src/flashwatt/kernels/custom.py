@@ -427,8 +427,10 @@ def kernel_info(precision: str, head_dim: int, variant: str = "", len_k: int | N
     t = launch.tile
     info = dict(ext.kernel_info(_mma_code(ext, t), code, head_dim, t.block_m, t.block_n, t.warps, t.stages,
                                 _schedule_code(ext, t)))
+    # copies: how the tile moves Q, K and V into shared memory by default (flash_forward's tma).
     info.update(tile=launch.tile_name, mma=t.mma, schedule=t.schedule, ctas_per_sm_cap=launch.ctas_per_sm,
-                max_ctas=launch.max_ctas, work_order=work_order(t, bool(causal), len_k))
+                max_ctas=launch.max_ctas, work_order=work_order(t, bool(causal), len_k),
+                copies="tma" if t.schedule in WS_SCHEDULES else "threads")
     return info
 
 
