@@ -761,11 +761,12 @@ _SANITIZER_SCRIPT = textwrap.dedent(
                   (torch.float16, 64, "wgmma_ws_m192_n128_s2_ctas1", None)]
     for dtype, D, variant, precision in cases:
         for causal in (False, True):
-            q = torch.randn(1, 2, 77, D, device="cuda", dtype=dtype)
-            k = torch.randn(1, 1, 77, D, device="cuda", dtype=dtype)
-            v = torch.randn(1, 1, 77, D, device="cuda", dtype=dtype)
-            out, lse = flash_forward(q, k, v, causal, variant, precision=precision)
-            torch.cuda.synchronize()
+            for tma in ((True, False) if "_ws_" in variant else (None,)):  # both copies of a persistent tile
+                q = torch.randn(1, 2, 77, D, device="cuda", dtype=dtype)
+                k = torch.randn(1, 1, 77, D, device="cuda", dtype=dtype)
+                v = torch.randn(1, 1, 77, D, device="cuda", dtype=dtype)
+                out, lse = flash_forward(q, k, v, causal, variant, precision=precision, tma=tma)
+                torch.cuda.synchronize()
     # L2 sections of 2 of 5 (batch, head) pairs (the last narrower), the defaults and a persistent grid of 3.
     for variant in ("", "ctas3"):
         for causal in (False, True):
