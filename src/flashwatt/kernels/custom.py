@@ -3,9 +3,9 @@
 fp16/bf16 run on tensor cores with fp32 accumulation through mma.sync (FlashAttention-2
 style); on Hopper (compute capability 9.0, an sm_90a build) the `wgmma_` tiles run a
 wgmma kernel (kernels/flash_fwd_wgmma.cuh), the `wgmma_pp_` ones with the warpgroups in
-ping-pong, the `wgmma_ws_` ones a warp-specialised persistent kernel (a producer warpgroup,
-mbarriers; kernels/flash_fwd_wgmma_ws.cuh), and a wgmma tile is the fp16/bf16 default there
-(by head dim and key length).
+ping-pong, the `wgmma_ws_` ones a warp-specialised persistent kernel (a producer warpgroup
+that copies with TMA, mbarriers; kernels/flash_fwd_wgmma_ws.cuh), and a wgmma tile is the
+fp16/bf16 default there (by head dim and key length).
 fp32 runs an exact FFMA path; the opt-in tf32 precision runs fp32 inputs on tensor cores,
 rounded to tf32 (kernels/flash_fwd_tf32.cuh, d64/d128). Head dims 64, 128 and 256; causal
 (top-left aligned, as torch's is_causal) and full masks; any sequence length; (B, H, L, D)
@@ -46,8 +46,9 @@ WGMMA_CAPABILITY = (9, 0)
 # all after the same barrier, or odd warpgroups half an iteration behind (ping-pong).
 LOCKSTEP, PING_PONG = "lockstep", "ping-pong"
 # Warp-specialised wgmma kernels (kernels/flash_fwd_wgmma_ws.cuh): a producer warpgroup feeds
-# two consumer warpgroups through mbarrier-guarded shared-memory rings on a persistent grid
-# (one CTA per SM unless capped); the consumers run free or take turns (ping-pong).
+# two or three consumer warpgroups through mbarrier-guarded shared-memory rings on a persistent
+# grid (one CTA per SM unless capped), copying with TMA (flash_forward's tma); the consumers
+# run free or take turns (ping-pong).
 WARP_SPECIALIZED, WARP_SPECIALIZED_PING_PONG = "ws", "ws-ping-pong"
 WS_SCHEDULES = (WARP_SPECIALIZED, WARP_SPECIALIZED_PING_PONG)
 
