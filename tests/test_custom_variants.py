@@ -36,14 +36,14 @@ def test_hopper_default_follows_the_key_length_and_the_mask():
     for len_k in (1, 1024, 1025, 16384, None):
         for causal in (False, True):
             assert parse_variant("", "bf16", 128, HOPPER, len_k, causal).tile_name == every
-    (b0, tiny, tiny_c), (b1, short, short_c), (b2, long, long_c) = WGMMA_DEFAULT_TILE[("bf16", 64)]
-    assert (b0, b1, b2) == (256, 512, None) and tiny == tiny_c == short_c != short == long == long_c
-    assert TILES[long].block_m == 192 and TILES[short_c].block_m == 128
+    (b0, tiny, tiny_c), (b1, long, long_c) = WGMMA_DEFAULT_TILE[("bf16", 64)]
+    assert (b0, b1) == (256, None) and tiny == tiny_c != long == long_c
+    assert TILES[long].block_m == 192 and TILES[tiny].block_m == 128
     assert parse_variant("", "bf16", 64, HOPPER, 100_000).tile_name == long
-    assert parse_variant("", "bf16", 64, HOPPER, 256).tile_name == tiny
-    assert parse_variant("", "bf16", 64, HOPPER, 257).tile_name == short
-    assert parse_variant("", "bf16", 64, HOPPER, 512, causal=True).tile_name == short_c
-    assert parse_variant("", "bf16", 64, HOPPER, 513, causal=True).tile_name == long_c
+    for causal in (False, True):
+        assert parse_variant("", "bf16", 64, HOPPER, 256, causal=causal).tile_name == tiny
+        assert parse_variant("", "bf16", 64, HOPPER, 257, causal=causal).tile_name == long
+        assert parse_variant("", "bf16", 64, HOPPER, 512, causal=causal).tile_name == long
     assert parse_variant("ctas66", "bf16", 128, HOPPER, 1000).tile_name == WGMMA_DEFAULT_TILE[("bf16", 128)][0][1]
     assert default_tile("bf16", 128, False, 1024) == DEFAULT_TILE[("bf16", 128)]  # off Hopper: no length rule
     assert default_tile("bf16", 128, False, 1024, causal=True) == DEFAULT_TILE[("bf16", 128)]

@@ -132,15 +132,15 @@ DEFAULT_TILE = {
 # (bound, tile without a mask, tile under a causal mask) for K/V lengths up to the bound,
 # bounds in increasing order, None for any length (kernels/NOTES.md, v5, v6 and "L2
 # sections"). Head dim 64: three consumer warpgroups (192 q rows per K/V tile read) in
-# ping-pong from 257 keys without a mask and from 513 under a causal mask, where each
-# warpgroup computes only the tiles its own rows see (NOTES, "Head dim 64: three consumer
-# warpgroups", "Each warpgroup's own tiles"); below, two. Head dim 128: the
+# ping-pong from 257 keys, where under a causal mask each warpgroup computes only the tiles
+# its own rows see (NOTES, "Head dim 64: three consumer warpgroups", "Each warpgroup's own
+# tiles", and for causal 257-512 keys "Where the forward stands (TMA copies)"); below, two.
+# Head dim 128: the
 # warp-specialised persistent tile at every length, under a causal mask with its items from
 # the tile counter (work_order), which beat the one-CTA-per-tile ping-pong tile from 2048
 # keys (NOTES, "A tile counter for causal persistent grids").
 WGMMA_DEFAULT_TILE: dict[tuple[str, int], tuple[tuple[int | None, str, str], ...]] = {
     (precision, 64): ((256, "wgmma_ws_pp_m128_n128_s2", "wgmma_ws_pp_m128_n128_s2"),
-                      (512, "wgmma_ws_pp_m192_n128_s2", "wgmma_ws_pp_m128_n128_s2"),
                       (None, "wgmma_ws_pp_m192_n128_s2", "wgmma_ws_pp_m192_n128_s2"))
     for precision in ("fp16", "bf16")
 }
