@@ -508,6 +508,7 @@ __global__ void __launch_bounds__(NW * 32, 1) flash_bwd_kernel(const BwdParams p
 
 #if defined(FLASHWATT_WGMMA)
 #include "flash_bwd_wgmma.cuh"
+#include "tensor_map.cuh"
 #endif
 
 namespace flashwatt {
@@ -635,7 +636,25 @@ int bwd_launch(int index, const BwdParams& params, void* stream_ptr, char* err, 
   e.preprocess<<<static_cast<unsigned>(row_ctas), kRowThreads, 0, stream>>>(params);
   st = cudaGetLastError();
   if (st != cudaSuccess) return report(err, errlen, "backward preprocess launch", st);
-  e.main<<<static_cast<unsigned>(main_ctas), e.threads, e.smem, stream>>>(params);
+  const BwdParams* args = &params;
+#if defined(FLASHWATT_WGMMA)
+  // The wgmma kernel adds its dQ tiles into dq_accum by TMA bulk reductions: boxes of
+  // [64 rows, 32] fp32 (128 bytes) over the contiguous (batch, heads, len_q, head_dim) workspace.
+  BwdParams with_map;
+  if (e.cfg.math == kBwdWgmma && !deterministic) {
+    with_map = params;
+    const int64_t d = params.head_dim, lq = params.len_q;
+    char why[256] = {0};
+    if (!encode_map_4d(with_map.dq_accum_map, "dq_accum", CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, params.dq_accum, d,
+                       params.len_q, params.heads, params.batch, d, lq * d, params.heads * lq * d, 32, 64, why,
+                       sizeof(why))) {
+      if (err && errlen) snprintf(err, errlen, "backward dQ reductions: %s", why);
+      return 1;
+    }
+    args = &with_map;
+  }
+#endif
+  e.main<<<static_cast<unsigned>(main_ctas), e.threads, e.smem, stream>>>(*args);
   st = cudaGetLastError();
   if (st != cudaSuccess) return report(err, errlen, "backward kernel launch", st);
   if (deterministic) {

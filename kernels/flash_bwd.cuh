@@ -37,6 +37,9 @@ struct BwdParams {
   float scale;  // the forward's softmax scale
   int causal;   // top-left aligned, as the forward: key j is visible to query i iff j <= i
   int section;  // (batch, k/v head) pairs per L2 section of the CTA order (tile_schedule.cuh); 0: one section
+  // The wgmma kernel's dQ reductions: a tensor map (CUtensorMap, 128 opaque bytes) of dq_accum,
+  // written by bwd_launch.
+  alignas(128) unsigned char dq_accum_map[128];
 };
 
 // How a backward tile's main kernel multiplies.

@@ -21,8 +21,10 @@
 //                       columns over its own 64 keys, the two adding into the same dQ rows.
 //                       A = dS, read from dS^T stored [key][query] in shared memory (the
 //                       16-bit values the mma reads), i.e. M-major (transposed A, as
-//                       FlashAttention-3 reads dS); B = K [key][d]: N-major. fp32
-//                       reductions into the dQ accumulator, 8 bytes per red.
+//                       FlashAttention-3 reads dS); B = K [key][d]: N-major. Each warpgroup
+//                       stages its fp32 dQ in shared memory and one of its threads adds the
+//                       tile into the dQ accumulator with a TMA bulk reduction
+//                       (kernels/NOTES.md, "dQ by bulk reductions"), as FlashAttention-3.
 // dK is multiplied by the scale once, at the store.
 #pragma once
 
@@ -91,6 +93,25 @@ __device__ __forceinline__ void bwd_load_sw128(uint32_t dst, const T* __restrict
   }
 }
 
+// TMA: adds the fp32 box at shared memory src (the map's 128-byte swizzle) into the tensor
+// of the 4-d map at coordinates (c0 .. c3); elements outside the tensor are not written.
+// Completion is tracked per thread in bulk groups.
+__device__ __forceinline__ void tma_reduce_add_4d(const void* map, uint32_t src, int c0, int c1, int c2, int c3) {
+  asm volatile(
+      "cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2, %3, %4}], [%5];\n" ::"l"(
+          reinterpret_cast<uint64_t>(map)),
+      "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(src)
+      : "memory");
+}
+
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+
+// Waits until at most N of this thread's bulk groups still read shared memory.
+template <int N>
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+
 template <int D, int NWG>
 struct BwdWgShape {
   static constexpr int BN = 64 * NWG;  // keys per CTA
@@ -107,16 +128,23 @@ struct BwdWgShape {
   static constexpr int kOffQ = 2 * kKBytes;
   static constexpr int kOffDO = kOffQ + 2 * kQBytes;
   static constexpr int kOffDS = kOffDO + 2 * kQBytes;  // dS^T: [BN keys][BM queries]
-  static constexpr int kOffRows = kOffDS + BN * BM * 2;
+  // dQ staging: per step parity and warpgroup a [BM, DQN] fp32 tile as DQN / 32 boxes of
+  // [BM, 32] in the 128-byte swizzle (8 KB each), the layout of the bulk reduction's map.
+  static constexpr int kDqBoxBytes = BM * 32 * 4;
+  static constexpr int kDqTileBytes = (DQN / 32) * kDqBoxBytes;
+  static constexpr int kOffDQ = kOffDS + BN * BM * 2;  // a multiple of 1 KB
+  static constexpr int kOffRows = kOffDQ + 2 * NWG * kDqTileBytes;
   // + 1 KB: the dynamic shared-memory base is rounded up to the 1 KB swizzle atom.
   static constexpr int kSmemBytes = kOffRows + 2 * 2 * BM * 4 + 1024;
+  static_assert(kOffDQ % 1024 == 0, "dQ staging must start on a 1 KB swizzle atom");
+  static_assert(kSmemBytes <= 227 * 1024, "wgmma backward: shared memory");
   static_assert((D == 64 || D == 128) && NWG == 2 && DQN == 64,
                 "wgmma backward: built for head_dim 64 and 128, two warpgroups (dQ as m64n64)");
   static_assert(kThreads >= 2 * BM, "one thread per LSE and per delta entry of a query block");
 };
 
 template <typename T, int D, int NWG>
-__global__ void __launch_bounds__(NWG * 128, 1) flash_bwd_wgmma_kernel(const BwdParams p) {
+__global__ void __launch_bounds__(NWG * 128, 1) flash_bwd_wgmma_kernel(const __grid_constant__ BwdParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using S = BwdWgShape<D, NWG>;
   using Ops = TypeOps<T>;
@@ -130,6 +158,7 @@ __global__ void __launch_bounds__(NWG * 128, 1) flash_bwd_wgmma_kernel(const Bwd
   const uint32_t sQ = sK + S::kOffQ;    // stage s at + s * kQBytes
   const uint32_t sdO = sK + S::kOffDO;  // stage s at + s * kQBytes
   const uint32_t sdS = sK + S::kOffDS;
+  const uint32_t sDQ = sK + S::kOffDQ;  // tile (parity, warpgroup) at + (parity * NWG + wg) * kDqTileBytes
   const uint32_t sRowsAddr = sK + S::kOffRows;  // per stage: BM LSE values, then BM delta values
   const float* sRows = reinterpret_cast<const float*>(smem + (sRowsAddr - smem_addr(smem)));
 
@@ -198,6 +227,8 @@ __global__ void __launch_bounds__(NWG * 128, 1) flash_bwd_wgmma_kernel(const Bwd
     const int m0_next = head_end ? mb_first * BM : m0 + BM;
     cp_async_wait<0>();
     fence_proxy_async_smem();
+    // The dQ tile this step stages into was last reduced two steps ago: its bulk read done.
+    if ((tid & 127) == 0) bulk_wait_read<1>();
     __syncthreads();  // step it visible to all; every reader of the other stage and of dS^T is done
     if (it + 1 < iters) load_step(h_next, m0_next, (it + 1) & 1);
     cp_async_commit();
@@ -310,21 +341,36 @@ __global__ void __launch_bounds__(NWG * 128, 1) flash_bwd_wgmma_kernel(const Bwd
     fence_regs(pf);
     fence_regs(dsf);
 
-    // element i of dq: query wl*16 + g + 8*((i>>1)&1), column dq_col0 + (i>>2)*8 + 2t + (i&1)
-    float* dq_rows = p.dq_accum + static_cast<int64_t>(b * p.heads + h) * p.len_q * D;
+    // element i of dq: query wl*16 + g + 8*((i>>1)&1), column dq_col0 + (i>>2)*8 + 2t + (i&1).
+    // Staged as float2 at column 8j + 2t of row wl*16 + g + 8r: box j / 4, 16-byte chunk
+    // 2 (j % 4) + t / 2 of the row's 128 bytes, swizzled by row % 8 = g, so the 8 rows of a
+    // store land on 8 different chunk positions (no bank conflict).
+    if (dq_here) {
+      const uint32_t tile = sDQ + ((it & 1) * NWG + wg) * S::kDqTileBytes;
+      const uint32_t row_base = tile + (wl * 16 + g) * 128 + (t & 1) * 8;
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int row = m0 + wl * 16 + g + 8 * r;
-      if (dq_here && row < p.len_q) {
-        float* dst = dq_rows + static_cast<int64_t>(row) * D + dq_col0 + 2 * t;
+      for (int j = 0; j < DQN / 8; ++j) {
+        const uint32_t chunk = static_cast<uint32_t>(((2 * (j & 3) + (t >> 1)) ^ g) << 4);
 #pragma unroll
-        for (int j = 0; j < DQN / 8; ++j) red_add2(dst + j * 8, dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1]);
+        for (int r = 0; r < 2; ++r)
+          asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(row_base + (j >> 2) * S::kDqBoxBytes + r * 8 * 128 +
+                                                                      chunk),
+                       "f"(dq[4 * j + 2 * r]), "f"(dq[4 * j + 2 * r + 1]));
+      }
+      fence_proxy_async_smem();      // the bulk reduction reads through the async proxy
+      named_bar_sync(1 + wg, 128);  // this warpgroup's dQ tile staged
+      if ((tid & 127) == 0) {
+#pragma unroll
+        for (int box = 0; box < DQN / 32; ++box)
+          tma_reduce_add_4d(p.dq_accum_map, tile + box * S::kDqBoxBytes, dq_col0 + box * 32, m0, h, b);
+        bulk_commit();
       }
     }
     h = h_next;
     m0 = m0_next;
   }
   cp_async_wait<0>();
+  if ((tid & 127) == 0) bulk_wait_read<0>();  // shared memory stays until the last reduction read it
 
   // ---- epilogue: dK (times scale) and dV of this warp's 16 keys, 32 bits per store
   T* gdK = static_cast<T*>(p.dk) + b * p.dk_sb + hk * p.dk_sh;

@@ -31,11 +31,9 @@
 #include "smem_tile.cuh"
 #include "tile_schedule.cuh"
 #if defined(FLASHWATT_WGMMA)
-#include <cuda.h>
-#include <cudaTypedefs.h>
-
 #include "flash_fwd_wgmma.cuh"
 #include "flash_fwd_wgmma_ws.cuh"
+#include "tensor_map.cuh"
 #endif
 
 namespace flashwatt {
@@ -508,62 +506,18 @@ int report(char* err, size_t errlen, const char* what, cudaError_t code) {
 static_assert(sizeof(CUtensorMap) == sizeof(FwdTensorMaps::q) && alignof(FwdTensorMaps) >= alignof(CUtensorMap),
               "FwdTensorMaps holds CUtensorMaps");
 
-// The driver's cuTensorMapEncodeTiled, looked up once through the runtime, so that the
-// extension needs no link to libcuda; null where the driver has none.
-PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
-  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &found) !=
-            cudaSuccess ||
-        found != cudaDriverEntryPointSuccess)
-      f = nullptr;
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
-  }();
-  return fn;
-}
-
-// The tensor map of one operand for tma_load_tile: dims (head_dim, rows, heads, batch) with
-// the operand's strides, boxes of [box_rows, 64] in the wgmma 128-byte swizzle, elements
-// outside the dims read as zeros. Returns false with the reason in why.
-bool encode_operand_map(unsigned char* map, const char* name, int dtype, const void* base, int head_dim, int rows,
-                        int heads, int batch, int64_t sl, int64_t sh, int64_t sb, int box_rows, char* why,
-                        size_t whylen) {
-  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
-  if (encode == nullptr) {
-    snprintf(why, whylen, "the driver has no cuTensorMapEncodeTiled");
-    return false;
-  }
-  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(head_dim), static_cast<cuuint64_t>(rows),
-                              static_cast<cuuint64_t>(heads), static_cast<cuuint64_t>(batch)};
-  const cuuint64_t strides[3] = {static_cast<cuuint64_t>(sl) * 2, static_cast<cuuint64_t>(sh) * 2,
-                                 static_cast<cuuint64_t>(sb) * 2};  // bytes, of dims 1 .. 3
-  const cuuint32_t box[4] = {64, static_cast<cuuint32_t>(box_rows), 1, 1};
-  const cuuint32_t element_strides[4] = {1, 1, 1, 1};
-  const CUresult rc = encode(reinterpret_cast<CUtensorMap*>(map),
-                             dtype == kBf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
-                             const_cast<void*>(base), dims, strides, box, element_strides,
-                             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (rc != CUDA_SUCCESS) {
-    snprintf(why, whylen,
-             "cuTensorMapEncodeTiled refused %s (error %d; strides in elements: rows %lld, heads %lld, batch %lld)",
-             name, static_cast<int>(rc), static_cast<long long>(sl), static_cast<long long>(sh),
-             static_cast<long long>(sb));
-    return false;
-  }
-  return true;
-}
-
 // The tensor maps of q, k and v for configuration `e`.
 bool encode_tensor_maps(const Entry& e, FwdParams& p, char* why, size_t whylen) {
-  const int d = e.cfg.head_dim, dt = e.cfg.dtype;
-  return encode_operand_map(p.maps.q, "q", dt, p.q, d, p.len_q, p.heads, p.batch, p.q_sl, p.q_sh, p.q_sb,
-                            e.cfg.block_m, why, whylen) &&
-         encode_operand_map(p.maps.k, "k", dt, p.k, d, p.len_k, p.kv_heads, p.batch, p.k_sl, p.k_sh, p.k_sb,
-                            e.cfg.block_n, why, whylen) &&
-         encode_operand_map(p.maps.v, "v", dt, p.v, d, p.len_k, p.kv_heads, p.batch, p.v_sl, p.v_sh, p.v_sb,
-                            e.cfg.block_n, why, whylen);
+  // Boxes of [tile rows, 64] 16-bit elements: one per 64 columns of a tile (tma_load_tile).
+  const int d = e.cfg.head_dim;
+  const CUtensorMapDataType type =
+      e.cfg.dtype == kBf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  return encode_map_4d(p.maps.q, "q", type, 2, p.q, d, p.len_q, p.heads, p.batch, p.q_sl, p.q_sh, p.q_sb, 64,
+                       e.cfg.block_m, why, whylen) &&
+         encode_map_4d(p.maps.k, "k", type, 2, p.k, d, p.len_k, p.kv_heads, p.batch, p.k_sl, p.k_sh, p.k_sb, 64,
+                       e.cfg.block_n, why, whylen) &&
+         encode_map_4d(p.maps.v, "v", type, 2, p.v, d, p.len_k, p.kv_heads, p.batch, p.v_sl, p.v_sh, p.v_sb, 64,
+                       e.cfg.block_n, why, whylen);
 }
 #endif
 
