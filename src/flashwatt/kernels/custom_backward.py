@@ -13,7 +13,9 @@ part of what `Custom.describe` records for a fwd_bwd cell.
   any. Deterministic by default when torch.are_deterministic_algorithms_enabled().
 - `wgmma` (fp16, bf16; head dims 64 and 128; Hopper, compute capability 9.0 only): the
   same algorithm with the five GEMMs of a step on wgmma (kernels/flash_bwd_wgmma.cuh), one
-  warpgroup per 64 keys; the default on Hopper (`wgmma_n128_m64_w8`).
+  warpgroup per 64 keys, each adding its dQ tile into the fp32 buffer with a TMA bulk
+  reduction (atomic adds as well, in an order that varies); the default on Hopper
+  (`wgmma_n128_m64_w8`).
 - `torch.math_from_lse` (fp32, tf32): the same equations in PyTorch, chunked over query
   rows so the scores never take more than about 256 MiB. Exact fp32 for fp32 cells; for
   tf32 cells the matmuls run at whatever `torch.backends.cuda.matmul.allow_tf32` says,
