@@ -281,6 +281,8 @@ __global__ void __launch_bounds__(NW * 32, 1) flash_fwd_tc_kernel(const FwdParam
       }
     }
     __syncwarp();
+    // The same loop as store_o_rows (flash_fwd_wgmma.cuh) over the padded layout; one helper
+    // for both changed the PTX of 30 kernels, these among them, so each keeps its own.
     T* gO = static_cast<T*>(p.o) + b * p.o_sb + h * p.o_sh;
     constexpr int WROWS = 16 * MT;
 #pragma unroll

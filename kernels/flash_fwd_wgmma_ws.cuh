@@ -227,46 +227,25 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) flash_fwd_wgmma_ws_kernel(
       tma_prefetch_map(p.maps.q);
       tma_prefetch_map(p.maps.k);
       tma_prefetch_map(p.maps.v);
-      int u0 = 0;
-      int tile = blockIdx.x;
-#pragma unroll 1
-      for (int li = 0;; ++li) {
-        const int qb = li & 1;
-        mbar_wait(q_empty + 8 * qb, ((li >> 1) & 1) ^ 1);
-        if (tile >= grid.total) {  // tell the consumers there is nothing left
-          item_of_q[qb] = grid.total;
-          mbar_arrive(q_full + 8 * qb);
-          break;
-        }
-        item_of_q[qb] = tile;  // published by the arrival below (release)
-        const TileWork<T> w = grid.template work<T>(p, tile);
-        const int hk = w.h / grid.group;
-        mbar_arrive_expect_tx(q_full + 8 * qb, S::kQBytes);
-        tma_load_tile<BM, D>(sQ + qb * S::kQBytes, p.maps.q, w.m0, w.h, w.b, q_full + 8 * qb);
-        int slot = u0 % ST;
-        int par = (u0 / ST) & 1;
-#pragma unroll 1
-        for (int j = 0; j < w.n_tiles; ++j) {
-          mbar_wait(k_empty + 8 * slot, par ^ 1);
-          mbar_arrive_expect_tx(k_full + 8 * slot, S::kTileBytes);
-          tma_load_tile<BN, D>(sK + slot * S::kTileBytes, p.maps.k, j * BN, hk, w.b, k_full + 8 * slot);
-          mbar_wait(v_empty + 8 * slot, par ^ 1);
-          mbar_arrive_expect_tx(v_full + 8 * slot, S::kTileBytes);
-          tma_load_tile<BN, D>(sV + slot * S::kTileBytes, p.maps.v, j * BN, hk, w.b, v_full + 8 * slot);
-          if (++slot == ST) {
-            slot = 0;
-            par ^= 1;
-          }
-        }
-        u0 += w.n_tiles;
-        // Under a tile counter, the next item is taken once this one's copies are issued
-        // (below: why then).
-        tile = p.tile_counter != nullptr ? gridDim.x + atomicAdd(p.tile_counter, 1) : tile + gridDim.x;
-      }
-      return;  // the consumers wait for every copy issued here before they exit
     }
-    const int ptid = tid;  // 0 .. 127
-    int u0 = 0;            // ring tiles used by earlier work items
+    const int ptid = tid;  // 0 .. 127 (TMA: 0 alone)
+    // Rows [row0, row0 + ROWS) of head (h, b) of q, k or v into the tile at dst, completing
+    // on `full`: a TMA box per 64 columns with the tile's bytes expected, or this thread's
+    // cp.async share and its arrival.
+    auto fill = [&](auto rows, uint32_t dst, const void* map, const T* src, int64_t row_stride, int row0, int len,
+                    int h, int b, uint32_t full) {
+      constexpr int ROWS = decltype(rows)::value;
+      if constexpr (TMA) {
+        mbar_arrive_expect_tx(full, ROWS * D * 2);
+        tma_load_tile<ROWS, D>(dst, map, row0, h, b, full);
+      } else {
+        load_tile_sw128<ROWS, D, 128, ROWS == BM && S::NWG == 3>(dst, src, row_stride, row0, len, ptid);
+        cp_async_mbar_arrive(full);
+      }
+    };
+    using QRows = std::integral_constant<int, BM>;
+    using KvRows = std::integral_constant<int, BN>;
+    int u0 = 0;  // ring tiles used by earlier work items
     // Work items: blockIdx.x first; then, under a tile counter (causal work of unequal
     // length), the next one any CTA has not taken, as it frees up, else a fixed stride.
     int tile = blockIdx.x;
@@ -279,26 +258,26 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) flash_fwd_wgmma_ws_kernel(
           item_of_q[qb] = grid.total;
           mbar_arrive(q_full + 8 * qb);
         }
-        mbar_arrive(q_full + 8 * qb);
+        if constexpr (!TMA) mbar_arrive(q_full + 8 * qb);
         break;
       }
       if (ptid == 0) {  // before the copies: fewer live registers in the producer's 24
         item_of_q[qb] = tile;
-        mbar_arrive(q_full + 8 * qb);  // release: the consumers read item_of_q after their wait
+        // release: the consumers read item_of_q after their wait (TMA: the arrival of the
+        // Q copy below releases it)
+        if constexpr (!TMA) mbar_arrive(q_full + 8 * qb);
       }
       const TileWork<T> w = grid.template work<T>(p, tile);
-      load_tile_sw128<BM, D, 128, S::NWG == 3>(sQ + qb * S::kQBytes, w.q, p.q_sl, w.m0, p.len_q, ptid);
-      cp_async_mbar_arrive(q_full + 8 * qb);
+      const int hk = w.h / grid.group;
+      fill(QRows{}, sQ + qb * S::kQBytes, p.maps.q, w.q, p.q_sl, w.m0, p.len_q, w.h, w.b, q_full + 8 * qb);
       int slot = u0 % ST;
       int par = (u0 / ST) & 1;
 #pragma unroll 1
       for (int j = 0; j < w.n_tiles; ++j) {
         mbar_wait(k_empty + 8 * slot, par ^ 1);
-        load_tile_sw128<BN, D, 128>(sK + slot * S::kTileBytes, w.k, p.k_sl, j * BN, p.len_k, ptid);
-        cp_async_mbar_arrive(k_full + 8 * slot);
+        fill(KvRows{}, sK + slot * S::kTileBytes, p.maps.k, w.k, p.k_sl, j * BN, p.len_k, hk, w.b, k_full + 8 * slot);
         mbar_wait(v_empty + 8 * slot, par ^ 1);
-        load_tile_sw128<BN, D, 128>(sV + slot * S::kTileBytes, w.v, p.v_sl, j * BN, p.len_k, ptid);
-        cp_async_mbar_arrive(v_full + 8 * slot);
+        fill(KvRows{}, sV + slot * S::kTileBytes, p.maps.v, w.v, p.v_sl, j * BN, p.len_k, hk, w.b, v_full + 8 * slot);
         if (++slot == ST) {
           slot = 0;
           par ^= 1;
@@ -310,14 +289,20 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) flash_fwd_wgmma_ws_kernel(
         // enough that a CTA takes an item when it is nearly free, early enough that the
         // atomic's round trip hides under the consumers' last tiles. One slot per Q buffer:
         // thread 0 rewrites a slot only after the producer barrier of the item between.
-        if (ptid == 0) next_item[qb] = gridDim.x + atomicAdd(p.tile_counter, 1);
-        named_bar_sync(S::kProducerBarrier, 128);
-        tile = next_item[qb];
+        if constexpr (TMA) {
+          tile = gridDim.x + atomicAdd(p.tile_counter, 1);  // the one producer thread
+        } else {
+          if (ptid == 0) next_item[qb] = gridDim.x + atomicAdd(p.tile_counter, 1);
+          named_bar_sync(S::kProducerBarrier, 128);
+          tile = next_item[qb];
+        }
       } else {
         tile += gridDim.x;
       }
     }
-    cp_async_wait<0>();  // nothing of this thread's still in flight when it exits
+    // Nothing of this thread's still in flight when it exits (the consumers wait for every
+    // TMA copy issued here before they exit).
+    if constexpr (!TMA) cp_async_wait<0>();
     return;
   }
 
