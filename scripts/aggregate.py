@@ -1,5 +1,5 @@
 """Snakemake entry point of rule `aggregate`: records -> summary.parquet/.csv + flagged.csv."""
-from flashwatt.aggregate import flagged, summarize, write_summary
+from flashwatt.attention.summary import flagged, summarize, write_summary
 from flashwatt.records import atomic_write
 
 snakemake = globals()["snakemake"]  # injected by Snakemake's script directive

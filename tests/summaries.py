@@ -1,7 +1,7 @@
 """Synthetic summaries for the figure and report tests, built through the real aggregate.
 
 Each builder writes cell records (and, for GPU cells, telemetry traces) as a run would,
-then summarises them with `flashwatt.aggregate.summarize`, so the tests see exactly the
+then summarises them with `flashwatt.attention.summary.summarize`, so the tests see exactly the
 columns and types the workflow's figures see.
 """
 from __future__ import annotations
@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from flashwatt.aggregate import summarize
-from flashwatt.cell import Cell
+from flashwatt.attention.summary import summarize
+from flashwatt.attention.cell import Cell
 from flashwatt.records import write_record
-from flashwatt.runner import base_record
+from flashwatt.attention.job import base_record
 
 GPU_NAME = "NVIDIA H100 80GB HBM3"
 NO_CUDA = "no CUDA device: energy is measured on NVIDIA GPUs only"

@@ -4,10 +4,10 @@ import os
 import pandas as pd
 import pytest
 
-from flashwatt.aggregate import COLUMNS, device_labels, flagged, read_summary, summarize
-from flashwatt.cell import Cell
+from flashwatt.attention.summary import COLUMNS, device_labels, flagged, read_summary, summarize
+from flashwatt.attention.cell import Cell
 from flashwatt.records import read_record, write_record
-from flashwatt.runner import base_record, failed_job_record
+from flashwatt.attention.job import base_record, failed_job_record
 
 
 def cell(kernel, L):

@@ -47,7 +47,7 @@ def test_bad_shapes_and_masks_are_refused_by_name(argv, named, capsys):
 def test_grouped_query_inputs_give_k_and_v_their_own_heads():
     import torch
 
-    from flashwatt.cell import Cell
+    from flashwatt.attention.cell import Cell
     from flashwatt.measure import input_bytes, make_inputs
 
     cell = Cell("bench", "sdpa_math", "fp32", 16, 2, 8, 4, True)

@@ -2,7 +2,7 @@ import re
 
 import pytest
 
-from flashwatt.cell import WILDCARD_CONSTRAINTS, Cell
+from flashwatt.attention.cell import WILDCARD_CONSTRAINTS, Cell
 
 
 def cell(**kw):

@@ -25,7 +25,7 @@ def test_failed_lists_only_cells_that_are_not_ok(tmp_path, monkeypatch, capsys):
 
     from flashwatt.config import load_config, suite_cells
     from flashwatt.records import write_record
-    from flashwatt.runner import base_record
+    from flashwatt.attention.job import base_record
 
     shutil.copytree("config", tmp_path / "config")
     monkeypatch.chdir(tmp_path)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from flashwatt.cell import Cell
+from flashwatt.attention.cell import Cell
 from flashwatt.kernels import custom, custom_autograd
 from flashwatt.kernels.custom import Custom
 from flashwatt.kernels.custom_backward import (

@@ -8,7 +8,7 @@ import pytest
 from matplotlib.text import Text
 
 from flashwatt.plot_axes import log_ticks, plain_number, sequence_length_label
-from flashwatt.plots import FIGURES, MAX_OVERVIEW_CELLS, draw, speedups
+from flashwatt.attention.figures import FIGURES, MAX_OVERVIEW_CELLS, draw, speedups
 
 from summaries import GPU_LATENCY_MS, GPU_LENGTHS, GPU_NAME, GPU_PRECISIONS, NO_CUDA, cpu_summary, gpu_summary
 

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from flashwatt.cell import Cell
+from flashwatt.attention.cell import Cell
 from flashwatt.kernels import KERNEL_NAMES, get_kernel
 from flashwatt.measure import make_inputs, reference_attention, relative_error
 
@@ -54,7 +54,7 @@ def test_causal_differs_from_full():
 
 
 def test_kernel_details_are_recorded_and_their_failure_is_not_fatal():
-    from flashwatt.runner import kernel_details
+    from flashwatt.attention.job import kernel_details
 
     class Described:
         def describe(self, cell):

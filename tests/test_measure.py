@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from flashwatt.cell import Cell
+from flashwatt.attention.cell import Cell
 from flashwatt.measure import (Check, check_cell, check_rows, make_inputs, reference_attention,
                                relative_error, warm_up)
 from flashwatt.vocabulary import TOLERANCE

@@ -11,7 +11,7 @@ import pytest
 import torch
 import transformers
 
-from flashwatt.cell import Cell
+from flashwatt.attention.cell import Cell
 from flashwatt.config import ConfigError, every_cell, load_config, validate_config
 from flashwatt.kernels import get_kernel
 from flashwatt.kernels.base import UnsupportedCell

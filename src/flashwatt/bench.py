@@ -218,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from flashwatt.build import build_info, load_extension
-    from flashwatt.cell import Cell
+    from flashwatt.attention.cell import Cell
     from flashwatt.kernels import get_kernel
     from flashwatt.kernels.custom import TILES, WGMMA, WGMMA_CAPABILITY
     from flashwatt.measure import relative_error

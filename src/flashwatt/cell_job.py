@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 from flashwatt.provenance import utc_now
 from flashwatt.records import write_record, write_trace
-from flashwatt.runner import CellOutcome, job_failed
+from flashwatt.attention.job import CellOutcome, job_failed
 from flashwatt.submit.jobs import JobFailed, run_job
 from flashwatt.submit.slots import TooFewGpus
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from flashwatt.cell import Cell
+from flashwatt.attention.cell import Cell
 from flashwatt.devices import visible_gpu_count
 from flashwatt.kernels.custom import check_variant_name
 from flashwatt.settings import MeasureSettings

@@ -14,7 +14,7 @@ from typing import Callable
 
 import torch
 
-from flashwatt.cell import Cell
+from flashwatt.attention.cell import Cell
 from flashwatt.vocabulary import TOLERANCE
 
 DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}

@@ -17,7 +17,7 @@ import traceback
 from typing import Callable
 
 from flashwatt.provenance import provenance, utc_now
-from flashwatt.runner import CellOutcome
+from flashwatt.attention.job import CellOutcome
 
 
 class Stages:
@@ -47,7 +47,7 @@ def run_measured_job(cell, record: dict, measure_settings: dict, body: Callable)
 
         from flashwatt import measure
         from flashwatt.kernels.base import UnsupportedCell
-        from flashwatt.runner import device_identity, open_cell_telemetry, select_device
+        from flashwatt.attention.job import device_identity, open_cell_telemetry, select_device
         from flashwatt.settings import MeasureSettings
 
         settings = MeasureSettings.from_mapping(measure_settings)

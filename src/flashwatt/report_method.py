@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from flashwatt.aggregate import device_labels, read_summary
+from flashwatt.attention.summary import device_labels, read_summary
 
 # How each `timing_method` of the summary measured a cell's latency.
 TIMING_METHODS = {

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from flashwatt.cell import Cell
+from flashwatt.attention.cell import Cell
 from flashwatt.kernels import custom_backward
 from flashwatt.kernels.custom import (
     DEFAULT_TILE, TILES, VARIANTS, WGMMA, WGMMA_CAPABILITY, WS_SCHEDULES, Custom, default_tile, flash_forward,
@@ -726,7 +726,7 @@ def test_fwd_bwd_cell_runs_ok(precision, D, path):
     (in a CUDA graph), its record naming the backward path (None: the device's default,
     wgmma on Hopper at D64 and D128, mma.sync elsewhere)."""
     from flashwatt.kernels.custom_backward import backward_plan
-    from flashwatt.runner import run_cell
+    from flashwatt.attention.job import run_cell
 
     if path is None:
         expected = backward_plan(precision, D, capability=torch.cuda.get_device_capability())

@@ -1,8 +1,8 @@
 """One cell at a time through the job function on a real GPU with real NVML."""
 import pytest
-from flashwatt.cell import Cell
+from flashwatt.attention.cell import Cell
 from flashwatt.config import load_config, measure_settings
-from flashwatt.runner import run_cell
+from flashwatt.attention.job import run_cell
 
 pytestmark = pytest.mark.gpu
 

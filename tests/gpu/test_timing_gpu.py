@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from flashwatt import measure
-from flashwatt.cell import Cell
+from flashwatt.attention.cell import Cell
 from flashwatt.config import load_config, measure_settings
 from flashwatt.kernels import get_kernel
-from flashwatt.runner import run_cell
+from flashwatt.attention.job import run_cell
 from flashwatt.timing import Workload
 
 pytestmark = pytest.mark.gpu

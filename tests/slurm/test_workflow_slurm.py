@@ -16,7 +16,7 @@ import pytest
 
 from support import ci_log, copy_workflow, wait_until
 
-from flashwatt.cell import Cell
+from flashwatt.attention.cell import Cell
 from flashwatt.config import load_config, suite_cells
 
 pytestmark = [pytest.mark.slurm, pytest.mark.workflow, pytest.mark.usefixtures("slurm")]

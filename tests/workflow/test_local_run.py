@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from flashwatt.config import load_config, suite_cells
-from flashwatt.plots import FIGURES
+from flashwatt.attention.figures import FIGURES
 
 from support import copy_workflow
 

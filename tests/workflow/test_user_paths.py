@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from flashwatt.cell import Cell
+from flashwatt.attention.cell import Cell
 from flashwatt.records import write_record
-from flashwatt.runner import base_record
+from flashwatt.attention.job import base_record
 from support import copy_workflow, wait_until
 
 from .conftest import snakemake

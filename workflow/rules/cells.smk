@@ -1,7 +1,7 @@
 # One job per cell. The rule hands the cell to a submitit executor (local subprocess,
 # Slurm job, or in-process) and waits; the record is written once, atomically
 # (flashwatt.cell_job, which also says why the executor is not a param).
-from flashwatt.cell import LOG_PATTERN, RECORD_PATTERN, TRACE_PATTERN
+from flashwatt.attention.cell import LOG_PATTERN, RECORD_PATTERN, TRACE_PATTERN
 
 
 rule cell:

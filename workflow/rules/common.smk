@@ -1,7 +1,7 @@
 # Configuration and the cell table: validated once, before any job starts.
 from snakemake.exceptions import WorkflowError
 
-from flashwatt.cell import WILDCARD_CONSTRAINTS
+from flashwatt.attention.cell import WILDCARD_CONSTRAINTS
 from flashwatt.config import ConfigError, measure_settings, resolve_suite, suite_cells, validate_config
 from flashwatt.control.figures import CONTROL_FIGURES
 from flashwatt.control.suite import control_runs
@@ -9,7 +9,7 @@ from flashwatt.distributed.figures import DISTRIBUTED_FIGURES
 from flashwatt.distributed.suite import distributed_runs
 from flashwatt.models.figures import MODEL_FIGURES
 from flashwatt.models.suite import model_runs
-from flashwatt.plots import FIGURES
+from flashwatt.attention.figures import FIGURES
 from flashwatt.training.figures import TRAINING_FIGURES
 from flashwatt.training.suite import training_runs, training_section
 from flashwatt.submit.resources import refuse_unknown_resources

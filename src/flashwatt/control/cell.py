@@ -1,5 +1,5 @@
 """A control cell: one controlled run (or the oracle of static runs) of a workload, the
-single source of its names and paths, as `flashwatt.cell.Cell` is for attention cells.
+single source of its names and paths, as `flashwatt.attention.cell.Cell` is for attention cells.
 
 Paths sit beside the suite's attention cells:
 

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from flashwatt.cell import Cell
+from flashwatt.attention.cell import Cell
 from flashwatt.control.configuration import Configuration, ControlError, candidates, check_knobs
 from flashwatt.control.governor import Governor, Reading, Work
 from flashwatt.control.sensor import DEFAULT_PERIOD_S, SensorThread, idle_power

@@ -27,7 +27,7 @@ import seaborn as sns  # noqa: E402
 
 from flashwatt.control.metrics import TOLERANCE, window_power  # noqa: E402
 from flashwatt.control.summary import least_energy_static, pareto_front, static_default, usable_static  # noqa: E402
-from flashwatt.plots import measured_where, nothing_to_draw  # noqa: E402
+from flashwatt.attention.figures import measured_where, nothing_to_draw  # noqa: E402
 
 PANEL_COLUMNS = 3
 # Switches labelled in a panel (after exploration); more would overprint one another.

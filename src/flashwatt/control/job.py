@@ -1,6 +1,6 @@
 """What a control cell's job runs: one controlled run, or the workload's oracle, on one GPU.
 
-Like an attention cell's job (flashwatt.runner), it never raises for a problem of the cell:
+Like an attention cell's job (flashwatt.attention.job), it never raises for a problem of the cell:
 every outcome is a record. ok (the run finished and the controller's output passed its
 check against float64), incorrect (it did not), skipped (no CUDA device; a controlled mode
 without NVML; a budget this GPU cannot hold, with the device's idle power and limit in
@@ -18,7 +18,7 @@ import traceback
 
 from flashwatt.control.cell import ControlCell
 from flashwatt.provenance import provenance, utc_now
-from flashwatt.runner import CellOutcome, device_identity, select_device
+from flashwatt.attention.job import CellOutcome, device_identity, select_device
 
 SCHEMA_VERSION = 1
 WARM_UP_S = 0.3

@@ -151,7 +151,7 @@ def bare_loop_tokens_per_s(workload: Workload, label: str, device: torch.device,
     config = Configuration.parse(label)
     inputs = workload.inputs(device)
     (shape, (q, k, v)), = inputs.items()
-    from flashwatt.cell import Cell
+    from flashwatt.attention.cell import Cell
 
     cell = Cell("control", config.backend, workload.dtype, shape[2], shape[0], shape[1], shape[3], workload.causal,
                 "fwd", config.variant)

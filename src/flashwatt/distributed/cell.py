@@ -1,5 +1,5 @@
 """A distributed cell: one sequence-parallel attention problem on `gpus` GPUs, the single
-source of its names and paths, as `flashwatt.cell.Cell` is for one-GPU cells.
+source of its names and paths, as `flashwatt.attention.cell.Cell` is for one-GPU cells.
 
     results/cells/<suite>/distributed/<strategy>-<block>/<precision>/G<gpus>-L<L>-B<B>-H<H>-K<Hkv>-D<D>-<mask>-<pass>.json
 

@@ -12,7 +12,7 @@ import traceback
 
 from flashwatt.distributed.cell import DistributedCell
 from flashwatt.provenance import provenance, utc_now
-from flashwatt.runner import CellOutcome
+from flashwatt.attention.job import CellOutcome
 
 SCHEMA_VERSION = 1
 

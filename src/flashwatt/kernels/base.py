@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     import torch
 
-    from flashwatt.cell import Cell
+    from flashwatt.attention.cell import Cell
 
 
 class UnsupportedCell(RuntimeError):

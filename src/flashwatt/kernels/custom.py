@@ -31,7 +31,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from flashwatt.cell import Cell
+from flashwatt.attention.cell import Cell
 from flashwatt.kernels import l2_sections
 
 HEAD_DIMS = (64, 128, 256)

@@ -5,7 +5,7 @@ import math
 
 import torch
 
-from flashwatt.cell import Cell
+from flashwatt.attention.cell import Cell
 
 
 class Naive:

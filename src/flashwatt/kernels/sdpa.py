@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from flashwatt.cell import Cell
+from flashwatt.attention.cell import Cell
 from flashwatt.kernels.base import UnsupportedCell
 
 

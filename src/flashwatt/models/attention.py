@@ -47,7 +47,7 @@ class RegistryAttention:
     def cell(self, batch: int, heads: int, seq_len: int, head_dim: int, causal: bool):
         key = (batch, heads, seq_len, head_dim, causal)
         if key not in self._cells:
-            from flashwatt.cell import Cell
+            from flashwatt.attention.cell import Cell
 
             self._cells[key] = Cell("model", self.kernel.name, self.precision, seq_len, batch, heads, head_dim,
                                     causal, self.pass_)

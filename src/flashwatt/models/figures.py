@@ -21,7 +21,7 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
 from flashwatt.plot_axes import plain_log_x  # noqa: E402
-from flashwatt.plots import TableFigure, nothing_to_draw, ok_rows_or_why  # noqa: E402
+from flashwatt.attention.figures import TableFigure, nothing_to_draw, ok_rows_or_why  # noqa: E402
 
 
 def _label(data: pd.DataFrame) -> pd.Series:

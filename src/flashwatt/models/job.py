@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from flashwatt.models.cell import ModelCell
 from flashwatt.provenance import utc_now
-from flashwatt.runner import CellOutcome
+from flashwatt.attention.job import CellOutcome
 
 SCHEMA_VERSION = 1
 DEFAULT_STEPS = {"warmup_steps": 3, "timed_steps": 10, "attention_steps": 3}
@@ -35,7 +35,7 @@ def base_record(cell: ModelCell, spec: dict) -> dict:
 
 def why_not(cell: ModelCell, shape, device, telemetry=None) -> str | None:
     """Why the cell cannot run here (before the model is built), or None."""
-    from flashwatt.cell import Cell
+    from flashwatt.attention.cell import Cell
     from flashwatt.kernels import get_kernel
     from flashwatt.models.attention import REGISTRY
 

@@ -28,7 +28,7 @@ import traceback
 from flashwatt.models.cell import ModelCell
 from flashwatt.models.job import DEFAULT_STEPS, attention_share, base_record, why_not
 from flashwatt.provenance import provenance, utc_now
-from flashwatt.runner import CellOutcome
+from flashwatt.attention.job import CellOutcome
 
 PARALLEL_STEPS = {"comm_steps": 2}
 
@@ -149,7 +149,7 @@ def _measure(cell: ModelCell, spec: dict, settings, device, record: dict, stage:
     from flashwatt.models.parallel_step import ParallelStep
     from flashwatt.models.step import build_model, model_record, random_tokens, reference_factory, time_steps, \
         warm_up
-    from flashwatt.runner import device_identity
+    from flashwatt.attention.job import device_identity
     from flashwatt.telemetry import NullTelemetry, open_telemetry
 
     steps = {**DEFAULT_STEPS, **PARALLEL_STEPS, **spec.get("steps", {})}

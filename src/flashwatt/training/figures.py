@@ -19,7 +19,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
-from flashwatt.plots import TableFigure, nothing_to_draw, ok_rows_or_why  # noqa: E402
+from flashwatt.attention.figures import TableFigure, nothing_to_draw, ok_rows_or_why  # noqa: E402
 
 # The fields a setting label is made of, when they vary in the suite (the seed never: the
 # runs of one setting share a colour).

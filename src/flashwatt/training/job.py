@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 
 from flashwatt.provenance import utc_now
-from flashwatt.runner import CellOutcome
+from flashwatt.attention.job import CellOutcome
 from flashwatt.training.cell import TrainCell
 
 SCHEMA_VERSION = 1
@@ -51,7 +51,7 @@ def why_not(cell: TrainCell, spec: dict, shape, family: str, device) -> str | No
         return (f"dropout {cell.dropout:g}: a {family} model has no residual dropout (its only dropout is on "
                 f"attention probabilities, which the kernels do not take)")
     if cell.backend != "eager" and cell.backend != "sdpa_default":
-        from flashwatt.cell import Cell
+        from flashwatt.attention.cell import Cell
         from flashwatt.kernels import get_kernel
 
         attention = Cell("model", cell.backend, cell.precision, cell.context, cell.batch, shape.heads,

@@ -11,7 +11,7 @@ import time
 import traceback
 from dataclasses import dataclass, field
 
-from flashwatt.cell import Cell
+from flashwatt.attention.cell import Cell
 from flashwatt.provenance import provenance, utc_now
 from flashwatt.settings import MeasureSettings
 

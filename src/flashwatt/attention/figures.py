@@ -21,8 +21,8 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
-from flashwatt.aggregate import device_labels  # noqa: E402
-from flashwatt.cell import Cell  # noqa: E402
+from flashwatt.attention.summary import device_labels  # noqa: E402
+from flashwatt.attention.cell import Cell  # noqa: E402
 from flashwatt.placeholder import no_baseline, no_cells_ok, no_values  # noqa: E402
 from flashwatt.plot_axes import plain_log_y, sequence_length_label, sequence_length_x  # noqa: E402
 
@@ -427,7 +427,7 @@ FIGURES = {f.name: f for f in (
 
 
 def draw(name: str, summary: str | Path, out: str | Path, options: dict | None = None) -> None:
-    from flashwatt.aggregate import read_summary
+    from flashwatt.attention.summary import read_summary
     from flashwatt.records import atomic_write
 
     figure = FIGURES[name]
