@@ -21,7 +21,7 @@ from flashwatt.models import cell as model_cell
 from flashwatt.models.cell import ModelCell
 from flashwatt.models.comm_timeline import kind_of, merge, overlap
 from flashwatt.models.job import run_model_cell
-from flashwatt.models.parallel import STRATEGIES
+from flashwatt.models.parallel_layout import STRATEGIES
 from flashwatt.models.parallel_job import why_not_parallel
 from flashwatt.models.presets import build_config, model_spec, shape_of
 from flashwatt.models.suite import model_runs

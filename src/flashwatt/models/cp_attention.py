@@ -79,7 +79,7 @@ def use_context_parallel(model, strategy: str, group, block: str) -> ContextPara
     import torch.distributed as dist
 
     from flashwatt.models.attention import register, unpadded_mask
-    from flashwatt.models.parallel import ulysses_size
+    from flashwatt.models.parallel_layout import ulysses_size
 
     function = ContextParallelAttention(strategy, group, block, ulysses_size(strategy, dist.get_world_size()))
     model.set_attn_implementation(register(registered_name(strategy), function, unpadded_mask()))

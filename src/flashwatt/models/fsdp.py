@@ -9,7 +9,17 @@ precision). Each block's parameters are gathered before its forward and freed af
 """
 from __future__ import annotations
 
+import torch
 import torch.distributed as dist
+
+
+def decoder_blocks(model) -> torch.nn.ModuleList:
+    """The model's list of decoder blocks (model.layers of a Llama, transformer.h of a GPT-2)."""
+    count = model.config.num_hidden_layers
+    for module in model.modules():
+        if isinstance(module, torch.nn.ModuleList) and len(module) == count:
+            return module
+    raise ValueError(f"no list of {count} decoder blocks in {type(model).__name__}")
 
 
 def shard_model(model, mesh=None) -> dict:
@@ -17,8 +27,6 @@ def shard_model(model, mesh=None) -> dict:
     what was done, for the record."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-    from flashwatt.models.parallel import decoder_blocks
 
     dtype = next(model.parameters()).dtype
     if mesh is None:

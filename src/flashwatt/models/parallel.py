@@ -37,8 +37,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-STRATEGIES = ("fsdp", "ring", "zigzag", "ulysses", "hybrid")
-CONTEXT_PARALLEL = ("ring", "zigzag", "ulysses", "hybrid")
+from flashwatt.models.parallel_layout import CONTEXT_PARALLEL, STRATEGIES, ulysses_size
+
 IGNORE = -100  # a label no token has: the last position of a sequence predicts nothing
 BUCKET_BYTES = 64 << 20
 
@@ -57,20 +57,6 @@ def token_loss(logits: torch.Tensor, labels: torch.Tensor, normaliser: float) ->
     total = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).to(dtype), labels.reshape(-1),
                                               ignore_index=IGNORE, reduction="sum")
     return total / normaliser
-
-
-def ulysses_size(strategy: str, world: int) -> int:
-    """Ranks of one all-to-all: the world for ulysses, half of it for hybrid (a ring of 2)."""
-    return {"ulysses": world, "hybrid": world // 2}.get(strategy, 1)
-
-
-def decoder_blocks(model) -> torch.nn.ModuleList:
-    """The model's list of decoder blocks (model.layers of a Llama, transformer.h of a GPT-2)."""
-    count = model.config.num_hidden_layers
-    for module in model.modules():
-        if isinstance(module, torch.nn.ModuleList) and len(module) == count:
-            return module
-    raise ValueError(f"no list of {count} decoder blocks in {type(model).__name__}")
 
 
 @dataclass

@@ -44,7 +44,7 @@ def why_not_parallel(cell: ModelCell, shape, device_type: str, gpus_here: int) -
     import torch
 
     from flashwatt.models.cp_attention import block_of
-    from flashwatt.models.parallel import CONTEXT_PARALLEL, ulysses_size
+    from flashwatt.models.parallel_layout import CONTEXT_PARALLEL, ulysses_size
 
     if device_type == "cuda" and gpus_here < cell.gpus:
         return f"cell asks for {cell.gpus} GPUs; this machine has {gpus_here}"
