@@ -15,7 +15,8 @@ from flashwatt.kernels.base import UnsupportedCell
 from flashwatt.models.cell import ModelCell
 from flashwatt.models.check import check_model
 from flashwatt.models.controlled_attention import calls_between, settle, use_controller
-from flashwatt.models.job import DEFAULT_SETTLE_S, run_model_cell
+from flashwatt.models.job import run_model_cell
+from flashwatt.models.step_defaults import DEFAULT_SETTLE_S
 from flashwatt.models.presets import model_spec
 from flashwatt.models.step import build_model, reference_factory
 from flashwatt.models.suite import model_runs

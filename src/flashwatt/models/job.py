@@ -18,51 +18,12 @@ beside the SDPA default in alternating rounds on the same model (flashwatt.model
 """
 from __future__ import annotations
 
+from flashwatt.models.attention_share import attention_share
 from flashwatt.models.cell import ModelCell
-from flashwatt.provenance import utc_now
+from flashwatt.models.preflight import why_not
+from flashwatt.models.record import base_record
+from flashwatt.models.step_defaults import DEFAULT_SETTLE_S, DEFAULT_STEPS
 from flashwatt.attention.job import CellOutcome
-
-SCHEMA_VERSION = 1
-DEFAULT_STEPS = {"warmup_steps": 3, "timed_steps": 10, "attention_steps": 3}
-# A controller cell's longest settling (its candidates tried for every shape the model calls).
-DEFAULT_SETTLE_S = 30.0
-
-
-def base_record(cell: ModelCell, spec: dict) -> dict:
-    return {"schema_version": SCHEMA_VERSION, "kind": "model", "cell": cell.as_row(), "status": None, "reason": None,
-            "spec": dict(spec), "started": utc_now()}
-
-
-def why_not(cell: ModelCell, shape, device, telemetry=None) -> str | None:
-    """Why the cell cannot run here (before the model is built), or None."""
-    from flashwatt.attention.cell import Cell
-    from flashwatt.kernels import get_kernel
-    from flashwatt.models.attention import REGISTRY
-
-    if device.type == "cpu" and cell.precision != "fp32":
-        return f"on CPU the models run fp32 only (cell asks for {cell.precision})"
-    if cell.seq_len > shape.max_positions:
-        return f"context {cell.seq_len} is longer than {cell.model}'s {shape.max_positions} positions"
-    if cell.compiled and device.type != "cuda":
-        return "torch.compile cells run on a GPU only"
-    if cell.phase == "decode" and (cell.backend in REGISTRY or cell.control is not None):
-        return (f"{cell.backend} runs self-attention over a whole context only (a decode step's query reads a KV "
-                "cache); eager and sdpa_default decode")
-    if cell.control is not None:
-        if device.type != "cuda":
-            return f"{cell.backend}: the controller runs on a CUDA device (running on {device.type})"
-        if telemetry is None or not telemetry.available:
-            return (f"{cell.backend}: the controller needs live power readings from NVML "
-                    f"({getattr(telemetry, 'reason', None) or 'no telemetry'})")
-    if cell.backend in REGISTRY:
-        attention = Cell("model", cell.backend, cell.precision, cell.seq_len, cell.batch, shape.heads, shape.head_dim,
-                         True, "fwd_bwd" if cell.phase == "train" else "fwd")
-        kernel = get_kernel(cell.backend)
-        reason = kernel.supports(attention, device)
-        if reason is None and cell.phase == "train" and not kernel.differentiable:
-            reason = f"{cell.backend} has no backward pass"
-        return reason
-    return None  # transformers' own eager and SDPA run anywhere
 
 
 def run_model_cell(cell: ModelCell, spec: dict) -> CellOutcome | None:
@@ -260,39 +221,3 @@ def _time_and_meter(cell: ModelCell, spec: dict, settings, device, telemetry, re
     else:
         record["energy"] = {"reason": telemetry.reason}
     return trace
-
-
-def attention_share(step, model, cell: ModelCell, device, count: int) -> dict:
-    """Attention milliseconds per step (forward, backward) and their share of the step,
-    in steps with markers (flashwatt.models.attention_timer)."""
-    from flashwatt.models.attention_timer import AttentionTimer
-    from flashwatt.models.step import StepClock
-
-    method = "CUDA events around every attention call (hooks), forward and backward, in marked steps"
-    if device.type != "cuda":
-        return {"method": None, "reason": "timed on CUDA devices only"}
-    if cell.compiled:
-        return {"method": None, "reason": "not measured under torch.compile (the markers would break its graph)"}
-    if count <= 0:
-        return {"method": None, "reason": "attention_steps is 0"}
-    timer = AttentionTimer()
-    timer.attach(model)
-    try:
-        step.run()  # warm the marked path
-        timer.take()
-        clock = StepClock(device)
-        shares, forward, backward, totals = [], [], [], []
-        for _ in range(count):
-            spans = step.timed(clock)
-            attn = timer.take()
-            forward.append(attn["forward"])
-            backward.append(attn["backward"])
-            totals.append(spans["step"])
-            shares.append((attn["forward"] + attn["backward"]) / spans["step"])
-    finally:
-        timer.detach(model)
-    import statistics
-
-    return {"method": method, "forward_ms": statistics.median(forward), "backward_ms": statistics.median(backward),
-            "marked_step_ms": statistics.median(totals), "share": statistics.median(shares),
-            "calls_per_step": timer.calls // (count + 1)}

@@ -25,12 +25,13 @@ import statistics
 import time
 import traceback
 
+from flashwatt.models.attention_share import attention_share
 from flashwatt.models.cell import ModelCell
-from flashwatt.models.job import DEFAULT_STEPS, attention_share, base_record, why_not
+from flashwatt.models.preflight import why_not
+from flashwatt.models.record import base_record
+from flashwatt.models.step_defaults import DEFAULT_STEPS, PARALLEL_STEPS
 from flashwatt.provenance import provenance, utc_now
 from flashwatt.attention.job import CellOutcome
-
-PARALLEL_STEPS = {"comm_steps": 2}
 
 
 def available_gpus(nodes: int) -> int:

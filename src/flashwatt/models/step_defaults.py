@@ -1,0 +1,10 @@
+"""How many steps each phase of a model cell's job runs, and how long a controller cell may
+settle, unless the suite's `steps` says otherwise; torch-free, for the suite's planning and
+both jobs (one GPU: flashwatt.models.job; several: flashwatt.models.parallel_job)."""
+from __future__ import annotations
+
+DEFAULT_STEPS = {"warmup_steps": 3, "timed_steps": 10, "attention_steps": 3}
+# Profiled steps of a multi-GPU cell that split out its communication.
+PARALLEL_STEPS = {"comm_steps": 2}
+# A controller cell's longest settling (its candidates tried for every shape the model calls).
+DEFAULT_SETTLE_S = 30.0
