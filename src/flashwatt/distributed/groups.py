@@ -51,6 +51,12 @@ def default_mesh(ulysses_size: int | None = None):
     return _DEFAULT_MESHES[key]
 
 
+def clear_default_meshes() -> None:
+    """Drop the cached hybrid meshes: a job calls it when it destroys its process group, so
+    that the meshes (and the process groups they hold) do not outlive it in the process."""
+    _DEFAULT_MESHES.clear()
+
+
 def resolve(strategy: str, group=None) -> dict:
     check_strategy(strategy)
     if not dist.is_initialized():

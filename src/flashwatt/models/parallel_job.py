@@ -112,9 +112,9 @@ def run_parallel_cell(cell: ModelCell, spec: dict) -> CellOutcome | None:
                           oom_stage=stage["now"])
         finally:
             dist.destroy_process_group()
-            from flashwatt.distributed.groups import _DEFAULT_MESHES
+            from flashwatt.distributed.groups import clear_default_meshes
 
-            _DEFAULT_MESHES.clear()
+            clear_default_meshes()
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     except Exception as err:
