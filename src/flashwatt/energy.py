@@ -456,6 +456,85 @@ def _label_phases(rows: list[dict], idle_span: tuple[float | None, float | None]
             r["phase"] = "after"
 
 
+def _check_window_arguments(min_window_s: float, calls_per_step: int, max_calls: int | None) -> None:
+    if min_window_s <= 0:
+        raise ValueError(f"min_window_s={min_window_s}: must be positive")
+    if calls_per_step < 1:
+        raise ValueError(f"calls_per_step={calls_per_step}: must be at least 1")
+    if max_calls is not None and max_calls < 1:
+        raise ValueError(f"max_calls={max_calls}: must be at least 1")
+
+
+def _per_gpu_windows(rows: list[dict], identity: list[dict], idle: IdlePhase, loop: LoopPhase,
+                     closing: list[EdgeReading], calls_per_step: int, sampler_period_s: float,
+                     violations_before: list[dict], violations_after: list[dict]) -> list[dict]:
+    """Each GPU's window (_summarize_gpu) from its own sampler rows and counter edges."""
+    n_gpus = len(identity)
+    rows_by_gpu: list[list[dict]] = [[] for _ in range(n_gpus)]
+    for row in rows:
+        rows_by_gpu[row["gpu"]].append(row)
+    return [
+        _summarize_gpu(gpu, identity[gpu], rows_by_gpu[gpu], loop.opening[gpu], closing[gpu], loop.t_first_call,
+                       idle.watts[gpu], calls_per_step, sampler_period_s,
+                       _violations(violations_before[gpu], violations_after[gpu]) if gpu < len(violations_before) else {})
+        for gpu in range(n_gpus)
+    ]
+
+
+def _measurement_flags(idle: IdlePhase, sampler_failed: bool, align_edges: bool, aligned: bool) -> list[str]:
+    """Flags of the measurement itself (before those of the window's readings)."""
+    flags: list[str] = ["counter_invalid"] if idle.counter_went_back else []
+    if any(w is None for w in idle.watts):
+        flags.append("idle_unavailable")
+    if sampler_failed:
+        flags.append("sampler_error")
+    if align_edges and not aligned:
+        flags.append("edge_unaligned")
+    return flags
+
+
+def _whole_window(per_gpu: list[dict], rows: list[dict], idle: IdlePhase, loop: LoopPhase, calls_per_step: int,
+                  flags: list[str], reasons_s: dict[str, float], violations: dict[str, float | None],
+                  aligned: bool) -> EnergyWindow:
+    """The window over every GPU: energies and powers summed, times and utilisation averaged,
+    temperatures at their highest."""
+    loop_s = loop.t_sync - loop.t_first_call
+    energy_j = _sum([g["energy_j"] for g in per_gpu])
+    integral_j = _sum([g["integral_j"] for g in per_gpu])
+    loop_calls = loop.steps * calls_per_step
+    return EnergyWindow(
+        available=True,
+        reason=None,
+        n_gpus=len(per_gpu),
+        window_s=_mean([g["window_s"] for g in per_gpu]),
+        calls=_mean([g["calls"] for g in per_gpu]),
+        sync_window_s=loop_s,
+        sync_calls=loop_calls,
+        time_per_call_s=loop_s / loop_calls,
+        calls_per_step=calls_per_step,
+        gpu_util_pct=_mean([g["gpu_util_pct"] for g in per_gpu]),
+        mem_util_pct=_mean([g["mem_util_pct"] for g in per_gpu]),
+        energy_j=energy_j,
+        avg_power_w=_sum([g["avg_power_w"] for g in per_gpu]),
+        peak_power_w=_peak_of_sum(rows, len(per_gpu)),
+        idle_power_w=_sum(idle.watts),
+        energy_per_call_j=_sum([g["energy_per_call_j"] for g in per_gpu]),
+        dynamic_energy_per_call_j=_sum([g["dynamic_energy_per_call_j"] for g in per_gpu]),
+        temp_start_c=_max([g["temp_start_c"] for g in per_gpu]),
+        temp_end_c=_max([g["temp_end_c"] for g in per_gpu]),
+        clock_reasons=tuple(reasons_s),
+        clock_reasons_s=reasons_s,
+        violation_s=violations,
+        integral_j=integral_j,
+        counter_vs_integral_pct=_pct(energy_j, integral_j),
+        flags=tuple(dict.fromkeys(flags)),
+        mig=any(g["mig_enabled"] for g in per_gpu),
+        edges_aligned=aligned,
+        per_gpu=tuple(per_gpu),
+        trace=tuple(rows),
+    )
+
+
 # ---- the measurement ----------------------------------------------------------------
 def measure_energy(
     call: Callable[[], None],
@@ -486,12 +565,7 @@ def measure_energy(
     """
     if not telemetry.available:
         return EnergyWindow(available=False, reason=telemetry.reason or "telemetry not available")
-    if min_window_s <= 0:
-        raise ValueError(f"min_window_s={min_window_s}: must be positive")
-    if calls_per_step < 1:
-        raise ValueError(f"calls_per_step={calls_per_step}: must be at least 1")
-    if max_calls is not None and max_calls < 1:
-        raise ValueError(f"max_calls={max_calls}: must be at least 1")
+    _check_window_arguments(min_window_s, calls_per_step, max_calls)
 
     identity = telemetry.identity()
     n_gpus = len(identity)
@@ -512,65 +586,17 @@ def measure_energy(
     finally:
         rows = sampler.stop()
 
-    rows_by_gpu: list[list[dict]] = [[] for _ in range(n_gpus)]
-    for row in rows:
-        rows_by_gpu[row["gpu"]].append(row)
-    per_gpu = [
-        _summarize_gpu(gpu, identity[gpu], rows_by_gpu[gpu], loop.opening[gpu], closing[gpu], loop.t_first_call,
-                       idle.watts[gpu], calls_per_step, sampler_period_s,
-                       _violations(violations_before[gpu], violations_after[gpu]) if gpu < len(violations_before) else {})
-        for gpu in range(n_gpus)
-    ]
-    loop_s = loop.t_sync - loop.t_first_call
-    flags: list[str] = ["counter_invalid"] if idle.counter_went_back else []
-    if any(w is None for w in idle.watts):
-        flags.append("idle_unavailable")
-    if sampler.error is not None:
-        flags.append("sampler_error")
+    per_gpu = _per_gpu_windows(rows, identity, idle, loop, closing, calls_per_step, sampler_period_s,
+                               violations_before, violations_after)
     aligned = (align_edges and idle.aligned and all(r.ticked for r in loop.opening)
                and all(r.ticked for r in closing))
-    if align_edges and not aligned:
-        flags.append("edge_unaligned")
-    window_flags, reasons_s, violations = _window_flags(per_gpu, loop_s)
+    flags = _measurement_flags(idle, sampler.error is not None, align_edges, aligned)
+    window_flags, reasons_s, violations = _window_flags(per_gpu, loop.t_sync - loop.t_first_call)
     flags += window_flags
     _label_phases(rows, idle.span, loop.t_first_call)
     for g in per_gpu:
         del g["instant_power_fallback"]  # reported as a window flag
-
-    energy_j = _sum([g["energy_j"] for g in per_gpu])
-    integral_j = _sum([g["integral_j"] for g in per_gpu])
-    loop_calls = loop.steps * calls_per_step
-    return EnergyWindow(
-        available=True,
-        reason=None,
-        n_gpus=n_gpus,
-        window_s=_mean([g["window_s"] for g in per_gpu]),
-        calls=_mean([g["calls"] for g in per_gpu]),
-        sync_window_s=loop_s,
-        sync_calls=loop_calls,
-        time_per_call_s=loop_s / loop_calls,
-        calls_per_step=calls_per_step,
-        gpu_util_pct=_mean([g["gpu_util_pct"] for g in per_gpu]),
-        mem_util_pct=_mean([g["mem_util_pct"] for g in per_gpu]),
-        energy_j=energy_j,
-        avg_power_w=_sum([g["avg_power_w"] for g in per_gpu]),
-        peak_power_w=_peak_of_sum(rows, n_gpus),
-        idle_power_w=_sum(idle.watts),
-        energy_per_call_j=_sum([g["energy_per_call_j"] for g in per_gpu]),
-        dynamic_energy_per_call_j=_sum([g["dynamic_energy_per_call_j"] for g in per_gpu]),
-        temp_start_c=_max([g["temp_start_c"] for g in per_gpu]),
-        temp_end_c=_max([g["temp_end_c"] for g in per_gpu]),
-        clock_reasons=tuple(reasons_s),
-        clock_reasons_s=reasons_s,
-        violation_s=violations,
-        integral_j=integral_j,
-        counter_vs_integral_pct=_pct(energy_j, integral_j),
-        flags=tuple(dict.fromkeys(flags)),
-        mig=any(g["mig_enabled"] for g in per_gpu),
-        edges_aligned=aligned,
-        per_gpu=tuple(per_gpu),
-        trace=tuple(rows),
-    )
+    return _whole_window(per_gpu, rows, idle, loop, calls_per_step, flags, reasons_s, violations, aligned)
 
 
 def cooldown(
