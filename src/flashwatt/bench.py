@@ -171,7 +171,9 @@ def _outputs(kernel, cell, device, kv_heads: int | None = None) -> list:
     return [t.detach().double() for t in (out, *grads)]
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parse_arguments(argv: list[str] | None) -> tuple[argparse.Namespace, list, list[str], list[str]]:
+    """The command line, checked: (arguments, shapes, masks, backward tiles). A bad value
+    exits with the option and what it allows."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", help="CSV path for the measurements")
     ap.add_argument("--dtypes", default="bf16,fp16")
@@ -214,16 +216,193 @@ def main(argv: list[str] | None = None) -> int:
         unknown = [t for t in bwd_tiles if t not in BWD_TILES]
         if unknown:
             ap.error(f"unknown backward tile(s) {', '.join(unknown)}; allowed: {', '.join(BWD_TILES)}")
+    return args, shapes, masks, bwd_tiles
+
+
+def _header(args: argparse.Namespace, bwd_tiles: list[str], hopper: bool) -> str:
+    """The printed table's column names: one column pair per extra custom launch asked for."""
+    return (f"{'dtype':5} {'B':>3} {'H':>5} {'L':>6} {'D':>4} {'mask':6} {'custom':>8} {'flash':>8} {'cudnn':>8} "
+            f"{'cust/fl':>8} {'cust/cu':>8}" + (f" {'wgmma':>8} {'wg/fl':>6}" if hopper else "")
+            + "".join(f" {'bwd=' + t:>16} {'/fl':>6}" for t in bwd_tiles)
+            + (f" {'l2=0':>8} {'cust/l2=0':>7}" if args.one_l2_section else "")
+            + (f" {'det':>8} {'det/cust':>8}" if args.deterministic else ""))
+
+
+def _heads(H: int, Hkv: int) -> str:
+    return f"{H}/{Hkv}" if Hkv != H else f"{H}"
+
+
+def _runs(args: argparse.Namespace, bwd_tiles: list[str], hopper: bool, precision: str,
+          head_dim: int) -> list[tuple[str, str, str]]:
+    """(kernel, tile variant, launch) of every run of one shape, the reference first (the
+    custom runs are checked against its output)."""
+    from flashwatt.kernels.custom import TILES, WGMMA
+
+    runs = [(REFERENCE, "", ""), ("custom", "", ""), ("sdpa_cudnn", "", "")]
+    runs += [("custom", t, "") for t, tile in TILES.items()
+             if head_dim in tile.head_dims and precision in tile.precisions
+             and (args.variants or (hopper and tile.mma == WGMMA and args.pass_ == "fwd"))]
+    runs += [("custom", "", t) for t in bwd_tiles]
+    if args.one_l2_section:
+        runs.append(("custom", "", ONE_SECTION))
+    if args.deterministic:
+        runs.append(("custom", "", DETERMINISTIC))
+    return runs
+
+
+def _entry(kname: str, variant: str, launch: str, cell) -> dict:
+    """One run of a shape: its label and kernel, and the slots its check and its rounds fill."""
+    from flashwatt.kernels import get_kernel
+
+    bwd_tile = launch if launch not in (ONE_SECTION, DETERMINISTIC) else ""
+    label = f"{kname}:{variant}" if variant else kname
+    label = f"{label}:bwd={bwd_tile}" if bwd_tile else label
+    label = f"{label}:l2=0" if launch == ONE_SECTION else label
+    label = f"{label}:det" if launch == DETERMINISTIC else label
+    kernel = (CustomLaunch(bwd_tile or None, 0 if launch == ONE_SECTION else None,
+                           True if launch == DETERMINISTIC else None) if launch
+              else get_kernel(kname))
+    return dict(kname=kname, variant=variant, launch=launch, bwd_tile=bwd_tile, cell=cell,
+                label=label, kernel=kernel, err=math.nan, ms=[], timing={}, failed=None)
+
+
+def _check_against_reference(entry: dict, outs: list, reference: list | None, precision: str) -> None:
+    """Set the entry's largest error against the reference's outputs (output, dQ, dK, dV);
+    raise when there is no reference or an error is past the precision's tolerance."""
+    from flashwatt.measure import relative_error
+    from flashwatt.vocabulary import TOLERANCE
+
+    if reference is None:
+        raise RuntimeError(f"no {REFERENCE} output to check it against: not timed")
+    names = ["output", "dQ", "dK", "dV"]
+    errors = [relative_error(a, b) for a, b in zip(outs, reference)]
+    entry["err"] = max(errors)
+    for what, err in zip(names, errors):
+        tol = TOLERANCE[precision]["fwd" if what == "output" else "grad"]
+        if not err <= tol:
+            raise RuntimeError(f"{what} differs from {REFERENCE}'s by {err:.2e} (> {tol:.0e})")
+
+
+def _checked_entries(runs: list[tuple[str, str, str]], precision: str, shape: tuple, causal: bool, cell_pass: str,
+                     device) -> list[dict]:
+    """One entry per run, each run once before anything is timed and every custom output
+    checked against the reference's; a refused shape or a failed check is kept in the
+    entry's `failed`. The reference's outputs are dropped on return: their memory is not
+    held through the timing."""
+    import torch
+
+    from flashwatt.attention.cell import Cell
+
+    B, H, L, D, Hkv = shape
+    reference = None
+    entries: list[dict] = []
+    for kname, variant, launch in runs:
+        entry = _entry(kname, variant, launch, Cell("bench", kname, precision, L, B, H, D, causal, cell_pass, variant))
+        entries.append(entry)
+        try:
+            reason = entry["kernel"].supports(entry["cell"], device)
+            if reason:
+                raise RuntimeError(reason)
+            outs = _outputs(entry["kernel"], entry["cell"], device, Hkv)
+            if kname == REFERENCE:
+                reference = outs
+            elif kname == "custom":
+                _check_against_reference(entry, outs, reference, precision)
+            del outs
+        except Exception as err:  # a refused shape or a failed check is a result, not a crash
+            entry["failed"] = err
+        torch.cuda.empty_cache()
+    return entries
+
+
+def _time_in_rounds(entries: list[dict], rounds: int, backward_only: bool, device, settings, kv_heads: int) -> None:
+    """Time every entry that passed its check once per round, the order rotated each round
+    (round_order); each round's median is appended to the entry's `ms`."""
+    import torch
+
+    for r in range(rounds):
+        for entry in round_order([e for e in entries if e["failed"] is None], r, rounds):
+            try:
+                timing = time_cell(entry["cell"], entry["kernel"], device, settings,
+                                   backward_only=backward_only, kv_heads=kv_heads)
+                entry["ms"].append(timing["median_ms"])
+                entry["timing"] = timing
+            except Exception as err:
+                entry["failed"] = err
+            torch.cuda.empty_cache()
+
+
+def _results(entries: list[dict], pass_: str, device_name: str, precision: str, shape: tuple,
+             causal: bool) -> tuple[dict[str, float], list[dict], int]:
+    """TFLOP/s by label, the CSV rows and the number of failed custom runs of one shape;
+    each failure is printed."""
+    B, H, L, D, Hkv = shape
+    result: dict[str, float] = {}
+    rows: list[dict] = []
+    failed_checks = 0
+    for entry in entries:
+        cell, label, err = entry["cell"], entry["label"], entry["failed"]
+        if err is not None:
+            failed_checks += entry["kname"] == "custom"
+            print(f"  {label} failed on {precision} {B}x{_heads(H, Hkv)}x{L}x{D} causal={causal}: "
+                  f"{str(err).splitlines()[0][:160]}", file=sys.stderr)
+        rounds_ms = entry["ms"] if err is None else []  # one median per round
+        ms = statistics.median(rounds_ms) if rounds_ms else math.nan
+        spread = max(rounds_ms) / min(rounds_ms) - 1 if rounds_ms else math.nan
+        flops = cell.flops - cell.fwd_flops if pass_ == "bwd" else cell.flops
+        tflops = flops / (ms * 1e-3) / 1e12
+        result[label] = tflops
+        timing = entry["timing"] if err is None else {}
+        rows.append(dict(device=device_name, dtype=precision, batch=B, heads=H, kv_heads=Hkv, seq_len=L, head_dim=D,
+                         causal=causal, kernel=entry["kname"], variant=entry["variant"],
+                         backward_tile=entry["bwd_tile"],
+                         l2_section="one" if entry["launch"] == ONE_SECTION else "auto",
+                         deterministic=entry["launch"] == DETERMINISTIC, pass_=pass_,
+                         method=timing.get("method"), why_not_graph=timing.get("fallback_reason", ""),
+                         ms=ms, rounds=len(rounds_ms), round_spread=round(spread, 4),
+                         eager_ms=timing.get("eager_ms", math.nan),
+                         tflops=round(tflops, 2), rel_err_vs_flash=entry["err"]))
+    return result, rows, failed_checks
+
+
+def _summary_line(result: dict[str, float], args: argparse.Namespace, bwd_tiles: list[str], hopper: bool,
+                  precision: str, shape: tuple, causal: bool) -> str:
+    """One shape's row of the printed table (the columns of `_header`)."""
+    B, H, L, D, Hkv = shape
+    fl, cu, cust = result[REFERENCE], result["sdpa_cudnn"], result["custom"]
+    line = (f"{precision:5} {B:>3} {_heads(H, Hkv):>5} {L:>6} {D:>4} {'causal' if causal else 'full':6} "
+            f"{cust:8.1f} {fl:8.1f} {cu:8.1f} {cust / fl:8.3f} {cust / cu:8.3f}")
+    if hopper:
+        wg = max((t for n, t in result.items() if n.startswith("custom:wgmma") and t == t), default=math.nan)
+        line += f" {wg:8.1f} {wg / fl:6.3f}"
+    for t in bwd_tiles:
+        bt = result[f"custom:bwd={t}"]
+        line += f" {bt:16.1f} {bt / fl:6.3f}"
+    if args.one_l2_section:
+        one = result["custom:l2=0"]
+        line += f" {one:8.1f} {cust / one:7.3f}"
+    if args.deterministic:
+        det = result["custom:det"]
+        line += f" {det:8.1f} {det / cust:8.3f}"
+    return line
+
+
+def _write_csv(path: str, rows: list[dict]) -> None:
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    print(f"wrote {len(rows)} rows to {path}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, shapes, masks, bwd_tiles = _parse_arguments(argv)
 
     import torch
 
     from flashwatt.build import build_info, load_extension
-    from flashwatt.attention.cell import Cell
-    from flashwatt.kernels import get_kernel
-    from flashwatt.kernels.custom import TILES, WGMMA, WGMMA_CAPABILITY
-    from flashwatt.measure import relative_error
+    from flashwatt.kernels.custom import WGMMA_CAPABILITY
     from flashwatt.settings import MeasureSettings
-    from flashwatt.vocabulary import TOLERANCE
 
     device = torch.device("cuda")
     name = torch.cuda.get_device_name(device)
@@ -235,117 +414,20 @@ def main(argv: list[str] | None = None) -> int:
     cell_pass = "fwd" if args.pass_ == "fwd" else "fwd_bwd"  # bwd: a fwd_bwd cell, its backward timed
     rows: list[dict] = []
     failed_checks = 0
-    header = (f"{'dtype':5} {'B':>3} {'H':>5} {'L':>6} {'D':>4} {'mask':6} {'custom':>8} {'flash':>8} {'cudnn':>8} "
-              f"{'cust/fl':>8} {'cust/cu':>8}" + (f" {'wgmma':>8} {'wg/fl':>6}" if hopper else "")
-              + "".join(f" {'bwd=' + t:>16} {'/fl':>6}" for t in bwd_tiles)
-              + (f" {'l2=0':>8} {'cust/l2=0':>7}" if args.one_l2_section else "")
-              + (f" {'det':>8} {'det/cust':>8}" if args.deterministic else ""))
+    header = _header(args, bwd_tiles, hopper)
     print(header + "\n" + "-" * len(header), flush=True)
     for precision in args.dtypes.split(","):
-        for B, H, L, D, Hkv in shapes or cases([int(x) for x in args.head_dims.split(",")], args.max_seq_len):
-            heads = f"{H}/{Hkv}" if Hkv != H else f"{H}"
+        for shape in shapes or cases([int(x) for x in args.head_dims.split(",")], args.max_seq_len):
             for causal in [m == "causal" for m in masks]:
-                runs = [(REFERENCE, "", ""), ("custom", "", ""), ("sdpa_cudnn", "", "")]
-                runs += [("custom", t, "") for t, tile in TILES.items()
-                         if D in tile.head_dims and precision in tile.precisions
-                         and (args.variants or (hopper and tile.mma == WGMMA and args.pass_ == "fwd"))]
-                runs += [("custom", "", t) for t in bwd_tiles]
-                if args.one_l2_section:
-                    runs.append(("custom", "", ONE_SECTION))
-                if args.deterministic:
-                    runs.append(("custom", "", DETERMINISTIC))
-                reference = None
-                entries: list[dict] = []  # one per run: checked first, then timed in rounds
-                for kname, variant, launch in runs:
-                    bwd_tile = launch if launch not in (ONE_SECTION, DETERMINISTIC) else ""
-                    cell = Cell("bench", kname, precision, L, B, H, D, causal, cell_pass, variant)
-                    label = f"{kname}:{variant}" if variant else kname
-                    label = f"{label}:bwd={bwd_tile}" if bwd_tile else label
-                    label = f"{label}:l2=0" if launch == ONE_SECTION else label
-                    label = f"{label}:det" if launch == DETERMINISTIC else label
-                    kernel = (CustomLaunch(bwd_tile or None, 0 if launch == ONE_SECTION else None,
-                                           True if launch == DETERMINISTIC else None) if launch
-                              else get_kernel(kname))
-                    entry = dict(kname=kname, variant=variant, launch=launch, bwd_tile=bwd_tile, cell=cell,
-                                 label=label, kernel=kernel, err=math.nan, ms=[], timing={}, failed=None)
-                    entries.append(entry)
-                    try:
-                        reason = kernel.supports(cell, device)
-                        if reason:
-                            raise RuntimeError(reason)
-                        outs = _outputs(kernel, cell, device, Hkv)
-                        if kname == REFERENCE:
-                            reference = outs
-                        elif kname == "custom":
-                            if reference is None:
-                                raise RuntimeError(f"no {REFERENCE} output to check it against: not timed")
-                            names = ["output", "dQ", "dK", "dV"]
-                            errors = [relative_error(a, b) for a, b in zip(outs, reference)]
-                            entry["err"] = max(errors)
-                            for what, err in zip(names, errors):
-                                tol = TOLERANCE[precision]["fwd" if what == "output" else "grad"]
-                                if not err <= tol:
-                                    raise RuntimeError(f"{what} differs from {REFERENCE}'s by {err:.2e} (> {tol:.0e})")
-                        del outs
-                    except Exception as err:  # a refused shape or a failed check is a result, not a crash
-                        entry["failed"] = err
-                    torch.cuda.empty_cache()
-                reference = None  # checked: its memory is not held through the timing
-                for r in range(args.rounds):
-                    for entry in round_order([e for e in entries if e["failed"] is None], r, args.rounds):
-                        try:
-                            timing = time_cell(entry["cell"], entry["kernel"], device, settings,
-                                               backward_only=args.pass_ == "bwd", kv_heads=Hkv)
-                            entry["ms"].append(timing["median_ms"])
-                            entry["timing"] = timing
-                        except Exception as err:
-                            entry["failed"] = err
-                        torch.cuda.empty_cache()
-                result: dict[str, float] = {}
-                for entry in entries:
-                    cell, label, err = entry["cell"], entry["label"], entry["failed"]
-                    if err is not None:
-                        failed_checks += entry["kname"] == "custom"
-                        print(f"  {label} failed on {precision} {B}x{heads}x{L}x{D} causal={causal}: "
-                              f"{str(err).splitlines()[0][:160]}", file=sys.stderr)
-                    rounds_ms = entry["ms"] if err is None else []  # one median per round
-                    ms = statistics.median(rounds_ms) if rounds_ms else math.nan
-                    spread = max(rounds_ms) / min(rounds_ms) - 1 if rounds_ms else math.nan
-                    flops = cell.flops - cell.fwd_flops if args.pass_ == "bwd" else cell.flops
-                    tflops = flops / (ms * 1e-3) / 1e12
-                    result[label] = tflops
-                    timing = entry["timing"] if err is None else {}
-                    rows.append(dict(device=name, dtype=precision, batch=B, heads=H, kv_heads=Hkv, seq_len=L, head_dim=D,
-                                     causal=causal, kernel=entry["kname"], variant=entry["variant"],
-                                     backward_tile=entry["bwd_tile"],
-                                     l2_section="one" if entry["launch"] == ONE_SECTION else "auto",
-                                     deterministic=entry["launch"] == DETERMINISTIC, pass_=args.pass_,
-                                     method=timing.get("method"), why_not_graph=timing.get("fallback_reason", ""),
-                                     ms=ms, rounds=len(rounds_ms), round_spread=round(spread, 4),
-                                     eager_ms=timing.get("eager_ms", math.nan),
-                                     tflops=round(tflops, 2), rel_err_vs_flash=entry["err"]))
-                fl, cu, cust = result[REFERENCE], result["sdpa_cudnn"], result["custom"]
-                line = (f"{precision:5} {B:>3} {heads:>5} {L:>6} {D:>4} {'causal' if causal else 'full':6} "
-                        f"{cust:8.1f} {fl:8.1f} {cu:8.1f} {cust / fl:8.3f} {cust / cu:8.3f}")
-                if hopper:
-                    wg = max((t for n, t in result.items() if n.startswith("custom:wgmma") and t == t), default=math.nan)
-                    line += f" {wg:8.1f} {wg / fl:6.3f}"
-                for t in bwd_tiles:
-                    bt = result[f"custom:bwd={t}"]
-                    line += f" {bt:16.1f} {bt / fl:6.3f}"
-                if args.one_l2_section:
-                    one = result["custom:l2=0"]
-                    line += f" {one:8.1f} {cust / one:7.3f}"
-                if args.deterministic:
-                    det = result["custom:det"]
-                    line += f" {det:8.1f} {det / cust:8.3f}"
-                print(line, flush=True)
+                runs = _runs(args, bwd_tiles, hopper, precision, shape[3])
+                entries = _checked_entries(runs, precision, shape, causal, cell_pass, device)
+                _time_in_rounds(entries, args.rounds, args.pass_ == "bwd", device, settings, kv_heads=shape[4])
+                result, shape_rows, failed = _results(entries, args.pass_, name, precision, shape, causal)
+                rows += shape_rows
+                failed_checks += failed
+                print(_summary_line(result, args, bwd_tiles, hopper, precision, shape, causal), flush=True)
     if args.out and rows:
-        with open(args.out, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows(rows)
-        print(f"wrote {len(rows)} rows to {args.out}")
+        _write_csv(args.out, rows)
     if failed_checks:
         print(f"{failed_checks} custom runs failed (above): their times are not reported", file=sys.stderr)
     return 1 if failed_checks else 0
