@@ -78,30 +78,71 @@ def run_train_cell(cell: TrainCell, spec: dict) -> CellOutcome:
 
 
 def _train(cell: TrainCell, spec: dict, device, telemetry, record: dict, stage, steps: list[dict]) -> None:
+    """The run, stage by stage: data, model, step-0 check, setup (or resume), training with
+    evaluations, summary. `steps` receives the per-step trace however the run ends."""
     import torch
 
-    from flashwatt.models.attention import use_backend
-    from flashwatt.models.check import check_model
     from flashwatt.models.presets import build_config, shape_of
-    from flashwatt.models.step import build_model, reference_factory
-    from flashwatt.training.checkpoint import Checkpoints, run_fingerprint
-    from flashwatt.training.loop import Batches, Trainer, autocast_of, eval_points
+    from flashwatt.training.loop import eval_points
     from flashwatt.training.meter import RunMeter
-    from flashwatt.training.optimizers import make_optimizer
-    from flashwatt.training.schedules import make_schedule, warmup_steps
-    from flashwatt.training.shards import BatchSampler, open_shards, validation_windows
 
-    manifest = read_manifest(spec["data"])
-    shards = open_shards(manifest["shards"])
-    vocab = int(shards.meta["tokenizer"]["vocab_size"])
-    record["data"] = {"manifest": spec["data"], "shards": manifest["shards"], "corpus": shards.meta["corpus"],
-                      "tokenizer": shards.meta["tokenizer"], "tokens": shards.meta["tokens"]}
+    shards, vocab = _open_shards(spec, record)
     config = build_config(spec["model"], cell.dropout, vocab_size=vocab)
     shape = shape_of(config)
     reason = why_not(cell, spec, shape, config.model_type, device)
     if reason is not None:
         record.update(status="skipped", reason=reason)
         return
+
+    data = _batches(cell, spec, shards, device)
+    model, adapter = _build_model(cell, spec, config, shape, vocab, device, record)
+
+    stage.enter("check")
+    if not _passes_step_zero_check(cell, model, adapter, vocab, device, record):
+        return
+
+    stage.enter("setup")
+    trainer, optimizer, warmup = _make_trainer(cell, spec, model, data, device)
+    checkpoints, resumes, carried = _resume(cell, spec, shards, trainer, device, record)
+    record.update(resumes=resumes, run={"total_steps": cell.steps, "warmup_steps": warmup,
+                                        "tokens_per_step": cell.tokens_per_step,
+                                        "tokens_trained": cell.steps * cell.tokens_per_step,
+                                        "eval_steps": eval_points(cell.steps, int(spec["evaluation"]["evals"])),
+                                        "grad_clip": trainer.grad_clip, "betas": list(optimizer.defaults["betas"])})
+
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    meter = RunMeter(telemetry, sync, carried)
+    try:
+        _train_and_evaluate(cell, spec, trainer, optimizer, checkpoints, meter, resumes, record["run"]["eval_steps"],
+                            stage)
+    finally:
+        totals = meter.close()
+        # Kept whatever ends the run: an out-of-memory or a crash keeps the evaluations and steps done.
+        record["curve"] = trainer.curve
+        steps[:] = trainer.steps
+    stage.enter("summary")
+    _summarise(cell, spec, record, trainer, totals, device, telemetry)
+    checkpoints.clear()
+
+
+def _open_shards(spec: dict, record: dict):
+    """The suite's token shards and their vocabulary size; where they came from goes into the record."""
+    from flashwatt.training.shards import open_shards
+
+    manifest = read_manifest(spec["data"])
+    shards = open_shards(manifest["shards"])
+    vocab = int(shards.meta["tokenizer"]["vocab_size"])
+    record["data"] = {"manifest": spec["data"], "shards": manifest["shards"], "corpus": shards.meta["corpus"],
+                      "tokenizer": shards.meta["tokenizer"], "tokens": shards.meta["tokens"]}
+    return shards, vocab
+
+
+def _batches(cell: TrainCell, spec: dict, shards, device):
+    """The cell's training batches (seeded) and its validation windows, on the device."""
+    from flashwatt.training.loop import Batches
+    from flashwatt.training.shards import BatchSampler, validation_windows
 
     where = f"suites.{cell.suite}.training"
     evaluation = spec["evaluation"]
@@ -110,7 +151,14 @@ def _train(cell: TrainCell, spec: dict, device, telemetry, record: dict, stage, 
     val_inputs, val_targets = validation_windows(shards.tokens("validation"), context=cell.context,
                                                  count=int(evaluation["validation_windows"]),
                                                  key=f"{where}.evaluation.validation_windows")
-    data = Batches(sampler, val_inputs.to(device), val_targets.to(device), int(evaluation.get("batch") or cell.batch))
+    return Batches(sampler, val_inputs.to(device), val_targets.to(device), int(evaluation.get("batch") or cell.batch))
+
+
+def _build_model(cell: TrainCell, spec: dict, config, shape, vocab: int, device, record: dict):
+    """The model in float32 with random seeded weights, switched to the cell's attention
+    backend: (model, the backend's adapter or None). What was built goes into the record."""
+    from flashwatt.models.attention import use_backend
+    from flashwatt.models.step import build_model
 
     model = build_model(spec["model"], "fp32", device, cell.seed, cell.dropout, vocab_size=vocab)
     record["model"] = {"parameters": sum(p.numel() for p in model.parameters()), "family": config.model_type,
@@ -118,9 +166,16 @@ def _train(cell: TrainCell, spec: dict, device, telemetry, record: dict, stage, 
                        "dropout": {"residual_and_embedding": cell.dropout, "attention": 0.0},
                        "arithmetic": f"autocast to {cell.precision}" if cell.precision in ("bf16", "fp16")
                        else cell.precision}
-    adapter = use_backend(model, cell.backend, cell.precision, train=True)
+    return model, use_backend(model, cell.backend, cell.precision, train=True)
 
-    stage.enter("check")
+
+def _passes_step_zero_check(cell: TrainCell, model, adapter, vocab: int, device, record: dict) -> bool:
+    """The step-0 check of the model on its backend against the float32 math model, without
+    dropout; a failed check makes the record `incorrect` (nothing is trained then)."""
+    from flashwatt.models.check import check_model
+    from flashwatt.models.step import reference_factory
+    from flashwatt.training.loop import autocast_of
+
     autocast = autocast_of(cell.precision, device)
     with _dropout_off(model):
         record["check"] = check_model(model, reference_factory(model, device), cell.precision, vocab, True,
@@ -130,9 +185,16 @@ def _train(cell: TrainCell, spec: dict, device, telemetry, record: dict, stage, 
     if not record["check"]["passed"]:
         failed = [k for k in ("logits", "causal", "grad") if not record["check"][k]["passed"]]
         record.update(status="incorrect", reason="step-0 check failed (" + ", ".join(failed) + "): not trained")
-        return
+        return False
+    return True
 
-    stage.enter("setup")
+
+def _make_trainer(cell: TrainCell, spec: dict, model, data, device):
+    """(trainer, optimizer, warm-up steps): the cell's optimizer and schedule over its steps."""
+    from flashwatt.training.loop import Trainer
+    from flashwatt.training.optimizers import make_optimizer
+    from flashwatt.training.schedules import make_schedule, warmup_steps
+
     total = cell.steps
     warmup = warmup_steps(total, spec["warmup_fraction"])
     schedule_cfg = spec.get("schedule", {})
@@ -140,6 +202,14 @@ def _train(cell: TrainCell, spec: dict, device, telemetry, record: dict, stage, 
                                betas=spec.get("betas", {}).get(cell.optimizer))
     schedule = make_schedule(cell.schedule, optimizer, total, warmup, **schedule_cfg)
     trainer = Trainer(cell, model, optimizer, schedule, data, device, float(spec.get("grad_clip", 1.0)))
+    return trainer, optimizer, warmup
+
+
+def _resume(cell: TrainCell, spec: dict, shards, trainer, device, record: dict):
+    """The run's checkpoints; where one of this run exists, the trainer goes on from it.
+    Returns (checkpoints, the list of resumes, the meter totals carried over or None);
+    each resume notes what the job that died had done past the checkpoint."""
+    from flashwatt.training.checkpoint import Checkpoints, run_fingerprint
 
     fingerprint = run_fingerprint(cell.id, {**spec, "data_fingerprint": [shards.meta["corpus"].get("fingerprint"),
                                                                         shards.meta["tokenizer"]["fingerprint"]]})
@@ -159,53 +229,41 @@ def _train(cell: TrainCell, spec: dict, device, telemetry, record: dict, stage, 
                 if lost.get(key) is not None and carried.get(key) is not None:
                     resume[f"lost_{key}"] = lost[key] - carried[key]
         resumes.append(resume)
-    record.update(resumes=resumes, run={"total_steps": total, "warmup_steps": warmup,
-                                        "tokens_per_step": cell.tokens_per_step,
-                                        "tokens_trained": total * cell.tokens_per_step,
-                                        "eval_steps": eval_points(total, int(evaluation["evals"])),
-                                        "grad_clip": trainer.grad_clip, "betas": list(optimizer.defaults["betas"])})
+    return checkpoints, resumes, carried
 
-    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
+
+def _train_and_evaluate(cell: TrainCell, spec: dict, trainer, optimizer, checkpoints, meter, resumes: list,
+                        eval_steps: list[int], stage) -> None:
+    """Train to each evaluation point still ahead, evaluate there and add the curve's row;
+    checkpoint every `checkpoint_every_s`; stop at a non-finite loss (trainer.diverged)."""
     every_s = float(spec.get("checkpoint_every_s", 60.0))
-    meter = RunMeter(telemetry, sync, carried)
     last_checkpoint = meter.wall_s()
-    try:
-        points = [p for p in record["run"]["eval_steps"] if p >= trainer.step]
-        if trainer.curve and points and points[0] == trainer.step:
-            points = points[1:]  # the checkpoint's own evaluation is already in the curve
-        for point in points:
-            since = trainer.step
-            stage.enter("training steps")
-            with meter.part("train"):
-                trainer.train_until(point)
-            if trainer.diverged:
-                break
-            stage.enter("evaluation")
-            with meter.part("eval"):
-                val = trainer.evaluate()
-            row = {"step": trainer.step, "tokens": trainer.step * cell.tokens_per_step, "val_loss": val,
-                   "train_loss": trainer.segment_loss(since), "current_lr": optimizer.param_groups[0]["lr"],
-                   **meter.totals()}
-            trainer.curve.append(row)
-            checkpoints.note_progress(row)
-            if val != val or val in (float("inf"), float("-inf")):
-                trainer.diverged = {"step": trainer.step, "loss": val, "where": "validation loss"}
-                break
-            if trainer.step < total and meter.wall_s() - last_checkpoint >= every_s:
-                stage.enter("checkpoint")
-                with meter.part("checkpoint"):
-                    checkpoints.save({**trainer.state(), "meter": meter.totals(), "resumes": resumes})
-                last_checkpoint = meter.wall_s()
-    finally:
-        totals = meter.close()
-        # Kept whatever ends the run: an out-of-memory or a crash keeps the evaluations and steps done.
-        record["curve"] = trainer.curve
-        steps[:] = trainer.steps
-    stage.enter("summary")
-    _summarise(cell, spec, record, trainer, totals, device, telemetry)
-    checkpoints.clear()
+    points = [p for p in eval_steps if p >= trainer.step]
+    if trainer.curve and points and points[0] == trainer.step:
+        points = points[1:]  # the checkpoint's own evaluation is already in the curve
+    for point in points:
+        since = trainer.step
+        stage.enter("training steps")
+        with meter.part("train"):
+            trainer.train_until(point)
+        if trainer.diverged:
+            break
+        stage.enter("evaluation")
+        with meter.part("eval"):
+            val = trainer.evaluate()
+        row = {"step": trainer.step, "tokens": trainer.step * cell.tokens_per_step, "val_loss": val,
+               "train_loss": trainer.segment_loss(since), "current_lr": optimizer.param_groups[0]["lr"],
+               **meter.totals()}
+        trainer.curve.append(row)
+        checkpoints.note_progress(row)
+        if val != val or val in (float("inf"), float("-inf")):
+            trainer.diverged = {"step": trainer.step, "loss": val, "where": "validation loss"}
+            break
+        if trainer.step < cell.steps and meter.wall_s() - last_checkpoint >= every_s:
+            stage.enter("checkpoint")
+            with meter.part("checkpoint"):
+                checkpoints.save({**trainer.state(), "meter": meter.totals(), "resumes": resumes})
+            last_checkpoint = meter.wall_s()
 
 
 class _dropout_off:
