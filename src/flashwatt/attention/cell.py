@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 from flashwatt.cell_files import RECORD_SUFFIX, RESULTS_ROOT, TRACE_SUFFIX, CellFiles, file_patterns
+from flashwatt.flop_count import attention_flops
 from flashwatt.vocabulary import KERNEL_NAMES, PASSES, PRECISIONS
 # Every file of a cell, as Snakemake patterns over the cell's wildcards.
 RECORD_PATTERN, TRACE_PATTERN, LOG_PATTERN = file_patterns("/{suite}/{kernel}/{precision}/{name}")
@@ -120,14 +121,13 @@ class Cell(CellFiles):
     # ---- arithmetic --------------------------------------------------------------
     @property
     def fwd_flops(self) -> float:
-        """4·B·H·L²·D for the two matmuls, halved for causal (flash-attention's convention)."""
-        flops = 4.0 * self.batch * self.heads * self.seq_len * self.seq_len * self.head_dim
-        return flops / 2 if self.causal else flops
+        """FLOPs of this cell's forward (flashwatt.flop_count: 4·B·H·L²·D, halved for causal)."""
+        return attention_flops(self.batch, self.heads, self.seq_len, self.head_dim, self.causal)
 
     @property
     def flops(self) -> float:
         """FLOPs of one call of this cell's pass: backward counts 2.5x forward."""
-        return self.fwd_flops * (3.5 if self.pass_ == "fwd_bwd" else 1.0)
+        return attention_flops(self.batch, self.heads, self.seq_len, self.head_dim, self.causal, self.pass_)
 
     @property
     def tokens(self) -> int:

@@ -41,6 +41,7 @@ from flashwatt.distributed.blocks import get_block
 from flashwatt.distributed.context_parallel_peer import context_parallel_peer
 from flashwatt.distributed.energy_window import device_of, job_energy
 from flashwatt.energy import gflops_per_watt
+from flashwatt.flop_count import attention_flops
 from flashwatt.distributed.groups import clear_default_meshes, resolve
 from flashwatt.distributed.inputs import DTYPES, make_full
 from flashwatt.distributed.layout import gather_sequence, shard_sequence
@@ -69,10 +70,9 @@ def check_spec(spec: dict) -> None:
 
 
 def flops(spec: dict) -> float:
-    """Useful flops of the whole problem (causal: half); fwd_bwd counts 3.5 forwards."""
-    f = 4.0 * spec["batch"] * spec["heads"] * spec["seq_len"] ** 2 * spec["head_dim"]
-    f = f / 2 if spec["causal"] else f
-    return f * (3.5 if spec["pass"] == "fwd_bwd" else 1.0)
+    """Useful flops of the whole problem (flashwatt.flop_count: causal half, fwd_bwd 3.5 forwards)."""
+    return attention_flops(spec["batch"], spec["heads"], spec["seq_len"], spec["head_dim"], spec["causal"],
+                           spec["pass"])
 
 
 def _skip(spec: dict, reason: str) -> dict:
