@@ -136,27 +136,63 @@ def _slowest(per_rank: list[dict], keys) -> dict:
 
 
 def _measure(cell: ModelCell, spec: dict, settings, device, record: dict, stage: dict) -> list[dict]:
-    import torch
+    """The cell on this rank, stage by stage (`stage["now"]` names the one running, for an
+    out-of-memory record): build, prepare for the strategy, check, time, attention share,
+    communication, energy. Returns the energy window's trace (rank 0's)."""
     import torch.distributed as dist
 
-    from flashwatt.distributed.energy_window import device_of, job_energy
     from flashwatt.distributed.timing import gather
-    from flashwatt.models.attention import use_backend
     from flashwatt.models.comm_timeline import communication_split
-    from flashwatt.models.cp_attention import block_of
     from flashwatt.models.flops import step_utilisation
-    from flashwatt.models.parallel import prepare
     from flashwatt.models.parallel_check import check_parallel
-    from flashwatt.models.parallel_step import ParallelStep
-    from flashwatt.models.step import build_model, model_record, random_tokens, reference_factory, time_steps, \
-        warm_up
-    from flashwatt.attention.job import device_identity
-    from flashwatt.telemetry import NullTelemetry, open_telemetry
+    from flashwatt.models.step import build_model, model_record, reference_factory
 
     steps = {**DEFAULT_STEPS, **PARALLEL_STEPS, **spec.get("steps", {})}
     seed = int(spec.get("seed", 0))
     train = cell.phase == "train"
     rank, world = dist.get_rank(), dist.get_world_size()
+    uuid = _record_devices(device, rank, record)
+
+    model = build_model(spec["model"], cell.precision, device, seed)
+    shape, body, record["model"] = model_record(model, spec["model"])
+    adapter, parallel = _prepare_for_strategy(cell, model, train, world, record)
+
+    stage["now"] = "check"
+    record["check"] = check_parallel(parallel, lambda: build_model(spec["model"], cell.precision, device, seed),
+                                     lambda m: reference_factory(m, device), cell.precision, shape.vocab,
+                                     shape.max_positions, train, seed)
+    if parallel.attention is not None:
+        record["parallel"]["block"] = parallel.attention.block_name
+        record["parallel"]["kv_expanded"] = parallel.attention.kv_expanded
+
+    step = _parallel_step(cell, parallel, model, shape, seed, device, train)
+    timing = _time_steps(cell, step, device, steps, rank, train, record, stage)
+    record["flops"] = step_utilisation(
+        shape, body, cell.global_batch, cell.seq_len, cell.phase, timing["step_ms"] / 1e3,
+        (record.get("device") or {}).get("name") if rank == 0 else None, cell.precision, gpus=world)
+
+    stage["now"] = "attention steps"
+    record["attention"] = _attention_share_of_ranks(step, model, cell, device, int(steps["attention_steps"]))
+    if adapter is not None:
+        record["attention"]["kv_expanded"] = adapter.kv_expanded
+
+    stage["now"] = "communication steps"
+    comm = gather(communication_split(step.run, device, int(steps["comm_steps"])))
+    record["communication"] = _communication(comm, timing)
+
+    stage["now"] = "energy window"
+    trace = _energy(cell, step, device, settings, timing, uuid, rank, record)
+    _set_status(record)
+    return trace
+
+
+def _record_devices(device, rank: int, record: dict) -> str | None:
+    """Rank 0's device identity and every rank's device in the record; this rank's GPU UUID."""
+    from flashwatt.attention.job import device_identity
+    from flashwatt.distributed.energy_window import device_of
+    from flashwatt.distributed.timing import gather
+    from flashwatt.telemetry import NullTelemetry, open_telemetry
+
     uuid = device_of(device).get("uuid")
     if rank == 0:
         telemetry = open_telemetry([uuid]) if uuid else NullTelemetry("no CUDA device")
@@ -165,9 +201,16 @@ def _measure(cell: ModelCell, spec: dict, settings, device, record: dict, stage:
     else:
         record["device"] = None
     record["devices"] = gather(device_of(device))
+    return uuid
 
-    model = build_model(spec["model"], cell.precision, device, seed)
-    shape, body, record["model"] = model_record(model, spec["model"])
+
+def _prepare_for_strategy(cell: ModelCell, model, train: bool, world: int, record: dict):
+    """The model sharded (fsdp, on the cell's backend) or switched to context-parallel
+    attention: (the backend's adapter or None, the Parallel). The layout goes into the record."""
+    from flashwatt.models.attention import use_backend
+    from flashwatt.models.cp_attention import block_of
+    from flashwatt.models.parallel import prepare
+
     adapter = use_backend(model, cell.backend, cell.precision, train) if cell.strategy == "fsdp" else None
     parallel = prepare(model, cell.strategy, block=block_of(cell.backend) or "auto",
                        recompute=cell.recompute and train)
@@ -183,14 +226,15 @@ def _measure(cell: ModelCell, spec: dict, settings, device, record: dict, stage:
         "tokens_per_step": cell.tokens,
         "loss": "mean next-token cross-entropy over every token of every rank (labels shifted on the global "
                 "sequence)", **parallel.details}
+    return adapter, parallel
 
-    stage["now"] = "check"
-    record["check"] = check_parallel(parallel, lambda: build_model(spec["model"], cell.precision, device, seed),
-                                     lambda m: reference_factory(m, device), cell.precision, shape.vocab,
-                                     shape.max_positions, train, seed)
-    if parallel.attention is not None:
-        record["parallel"]["block"] = parallel.attention.block_name
-        record["parallel"]["kv_expanded"] = parallel.attention.kv_expanded
+
+def _parallel_step(cell: ModelCell, parallel, model, shape, seed: int, device, train: bool):
+    """The step over the global batch of random tokens, with AdamW (fused) when it trains."""
+    import torch
+
+    from flashwatt.models.parallel_step import ParallelStep
+    from flashwatt.models.step import random_tokens
 
     tokens = random_tokens(shape.vocab, cell.global_batch, cell.seq_len, seed + 1, device)
     optimizer = None
@@ -200,7 +244,15 @@ def _measure(cell: ModelCell, spec: dict, settings, device, record: dict, stage:
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.1, fused=True)
     else:
         model.eval()
-    step = ParallelStep(parallel, tokens, cell.phase, optimizer)
+    return ParallelStep(parallel, tokens, cell.phase, optimizer)
+
+
+def _time_steps(cell: ModelCell, step, device, steps: dict, rank: int, train: bool, record: dict,
+                stage: dict) -> dict:
+    """Warm-up, then timed steps on every rank: the slowest rank's median per phase (every
+    rank's beside it), and each GPU's peak memory. Returns the timing it records."""
+    from flashwatt.distributed.timing import gather
+    from flashwatt.models.step import time_steps, warm_up
 
     stage["now"] = "warm-up"
     warm = warm_up(step, device, int(steps["warmup_steps"]))
@@ -219,24 +271,26 @@ def _measure(cell: ModelCell, spec: dict, settings, device, record: dict, stage:
         record["memory"]["optimizer"] = (f"AdamW (fused), states in {cell.precision}"
                                          + (", sharded like the weights" if cell.strategy == "fsdp" else ""))
     record["memory"]["recompute"] = cell.recompute
+    return timing
 
-    record["flops"] = step_utilisation(
-        shape, body, cell.global_batch, cell.seq_len, cell.phase, timing["step_ms"] / 1e3,
-        (record.get("device") or {}).get("name") if rank == 0 else None, cell.precision, gpus=world)
 
-    stage["now"] = "attention steps"
-    share = attention_share(step, model, cell, device, int(steps["attention_steps"]))
+def _attention_share_of_ranks(step, model, cell: ModelCell, device, count: int) -> dict:
+    """Rank 0's attention share, with every rank's share beside it where it was measured."""
+    from flashwatt.distributed.timing import gather
+
+    share = attention_share(step, model, cell, device, count)
     shares = gather(share)
-    record["attention"] = shares[0] | ({"per_rank_share": [s.get("share") for s in shares]}
-                                       if share.get("method") else {})
-    if adapter is not None:
-        record["attention"]["kv_expanded"] = adapter.kv_expanded
+    return shares[0] | ({"per_rank_share": [s.get("share") for s in shares]} if share.get("method") else {})
 
-    stage["now"] = "communication steps"
-    comm = gather(communication_split(step.run, device, int(steps["comm_steps"])))
-    record["communication"] = _communication(comm, timing)
 
-    stage["now"] = "energy window"
+def _energy(cell: ModelCell, step, device, settings, timing: dict, uuid: str | None, rank: int,
+            record: dict) -> list[dict]:
+    """The energy window of whole steps over every GPU of the job (rank 0 records it, per
+    token); returns its power trace."""
+    import torch
+
+    from flashwatt.distributed.energy_window import job_energy
+
     energy, trace = job_energy(step.run, lambda: torch.cuda.synchronize(device), settings,
                                timing["step_ms"] / 1e3, uuid)
     if rank == 0:
@@ -249,14 +303,17 @@ def _measure(cell: ModelCell, spec: dict, settings, device, record: dict, stage:
             if energy["time_per_call_s"]:
                 energy["window_tokens_per_s"] = cell.tokens / energy["time_per_call_s"]
         record["energy"] = energy
+    return trace
 
+
+def _set_status(record: dict) -> None:
+    """ok, or incorrect naming each part of the check that failed and by how much."""
     check = record["check"]
     record["status"] = "ok" if check["passed"] else "incorrect"
     if not check["passed"]:
         failed = [k for k in ("logits", "causal", "grad") if k in check and not check[k]["passed"]]
         record["reason"] = "parallel model check failed: " + ", ".join(
             f"{k} {check[k].get('error', check[k].get('prefix_change')):.3g}" for k in failed)
-    return trace
 
 
 def _peaks(device) -> dict:
