@@ -25,6 +25,8 @@ class CellFiles:
     RECORD_PATTERN: str
     TRACE_PATTERN: str
     LOG_PATTERN: str
+    # What each wildcard of the record pattern may match (the suite's is shared by every kind).
+    WILDCARD_CONSTRAINTS: dict[str, str]
 
     @property
     def path(self) -> str:

@@ -36,6 +36,7 @@ _TOKEN = re.compile(f"^{_TOKEN_RE}$")
 @dataclass(frozen=True, order=True)
 class Cell(CellFiles):
     RECORD_PATTERN, TRACE_PATTERN, LOG_PATTERN = RECORD_PATTERN, TRACE_PATTERN, LOG_PATTERN
+    WILDCARD_CONSTRAINTS = WILDCARD_CONSTRAINTS
 
     suite: str
     kernel: str

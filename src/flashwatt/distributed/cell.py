@@ -37,6 +37,7 @@ WILDCARD_CONSTRAINTS = {
 @dataclass(frozen=True, order=True)
 class DistributedCell(CellFiles):
     RECORD_PATTERN, TRACE_PATTERN, LOG_PATTERN = RECORD_PATTERN, TRACE_PATTERN, LOG_PATTERN
+    WILDCARD_CONSTRAINTS = WILDCARD_CONSTRAINTS
 
     suite: str
     strategy: str

@@ -51,6 +51,11 @@ def default_mesh(ulysses_size: int | None = None):
     return _DEFAULT_MESHES[key]
 
 
+def forget_meshes() -> None:
+    """Drop the meshes of this process's default group, once that group is destroyed."""
+    _DEFAULT_MESHES.clear()
+
+
 def resolve(strategy: str, group=None) -> dict:
     check_strategy(strategy)
     if not dist.is_initialized():

@@ -114,9 +114,9 @@ def job(spec: dict, rank: int | None = None, world: int | None = None, local_ran
         if ok:
             dist.barrier()
         dist.destroy_process_group()
-        from flashwatt.distributed.groups import _DEFAULT_MESHES
+        from flashwatt.distributed.groups import forget_meshes
 
-        _DEFAULT_MESHES.clear()
+        forget_meshes()
     return record if rdv.rank == 0 else None
 
 

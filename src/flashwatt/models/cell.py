@@ -50,6 +50,7 @@ WILDCARD_CONSTRAINTS = {
 @dataclass(frozen=True, order=True)
 class ModelCell(CellFiles):
     RECORD_PATTERN, TRACE_PATTERN, LOG_PATTERN = RECORD_PATTERN, TRACE_PATTERN, LOG_PATTERN
+    WILDCARD_CONSTRAINTS = WILDCARD_CONSTRAINTS
 
     suite: str
     model: str

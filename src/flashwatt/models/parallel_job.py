@@ -22,13 +22,10 @@ from __future__ import annotations
 
 import os
 import statistics
-import time
-import traceback
 
+from flashwatt.job_frame import CellOutcome, Job, run_in_frame
 from flashwatt.models.cell import ModelCell
-from flashwatt.models.job import DEFAULT_STEPS, attention_share, base_record, why_not
-from flashwatt.provenance import provenance, utc_now
-from flashwatt.attention.job import CellOutcome
+from flashwatt.models.job import DEFAULT_STEPS, KIND, attention_share, why_not
 
 PARALLEL_STEPS = {"comm_steps": 2}
 
@@ -70,58 +67,38 @@ def run_parallel_cell(cell: ModelCell, spec: dict) -> CellOutcome | None:
     from flashwatt.distributed import rendezvous
 
     rendezvous.multicast_off()
-    record = base_record(cell, spec)
-    trace: list[dict] = []
-    t0 = time.perf_counter()
-    rank = 0
-    try:
-        record["provenance"] = provenance()
+
+    def body(job: Job) -> list[dict]:
         import torch
         import torch.distributed as dist
 
         from flashwatt import measure
-        from flashwatt.kernels.base import UnsupportedCell
+        from flashwatt.distributed.groups import forget_meshes
         from flashwatt.models.presets import build_config, shape_of
         from flashwatt.settings import MeasureSettings
 
         rdv = rendezvous.from_environment()
-        rank = rdv.rank
+        job.rank_zero = rdv.rank == 0
         settings = MeasureSettings.from_mapping(spec.get("measure", {}))
         shape = shape_of(build_config(spec["model"]))
         device_type = "cuda" if torch.cuda.is_available() else "cpu"
         reason = why_not_parallel(cell, shape, device_type, available_gpus(rdv.nodes))
         if reason is not None:
-            record.update(status="skipped", reason=reason)
-            return CellOutcome(record, trace) if rank == 0 else None
+            job.skip(reason)
         if rdv.world != cell.gpus:
             raise ValueError(f"model cell asks for {cell.gpus} GPUs but {rdv.world} processes were started "
                              "(one process per GPU)")
-        device = rendezvous.start(rdv)
-        record["environment"] = {k: os.environ.get(k) for k in rendezvous.MULTICAST_OFF}
-        stage = {"now": "build"}
+        job.device = rendezvous.start(rdv)
+        job.record["environment"] = {k: os.environ.get(k) for k in rendezvous.MULTICAST_OFF}
+        job.stages.enter("build")
         try:
             with measure.precision_mode(cell):
-                trace = _measure(cell, spec, settings, device, record, stage)
-        except UnsupportedCell as err:
-            record.update(status="skipped", reason=str(err))
-        except Exception as err:
-            if not measure.is_oom(err):
-                raise
-            record.update(status="oom", reason=f"out of memory during {stage['now']}: {str(err).splitlines()[0]}",
-                          oom_stage=stage["now"])
+                return _measure(cell, spec, settings, job.device, job.record, job.stages)
         finally:
             dist.destroy_process_group()
-            from flashwatt.distributed.groups import _DEFAULT_MESHES
+            forget_meshes()
 
-            _DEFAULT_MESHES.clear()
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
-    except Exception as err:
-        record.update(status="error", reason=f"{type(err).__name__}: {err}", traceback=traceback.format_exc())
-    finally:
-        record["finished"] = utc_now()
-        record["duration_s"] = round(time.perf_counter() - t0, 3)
-    return CellOutcome(record, trace) if rank == 0 else None
+    return run_in_frame(KIND, cell, spec, body)
 
 
 def _slowest(per_rank: list[dict], keys) -> dict:
@@ -183,7 +160,7 @@ def _measure(cell: ModelCell, spec: dict, settings, device, record: dict, stage:
         "loss": "mean next-token cross-entropy over every token of every rank (labels shifted on the global "
                 "sequence)", **parallel.details}
 
-    stage["now"] = "check"
+    stage.enter("check")
     record["check"] = check_parallel(parallel, lambda: build_model(spec["model"], cell.precision, device, seed),
                                      lambda m: reference_factory(m, device), cell.precision, shape.vocab,
                                      shape.max_positions, train, seed)
@@ -201,10 +178,10 @@ def _measure(cell: ModelCell, spec: dict, settings, device, record: dict, stage:
         model.eval()
     step = ParallelStep(parallel, tokens, cell.phase, optimizer)
 
-    stage["now"] = "warm-up"
+    stage.enter("warm-up")
     warm = warm_up(step, device, int(steps["warmup_steps"]))
 
-    stage["now"] = "timed steps"
+    stage.enter("timed steps")
     mine = time_steps(step, device, int(steps["timed_steps"]))
     per_rank = gather(mine)
     timing = _slowest(per_rank, [f"{part}_ms" for part in (*step.parts, "step")])
@@ -223,7 +200,7 @@ def _measure(cell: ModelCell, spec: dict, settings, device, record: dict, stage:
         shape, body, cell.global_batch, cell.seq_len, cell.phase, timing["step_ms"] / 1e3,
         (record.get("device") or {}).get("name") if rank == 0 else None, cell.precision, gpus=world)
 
-    stage["now"] = "attention steps"
+    stage.enter("attention steps")
     share = attention_share(step, model, cell, device, int(steps["attention_steps"]))
     shares = gather(share)
     record["attention"] = shares[0] | ({"per_rank_share": [s.get("share") for s in shares]}
@@ -231,11 +208,11 @@ def _measure(cell: ModelCell, spec: dict, settings, device, record: dict, stage:
     if adapter is not None:
         record["attention"]["kv_expanded"] = adapter.kv_expanded
 
-    stage["now"] = "communication steps"
+    stage.enter("communication steps")
     comm = gather(communication_split(step.run, device, int(steps["comm_steps"])))
     record["communication"] = _communication(comm, timing)
 
-    stage["now"] = "energy window"
+    stage.enter("energy window")
     energy, trace = job_energy(step.run, lambda: torch.cuda.synchronize(device), settings,
                                timing["step_ms"] / 1e3, uuid)
     if rank == 0:

@@ -51,6 +51,7 @@ def number(x: float) -> str:
 @dataclass(frozen=True, order=True)
 class TrainCell(CellFiles):
     RECORD_PATTERN, TRACE_PATTERN, LOG_PATTERN = RECORD_PATTERN, TRACE_PATTERN, LOG_PATTERN
+    WILDCARD_CONSTRAINTS = WILDCARD_CONSTRAINTS
 
     suite: str
     model: str
