@@ -126,7 +126,7 @@ def _measure(cell: ModelCell, spec: dict, settings, device, record: dict, stage:
     from flashwatt.models.parallel_step import ParallelStep
     from flashwatt.models.step import build_model, model_record, random_tokens, reference_factory, time_steps, \
         warm_up
-    from flashwatt.attention.job import device_identity
+    from flashwatt.job_frame import device_identity
     from flashwatt.telemetry import NullTelemetry, open_telemetry
 
     steps = {**DEFAULT_STEPS, **PARALLEL_STEPS, **spec.get("steps", {})}
