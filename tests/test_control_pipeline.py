@@ -74,7 +74,7 @@ def test_a_control_cell_that_cannot_run_is_refused_by_name(kwargs, message):
                                   "results/cells/s/control/steady-int8-full/energy.json",
                                   "results/cells/s/naive/fp32/L32-B2-H2-D16-full-fwd.json"])
 def test_a_path_that_is_not_a_control_cell_is_refused(path):
-    with pytest.raises(ValueError, match="not a control"):
+    with pytest.raises(ValueError, match="is not a ControlCell record"):
         ControlCell.from_path(path)
 
 

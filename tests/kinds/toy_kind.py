@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from flashwatt.cell_files import RECORD_SUFFIX, RESULTS_ROOT, CellFiles, file_patterns, record_wildcards
+from flashwatt.cell_files import CellFiles, file_patterns
 from flashwatt.job_frame import Job, run_in_frame
 from flashwatt.kind import Kind, TableFile
 
@@ -36,13 +36,6 @@ class ToyCell(CellFiles):
         if not match:
             raise ValueError(f"not a toy cell name: {toyname!r}")
         return cls(suite, int(match[1]))
-
-    @classmethod
-    def from_path(cls, path: str) -> "ToyCell":
-        wildcards = record_wildcards(path, RESULTS_ROOT, "toy", 0, RECORD_SUFFIX)
-        if wildcards is None:
-            raise ValueError(f"not a toy cell record: {path!r}")
-        return cls.from_wildcards(*wildcards)
 
     def as_row(self) -> dict:
         return {"suite": self.suite, "n": self.n, "cell_id": self.id}
