@@ -12,7 +12,6 @@ import pytest
 
 from flashwatt.attention.cell import Cell
 from flashwatt.records import write_record
-from flashwatt.kinds import envelope_of
 from support import copy_workflow, wait_until
 
 from .conftest import snakemake

@@ -18,6 +18,7 @@ import json
 from pathlib import Path
 
 from flashwatt.job_frame import CellOutcome, Job, run_in_frame
+from flashwatt.provenance import utc_now
 from flashwatt.training.cell import TrainCell
 
 KIND = "train"
