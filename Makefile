@@ -25,7 +25,7 @@ run: setup
 # Slurm tests need the single-node Slurm that .ci/slurm/up.sh starts (and stops afterwards).
 # Tests marked nvcc (the kernels compiled for sm_80/sm_90/sm_90a) run too and fail without
 # the CUDA compiler; CI has it.
-test: setup
+test: setup lint
 	bash .ci/slurm/up.sh
 	status=0; $(BIN)/python -m pytest $(PYTEST_ARGS) -m "not gpu" || status=$$?; \
 	bash .ci/slurm/down.sh; exit $$status
@@ -33,6 +33,7 @@ test: setup
 test-unit: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS) -m "not gpu and not slurm"
 
+# Snakemake's linter over the workflow; a finding fails the command (and `make test`).
 lint: setup
 	$(BIN)/snakemake --lint
 

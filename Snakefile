@@ -1,6 +1,8 @@
 # flashwatt: attention kernels measured for speed, correctness and energy.
-# One job per cell (results/cells/...), an aggregate, figures and a report.
+# One job per cell (results/cells/...), each kind's tables, figures and a report.
 # `snakemake` runs the configured suite locally; `snakemake --profile slurm` on a cluster.
+from pathlib import Path
+
 from snakemake.utils import min_version
 
 min_version("9.0")
@@ -13,13 +15,14 @@ report: "workflow/report/workflow.rst"
 
 
 include: "workflow/rules/common.smk"
-include: "workflow/rules/cells.smk"
-include: "workflow/rules/aggregate.smk"
-include: "workflow/rules/plots.smk"
-include: "workflow/rules/control.smk"
-include: "workflow/rules/distributed.smk"
-include: "workflow/rules/models.smk"
-include: "workflow/rules/training.smk"
+include: "workflow/rules/kinds.smk"
+
+
+# The rules a kind needs besides its cells, tables and figures (the training data, say).
+for kind in all_kinds():
+    if kind.rules:
+
+        include: str(Path("workflow/rules") / kind.rules)
 
 
 rule all:

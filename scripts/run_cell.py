@@ -1,8 +1,8 @@
-"""Snakemake entry point of rule `cell`: submit the cell, wait, write its record once."""
-from flashwatt.attention.cell import Cell
+"""Snakemake entry point of every kind's `cell` rule: submit the cell, wait, write its record once."""
 from flashwatt.cell_job import submit_and_record
-from flashwatt.attention.job import base_record, run_cell
+from flashwatt.kinds import kind_named
 
 snakemake = globals()["snakemake"]  # injected by Snakemake's script directive
-cell = Cell.from_wildcards(**dict(snakemake.wildcards.items()))
-submit_and_record(cell, run_cell, snakemake.params.settings, base_record, snakemake)
+kind = kind_named(snakemake.params.kind)
+cell = kind.cell.from_wildcards(**{k: v for k, v in snakemake.wildcards.items()})
+submit_and_record(kind, cell, snakemake.params.spec, snakemake)

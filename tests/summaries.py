@@ -13,7 +13,7 @@ import pandas as pd
 from flashwatt.attention.summary import summarize
 from flashwatt.attention.cell import Cell
 from flashwatt.records import write_record
-from flashwatt.attention.job import base_record
+from flashwatt.kinds import envelope_of
 
 GPU_NAME = "NVIDIA H100 80GB HBM3"
 NO_CUDA = "no CUDA device: energy is measured on NVIDIA GPUs only"
@@ -37,7 +37,7 @@ def _write(root: Path, cell: Cell, record: dict, trace: pd.DataFrame | None = No
 
 
 def _ok(cell: Cell, ms: float, device: dict, method: str) -> dict:
-    record = base_record(cell, {})
+    record = envelope_of(cell, {})
     record.update(status="ok", device=device,
                   provenance={"host": "h", "job_id": "1", "git": {"commit": "abc", "dirty": False}},
                   timing={"median_ms": ms, "p10_ms": ms * 0.98, "p90_ms": ms * 1.02, "repeats": 3000,
@@ -84,7 +84,7 @@ def gpu_summary(root: Path) -> pd.DataFrame:
     record["check"]["passed"] = False
     paths.append(_write(root, wrong, record))
     skipped = gpu_cell("sdpa_cudnn", "bf16", 2048)
-    record = base_record(skipped, {})
+    record = envelope_of(skipped, {})
     record.update(status="skipped", reason="sdpa_cudnn cannot run this cell")
     paths.append(_write(root, skipped, record))
     return summarize(paths)

@@ -7,7 +7,8 @@ import pytest
 from flashwatt.attention.summary import COLUMNS, device_labels, flagged, read_summary, summarize
 from flashwatt.attention.cell import Cell
 from flashwatt.records import read_record, write_record
-from flashwatt.attention.job import base_record, failed_job_record
+from flashwatt.job_frame import job_failed
+from flashwatt.kinds import envelope_of
 
 
 def cell(kernel, L):
@@ -16,7 +17,7 @@ def cell(kernel, L):
 
 def ok_record(kernel, L, ms, energy=True):
     c = cell(kernel, L)
-    rec = base_record(c, {})
+    rec = envelope_of(c, {})
     rec.update(status="ok", device={"type": "cuda", "name": "NVIDIA H200", "compute_capability": "9.0"},
                provenance={"host": "h", "job_id": "12", "git": {"commit": "abc", "dirty": False}},
                timing={"median_ms": ms, "p10_ms": ms * 0.9, "p90_ms": ms * 1.1, "repeats": 30,
@@ -38,11 +39,11 @@ def records(tmp_path):
         c, rec = ok_record(kernel, L, ms)
         paths.append(tmp_path / c.path)
         write_record(paths[-1], rec)
-    skipped = base_record(cell("sdpa_flash", 32), {})
+    skipped = envelope_of(cell("sdpa_flash", 32), {})
     skipped.update(status="skipped", reason="sdpa_flash needs a CUDA device")
-    oom = base_record(cell("naive", 128), {})
+    oom = envelope_of(cell("naive", 128), {})
     oom.update(status="oom", reason="out of memory: tried to allocate 80 GiB")
-    dead = failed_job_record(cell("sdpa_math", 128), {}, "slurm job 7 failed, state OUT_OF_MEMORY", "7")
+    dead = job_failed(envelope_of(cell("sdpa_math", 128), {}), "slurm job 7 failed, state OUT_OF_MEMORY", "7")
     for c, rec in [(cell("sdpa_flash", 32), skipped), (cell("naive", 128), oom), (cell("sdpa_math", 128), dead)]:
         paths.append(tmp_path / c.path)
         write_record(paths[-1], rec)

@@ -23,15 +23,16 @@ def test_suite_and_bad_suite(capsys, monkeypatch):
 def test_failed_lists_only_cells_that_are_not_ok(tmp_path, monkeypatch, capsys):
     import shutil
 
-    from flashwatt.config import load_config, suite_cells
+    from flashwatt.attention.suite import suite_cells
+    from flashwatt.config import load_config
     from flashwatt.records import write_record
-    from flashwatt.attention.job import base_record
+    from flashwatt.kinds import envelope_of
 
     shutil.copytree("config", tmp_path / "config")
     monkeypatch.chdir(tmp_path)
     cells = suite_cells(load_config(overrides={"suite": "smoke"}), "smoke")
     for i, cell in enumerate(cells[:3]):
-        record = base_record(cell, {})
+        record = envelope_of(cell, {})
         record["status"] = "ok" if i else "oom"
         write_record(cell.path, record)
     assert main(["failed", "--config", "suite=smoke"]) == 0

@@ -3,7 +3,8 @@ import copy
 import pytest
 import yaml
 
-from flashwatt.config import ConfigError, load_config, resolve_suite, suite_cells, validate_config
+from flashwatt.attention.suite import suite_cells
+from flashwatt.config import ConfigError, load_config, resolve_suite, validate_config
 
 BASE = yaml.safe_load(open("config/config.yaml"))
 

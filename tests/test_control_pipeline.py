@@ -14,11 +14,13 @@ import pandas as pd
 import pytest
 
 from control_plant import CTAS33, CUDNN, CUSTOM, FLASH, PROFILES, Plant, run
-from flashwatt.config import ConfigError, every_cell, load_config, validate_config
+from flashwatt.config import ConfigError, load_config, validate_config
+from flashwatt.kinds import every_cell
 from flashwatt.control.cell import ControlCell
 from flashwatt.control.figures import CONTROL_FIGURES, ControlTables
 from flashwatt.control.governor import Governor
-from flashwatt.control.job import base_record, run_control_cell
+from flashwatt.control.job import run_control_cell
+from flashwatt.kinds import envelope_of
 from flashwatt.control.metrics import run_merit
 from flashwatt.control.suite import control_runs
 from flashwatt.control.summary import pareto_front, runs_table, traces_table
@@ -72,7 +74,7 @@ def test_a_control_cell_that_cannot_run_is_refused_by_name(kwargs, message):
                                   "results/cells/s/control/steady-int8-full/energy.json",
                                   "results/cells/s/naive/fp32/L32-B2-H2-D16-full-fwd.json"])
 def test_a_path_that_is_not_a_control_cell_is_refused(path):
-    with pytest.raises(ValueError, match="not a control"):
+    with pytest.raises(ValueError, match="is not a ControlCell record"):
         ControlCell.from_path(path)
 
 
@@ -169,7 +171,7 @@ def write_suite(root, suite="s", run_uuid="GPU-1", oracle_uuid="GPU-1", budgets=
     plant = Plant(PROFILES)
     paths = []
     oracle = ControlCell(suite, mode="oracle")
-    record = base_record(oracle, {"oracle": {}}) | {"status": "ok", "device": device(oracle_uuid),
+    record = envelope_of(oracle, {"oracle": {}}) | {"status": "ok", "device": device(oracle_uuid),
                                                      "oracle": oracle_rows(plant)}
     write_record(root / oracle.path, record)
     write_trace(root / oracle.trace_path, [])
@@ -182,13 +184,13 @@ def write_suite(root, suite="s", run_uuid="GPU-1", oracle_uuid="GPU-1", budgets=
                     budget_schedule=[(float(t), float(w)) for t, w in cell.budgets[1:]])
         trace["energy_mj"] = trace["true_energy_mj"]
         merit = run_merit(trace) | {"check_passed": True, "check_rel_err": 3e-3, "check_tol": 2e-2}
-        record = base_record(cell, {"seconds": 16.0}) | {"status": "ok", "device": device(run_uuid),
+        record = envelope_of(cell, {"seconds": 16.0}) | {"status": "ok", "device": device(run_uuid),
                                                          "merit": merit}
         write_record(root / cell.path, record)
         write_trace(root / cell.trace_path, trace.assign(cell_id=cell.id).to_dict("records"))
         paths.append(str(root / cell.path))
     skipped = ControlCell(suite, budgets=((0, 90),))
-    record = base_record(skipped, {"seconds": 16.0}) | {
+    record = envelope_of(skipped, {"seconds": 16.0}) | {
         "status": "skipped", "device": device(run_uuid),
         "reason": "budget 90 W is under this GPU's idle power (120 W)"}
     write_record(root / skipped.path, record)

@@ -8,9 +8,12 @@ import copy
 import pandas as pd
 import pytest
 
-from flashwatt.config import ConfigError, every_cell, load_config, measure_settings, validate_config
+from flashwatt.config import ConfigError, load_config, validate_config
+from flashwatt.kinds import every_cell
+from flashwatt.settings import measure_settings
 from flashwatt.distributed.cell import DistributedCell
-from flashwatt.distributed.cell_run import base_record, outcome_of
+from flashwatt.distributed.cell_run import outcome_of
+from flashwatt.kinds import envelope_of
 from flashwatt.distributed.figures import DISTRIBUTED_FIGURES
 from flashwatt.distributed.suite import distributed_runs
 from flashwatt.distributed.summary import distributed_table
@@ -123,13 +126,13 @@ def table(tmp_path):
     for gpus, total in ((1, 10.0), (2, 5.5), (4, 3.0)):
         cell = DistributedCell("s", "zigzag", "flash", "bf16", gpus, 8192, 1, 32, 8, 128, True, "fwd_bwd")
         res = result(gpus, total, 10.0, 1e-3 * gpus)
-        record = base_record(cell, cell.spec())
+        record = envelope_of(cell, cell.spec())
         record["status"], record["reason"] = outcome_of(res)
         record["result"] = {k: v for k, v in res.items() if k != "status"}
         write_record(tmp_path / cell.path, record)
         paths.append(tmp_path / cell.path)
     skipped = DistributedCell("s", "zigzag", "flash", "bf16", 8, 8192, 1, 32, 8, 128, True, "fwd_bwd")
-    record = base_record(skipped, skipped.spec())
+    record = envelope_of(skipped, skipped.spec())
     record.update(status="skipped", reason="cell asks for 8 GPUs; this machine has 4")
     write_record(tmp_path / skipped.path, record)
     paths.append(tmp_path / skipped.path)

@@ -12,7 +12,8 @@ import torch
 import transformers
 
 from flashwatt.attention.cell import Cell
-from flashwatt.config import ConfigError, every_cell, load_config, validate_config
+from flashwatt.config import ConfigError, load_config, validate_config
+from flashwatt.kinds import every_cell
 from flashwatt.kernels import get_kernel
 from flashwatt.kernels.base import UnsupportedCell
 from flashwatt.models import attention, cell as model_cell

@@ -263,7 +263,7 @@ def test_a_cell_asking_for_more_gpus_than_the_machine_has_is_recorded_skipped(tm
     from types import SimpleNamespace
 
     from flashwatt.cell_job import submit_and_record
-    from flashwatt.models.job import base_record
+    from flashwatt.kinds import kind_named
     from flashwatt.records import read_record
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
@@ -273,7 +273,7 @@ def test_a_cell_asking_for_more_gpus_than_the_machine_has_is_recorded_skipped(tm
                            config={"executor": "local"}, resources={"gpus": 4, "tasks": 4},
                            output=SimpleNamespace(record=str(tmp_path / cell.path),
                                                   trace=str(tmp_path / cell.trace_path)))
-    submit_and_record(cell, run_model_cell, {"model": model_spec("llama_tiny")}, base_record, rule)
+    submit_and_record(kind_named("model"), cell, {"model": model_spec("llama_tiny")}, rule)
     record = read_record(tmp_path / cell.path)
     assert record["status"] == "skipped" and "job asks for 4 GPUs; this machine shows 1" in record["reason"]
     assert not (tmp_path / "submitit").exists()  # no job was started
@@ -281,9 +281,9 @@ def test_a_cell_asking_for_more_gpus_than_the_machine_has_is_recorded_skipped(tm
 
 # ---- the table ----------------------------------------------------------------------------
 def _record(cell: ModelCell, tokens_per_s: float, j_per_token: float, comm: dict | None = None) -> dict:
-    from flashwatt.models.job import base_record
+    from flashwatt.kinds import envelope_of
 
-    record = base_record(cell, {})
+    record = envelope_of(cell, {})
     step_ms = cell.tokens / tokens_per_s * 1e3
     record.update(status="ok", device={"name": "NVIDIA H100 80GB HBM3", "type": "cuda"},
                   timing={"step_ms": step_ms, "forward_ms": step_ms / 3, "backward_ms": step_ms / 2,

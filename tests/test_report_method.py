@@ -1,7 +1,7 @@
 """The report's method sentences say what the summary says was done, cell group by group."""
 import pytest
 
-from flashwatt.report_method import NOT_YET, method_sentences, report_method, rst_text
+from flashwatt.attention.report_method import NOT_YET, method_sentences, report_method, rst_text
 
 from summaries import GPU_NAME, NO_CUDA, cpu_summary, gpu_summary
 

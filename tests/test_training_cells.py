@@ -60,7 +60,7 @@ def test_path_names_the_cell_and_reads_back(changes):
     "elsewhere/s/train/llama_tiny/sdpa_default/fp32/adamw-cosine-lr0.0003-do0-wd0.1-B4-L64-T6144-s0.json",
 ])
 def test_a_path_that_is_not_a_training_record_is_refused(path):
-    with pytest.raises(ValueError, match="not a training cell record"):
+    with pytest.raises(ValueError, match="is not a TrainCell record"):
         TrainCell.from_path(path)
 
 

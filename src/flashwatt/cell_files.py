@@ -7,6 +7,8 @@ place, so that a rule's outputs and the cell's own idea of its files cannot drif
 """
 from __future__ import annotations
 
+import functools
+import re
 from pathlib import PurePosixPath
 
 RESULTS_ROOT = "results/cells"
@@ -25,6 +27,8 @@ class CellFiles:
     RECORD_PATTERN: str
     TRACE_PATTERN: str
     LOG_PATTERN: str
+    # What each wildcard of the record pattern may match (the suite's is shared by every kind).
+    WILDCARD_CONSTRAINTS: dict[str, str]
 
     @property
     def path(self) -> str:
@@ -44,17 +48,35 @@ class CellFiles:
     def job_name(self) -> str:
         return "fw-" + self.id.replace("/", "-")
 
+    @classmethod
+    def from_path(cls, path: str):
+        """The cell whose record `path` is, wherever the results folder was moved to (the
+        path may be absolute or relative); ValueError when it is not one. Read from the
+        record pattern and its wildcard constraints, so `from_path(cell.path) == cell`."""
+        match = _record_regex(cls).search(PurePosixPath(str(path)).as_posix())
+        if match is None:
+            raise ValueError(f"{str(path)!r} is not a {cls.__name__} record (expected {cls.RECORD_PATTERN})")
+        return cls.from_wildcards(**match.groupdict())
 
-def record_wildcards(path: str, root: str, folder: str, dirs: int, suffix: str) -> tuple[str, ...] | None:
-    """(suite, the `dirs` folders, the name) of a record path `<root>/<suite>/<folder>/<dirs
-    folders>/<name><suffix>`, anywhere inside `path` (absolute or relative); None when it is
-    not one. What each kind's `from_path` reads its wildcards from."""
-    parts = PurePosixPath(str(path)).parts
-    base = PurePosixPath(root).parts
-    n = len(base)
-    for i in range(len(parts) - n - dirs - 2):
-        if parts[i:i + n] == base and parts[i + n + 1] == folder:
-            suite, *middle, leaf = parts[i + n:i + n + dirs + 3]
-            if leaf.endswith(suffix) and len(parts) == i + n + dirs + 3:
-                return (suite, *middle[1:], leaf[:-len(suffix)])
-    return None
+    @classmethod
+    def trace_of(cls, record_path: str) -> str:
+        """The trace file beside a record, wherever the results folder was moved."""
+        cls.from_path(record_path)  # refuse anything that is not a record of this kind
+        return str(record_path)[: -len(RECORD_SUFFIX)] + TRACE_SUFFIX
+
+
+# What a suite name may be, in every kind's paths.
+SUITE_RE = "[a-z0-9_]+"
+
+
+@functools.cache
+def _record_regex(cls) -> re.Pattern:
+    """The record pattern as a regex: each {wildcard} its constraint (none may span a folder)."""
+    constraints = {"suite": SUITE_RE, **cls.WILDCARD_CONSTRAINTS}
+    out, last = "", 0
+    for field in re.finditer(r"{(\w+)}", cls.RECORD_PATTERN):
+        out += re.escape(cls.RECORD_PATTERN[last:field.start()])
+        out += f"(?P<{field[1]}>(?:{constraints.get(field[1], '[^/]+')}))"
+        last = field.end()
+    out += re.escape(cls.RECORD_PATTERN[last:])
+    return re.compile(f"(?:^|/){out}$")

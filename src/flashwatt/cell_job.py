@@ -7,23 +7,24 @@ not what it measures, so switching to Slurm must not replan measured cells.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
+from flashwatt.job_frame import CellOutcome, job_failed
+from flashwatt.kind import Kind, resolve
 from flashwatt.provenance import utc_now
 from flashwatt.records import write_record, write_trace
-from flashwatt.attention.job import CellOutcome, job_failed
 from flashwatt.submit.jobs import JobFailed, run_job
 from flashwatt.submit.slots import TooFewGpus
 
 
-def submit_and_record(cell: Any, job: Callable[[Any, dict], CellOutcome], spec: dict,
-                      base_record: Callable[[Any, dict], dict], snakemake: Any) -> dict:
-    """Run `job(cell, spec)` as the cell's job and write its outputs; returns the record.
-    `base_record(cell, spec)` starts the record of a job that died without returning one."""
+def submit_and_record(kind: Kind, cell: Any, spec: dict, snakemake: Any) -> dict:
+    """Run the kind's job for `cell` and write its outputs; returns the record. A job that
+    died without returning one is recorded from the kind's envelope."""
     log = snakemake.log[0]
+    base_record = kind.envelope
     try:
         outcome = run_job(
-            job, cell, spec,
+            resolve(kind.job), cell, spec,
             job_name=cell.job_name,
             folder=snakemake.params.submitit_folder,
             executor=snakemake.config["executor"],

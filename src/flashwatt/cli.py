@@ -22,12 +22,10 @@ from pathlib import Path
 
 import yaml
 
-from flashwatt.config import ConfigError, every_cell, load_config, resolve_suite
+from flashwatt.config import ConfigError, load_config, resolve_suite
+from flashwatt.job_frame import EXPECTED_STATUSES
+from flashwatt.kinds import all_kinds, every_cell
 from flashwatt.records import read_record
-
-# Outcomes a suite expects (a backend refusing a shape, a shape too large for the card);
-# any other status that is not ok makes `flashwatt run` exit non-zero.
-EXPECTED_STATUSES = frozenset({"ok", "skipped", "oom"})
 # Snakemake options after which there is nothing to report: pass them through untouched.
 NO_REPORT_OPTIONS = {"-h", "--help", "--version", "-v", "--unlock", "-n", "--dry-run", "--dryrun", "--lint",
                      "--list", "-l", "--list-target-rules", "--summary", "-S", "--detailed-summary", "-D",
@@ -202,11 +200,9 @@ def cmd_run(argv: list[str]) -> int:
             print(f"flashwatt: report written to {report.resolve()}")
     counts = status_counts(cells)
     print("flashwatt: cells by status: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
-    tables = {"flagged.csv": "cells to look at", "control.csv": "controlled runs against their oracle",
-              "distributed.csv": "distributed cells", "models.csv": "model cells against the SDPA default"}
-    for name, what in tables.items():
-        if (Path("results") / suite / name).exists():
-            print(f"flashwatt: {what}: {(Path('results') / suite / name).resolve()}")
+    for table in (t for kind in all_kinds() for t in kind.tables if t.about):
+        if Path(table.path(suite)).exists():
+            print(f"flashwatt: {table.about}: {Path(table.path(suite)).resolve()}")
     failed = sum(n for s, n in counts.items() if s not in EXPECTED_STATUSES and s != "missing")
     if failed and not accept_failed:
         print(f"flashwatt: {failed} cell(s) ended error, incorrect or job_failed "
@@ -222,7 +218,7 @@ def cmd_suite(args: argparse.Namespace) -> int:
 
 def cmd_failed(args: argparse.Namespace) -> int:
     config = load_config(configfiles=args.configfile, overrides=_overrides(args.config))
-    for cell in every_cell(config):
+    for cell in every_cell(config, resolve_suite(config)):
         path = Path(cell.path)
         if path.exists() and read_record(path).get("status") != "ok":
             print(cell.path)

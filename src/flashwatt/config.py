@@ -1,4 +1,5 @@
-"""The configuration: validated once, then expanded into the suite's cell table.
+"""The configuration: validated once, before any job starts; each kind of cell
+(flashwatt.kinds) then plans its cells from its own section of a suite.
 
 Validation happens before any job starts. A bad value stops the run with one message
 that names the key (as a path such as `suites.seed.grids[0].kernels[2]`) and what is
@@ -6,18 +7,14 @@ allowed there, instead of jsonschema's page of schema dump.
 """
 from __future__ import annotations
 
-import itertools
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import yaml
 
-from flashwatt.attention.cell import Cell
+from flashwatt.config_error import ConfigError
 from flashwatt.devices import visible_gpu_count
-from flashwatt.kernels.custom import check_variant_name
-from flashwatt.settings import MeasureSettings
-from flashwatt.vocabulary import SCHEMA_ENUMS
 
 if TYPE_CHECKING:
     from importlib.resources.abc import Traversable
@@ -25,10 +22,6 @@ if TYPE_CHECKING:
 # Package data, so an installed flashwatt validates configs too; workflow/schemas/ in
 # the checkout links here, where Snakemake workflows keep their schema.
 SCHEMA = resources.files("flashwatt") / "config.schema.yaml"
-
-
-class ConfigError(ValueError):
-    """A configuration problem, worded for the person who wrote the config."""
 
 
 def _key_path(parts) -> str:
@@ -66,68 +59,51 @@ def _explain(error) -> str:
 
 
 def load_schema(schema_file: Traversable | Path = SCHEMA) -> dict:
-    """The config schema with its enums filled in from the code that names them:
-    flashwatt.vocabulary (kernels, precisions, passes, head dims of a grid), the control and
-    distributed cells (their modes, workloads, strategies, blocks, ...)."""
-    from flashwatt.control import cell as control
-    from flashwatt.distributed import cell as distributed
+    """The config schema: the top-level keys from `schema_file`, and under each suite every
+    kind's section (flashwatt.kinds), its enums filled in from the code that names them."""
+    from flashwatt.kinds import all_kinds
 
     schema = yaml.safe_load(schema_file.read_text())
-    grid = schema["properties"]["suites"]["additionalProperties"]["properties"]["grids"]["items"]["properties"]
-    for key, names in SCHEMA_ENUMS.items():
-        grid[key]["items"] = {"enum": list(names)}
-    spread = schema["$defs"]["distributed"]["properties"]["grids"]["items"]["properties"]
-    for key, names in (("strategies", distributed.STRATEGIES), ("blocks", distributed.BLOCKS),
-                       ("precisions", distributed.PRECISIONS), ("passes", distributed.PASSES)):
-        spread[key]["items"] = {"enum": list(names)}
-    from flashwatt.models import cell as models
-
-    grid_of_models = schema["$defs"]["models"]["properties"]["grids"]["items"]["properties"]
-    for key, names in (("precisions", models.MODEL_PRECISIONS), ("phases", models.PHASES),
-                       ("strategies", models.MODEL_STRATEGIES)):
-        grid_of_models[key]["items"] = {"enum": list(names)}
-    grid_of_models["backends"]["items"] = {"anyOf": [{"enum": list(models.MODEL_BACKENDS)},
-                                                     {"type": "string", "pattern": f"^{models.CONTROL_BACKEND_RE}$"}]}
-    run = schema["$defs"]["control"]["properties"]["runs"]["items"]["properties"]
-    for key, names in (("mode", [m for m in control.CONTROL_MODES if m != "oracle"]), ("workload", control.WORKLOADS),
-                       ("precision", control.CONTROL_PRECISIONS), ("disturbance", control.DISTURBANCES)):
-        run[key] = {"enum": list(names)}
+    suite = schema["properties"]["suites"]["additionalProperties"]
+    sections = []
+    for kind in all_kinds():
+        section = kind.section_schema()
+        if section is None:
+            continue
+        for name, definition in section.pop("$defs", {}).items():
+            if name in schema["$defs"]:
+                raise RuntimeError(f"kind {kind.name}: its schema's $defs.{name} is already defined")
+            schema["$defs"][name] = definition
+        suite["properties"][kind.section] = section
+        sections.append(kind.section)
+    # A suite holds the cells of one kind or several: at least one section.
+    suite["anyOf"] = [{"required": [section]} for section in sections]
     return schema
 
 
 def validate_config(config: dict, schema_file: Traversable | Path = SCHEMA) -> dict:
-    """Check `config` against the schema, fill defaults in place, return it."""
+    """Check `config` against the schema, fill defaults in place, then plan every suite (a
+    planner refuses what the schema cannot say, naming the key); return the config."""
+    import json
+    import tempfile
+
     import jsonschema
     from snakemake.utils import validate as snakemake_validate
+
+    from flashwatt.kinds import plan_suite
 
     schema = load_schema(schema_file)
     validator = jsonschema.Draft202012Validator(schema)
     errors = sorted(validator.iter_errors(config), key=lambda e: list(e.absolute_path))
     if errors:
         raise ConfigError(_explain(jsonschema.exceptions.best_match(errors)))
-    # Snakemake's validator fills the schema's defaults in place.
-    with resources.as_file(schema_file) as schema_path:  # Snakemake reads the schema from a file
-        snakemake_validate(config, str(schema_path), set_default=True)
-    for name, suite in config["suites"].items():
-        for i, grid in enumerate(suite.get("grids", [])):
-            grid.setdefault("causal", [False])
-            grid.setdefault("passes", ["fwd"])
-            grid.setdefault("variants", [""])
-            for j, variant in enumerate(grid["variants"]):
-                try:
-                    check_variant_name(variant)
-                except ValueError as err:
-                    raise ConfigError(f"config key suites.{name}.grids[{i}].variants[{j}]: {err}") from None
-    from flashwatt.control.suite import control_runs  # they raise ConfigError, defined here
-    from flashwatt.distributed.suite import distributed_runs
-    from flashwatt.models.suite import model_runs
-    from flashwatt.training.suite import training_runs
-
+    # Snakemake's validator fills the schema's defaults in place; it reads the schema from a file.
+    with tempfile.NamedTemporaryFile("w", suffix=".schema.json") as assembled:
+        json.dump(schema, assembled)
+        assembled.flush()
+        snakemake_validate(config, assembled.name, set_default=True)
     for name in config["suites"]:
-        control_runs(config, name)
-        distributed_runs(config, name)
-        model_runs(config, name)
-        training_runs(config, name)
+        plan_suite(config, name, filtered=False)
     return config
 
 
@@ -166,90 +142,3 @@ def resolve_suite(config: dict) -> str:
         allowed = ", ".join(["auto", *config["suites"]])
         raise ConfigError(f"config key suite: unknown suite {suite!r}; allowed: {allowed}")
     return suite
-
-
-def _grid_cells(suite: str, grid: dict, where: str) -> list[Cell]:
-    cells = []
-    batches = grid.get("batches")
-    heads = grid.get("heads")
-    for kernel, precision, L, D, causal, pass_, variant in itertools.product(
-        grid["kernels"], grid["precisions"], grid["seq_lens"], grid["head_dims"],
-        grid["causal"], grid["passes"], grid["variants"],
-    ):
-        if variant and kernel != "custom":
-            continue  # variants name launch configurations of the custom kernel only
-        if batches is None:
-            tokens = grid["tokens_per_batch"]
-            if tokens % L:
-                raise ConfigError(f"config key {where}.tokens_per_batch: {tokens} is not a multiple of seq_len {L}")
-            cell_batches = [tokens // L]
-        else:
-            cell_batches = batches
-        if heads is None:
-            if grid["model_dim"] % D:
-                raise ConfigError(f"config key {where}.model_dim: {grid['model_dim']} is not a multiple of head_dim {D}")
-            cell_heads = [grid["model_dim"] // D]
-        else:
-            cell_heads = heads
-        for B, H in itertools.product(cell_batches, cell_heads):
-            cells.append(Cell(suite, kernel, precision, L, B, H, D, causal, pass_, variant))
-    return cells
-
-
-def suite_cells(config: dict, suite: str | None = None, filtered: bool = True) -> list[Cell]:
-    """The cell table of a suite, in a stable order, filtered by `config['filter']` (unless
-    `filtered` is False). A filter that keeps no cell is an error, not an empty run."""
-    suite = suite or resolve_suite(config)
-    if suite not in config["suites"]:
-        raise ConfigError(f"config key suite: unknown suite {suite!r}; allowed: {', '.join(config['suites'])}")
-    cells: set[Cell] = set()
-    for i, grid in enumerate(config["suites"][suite].get("grids", [])):
-        cells.update(_grid_cells(suite, grid, f"suites.{suite}.grids[{i}]"))
-    ordered = sorted(cells)
-    query = (config.get("filter") or "").strip()
-    if query and filtered:
-        kept = apply_filter(ordered, query)
-        if not kept:
-            raise ConfigError(f"config key filter: {query!r} selects none of the {len(ordered)} cells of suite "
-                              f"{suite}; columns: {', '.join(_filter_columns())}")
-        ordered = kept
-    return ordered
-
-
-def every_cell(config: dict, suite: str | None = None) -> list:
-    """The suite's attention cells (filtered), then its control, distributed and model cells:
-    everything a run of the suite writes a record for."""
-    from flashwatt.control.suite import control_runs
-    from flashwatt.distributed.suite import distributed_runs
-    from flashwatt.models.suite import model_runs
-
-    suite = suite or resolve_suite(config)
-    return [*suite_cells(config, suite), *control_runs(config, suite), *distributed_runs(config, suite),
-            *model_runs(config, suite)]
-
-
-def _filter_columns() -> list[str]:
-    return [c for c in Cell("x", "naive", "fp32", 1, 1, 1, 1).as_row() if c not in ("suite", "cell_id")]
-
-
-def apply_filter(cells: list[Cell], query: str) -> list[Cell]:
-    import pandas as pd
-
-    table = pd.DataFrame([c.as_row() for c in cells])
-    try:
-        kept = table.query(query, engine="python")
-    except Exception as err:  # pandas raises many types for a bad expression
-        columns = ", ".join(c for c in table.columns if c not in ("suite", "cell_id"))
-        raise ConfigError(f"config key filter: cannot apply {query!r}: {err}; columns: {columns}") from err
-    keep = set(kept.index)
-    return [c for i, c in enumerate(cells) if i in keep]
-
-
-def measure_settings(config: dict, suite: str) -> dict[str, Any]:
-    """The measurement settings a suite's cells run with (recorded in every cell record).
-
-    Plain data, because Snakemake compares a rule's params between runs; the job turns
-    it into `flashwatt.settings.MeasureSettings`, which refuses unknown keys.
-    """
-    merged = {**config["measure"], **config["suites"][suite].get("measure", {})}
-    return MeasureSettings.from_mapping(merged).as_dict()

@@ -9,6 +9,10 @@ from pathlib import Path
 
 import pandas as pd
 
+# The version of the records this flashwatt writes. 2: every record names its kind
+# (attention records of version 1 did not; they are still read).
+SCHEMA_VERSION = 2
+
 
 def _clean(value):
     """Strict JSON: NaN and infinities become null (the record's flags say what they meant)."""
@@ -55,7 +59,17 @@ def write_trace(path: str | Path, rows: list[dict]) -> None:
 
 
 def read_record(path: str | Path) -> dict:
+    """A cell record as the current schema has it. Version 1 records are read as they are,
+    with the `kind` that only attention records lacked; a record of a newer schema is
+    refused, naming the file and what to do."""
     try:
-        return json.loads(Path(path).read_text())
+        record = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as err:
         raise ValueError(f"cannot read cell record {path}: {err}") from err
+    version = record.get("schema_version", 1) if isinstance(record, dict) else None
+    if not isinstance(version, int) or version > SCHEMA_VERSION:
+        raise ValueError(f"cell record {path} has schema version {version!r}; this flashwatt reads versions up to "
+                         f"{SCHEMA_VERSION}: update flashwatt, or measure the cell again (snakemake -f {path})")
+    if version == 1:
+        record.setdefault("kind", "attention")  # version 2 added `kind`; every other kind had it already
+    return record

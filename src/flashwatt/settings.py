@@ -50,3 +50,14 @@ class MeasureSettings:
         needs no idle baseline)."""
         return {"min_window_s": self.energy_window_s, "idle_settle_s": self.idle_settle_s if idle else 0.0,
                 "idle_window_s": self.idle_window_s if idle else 0.0, "sampler_period_s": self.sampler_period_s}
+
+
+def measure_settings(config: dict, suite: str) -> dict[str, Any]:
+    """The measurement settings a suite's cells run with (recorded in every cell record):
+    the config's `measure` block with the suite's own over it.
+
+    Plain data, because Snakemake compares a rule's params between runs; the job turns
+    it into `MeasureSettings`, which refuses unknown keys.
+    """
+    merged = {**config["measure"], **config["suites"][suite].get("measure", {})}
+    return MeasureSettings.from_mapping(merged).as_dict()

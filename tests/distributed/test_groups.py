@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch.distributed as dist
 
-from flashwatt.distributed.groups import clear_default_meshes, default_mesh
+from flashwatt.distributed.groups import default_mesh, forget_meshes
 from support import free_ports
 
 
@@ -16,12 +16,12 @@ def one_process_group():
         yield
     finally:
         dist.destroy_process_group()
-        clear_default_meshes()
+        forget_meshes()
 
 
 def test_the_mesh_is_made_once_until_the_cache_is_cleared(one_process_group):
     mesh = default_mesh(1)
     assert mesh.ndim == 2 and mesh.size() == 1
     assert default_mesh(1) is mesh  # made once: creating a mesh is collective
-    clear_default_meshes()
+    forget_meshes()
     assert default_mesh(1) is not mesh

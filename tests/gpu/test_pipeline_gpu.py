@@ -1,7 +1,8 @@
 """One cell at a time through the job function on a real GPU with real NVML."""
 import pytest
 from flashwatt.attention.cell import Cell
-from flashwatt.config import load_config, measure_settings
+from flashwatt.config import load_config
+from flashwatt.settings import measure_settings
 from flashwatt.attention.job import run_cell
 
 pytestmark = pytest.mark.gpu

@@ -7,7 +7,8 @@ import torch
 
 from flashwatt import measure
 from flashwatt.attention.cell import Cell
-from flashwatt.config import load_config, measure_settings
+from flashwatt.config import load_config
+from flashwatt.settings import measure_settings
 from flashwatt.kernels import get_kernel
 from flashwatt.attention.job import run_cell
 from flashwatt.timing import Workload

@@ -17,7 +17,8 @@ import pytest
 from support import ci_log, copy_workflow, wait_until
 
 from flashwatt.attention.cell import Cell
-from flashwatt.config import load_config, suite_cells
+from flashwatt.attention.suite import suite_cells
+from flashwatt.config import load_config
 
 pytestmark = [pytest.mark.slurm, pytest.mark.workflow, pytest.mark.usefixtures("slurm")]
 

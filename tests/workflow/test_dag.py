@@ -3,7 +3,8 @@ import re
 
 import pytest
 
-from flashwatt.config import load_config, suite_cells
+from flashwatt.attention.suite import suite_cells
+from flashwatt.config import load_config
 
 from .conftest import REPO, snakemake
 

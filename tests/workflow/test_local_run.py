@@ -8,7 +8,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from flashwatt.config import load_config, suite_cells
+from flashwatt.attention.suite import suite_cells
+from flashwatt.config import load_config
 from flashwatt.attention.figures import FIGURES
 
 from support import copy_workflow
@@ -39,7 +40,7 @@ def test_every_cell_measured_and_checked(smoke_run):
     assert summary.loc[summary["pass"] == "fwd_bwd", "grad_rel_err"].notna().all()
     record = json.loads((workdir / cells[0].path).read_text())
     assert record["provenance"]["executor"] == "local" and record["provenance"]["job_id"]
-    assert record["provenance"]["git"]["commit"] and record["schema_version"] == 1
+    assert record["provenance"]["git"]["commit"] and record["schema_version"] == 2 and record["kind"] == "attention"
     assert record["energy"]["reason"].startswith("no CUDA device")
     assert (workdir / cells[0].log_path).read_text().count("completed") >= 1
 

@@ -12,7 +12,6 @@ import pytest
 
 from flashwatt.attention.cell import Cell
 from flashwatt.records import write_record
-from flashwatt.attention.job import base_record
 from support import copy_workflow, wait_until
 
 from .conftest import snakemake
@@ -119,7 +118,8 @@ def test_slurm_profile_plans_the_gpu_suite_on_a_gpu_less_host(workdir):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "results/cells/seed/" in proc.stdout and "results/cells/smoke/" not in proc.stdout
     counts = dict(line.split() for line in proc.stdout.splitlines() if line.startswith("cell "))
-    from flashwatt.config import load_config, suite_cells
+    from flashwatt.attention.suite import suite_cells
+    from flashwatt.config import load_config
 
     assert int(counts["cell"]) == len(suite_cells(load_config(workdir / "config/config.yaml"), "seed")) == 52
 

@@ -9,9 +9,8 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import dataclass
-from pathlib import PurePosixPath
 
-from flashwatt.cell_files import RECORD_SUFFIX, RESULTS_ROOT, TRACE_SUFFIX, CellFiles, file_patterns
+from flashwatt.cell_files import CellFiles, file_patterns
 from flashwatt.flop_count import attention_flops
 from flashwatt.vocabulary import KERNEL_NAMES, PASSES, PRECISIONS
 # Every file of a cell, as Snakemake patterns over the cell's wildcards.
@@ -37,6 +36,7 @@ _TOKEN = re.compile(f"^{_TOKEN_RE}$")
 @dataclass(frozen=True, order=True)
 class Cell(CellFiles):
     RECORD_PATTERN, TRACE_PATTERN, LOG_PATTERN = RECORD_PATTERN, TRACE_PATTERN, LOG_PATTERN
+    WILDCARD_CONSTRAINTS = WILDCARD_CONSTRAINTS
 
     suite: str
     kernel: str
@@ -100,23 +100,6 @@ class Cell(CellFiles):
             variant=g["variant"] or "",
         )
 
-    @classmethod
-    def from_path(cls, path: str) -> "Cell":
-        parts = PurePosixPath(str(path)).parts
-        root = PurePosixPath(RESULTS_ROOT).parts
-        for i in range(len(parts) - len(root) - 3):
-            if parts[i : i + len(root)] == root:
-                suite, kernel, precision, leaf = parts[i + len(root) : i + len(root) + 4]
-                if not leaf.endswith(RECORD_SUFFIX):
-                    break
-                return cls.from_wildcards(suite, kernel, precision, leaf[: -len(RECORD_SUFFIX)])
-        raise ValueError(f"not a cell result path: {path!r} (expected {RESULTS_ROOT}/<suite>/<kernel>/<precision>/<name>.json)")
-
-    @staticmethod
-    def trace_of(record_path: str) -> str:
-        """The trace file beside a record, wherever the results folder was moved."""
-        Cell.from_path(record_path)  # refuse anything that is not a cell record
-        return str(record_path)[: -len(RECORD_SUFFIX)] + TRACE_SUFFIX
 
     # ---- arithmetic --------------------------------------------------------------
     @property

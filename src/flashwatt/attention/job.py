@@ -1,142 +1,36 @@
-"""What a cell's job runs: one cell in, one record (plus its telemetry trace) out.
-
-Every outcome is a record: ok, incorrect (measured, but the check against float64
-failed), skipped (the kernel cannot run the cell, with the reason), oom, or error (with
-the traceback). The job never writes files; the submitting side writes the record once,
-atomically, so a requeued or killed job cannot leave half a result behind.
+"""What an attention cell's job runs: one attention call checked against float64, timed,
+and its energy measured over a window of back-to-back calls (flashwatt.job_frame runs it
+and turns every other outcome into a record).
 """
 from __future__ import annotations
 
-import time
-import traceback
-from dataclasses import dataclass, field
-
 from flashwatt.attention.cell import Cell
-from flashwatt.provenance import provenance, utc_now
+from flashwatt.job_frame import CellOutcome, Job, run_in_frame
 from flashwatt.settings import MeasureSettings
 
-SCHEMA_VERSION = 1
-STATUSES = ("ok", "incorrect", "skipped", "oom", "error", "job_failed")
-
-
-@dataclass
-class CellOutcome:
-    record: dict
-    trace: list[dict] = field(default_factory=list)
-
-
-def base_record(cell: Cell, settings: "MeasureSettings | dict") -> dict:
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "cell": cell.as_row(),
-        "status": None,
-        "reason": None,
-        "settings": MeasureSettings.from_mapping(settings).as_dict(),
-        "started": utc_now(),
-    }
-
-
-def job_failed(record: dict, message: str, job_id: str | None) -> dict:
-    """A cell's base record, of any kind, completed for a job that died before it could
-    return one (killed, node failure)."""
-    record.update(status="job_failed", reason=message, provenance={"job_id": job_id}, finished=utc_now())
-    return record
-
-
-def failed_job_record(cell: Cell, settings: "MeasureSettings | dict", message: str, job_id: str | None) -> dict:
-    """The record for an attention cell whose job died before it could return one."""
-    return job_failed(base_record(cell, settings), message, job_id)
-
-
-def select_device():
-    import torch
-
-    if torch.cuda.is_available():
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
-def device_identity(device, telemetry) -> dict:
-    import torch
-
-    if device.type != "cuda":
-        import platform
-
-        return {"type": "cpu", "name": platform.processor() or platform.machine()}
-    props = torch.cuda.get_device_properties(device)
-    ident = {
-        "type": "cuda",
-        "name": props.name,
-        "compute_capability": f"{props.major}.{props.minor}",
-        "multiprocessors": props.multi_processor_count,
-        "memory_bytes": props.total_memory,
-        "l2_bytes": getattr(props, "L2_cache_size", None),
-        "uuid": str(getattr(props, "uuid", "")) or None,
-    }
-    if telemetry.available:
-        ident["nvml"] = telemetry.identity()
-    return ident
-
-
-def open_cell_telemetry(device, settings: MeasureSettings):
-    """NVML for the cell's GPU, or a NullTelemetry saying why there is none."""
-    from flashwatt.telemetry import NullTelemetry, open_telemetry
-
-    if device.type != "cuda":
-        return NullTelemetry("no CUDA device: energy is measured on NVIDIA GPUs only")
-    if not settings.energy:
-        return NullTelemetry("energy measurement switched off (measure.energy: false)")
-    import torch
-
-    uuid = str(getattr(torch.cuda.get_device_properties(device), "uuid", ""))
-    return open_telemetry([uuid] if uuid else None)
+KIND = "attention"
 
 
 def run_cell(cell: Cell, settings: "MeasureSettings | dict") -> CellOutcome:
     """Measure one cell; never raises for a problem of the cell itself."""
     settings = MeasureSettings.from_mapping(settings)
-    record = base_record(cell, settings)
-    trace: list[dict] = []
-    t0 = time.perf_counter()
-    telemetry = None
-    try:
-        record["provenance"] = provenance()
-        import torch
 
+    def body(job: Job) -> list[dict]:
         from flashwatt import measure
         from flashwatt.kernels import get_kernel
-        from flashwatt.kernels.base import UnsupportedCell
 
-        device = select_device()
-        telemetry = open_cell_telemetry(device, settings)
-        record["device"] = device_identity(device, telemetry)
+        device = job.open_device(settings)
         kernel = get_kernel(cell.kernel)
         reason = kernel.supports(cell, device)
         if reason is None and cell.pass_ == "fwd_bwd" and not kernel.differentiable:
             reason = f"{cell.kernel} has no backward pass"
         if reason is not None:
-            record.update(status="skipped", reason=reason)
-            return CellOutcome(record, trace)
-        try:
-            with measure.precision_mode(cell):
-                trace = _measure(cell, settings, device, kernel, telemetry, record)
-        except UnsupportedCell as err:
-            record.update(status="skipped", reason=str(err))
-        except Exception as err:
-            if not measure.is_oom(err):
-                raise
-            record.update(status="oom", reason=f"out of memory: {str(err).splitlines()[0]}")
-        finally:
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
-    except Exception as err:
-        record.update(status="error", reason=f"{type(err).__name__}: {err}", traceback=traceback.format_exc())
-    finally:
-        if telemetry is not None:
-            telemetry.close()
-        record["finished"] = utc_now()
-        record["duration_s"] = round(time.perf_counter() - t0, 3)
-    return CellOutcome(record, trace)
+            job.skip(reason)
+        with measure.precision_mode(cell):
+            return _measure(cell, settings, device, kernel, job.telemetry, job.record)
+
+    # The spec of an attention cell is its measurement settings, recorded as `settings`.
+    return run_in_frame(KIND, cell, settings.as_dict(), body, spec_field="settings")
 
 
 def kernel_details(kernel, cell: Cell) -> dict:

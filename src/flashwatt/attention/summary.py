@@ -194,3 +194,13 @@ def flagged(frame: pd.DataFrame) -> pd.DataFrame:
     out = frame.loc[why != "", cols].copy()
     out.insert(1, "flagged_because", why[why != ""].astype("string"))
     return out.reset_index(drop=True)
+
+
+def write_tables(records: list[str], out: dict[str, str]) -> str:
+    """The suite's summary (Parquet and CSV) and its flagged cells; the status counts."""
+    from flashwatt.records import atomic_write
+
+    frame = summarize(records)
+    write_summary(frame, out["summary"], out["csv"])
+    atomic_write(out["flagged"], lambda tmp: flagged(frame).to_csv(tmp, index=False, float_format="%.6g"))
+    return frame["status"].value_counts().to_string()

@@ -23,7 +23,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from flashwatt.cell_files import RECORD_SUFFIX, RESULTS_ROOT, CellFiles, file_patterns, record_wildcards
+from flashwatt.cell_files import CellFiles, file_patterns
 
 WORKLOADS = ("steady", "stream")
 CONTROL_PRECISIONS = ("bf16", "fp16", "fp32")
@@ -55,6 +55,7 @@ WILDCARD_CONSTRAINTS = {
 @dataclass(frozen=True, order=True)
 class ControlCell(CellFiles):
     RECORD_PATTERN, TRACE_PATTERN, LOG_PATTERN = RECORD_PATTERN, TRACE_PATTERN, LOG_PATTERN
+    WILDCARD_CONSTRAINTS = WILDCARD_CONSTRAINTS
 
     suite: str
     workload: str = "steady"
@@ -140,12 +141,6 @@ class ControlCell(CellFiles):
                    s["disturbance"] or "", int(s["at"] or 0),
                    int(s["slowdown"]) if s["slowdown"] is not None else None)
 
-    @classmethod
-    def from_path(cls, path: str) -> "ControlCell":
-        wildcards = record_wildcards(path, RESULTS_ROOT, CONTROL_FOLDER, 1, RECORD_SUFFIX)
-        if wildcards is None:
-            raise ValueError(f"not a control cell record: {path!r} (expected {RECORD_PATTERN})")
-        return cls.from_wildcards(*wildcards)
 
     def as_row(self) -> dict:
         """Flat dict for records and tables."""

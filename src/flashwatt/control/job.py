@@ -14,22 +14,14 @@ its idle power is read, the floor every budget must clear.
 from __future__ import annotations
 
 import time
-import traceback
 
 from flashwatt.control.cell import ControlCell
-from flashwatt.provenance import provenance, utc_now
-from flashwatt.attention.job import CellOutcome, device_identity, select_device
+from flashwatt.job_frame import CellOutcome, CellSkipped, Job, run_in_frame
 
-SCHEMA_VERSION = 1
+KIND = "control"
 WARM_UP_S = 0.3
 REST_BEFORE_IDLE_S = 2.0
 IDLE_WINDOW_S = 1.0
-
-
-def base_record(cell: ControlCell, spec: dict) -> dict:
-    return {"schema_version": SCHEMA_VERSION, "kind": "control", "cell": cell.as_row(), "status": None,
-            "reason": None, "spec": dict(spec), "started": utc_now()}
-
 
 
 def scenario_of(cell: ControlCell, spec: dict):
@@ -113,31 +105,15 @@ def _controlled(cell: ControlCell, spec: dict, telemetry, device, idle_w, record
 
 def run_control_cell(cell: ControlCell, spec: dict) -> CellOutcome:
     """Run one control cell; never raises for a problem of the cell itself."""
-    record = base_record(cell, spec)
-    trace: list[dict] = []
-    t0 = time.perf_counter()
-    telemetry = None
-    try:
-        record["provenance"] = provenance()
-        import torch
 
+    def body(job: Job) -> list[dict]:
         from flashwatt.control.configuration import ControlError
         from flashwatt.control.sensor import idle_power
-        from flashwatt.measure import is_oom
-        from flashwatt.telemetry import open_telemetry
 
-        device = select_device()
-        if device.type != "cuda":
-            record["device"] = device_identity(device, None)
-            record.update(status="skipped", reason="control cells drive a CUDA GPU; none is visible")
-            return CellOutcome(record, trace)
-        uuid = str(getattr(torch.cuda.get_device_properties(device), "uuid", ""))
-        telemetry = open_telemetry([uuid] if uuid else None)
-        record["device"] = device_identity(device, telemetry)
+        device = job.open_device(cuda_only="control cells drive a CUDA GPU; none is visible")
+        telemetry, record = job.telemetry, job.record
         if cell.mode != "oracle" and not telemetry.available:
-            record.update(status="skipped", reason=f"mode {cell.mode} needs live power readings from NVML: "
-                                                   f"{telemetry.reason}")
-            return CellOutcome(record, trace)
+            job.skip(f"mode {cell.mode} needs live power readings from NVML: {telemetry.reason}")
         try:
             record["warm_up_refused"] = _warm_up(cell, spec, device)
             idle_w = None
@@ -147,21 +123,9 @@ def run_control_cell(cell: ControlCell, spec: dict) -> CellOutcome:
             record["idle_w"] = idle_w
             if cell.mode == "oracle":
                 _oracle(cell, spec, telemetry if telemetry.available else None, device, idle_w, record)
-            else:
-                trace = _controlled(cell, spec, telemetry, device, idle_w, record)
+                return []
+            return _controlled(cell, spec, telemetry, device, idle_w, record)
         except ControlError as err:  # a budget or setting this GPU cannot hold
-            record.update(status="skipped", reason=str(err))
-        except Exception as err:
-            if not is_oom(err):
-                raise
-            record.update(status="oom", reason=f"out of memory: {str(err).splitlines()[0]}")
-        finally:
-            torch.cuda.empty_cache()
-    except Exception as err:
-        record.update(status="error", reason=f"{type(err).__name__}: {err}", traceback=traceback.format_exc())
-    finally:
-        if telemetry is not None:
-            telemetry.close()
-        record["finished"] = utc_now()
-        record["duration_s"] = round(time.perf_counter() - t0, 3)
-    return CellOutcome(record, trace)
+            raise CellSkipped(str(err)) from None
+
+    return run_in_frame(KIND, cell, spec, body)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from flashwatt.config import ConfigError
+from flashwatt.config_error import ConfigError
 from flashwatt.control.cell import ControlCell
 
 DEFAULT_SECONDS = 14.0

@@ -199,3 +199,17 @@ def traces_table(paths: list[str | Path]) -> pd.DataFrame:
             if len(frame) and "t" in frame:
                 frames.append(frame.assign(cell_id=ControlCell.from_path(str(path)).id))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame({"cell_id": pd.Series([], dtype=str)})
+
+
+def write_tables(records: list[str], out: dict[str, str]) -> str:
+    """The suite's control runs, their oracle and their power traces; the status counts."""
+    from flashwatt.records import atomic_write
+
+    runs, oracle = runs_table(records)
+    traces = traces_table(records)
+    atomic_write(out["runs"], lambda tmp: runs.to_parquet(tmp, index=False))
+    atomic_write(out["oracle"], lambda tmp: oracle.to_parquet(tmp, index=False))
+    atomic_write(out["traces"], lambda tmp: traces.to_parquet(tmp, index=False))
+    atomic_write(out["csv"], lambda tmp: runs.to_csv(tmp, index=False, float_format="%.6g"))
+    atomic_write(out["oracle_csv"], lambda tmp: oracle.to_csv(tmp, index=False, float_format="%.6g"))
+    return runs["status"].value_counts().to_string() if len(runs) else "no controlled runs"

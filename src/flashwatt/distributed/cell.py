@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from flashwatt.cell_files import RECORD_SUFFIX, RESULTS_ROOT, CellFiles, file_patterns, record_wildcards
+from flashwatt.cell_files import CellFiles, file_patterns
 
 STRATEGIES = ("ring", "zigzag", "ulysses", "hybrid")
 BLOCKS = ("auto", "math", "flash", "efficient", "cudnn", "custom")  # flashwatt.distributed.blocks.BLOCK_NAMES
@@ -37,6 +37,7 @@ WILDCARD_CONSTRAINTS = {
 @dataclass(frozen=True, order=True)
 class DistributedCell(CellFiles):
     RECORD_PATTERN, TRACE_PATTERN, LOG_PATTERN = RECORD_PATTERN, TRACE_PATTERN, LOG_PATTERN
+    WILDCARD_CONSTRAINTS = WILDCARD_CONSTRAINTS
 
     suite: str
     strategy: str
@@ -104,12 +105,6 @@ class DistributedCell(CellFiles):
         return cls(suite, m["strategy"], m["block"], dprecision, int(g["gpus"]), int(g["seq_len"]), int(g["batch"]),
                    int(g["heads"]), int(g["kv_heads"]), int(g["head_dim"]), g["mask"] == "causal", g["pass_"])
 
-    @classmethod
-    def from_path(cls, path: str) -> "DistributedCell":
-        wildcards = record_wildcards(path, RESULTS_ROOT, FOLDER, 2, RECORD_SUFFIX)
-        if wildcards is None:
-            raise ValueError(f"not a distributed cell record: {path!r} (expected {RECORD_PATTERN})")
-        return cls.from_wildcards(*wildcards)
 
     # ---- what the job runs ----------------------------------------------------------
     def spec(self, **options) -> dict:

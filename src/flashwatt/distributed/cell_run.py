@@ -7,20 +7,10 @@ GPU precision), oom, or error with the traceback.
 """
 from __future__ import annotations
 
-import time
-import traceback
-
 from flashwatt.distributed.cell import DistributedCell
-from flashwatt.provenance import provenance, utc_now
-from flashwatt.attention.job import CellOutcome
+from flashwatt.job_frame import CellOutcome, Job, run_in_frame
 
-SCHEMA_VERSION = 1
-
-
-def base_record(cell: DistributedCell, spec: dict) -> dict:
-    return {"schema_version": SCHEMA_VERSION, "kind": "distributed", "cell": cell.as_row(), "status": None,
-            "reason": None, "spec": dict(spec), "started": utc_now()}
-
+KIND = "distributed"
 
 
 def outcome_of(result: dict) -> tuple[str, str | None]:
@@ -39,24 +29,20 @@ def outcome_of(result: dict) -> tuple[str, str | None]:
 
 def run_distributed_cell(cell: DistributedCell, spec: dict) -> CellOutcome | None:
     """Run the cell on this task; the outcome on rank 0, None on the others."""
-    record = base_record(cell, spec)
-    trace: list[dict] = []
-    t0 = time.perf_counter()
-    try:
-        record["provenance"] = provenance()
-        from flashwatt.distributed.job import job
 
-        result = job(spec)
+    def body(job: Job) -> list[dict]:
+        from flashwatt.distributed.job import job as run_on_every_rank
+
+        result = run_on_every_rank(spec)
         if result is None:
-            return None  # not rank 0
+            job.rank_zero = False
+            return []
+        record = job.record
         record["status"], record["reason"] = outcome_of(result)
         if result.get("traceback"):
             record["traceback"] = result["traceback"]
         record["result"] = {k: v for k, v in result.items()
                             if k not in ("status", "reason", "traceback", "spec", "trace")}
-        trace = result.get("trace") or []
-    except Exception as err:
-        record.update(status="error", reason=f"{type(err).__name__}: {err}", traceback=traceback.format_exc())
-    record["finished"] = utc_now()
-    record["duration_s"] = round(time.perf_counter() - t0, 3)
-    return CellOutcome(record, trace)
+        return result.get("trace") or []
+
+    return run_in_frame(KIND, cell, spec, body)

@@ -51,9 +51,8 @@ def default_mesh(ulysses_size: int | None = None):
     return _DEFAULT_MESHES[key]
 
 
-def clear_default_meshes() -> None:
-    """Drop the cached hybrid meshes: a job calls it when it destroys its process group, so
-    that the meshes (and the process groups they hold) do not outlive it in the process."""
+def forget_meshes() -> None:
+    """Drop the meshes of this process's default group, once that group is destroyed."""
     _DEFAULT_MESHES.clear()
 
 

@@ -42,7 +42,7 @@ from flashwatt.distributed.context_parallel_peer import context_parallel_peer
 from flashwatt.distributed.energy_window import device_of, job_energy
 from flashwatt.energy import gflops_per_watt
 from flashwatt.flop_count import attention_flops
-from flashwatt.distributed.groups import clear_default_meshes, resolve
+from flashwatt.distributed.groups import forget_meshes, resolve
 from flashwatt.distributed.inputs import DTYPES, make_full
 from flashwatt.distributed.layout import gather_sequence, shard_sequence
 from flashwatt.distributed.ring import RingAttention
@@ -114,7 +114,7 @@ def job(spec: dict, rank: int | None = None, world: int | None = None, local_ran
         if ok:
             dist.barrier()
         dist.destroy_process_group()
-        clear_default_meshes()
+        forget_meshes()
     return record if rdv.rank == 0 else None
 
 

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import itertools
 
-from flashwatt.config import ConfigError, measure_settings
+from flashwatt.config_error import ConfigError
+from flashwatt.settings import measure_settings
 from flashwatt.distributed.cell import DistributedCell
 
 DEFAULT_REPEATS, DEFAULT_WARMUP = 10, 3

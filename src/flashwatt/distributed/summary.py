@@ -65,3 +65,13 @@ def distributed_table(paths: list[str | Path]) -> pd.DataFrame:
     rows = [_row(DistributedCell.from_path(str(p)), read_record(p)) for p in paths]
     columns = [*DistributedCell("x", "ring", "math", "fp64", 1, 2, 1, 1, 1, 1).as_row(), *COLUMNS]
     return pd.DataFrame(rows).reindex(columns=columns)
+
+
+def write_tables(records: list[str], out: dict[str, str]) -> str:
+    """The suite's distributed table (Parquet and CSV); the status counts."""
+    from flashwatt.records import atomic_write
+
+    table = distributed_table(records)
+    atomic_write(out["parquet"], lambda tmp: table.to_parquet(tmp, index=False))
+    atomic_write(out["csv"], lambda tmp: table.to_csv(tmp, index=False, float_format="%.6g"))
+    return table["status"].value_counts().to_string() if len(table) else "no distributed cells"

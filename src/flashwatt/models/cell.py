@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from flashwatt.cell_files import RECORD_SUFFIX, RESULTS_ROOT, CellFiles, file_patterns, record_wildcards
+from flashwatt.cell_files import CellFiles, file_patterns
 
 # flashwatt.models.attention.BACKENDS (kept torch-free here; a test checks they agree)
 MODEL_BACKENDS = ("eager", "sdpa_default", "sdpa_math", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "custom")
@@ -50,6 +50,7 @@ WILDCARD_CONSTRAINTS = {
 @dataclass(frozen=True, order=True)
 class ModelCell(CellFiles):
     RECORD_PATTERN, TRACE_PATTERN, LOG_PATTERN = RECORD_PATTERN, TRACE_PATTERN, LOG_PATTERN
+    WILDCARD_CONSTRAINTS = WILDCARD_CONSTRAINTS
 
     suite: str
     model: str
@@ -146,12 +147,6 @@ class ModelCell(CellFiles):
         return cls(suite, mmodel, mbackend, mprecision, g["phase"], int(g["seq_len"]), int(g["batch"]),
                    bool(g["recompute"]), bool(g["compiled"]), int(g["gpus"] or 1), g["strategy"] or "none")
 
-    @classmethod
-    def from_path(cls, path: str) -> "ModelCell":
-        wildcards = record_wildcards(path, RESULTS_ROOT, FOLDER, 3, RECORD_SUFFIX)
-        if wildcards is None:
-            raise ValueError(f"not a model cell record: {path!r} (expected {RECORD_PATTERN})")
-        return cls.from_wildcards(*wildcards)
 
     def as_row(self) -> dict:
         return {"suite": self.suite, "model": self.model, "backend": self.backend, "precision": self.precision,

@@ -18,12 +18,12 @@ beside the SDPA default in alternating rounds on the same model (flashwatt.model
 """
 from __future__ import annotations
 
+from flashwatt.job_frame import CellOutcome, Job, run_in_frame
 from flashwatt.models.attention_share import attention_share
 from flashwatt.models.cell import ModelCell
 from flashwatt.models.preflight import why_not
-from flashwatt.models.record import base_record
+from flashwatt.models.record_kind import KIND
 from flashwatt.models.step_defaults import DEFAULT_SETTLE_S, DEFAULT_STEPS
-from flashwatt.attention.job import CellOutcome
 
 
 def run_model_cell(cell: ModelCell, spec: dict) -> CellOutcome | None:
@@ -37,19 +37,21 @@ def run_model_cell(cell: ModelCell, spec: dict) -> CellOutcome | None:
         from flashwatt.models.parallel_job import run_parallel_cell
 
         return run_parallel_cell(cell, spec)
-    from flashwatt.measured_job import run_measured_job
-
-    def body(device, telemetry, settings, stages) -> list[dict]:
+    def body(job: Job) -> list[dict]:
+        from flashwatt import measure
         from flashwatt.models.presets import build_config, shape_of
+        from flashwatt.settings import MeasureSettings
 
-        reason = why_not(cell, shape_of(build_config(spec["model"])), device, telemetry)
+        settings = MeasureSettings.from_mapping(spec.get("measure", {}))
+        device = job.open_device(settings)
+        job.stages.enter("build")
+        reason = why_not(cell, shape_of(build_config(spec["model"])), device, job.telemetry)
         if reason is not None:
-            record.update(status="skipped", reason=reason)
-            return []
-        return _measure(cell, spec, settings, device, telemetry, record, stages)
+            job.skip(reason)
+        with measure.precision_mode(cell):
+            return _measure(cell, spec, settings, device, job.telemetry, job.record, job.stages)
 
-    record = base_record(cell, spec)
-    return run_measured_job(cell, record, spec.get("measure", {}), body)
+    return run_in_frame(KIND, cell, spec, body, first_stage="startup")
 
 
 def _memory(device) -> dict:

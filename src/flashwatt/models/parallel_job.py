@@ -22,16 +22,13 @@ from __future__ import annotations
 
 import os
 import statistics
-import time
-import traceback
 
+from flashwatt.job_frame import CellOutcome, Job, run_in_frame
 from flashwatt.models.attention_share import attention_share
 from flashwatt.models.cell import ModelCell
 from flashwatt.models.preflight import why_not
-from flashwatt.models.record import base_record
+from flashwatt.models.record_kind import KIND
 from flashwatt.models.step_defaults import DEFAULT_STEPS, PARALLEL_STEPS
-from flashwatt.provenance import provenance, utc_now
-from flashwatt.attention.job import CellOutcome
 
 
 def available_gpus(nodes: int) -> int:
@@ -71,58 +68,38 @@ def run_parallel_cell(cell: ModelCell, spec: dict) -> CellOutcome | None:
     from flashwatt.distributed import rendezvous
 
     rendezvous.multicast_off()
-    record = base_record(cell, spec)
-    trace: list[dict] = []
-    t0 = time.perf_counter()
-    rank = 0
-    try:
-        record["provenance"] = provenance()
+
+    def body(job: Job) -> list[dict]:
         import torch
         import torch.distributed as dist
 
         from flashwatt import measure
-        from flashwatt.kernels.base import UnsupportedCell
+        from flashwatt.distributed.groups import forget_meshes
         from flashwatt.models.presets import build_config, shape_of
         from flashwatt.settings import MeasureSettings
 
         rdv = rendezvous.from_environment()
-        rank = rdv.rank
+        job.rank_zero = rdv.rank == 0
         settings = MeasureSettings.from_mapping(spec.get("measure", {}))
         shape = shape_of(build_config(spec["model"]))
         device_type = "cuda" if torch.cuda.is_available() else "cpu"
         reason = why_not_parallel(cell, shape, device_type, available_gpus(rdv.nodes))
         if reason is not None:
-            record.update(status="skipped", reason=reason)
-            return CellOutcome(record, trace) if rank == 0 else None
+            job.skip(reason)
         if rdv.world != cell.gpus:
             raise ValueError(f"model cell asks for {cell.gpus} GPUs but {rdv.world} processes were started "
                              "(one process per GPU)")
-        device = rendezvous.start(rdv)
-        record["environment"] = {k: os.environ.get(k) for k in rendezvous.MULTICAST_OFF}
-        stage = {"now": "build"}
+        job.device = rendezvous.start(rdv)
+        job.record["environment"] = {k: os.environ.get(k) for k in rendezvous.MULTICAST_OFF}
+        job.stages.enter("build")
         try:
             with measure.precision_mode(cell):
-                trace = _measure(cell, spec, settings, device, record, stage)
-        except UnsupportedCell as err:
-            record.update(status="skipped", reason=str(err))
-        except Exception as err:
-            if not measure.is_oom(err):
-                raise
-            record.update(status="oom", reason=f"out of memory during {stage['now']}: {str(err).splitlines()[0]}",
-                          oom_stage=stage["now"])
+                return _measure(cell, spec, settings, job.device, job.record, job.stages)
         finally:
             dist.destroy_process_group()
-            from flashwatt.distributed.groups import clear_default_meshes
+            forget_meshes()
 
-            clear_default_meshes()
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
-    except Exception as err:
-        record.update(status="error", reason=f"{type(err).__name__}: {err}", traceback=traceback.format_exc())
-    finally:
-        record["finished"] = utc_now()
-        record["duration_s"] = round(time.perf_counter() - t0, 3)
-    return CellOutcome(record, trace) if rank == 0 else None
+    return run_in_frame(KIND, cell, spec, body)
 
 
 def _slowest(per_rank: list[dict], keys) -> dict:
@@ -135,8 +112,8 @@ def _slowest(per_rank: list[dict], keys) -> dict:
     return out
 
 
-def _measure(cell: ModelCell, spec: dict, settings, device, record: dict, stage: dict) -> list[dict]:
-    """The cell on this rank, stage by stage (`stage["now"]` names the one running, for an
+def _measure(cell: ModelCell, spec: dict, settings, device, record: dict, stage) -> list[dict]:
+    """The cell on this rank, stage by stage (`stage` names the one running, for an
     out-of-memory record): build, prepare for the strategy, check, time, attention share,
     communication, energy. Returns the energy window's trace (rank 0's)."""
     import torch.distributed as dist
@@ -157,7 +134,7 @@ def _measure(cell: ModelCell, spec: dict, settings, device, record: dict, stage:
     shape, body, record["model"] = model_record(model, spec["model"])
     adapter, parallel = _prepare_for_strategy(cell, model, train, world, record)
 
-    stage["now"] = "check"
+    stage.enter("check")
     record["check"] = check_parallel(parallel, lambda: build_model(spec["model"], cell.precision, device, seed),
                                      lambda m: reference_factory(m, device), cell.precision, shape.vocab,
                                      shape.max_positions, train, seed)
@@ -171,16 +148,16 @@ def _measure(cell: ModelCell, spec: dict, settings, device, record: dict, stage:
         shape, body, cell.global_batch, cell.seq_len, cell.phase, timing["step_ms"] / 1e3,
         (record.get("device") or {}).get("name") if rank == 0 else None, cell.precision, gpus=world)
 
-    stage["now"] = "attention steps"
+    stage.enter("attention steps")
     record["attention"] = _attention_share_of_ranks(step, model, cell, device, int(steps["attention_steps"]))
     if adapter is not None:
         record["attention"]["kv_expanded"] = adapter.kv_expanded
 
-    stage["now"] = "communication steps"
+    stage.enter("communication steps")
     comm = gather(communication_split(step.run, device, int(steps["comm_steps"])))
     record["communication"] = _communication(comm, timing)
 
-    stage["now"] = "energy window"
+    stage.enter("energy window")
     trace = _energy(cell, step, device, settings, timing, uuid, rank, record)
     _set_status(record)
     return trace
@@ -188,9 +165,9 @@ def _measure(cell: ModelCell, spec: dict, settings, device, record: dict, stage:
 
 def _record_devices(device, rank: int, record: dict) -> str | None:
     """Rank 0's device identity and every rank's device in the record; this rank's GPU UUID."""
-    from flashwatt.attention.job import device_identity
     from flashwatt.distributed.energy_window import device_of
     from flashwatt.distributed.timing import gather
+    from flashwatt.job_frame import device_identity
     from flashwatt.telemetry import NullTelemetry, open_telemetry
 
     uuid = device_of(device).get("uuid")
@@ -247,17 +224,16 @@ def _parallel_step(cell: ModelCell, parallel, model, shape, seed: int, device, t
     return ParallelStep(parallel, tokens, cell.phase, optimizer)
 
 
-def _time_steps(cell: ModelCell, step, device, steps: dict, rank: int, train: bool, record: dict,
-                stage: dict) -> dict:
+def _time_steps(cell: ModelCell, step, device, steps: dict, rank: int, train: bool, record: dict, stage) -> dict:
     """Warm-up, then timed steps on every rank: the slowest rank's median per phase (every
     rank's beside it), and each GPU's peak memory. Returns the timing it records."""
     from flashwatt.distributed.timing import gather
     from flashwatt.models.step import time_steps, warm_up
 
-    stage["now"] = "warm-up"
+    stage.enter("warm-up")
     warm = warm_up(step, device, int(steps["warmup_steps"]))
 
-    stage["now"] = "timed steps"
+    stage.enter("timed steps")
     mine = time_steps(step, device, int(steps["timed_steps"]))
     per_rank = gather(mine)
     timing = _slowest(per_rank, [f"{part}_ms" for part in (*step.parts, "step")])

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import itertools
 
-from flashwatt.config import ConfigError
+from flashwatt.config_error import ConfigError
 from flashwatt.models.cell import ModelCell
 from flashwatt.models.job import DEFAULT_SETTLE_S, DEFAULT_STEPS
 from flashwatt.models.paired import why_unpaired

@@ -136,3 +136,13 @@ def model_table(paths: list[str | Path]) -> pd.DataFrame:
     table["speedup_vs_one_gpu"] = (table["tokens_per_s"] / table["_one_tps"]).where(ok)
     table["scaling_efficiency"] = table["speedup_vs_one_gpu"] / table["gpus"]
     return table.drop(columns=["_base_tps", "_base_jpt", "_base_uuid", "_one_tps"]).reindex(columns=columns)
+
+
+def write_tables(records: list[str], out: dict[str, str]) -> str:
+    """The suite's model table (Parquet and CSV); the status counts."""
+    from flashwatt.records import atomic_write
+
+    table = model_table(records)
+    atomic_write(out["parquet"], lambda tmp: table.to_parquet(tmp, index=False))
+    atomic_write(out["csv"], lambda tmp: table.to_csv(tmp, index=False, float_format="%.6g"))
+    return table["status"].value_counts().to_string() if len(table) else "no model cells"

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from flashwatt.cell_files import RECORD_SUFFIX, RESULTS_ROOT, CellFiles, file_patterns, record_wildcards
+from flashwatt.cell_files import CellFiles, file_patterns
 from flashwatt.models.cell import MODEL_BACKENDS
 
 # Mixed precision: weights, gradients and optimizer states in float32; the forward and
@@ -51,6 +51,7 @@ def number(x: float) -> str:
 @dataclass(frozen=True, order=True)
 class TrainCell(CellFiles):
     RECORD_PATTERN, TRACE_PATTERN, LOG_PATTERN = RECORD_PATTERN, TRACE_PATTERN, LOG_PATTERN
+    WILDCARD_CONSTRAINTS = WILDCARD_CONSTRAINTS
 
     suite: str
     model: str
@@ -136,12 +137,6 @@ class TrainCell(CellFiles):
                    float(g["dropout"]), float(g["weight_decay"]), int(g["batch"]), int(g["context"]),
                    int(g["tokens"]), int(g["seed"]))
 
-    @classmethod
-    def from_path(cls, path: str) -> "TrainCell":
-        wildcards = record_wildcards(path, RESULTS_ROOT, FOLDER, 3, RECORD_SUFFIX)
-        if wildcards is None:
-            raise ValueError(f"not a training cell record: {path!r} (expected {RECORD_PATTERN})")
-        return cls.from_wildcards(*wildcards)
 
     def as_row(self) -> dict:
         return {"suite": self.suite, "model": self.model, "backend": self.backend, "precision": self.precision,

@@ -27,7 +27,7 @@ from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
-from flashwatt.config import ConfigError
+from flashwatt.config_error import ConfigError
 
 WIKITEXT103 = "wikitext103"
 SPLITS = ("train", "validation")

@@ -17,16 +17,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from flashwatt.job_frame import CellOutcome, Job, run_in_frame
 from flashwatt.provenance import utc_now
-from flashwatt.attention.job import CellOutcome
 from flashwatt.training.cell import TrainCell
 
-SCHEMA_VERSION = 1
-
-
-def base_record(cell: TrainCell, spec: dict) -> dict:
-    return {"schema_version": SCHEMA_VERSION, "kind": "train", "cell": cell.as_row(), "status": None,
-            "reason": None, "spec": dict(spec), "started": utc_now()}
+KIND = "train"
 
 
 def read_manifest(path: str | Path) -> dict:
@@ -66,15 +61,18 @@ def why_not(cell: TrainCell, spec: dict, shape, family: str, device) -> str | No
 
 def run_train_cell(cell: TrainCell, spec: dict) -> CellOutcome:
     """Train one cell; never raises for a problem of the cell itself."""
-    from flashwatt.measured_job import run_measured_job
-
     steps: list[dict] = []  # the per-step trace, kept whatever ends the run
 
-    def body(device, telemetry, settings, stages) -> None:
-        _train(cell, spec, device, telemetry, record, stages, steps)
+    def body(job: Job) -> None:
+        from flashwatt import measure
+        from flashwatt.settings import MeasureSettings
 
-    record = base_record(cell, spec)
-    return CellOutcome(run_measured_job(cell, record, spec.get("measure", {}), body).record, steps)
+        device = job.open_device(MeasureSettings.from_mapping(spec.get("measure", {})))
+        job.stages.enter("build")
+        with measure.precision_mode(cell):
+            _train(cell, spec, device, job.telemetry, job.record, job.stages, steps)
+
+    return CellOutcome(run_in_frame(KIND, cell, spec, body, first_stage="startup").record, steps)
 
 
 def _train(cell: TrainCell, spec: dict, device, telemetry, record: dict, stage, steps: list[dict]) -> None:

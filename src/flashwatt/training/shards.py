@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from filelock import FileLock
 
-from flashwatt.config import ConfigError
+from flashwatt.config_error import ConfigError
 from flashwatt.records import atomic_write
 from flashwatt.training.corpus import SPLITS, Corpus
 from flashwatt.training.tokenizer import TextTokenizer

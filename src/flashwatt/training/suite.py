@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import itertools
 
-from flashwatt.config import ConfigError
+from flashwatt.config_error import ConfigError
 from flashwatt.models.presets import has_residual_dropout
 from flashwatt.models.suite import grid_model_specs, positions_of
 from flashwatt.training.cell import TrainCell

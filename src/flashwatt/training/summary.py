@@ -122,3 +122,16 @@ def setting_table(runs: pd.DataFrame) -> pd.DataFrame:
         stats.columns = [f"{column}_{s}" for s in stats.columns]
         out = out.merge(stats.reset_index(), on=keys, how="left")
     return out
+
+
+def write_tables(records: list[str], out: dict[str, str]) -> str:
+    """The suite's training runs, their curves and the spread over seeds; the status counts."""
+    from flashwatt.records import atomic_write
+
+    runs, curves = run_table(records)
+    settings = setting_table(runs)
+    atomic_write(out["runs"], lambda tmp: runs.to_parquet(tmp, index=False))
+    atomic_write(out["curves"], lambda tmp: curves.to_parquet(tmp, index=False))
+    atomic_write(out["csv"], lambda tmp: runs.to_csv(tmp, index=False, float_format="%.6g"))
+    atomic_write(out["settings"], lambda tmp: settings.to_csv(tmp, index=False, float_format="%.6g"))
+    return runs["status"].value_counts().to_string() if len(runs) else "no training cells"

@@ -26,7 +26,7 @@ from pathlib import Path
 from filelock import FileLock
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from flashwatt.config import ConfigError
+from flashwatt.config_error import ConfigError
 from flashwatt.records import atomic_write
 from flashwatt.training.corpus import Corpus
 

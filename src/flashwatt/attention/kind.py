@@ -1,0 +1,52 @@
+"""The attention kind: one attention call per cell (flashwatt.kind says what a kind is)."""
+from __future__ import annotations
+
+from flashwatt.attention.cell import Cell
+from flashwatt.attention.figures import FIGURES
+from flashwatt.attention.suite import attention_cells, filter_cells
+from flashwatt.kind import Kind, TableFile
+from flashwatt.vocabulary import SCHEMA_ENUMS
+
+
+def fill_schema(grids: dict) -> None:
+    """The grid's lists of names, from the code that names them (flashwatt.vocabulary)."""
+    grid = grids["items"]["properties"]
+    for key, names in SCHEMA_ENUMS.items():
+        grid[key]["items"] = {"enum": list(names)}
+
+
+def draw(name: str, tables: dict, out: str, options: dict) -> None:
+    from flashwatt.attention.figures import draw as draw_figure
+
+    draw_figure(name, tables["summary"], out, options)
+
+
+def report_values(suite: str) -> dict:
+    """The report's method sentences, from what the suite's summary says each cell used."""
+    from flashwatt.attention.report_method import report_method
+
+    return report_method(f"results/{suite}/summary.parquet")
+
+
+KIND = Kind(
+    name="attention",
+    section="grids",
+    cell=Cell,
+    plan=attention_cells,
+    filter=filter_cells,
+    job="flashwatt.attention.job:run_cell",
+    tables=(
+        TableFile("summary", "summary.parquet"),
+        TableFile("csv", "summary.csv", "summary.rst", "summary"),
+        TableFile("flagged", "flagged.csv", "flagged.rst", "flagged", about="cells to look at"),
+    ),
+    write_tables="flashwatt.attention.summary:write_tables",
+    figures=FIGURES,
+    draw="flashwatt.attention.kind:draw",
+    schema="schema.yaml",
+    fill_schema=fill_schema,
+    report="report.rst",
+    report_values="flashwatt.attention.kind:report_values",
+    spec_field="settings",
+    figure_caption="figure.rst",
+)

@@ -1,0 +1,43 @@
+"""The distributed kind: one sequence-parallel attention problem per cell, one process
+per GPU (flashwatt.kind says what a kind is)."""
+from __future__ import annotations
+
+from flashwatt.distributed import cell as distributed
+from flashwatt.distributed.figures import DISTRIBUTED_FIGURES
+from flashwatt.distributed.suite import distributed_runs
+from flashwatt.kind import Kind, TableFile
+
+
+def fill_schema(section: dict) -> None:
+    grid = section["properties"]["grids"]["items"]["properties"]
+    for key, names in (("strategies", distributed.STRATEGIES), ("blocks", distributed.BLOCKS),
+                       ("precisions", distributed.PRECISIONS), ("passes", distributed.PASSES)):
+        grid[key]["items"] = {"enum": list(names)}
+
+
+def draw(name: str, tables: dict, out: str, options: dict) -> None:
+    from flashwatt.distributed.figures import draw as draw_figure
+
+    draw_figure(name, tables["parquet"], out)
+
+
+KIND = Kind(
+    name="distributed",
+    section="distributed",
+    cell=distributed.DistributedCell,
+    plan=distributed_runs,
+    job="flashwatt.distributed.cell_run:run_distributed_cell",
+    tables=(
+        TableFile("parquet", "distributed.parquet"),
+        TableFile("csv", "distributed.csv", "distributed_table.rst", "distributed", about="distributed cells"),
+    ),
+    write_tables="flashwatt.distributed.summary:write_tables",
+    figures=DISTRIBUTED_FIGURES,
+    draw="flashwatt.distributed.kind:draw",
+    schema="schema.yaml",
+    fill_schema=fill_schema,
+    report="report.rst",
+    rule_prefix="distributed_",
+    runtime_min=60,
+    figure_caption="distributed_figure.rst",
+)

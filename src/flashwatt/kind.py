@@ -1,0 +1,127 @@
+"""A kind of cell, defined in one place: what every part of flashwatt needs to know of it.
+
+flashwatt measures several kinds of cell (an attention call, a controlled run, attention
+across GPUs, a whole model's step, a training run). Each kind's package declares one
+`Kind` in its `kind.py`, and `flashwatt.kinds` lists them; planning, validation, the
+config schema, the workflow's rules, the tables, the figures, the report and the CLI
+loop over that list, so a kind added there is planned, run, tabled, drawn and counted
+with no other edit (docs/architecture.md, "How to add a kind").
+
+Torch-free: the DAG is built on login nodes. What needs torch or pandas (the job, the
+tables, the figures) is named as "module:function" and imported where it runs.
+"""
+from __future__ import annotations
+
+import copy
+import importlib
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any, Callable, Mapping
+
+import yaml
+
+from flashwatt.job_frame import envelope
+
+
+def resolve(target: str) -> Callable:
+    """The function a "package.module:function" string names."""
+    module, _, name = target.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+@dataclass(frozen=True)
+class TableFile:
+    """One file of a kind's tables, results/<suite>/<name>."""
+
+    key: str                     # the table rule's output name (what the writer and the figures read)
+    name: str                    # file name under results/<suite>/
+    caption: str | None = None   # caption file under workflow/report/ when the report shows the file
+    label: str | None = None     # the report's label for it
+    about: str | None = None     # what the CLI says of it after a run ("cells to look at")
+
+    def path(self, suite: str) -> str:
+        return f"results/{suite}/{self.name}"
+
+
+@dataclass(frozen=True)
+class Kind:
+    """Everything flashwatt needs to plan, run, table, draw and report one kind of cell."""
+
+    name: str          # the record's `kind`
+    section: str       # the key of a suite that holds this kind's cells (config/README.md)
+    cell: type         # frozen dataclass: RECORD_PATTERN, TRACE_PATTERN, LOG_PATTERN,
+                       # WILDCARD_CONSTRAINTS, from_wildcards, from_path, path, id, as_row
+    plan: Callable[[dict, str], dict]  # plan(config, suite) -> {cell: spec}, in order; raises
+                                       # ConfigError naming the key of a bad value
+    job: str           # "module:function": job(cell, spec) -> CellOutcome (None on ranks > 0)
+    tables: tuple[TableFile, ...]
+    write_tables: str  # "module:function": write(records, outputs: {key: path}) -> status counts text
+    # filter(cells, query, suite) -> the cells a `filter` query keeps (ConfigError when none);
+    # a kind without one runs every cell whatever the filter
+    filter: Callable[[list, str, str], list] | None = None
+    figures: Mapping[str, Any] = field(default_factory=dict)  # name -> figure spec (name, caption, ext)
+    draw: str | None = None  # "module:function": draw(figure name, tables: {key: path}, output path)
+    schema: str | dict | None = None  # the section's JSON schema: a YAML file, package data beside
+                                      # the kind, or the schema itself
+    fill_schema: Callable[[dict], None] | None = None  # fills the section's enums from the code's names
+    report: str | None = None  # report text (reStructuredText) of the method, package data
+    report_values: str | None = None  # "module:function": values(suite) -> {name: text} for the report's {name}s
+    figure_caption: str = "figure.rst"  # caption file of the kind's figures under workflow/report/
+    rule_prefix: str = ""      # rules <prefix>cell, <prefix>aggregate, <prefix>figure
+    runtime_min: int = 30      # a cell job's time limit (Slurm), minutes
+    spec_field: str = "spec"   # where the record keeps the cell's spec
+    cell_inputs: Mapping[str, str] = field(default_factory=dict)  # more inputs of the cell rule (patterns)
+    rules: str | None = None   # a Snakemake file of the kind's other rules (those making cell_inputs),
+                               # relative to workflow/rules/ or absolute
+    figure_inputs: tuple[str, ...] = ()  # keys of the tables the figures read (default: every .parquet)
+
+    # ---- derived, never written twice ----------------------------------------------
+    def envelope(self, cell: Any, spec: dict) -> dict:
+        """The start of a record of this kind (what a job that died is recorded with)."""
+        return envelope(self.name, cell, spec, self.spec_field)
+
+    def resources(self, cell: Any) -> dict:
+        """The cell job's resources: its GPUs, one task per GPU for a job of several, its time."""
+        gpus = int(getattr(cell, "gpus", 1))
+        out = {"gpus": gpus, "runtime": self.runtime_min}
+        if gpus > 1:
+            out["tasks"] = gpus
+        return out
+
+    def table_paths(self, suite: str) -> dict[str, str]:
+        return {t.key: t.path(suite) for t in self.tables}
+
+    def figure_tables(self, suite: str) -> dict[str, str]:
+        keys = self.figure_inputs or tuple(t.key for t in self.tables if t.name.endswith(".parquet"))
+        paths = self.table_paths(suite)
+        return {key: paths[key] for key in keys}
+
+    def figure_paths(self, suite: str) -> list[str]:
+        return [f"figures/{suite}/{name}.{getattr(spec, 'ext', 'pdf')}" for name, spec in self.figures.items()]
+
+    def outputs(self, suite: str) -> list[str]:
+        """What a run of a suite with cells of this kind builds: its tables and figures."""
+        return [*self.table_paths(suite).values(), *self.figure_paths(suite)]
+
+    def section_schema(self) -> dict | None:
+        if self.schema is None:
+            return None
+        if isinstance(self.schema, dict):
+            schema = copy.deepcopy(self.schema)
+        else:
+            schema = yaml.safe_load((resources.files(self.package) / self.schema).read_text())
+        if self.fill_schema is not None:
+            self.fill_schema(schema)
+        return schema
+
+    def report_text(self, suite: str) -> str:
+        """The report's paragraph on how this kind's cells were measured."""
+        if self.report is None:
+            return ""
+        text = (resources.files(self.package) / self.report).read_text()
+        return text.format_map(resolve(self.report_values)(suite)) if self.report_values else text
+
+    @property
+    def package(self) -> str:
+        """The package the kind lives in (its schema and report text are data there)."""
+        return self.cell.__module__.rpartition(".")[0]

@@ -1,0 +1,58 @@
+"""The model kind: one step of a whole model per cell, on one GPU or several
+(flashwatt.kind says what a kind is)."""
+from __future__ import annotations
+
+from flashwatt.kind import Kind, TableFile
+from flashwatt.models import cell as models
+from flashwatt.models.figures import MODEL_FIGURES
+from flashwatt.models.suite import model_runs
+
+
+def fill_schema(section: dict) -> None:
+    grid = section["properties"]["grids"]["items"]["properties"]
+    for key, names in (("precisions", models.MODEL_PRECISIONS), ("phases", models.PHASES),
+                       ("strategies", models.MODEL_STRATEGIES)):
+        grid[key]["items"] = {"enum": list(names)}
+    grid["backends"]["items"] = {"anyOf": [{"enum": list(models.MODEL_BACKENDS)},
+                                           {"type": "string", "pattern": f"^{models.CONTROL_BACKEND_RE}$"}]}
+
+
+def plan(config: dict, suite: str) -> dict:
+    from flashwatt.settings import measure_settings
+
+    if not config["suites"][suite].get("models"):
+        return {}
+    return model_runs(config, suite, measure_settings(config, suite))
+
+
+def draw(name: str, tables: dict, out: str, options: dict) -> None:
+    from flashwatt.models.figures import draw as draw_figure
+
+    draw_figure(name, tables["parquet"], out)
+
+
+class _ModelKind(Kind):
+    def resources(self, cell) -> dict:
+        # A cell of several GPUs also brings its process group up and checks against one process.
+        return {**super().resources(cell), "tasks": cell.gpus, "runtime": 30 if cell.gpus == 1 else 60}
+
+
+KIND = _ModelKind(
+    name="model",
+    section="models",
+    cell=models.ModelCell,
+    plan=plan,
+    job="flashwatt.models.job:run_model_cell",
+    tables=(
+        TableFile("parquet", "models.parquet"),
+        TableFile("csv", "models.csv", "models_table.rst", "models", about="model cells against the SDPA default"),
+    ),
+    write_tables="flashwatt.models.summary:write_tables",
+    figures=MODEL_FIGURES,
+    draw="flashwatt.models.kind:draw",
+    schema="schema.yaml",
+    fill_schema=fill_schema,
+    report="report.rst",
+    rule_prefix="model_",
+    figure_caption="models_figure.rst",
+)
