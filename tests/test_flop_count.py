@@ -25,7 +25,7 @@ def test_an_unknown_pass_is_refused_by_name():
         attention_flops(1, 1, 16, 16, False, "bwd")
 
 
-@pytest.mark.parametrize("causal, pass_", itertools.product([False, True], ["fwd", "fwd_bwd"]))
+@pytest.mark.parametrize("causal, pass_", list(itertools.product([False, True], ["fwd", "fwd_bwd"])))
 def test_attention_and_distributed_cells_count_alike(causal, pass_):
     from flashwatt.distributed.job import flops
 
