@@ -55,7 +55,7 @@ class Backend:
     implementation: str
     precisions: tuple[str, ...]  # cell precisions it runs on a CUDA device
     cpu_precisions: tuple[str, ...] = ()  # those it runs on the CPU; none: CUDA only
-    head_dims: tuple[int, ...] | None = None  # None: whatever its implementation takes (it refuses the rest when called)
+    head_dims: tuple[int, ...] | None = None  # None: whatever its implementation takes (it refuses the rest)
     causal: bool = True  # takes the causal mask (top-left aligned)
     grouped_query: bool = True  # takes K/V with fewer heads than Q itself; callers expand them for one that does not
     backward: bool = True  # has a backward pass (fwd_bwd cells, training)

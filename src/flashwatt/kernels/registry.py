@@ -146,8 +146,9 @@ def runnable_block(block: str, precision: str, device_type: str, head_dim: int |
     for pick in owner.block.picks:
         if backend_of_block(pick).block_refusal(precision, device_type, head_dim) is None:
             return backend_of_block(pick).block
-    raise ValueError(f"block {block} ({owner.name}) finds none of {', '.join(owner.block.picks)} that runs "
-                     f"{precision} at head_dim {head_dim} on {device_type}")
+    at = f" at head_dim {head_dim}" if head_dim is not None else ""
+    raise ValueError(f"block {block!r} ({owner.name}) finds none of {', '.join(owner.block.picks)} that runs "
+                     f"{precision}{at} on {device_type}")
 
 
 def block_refusal(block: str, precision: str, device_type: str, head_dim: int | None = None) -> str | None:
