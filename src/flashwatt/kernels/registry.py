@@ -37,6 +37,7 @@ _DECLARED: dict[str, Backend] = {b.name: b for b in (
     Backend("sdpa_math", "flashwatt.kernels.sdpa:SDPA_MATH", EVERY_PRECISION, CPU_FP32,
             block=Block("math", "flashwatt.kernels.blocks:MathBlock", ("fp64", *EVERY_PRECISION),
                         ("fp64", *EVERY_PRECISION))),
+    # Deterministic under torch's deterministic mode, which PyTorch passes on to its backward.
     Backend("sdpa_flash", "flashwatt.kernels.sdpa:SDPA_FLASH", HALF, control_order=2,
             block=Block("flash", "flashwatt.kernels.blocks:FlashBlock", HALF)),
     # Deterministic under torch's deterministic mode, which makes it split no key range.

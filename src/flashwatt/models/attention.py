@@ -10,8 +10,7 @@ Backends (flashwatt.models.cell.MODEL_BACKENDS):
   eager          transformers' own eager attention (matmul, softmax, matmul): the naive baseline
   sdpa_default   transformers' own SDPA path, nothing forced: what a user gets by default
   the others     each backend of flashwatt's registry that plugs into a model
-                 (flashwatt.kernels.registry: sdpa_math, sdpa_flash, sdpa_efficient,
-                 sdpa_cudnn, custom), the backend forced
+                 (flashwatt.kernels.registry), the backend forced: sdpa_flash, custom, ...
 
 The registry's kernels take full, unpadded sequences with the default scale 1/sqrt(D),
 which is what prefill and training on packed contexts give them; a padded batch, a
