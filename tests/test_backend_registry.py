@@ -13,7 +13,7 @@ import torch
 
 from flashwatt.attention.cell import Cell
 from flashwatt.kernels import AttentionCall, Backend, DeclaredKernel, get_kernel, registry
-from flashwatt.kernels.backend import load
+from flashwatt.kernels.declaration import load
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda", 0)
 

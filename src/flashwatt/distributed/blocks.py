@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from flashwatt.kernels.backend import load
+from flashwatt.kernels.declaration import load
 from flashwatt.kernels.registry import block_names, runnable_block
 
 BLOCK_NAMES = block_names()

@@ -7,7 +7,7 @@ Torch-free at import: a backend's implementation is imported when first asked fo
 """
 from __future__ import annotations
 
-from flashwatt.kernels.backend import Backend, Block, DeclaredKernel
+from flashwatt.kernels.declaration import Backend, Block, DeclaredKernel
 from flashwatt.kernels.base import Kernel, UnsupportedCell
 from flashwatt.kernels.call import AttentionCall
 from flashwatt.kernels.registry import backend, get_kernel, kernel_names, register

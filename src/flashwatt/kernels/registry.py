@@ -1,6 +1,6 @@
 """The backend registry: every attention implementation flashwatt runs, declared once.
 
-Each `Backend` (flashwatt.kernels.backend) names an implementation, what it supports and
+Each `Backend` (flashwatt.kernels.declaration) names an implementation, what it supports and
 where it lives. Every list of backend names derives from these declarations:
 
     flashwatt.vocabulary.KERNEL_NAMES             attention cells: every backend
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import functools
 
-from flashwatt.kernels.backend import Backend, Block, DeclaredKernel
+from flashwatt.kernels.declaration import Backend, Block, DeclaredKernel
 
 EVERY_PRECISION = ("fp32", "tf32", "fp16", "bf16")
 HALF = ("fp16", "bf16")
