@@ -1,6 +1,5 @@
-"""Snakemake entry point of rule `control_figure`: draw one control figure from the suite's control tables."""
-from flashwatt.control.figures import draw
+"""Snakemake entry point of rule `control_figure`: one figure of the suite's control tables."""
+from flashwatt.control.figures import CONTROL_FIGURES
+from flashwatt.figure_base import write_rule_figure
 
-snakemake = globals()["snakemake"]  # injected by Snakemake's script directive
-draw(snakemake.wildcards.control_figure, snakemake.input.runs, snakemake.input.oracle, snakemake.input.traces,
-     snakemake.output[0])
+write_rule_figure(CONTROL_FIGURES, globals()["snakemake"])  # `snakemake`: injected by the script directive

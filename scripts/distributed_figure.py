@@ -1,5 +1,5 @@
-"""Snakemake entry point of rule `distributed_figure`: draw one figure from the suite's distributed table."""
-from flashwatt.distributed.figures import draw
+"""Snakemake entry point of rule `distributed_figure`: one figure of the suite's distributed table."""
+from flashwatt.distributed.figures import DISTRIBUTED_FIGURES
+from flashwatt.figure_base import write_rule_figure
 
-snakemake = globals()["snakemake"]  # injected by Snakemake's script directive
-draw(snakemake.wildcards.distributed_figure, snakemake.input.table, snakemake.output[0])
+write_rule_figure(DISTRIBUTED_FIGURES, globals()["snakemake"])  # `snakemake`: injected by the script directive

@@ -1,5 +1,5 @@
-"""Snakemake entry point of rule `figure`: draw one figure from the summary."""
-from flashwatt.attention.figures import draw
+"""Snakemake entry point of rule `figure`: one figure of the attention suite, from its summary."""
+from flashwatt.attention.figures import FIGURES
+from flashwatt.figure_base import write_rule_figure
 
-snakemake = globals()["snakemake"]  # injected by Snakemake's script directive
-draw(snakemake.wildcards.figure, snakemake.input.summary, snakemake.output[0], snakemake.params.options)
+write_rule_figure(FIGURES, globals()["snakemake"])  # `snakemake`: injected by the script directive

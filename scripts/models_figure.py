@@ -1,5 +1,5 @@
-"""Snakemake entry point of rule `model_figure`: draw one figure from the suite's model table."""
-from flashwatt.models.figures import draw
+"""Snakemake entry point of rule `model_figure`: one figure of the suite's model table."""
+from flashwatt.figure_base import write_rule_figure
+from flashwatt.models.figures import MODEL_FIGURES
 
-snakemake = globals()["snakemake"]  # injected by Snakemake's script directive
-draw(snakemake.wildcards.model_figure, snakemake.input.table, snakemake.output[0])
+write_rule_figure(MODEL_FIGURES, globals()["snakemake"])  # `snakemake`: injected by the script directive

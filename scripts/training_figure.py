@@ -1,5 +1,5 @@
-"""Snakemake entry point of rule `training_figure`: draw one figure from the suite's training tables."""
-from flashwatt.training.figures import draw
+"""Snakemake entry point of rule `training_figure`: one figure of the suite's training tables."""
+from flashwatt.figure_base import write_rule_figure
+from flashwatt.training.figures import TRAINING_FIGURES
 
-snakemake = globals()["snakemake"]  # injected by Snakemake's script directive
-draw(snakemake.wildcards.training_figure, snakemake.input.runs, snakemake.input.curves, snakemake.output[0])
+write_rule_figure(TRAINING_FIGURES, globals()["snakemake"])  # `snakemake`: injected by the script directive
