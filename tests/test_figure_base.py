@@ -85,10 +85,17 @@ def bars(frame: pd.DataFrame) -> plt.Figure:
 
 
 class Unrenderable(Artist):
-    """An artist that fails as the figure is being saved, after the file was opened."""
+    """An artist that draws for the layout (savefig's tight bounding box draws the figure
+    once) and then fails as the figure is drawn into the file: a PDF is half written then."""
+
+    def __init__(self):
+        super().__init__()
+        self.drawn = 0
 
     def draw(self, renderer):
-        raise RuntimeError("drawing failed halfway through the file")
+        self.drawn += 1
+        if self.drawn > 1:
+            raise RuntimeError("drawing failed halfway through the file")
 
 
 def fails_while_saving(frame: pd.DataFrame) -> plt.Figure:

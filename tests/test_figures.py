@@ -387,6 +387,10 @@ def test_a_facet_above_a_dropped_one_keeps_its_kernel_names_and_the_left_one_its
     fp32 = facet(fig, f"{SHAPE} fwd B=16 | fp32")  # the facet under it, fwd_bwd x fp32, is not drawn
     assert [t.get_text() for t in fp32.get_xticklabels() if t.get_visible()] == ["custom", "naive", "sdpa_flash"]
     assert facet(fig, f"{SHAPE} fwd_bwd B=16 | fp16").get_ylabel() == "GFLOP/s per W"
+    # a shape run at fp32 only: its row's first facet (fp16) is not drawn, the fp32 one takes the axis label
+    fp32_only = gaps[(gaps["precision"] == "fp32") & (gaps["status"] == "ok")].assign(heads=4)
+    fig = render("gflops_per_w", pd.concat([gaps, fp32_only], ignore_index=True))
+    assert facet(fig, "D=64 H=4 full fwd B=16 | fp32").get_ylabel() == "GFLOP/s per W"
 
 
 @pytest.mark.parametrize("name", ["energy_per_call", "gflops_per_w"])
