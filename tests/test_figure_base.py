@@ -21,8 +21,8 @@ from flashwatt.control.figures import CONTROL_FIGURES
 from flashwatt.control.summary import runs_table, traces_table
 from flashwatt.distributed.figures import DISTRIBUTED_FIGURES
 from flashwatt.distributed.summary import distributed_table
-from flashwatt.figure_base import (FORMATS, NOT_MEASURED, NOTHING_TO_DRAW, FigureSpec, parquet_table, write_figure,
-                                   write_rule_figure)
+from flashwatt.figure_base import (FORMATS, NOT_MEASURED, NOTHING_TO_DRAW, FigureSpec, measured_where, parquet_table,
+                                   write_figure, write_rule_figure)
 from flashwatt.models.cell import ModelCell
 from flashwatt.models.figures import MODEL_FIGURES
 from flashwatt.models.job import base_record as model_record
@@ -152,7 +152,17 @@ def test_the_title_is_the_figures_over_where_it_was_measured(table):
     assert fig.get_suptitle() == "A probe\nsuite s · CPU x86_64 · 1 of 1 cells ok"
 
 
+def test_the_line_under_the_title_names_each_device_once():
+    cells = pd.DataFrame({"suite": ["s", "s", "s"], "status": ["ok", "skipped", "ok"],
+                          "device": ["cpu", None, "NVIDIA H200"], "device_type": ["cpu", None, "cuda"]})
+    assert measured_where(cells) == "suite s · CPU, NVIDIA H200 · 2 of 3 cells ok"
+
+
 # ---- every kind through the base ------------------------------------------------------
+
+def test_no_two_figures_of_any_kind_share_a_name():
+    names = [name for figures, _, _ in KINDS.values() for name in figures]
+    assert len(names) == len(set(names))  # figures/<suite>/<name>.<ext> names one figure
 
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_every_kinds_figures_are_specs_of_the_base_drawn_from_the_rules_inputs(kind):
