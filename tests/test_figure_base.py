@@ -25,8 +25,9 @@ from flashwatt.figure_base import (FORMATS, NOT_MEASURED, NOTHING_TO_DRAW, Figur
                                    write_figure, write_rule_figure)
 from flashwatt.models.cell import ModelCell
 from flashwatt.models.figures import MODEL_FIGURES
-from flashwatt.models.job import base_record as model_record
+from flashwatt.kinds import envelope_of
 from flashwatt.models.summary import model_table
+from flashwatt.kinds import kind_named
 from flashwatt.placeholder import CPU_ENERGY_REASON
 from flashwatt.plot_axes import MISSING_BAR
 from flashwatt.records import atomic_write, write_record
@@ -38,14 +39,13 @@ from summaries import cpu_summary
 
 REPO = Path(__file__).resolve().parents[1]
 MAGIC = {"png": b"\x89PNG", "pdf": b"%PDF"}
-# Each kind's registry, the rule inputs its figures are drawn from (the workflow's named
-# inputs) and the script that draws them.
+# Each kind's figures and the rule inputs they are drawn from (the tables of its aggregate).
 KINDS = {
-    "attention": (FIGURES, {"summary"}, "figure.py"),
-    "control": (CONTROL_FIGURES, {"runs", "oracle", "traces"}, "control_figure.py"),
-    "distributed": (DISTRIBUTED_FIGURES, {"table"}, "distributed_figure.py"),
-    "models": (MODEL_FIGURES, {"table"}, "models_figure.py"),
-    "training": (TRAINING_FIGURES, {"runs", "curves"}, "training_figure.py"),
+    "attention": (FIGURES, {"summary"}),
+    "control": (CONTROL_FIGURES, {"runs", "oracle", "traces"}),
+    "distributed": (DISTRIBUTED_FIGURES, {"table"}),
+    "model": (MODEL_FIGURES, {"table"}),
+    "train": (TRAINING_FIGURES, {"runs", "curves"}),
 }
 
 
@@ -161,12 +161,13 @@ def test_the_line_under_the_title_names_each_device_once():
 # ---- every kind through the base ------------------------------------------------------
 
 def test_no_two_figures_of_any_kind_share_a_name():
-    names = [name for figures, _, _ in KINDS.values() for name in figures]
+    names = [name for figures, _ in KINDS.values() for name in figures]
     assert len(names) == len(set(names))  # figures/<suite>/<name>.<ext> names one figure
 
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_every_kinds_figures_are_specs_of_the_base_drawn_from_the_rules_inputs(kind):
-    figures, inputs, _ = KINDS[kind]
+    figures, inputs = KINDS[kind]
+    assert kind_named(kind).figures is figures and set(kind_named(kind).figure_tables("s")) <= inputs
     assert figures
     for name, spec in figures.items():
         assert isinstance(spec, FigureSpec) and spec.name == name
@@ -174,22 +175,14 @@ def test_every_kinds_figures_are_specs_of_the_base_drawn_from_the_rules_inputs(k
         assert set(spec.source.inputs) <= inputs, (name, spec.source.inputs)
 
 
-@pytest.mark.parametrize("kind", list(KINDS))
-def test_every_figure_script_is_the_same_two_lines(kind):
-    figures, _, script = KINDS[kind]
-    tree = ast.parse((REPO / "scripts" / script).read_text())
-    docstring, *imports, call = tree.body
+def test_one_figure_script_draws_every_kinds_figures():
+    tree = ast.parse((REPO / "scripts" / "figure.py").read_text())
+    docstring, *imports, assignment, call = tree.body
     assert isinstance(docstring.value, ast.Constant)
-    assert sorted(ast.unparse(i) for i in imports) == sorted([
-        f"from flashwatt.{kind}.figures import {registry_name(figures)}",
-        "from flashwatt.figure_base import write_rule_figure"])
-    assert ast.unparse(call) == f"write_rule_figure({registry_name(figures)}, globals()['snakemake'])"
-
-
-def registry_name(figures) -> str:
-    return {id(FIGURES): "FIGURES", id(CONTROL_FIGURES): "CONTROL_FIGURES", id(DISTRIBUTED_FIGURES):
-            "DISTRIBUTED_FIGURES", id(MODEL_FIGURES): "MODEL_FIGURES", id(TRAINING_FIGURES): "TRAINING_FIGURES"}[
-        id(figures)]
+    assert sorted(ast.unparse(i) for i in imports) == ["from flashwatt.figure_base import write_rule_figure",
+                                                        "from flashwatt.kinds import kind_named"]
+    assert ast.unparse(call) == "write_rule_figure(kind_named(snakemake.params.kind).figures, snakemake)"
+    assert not [p.name for p in (REPO / "scripts").glob("*figure*.py") if p.name != "figure.py"]
 
 
 def empty_tables(kind: str, root: Path) -> dict[str, pd.DataFrame]:
@@ -199,7 +192,7 @@ def empty_tables(kind: str, root: Path) -> dict[str, pd.DataFrame]:
     if kind == "control":
         runs, oracle = runs_table([])
         return {"runs": runs, "oracle": oracle, "traces": traces_table([])}
-    if kind == "training":
+    if kind == "train":
         runs, curves = run_table([])
         return {"runs": runs, "curves": curves}
     return {"table": distributed_table([]) if kind == "distributed" else model_table([])}
@@ -207,7 +200,7 @@ def empty_tables(kind: str, root: Path) -> dict[str, pd.DataFrame]:
 
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_each_script_writes_its_figure_through_the_base(tmp_path, monkeypatch, kind):
-    figures, _, script = KINDS[kind]
+    figures, _ = KINDS[kind]
     monkeypatch.chdir(tmp_path)
     inputs = {}
     for name, frame in empty_tables(kind, tmp_path).items():
@@ -223,8 +216,8 @@ def test_each_script_writes_its_figure_through_the_base(tmp_path, monkeypatch, k
     for spec in figures.values():
         out = tmp_path / "figures" / f"{spec.name}.{spec.ext}"
         rule = SimpleNamespace(input=InputFiles(fromdict=inputs), output=OutputFiles([str(out)]),
-                               params=Params(fromdict={"options": {}, "caption": spec.caption}))
-        runpy.run_path(str(REPO / "scripts" / script), init_globals={"snakemake": rule})
+                               params=Params(fromdict={"kind": kind, "options": {}, "caption": spec.caption}))
+        runpy.run_path(str(REPO / "scripts" / "figure.py"), init_globals={"snakemake": rule})
         assert out.read_bytes()[:4] == MAGIC[spec.ext]
     assert writes == [f"{s.name}.{s.ext}" for s in figures.values()]
 
@@ -316,7 +309,7 @@ def cpu_model_table(root: Path) -> pd.DataFrame:
     paths = []
     for backend, tokens_per_s in (("sdpa_default", 2000.0), ("eager", 1500.0), ("custom", None)):
         cell = ModelCell("t", "gpt2_tiny", backend, "fp32", "prefill", 64, 2)
-        record = model_record(cell, {})
+        record = envelope_of(cell, {})
         if tokens_per_s is None:
             record.update(status="skipped", reason="custom needs a CUDA device (running on cpu)")
         else:
@@ -348,7 +341,7 @@ def gpu_model_table(root: Path) -> pd.DataFrame:
     for seq_len, backend, outcome in ((1024, "sdpa_default", "ok"), (1024, "eager", "ok"), (1024, "custom", "ok"),
                                       (4096, "sdpa_default", "ok"), (4096, "eager", "oom")):
         cell = ModelCell("t", "llama_3_2_1b", backend, "bf16", "train", seq_len, 1)
-        record = model_record(cell, {})
+        record = envelope_of(cell, {})
         record.update(status=outcome, device={"type": "cuda", "name": "NVIDIA H100 80GB HBM3"})
         if outcome == "ok":
             record.update(timing={"step_ms": 100.0, "tokens_per_s": 1e7 / seq_len}, energy={"j_per_token": 0.01})

@@ -10,7 +10,7 @@ from matplotlib.text import Text
 
 from flashwatt.attention.cell import Cell
 from flashwatt.attention.figures import FIGURES, MAX_OVERVIEW_CELLS, speedups
-from flashwatt.attention.job import base_record
+from flashwatt.kinds import envelope_of
 from flashwatt.attention.summary import summarize
 from flashwatt.figure_base import write_figure
 from flashwatt.plot_axes import MISSING_BAR, log_ticks, plain_number, sequence_length_label
@@ -329,7 +329,7 @@ def gapped_summary(root) -> pd.DataFrame:
                     if (kernel, precision, seq_len) == ("custom", "fp32", 1024):
                         continue
                     cell = Cell("gaps", kernel, precision, seq_len, 16, 8, 64, False, pass_)
-                    record = base_record(cell, {})
+                    record = envelope_of(cell, {})
                     ms = {"naive": 0.4, "sdpa_flash": 0.05, "custom": 0.04}[kernel] * seq_len / 512
                     if kernel == "sdpa_flash" and precision == "fp32":
                         record.update(status="skipped", reason=SKIPPED_FP32)
