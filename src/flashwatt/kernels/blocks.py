@@ -169,9 +169,9 @@ class CustomBlock:
         return flash_forward(q, k, v, causal, self.variant, scale=scale)
 
     def backward(self, dout, q, k, v, out, lse, causal: bool, scale: float):
-        from flashwatt.kernels.custom import _capability, _precision_of
         from flashwatt.kernels.custom_backward import backward_plan, flash_backward
+        from flashwatt.kernels.custom_inputs import capability, precision_of
 
-        plan = backward_plan(_precision_of(q.dtype, None), q.shape[-1], capability=_capability(q.device),
+        plan = backward_plan(precision_of(q.dtype, None), q.shape[-1], capability=capability(q.device),
                              deterministic=torch.are_deterministic_algorithms_enabled())
         return flash_backward(dout, q, k, v, out, lse, causal, scale, plan)
