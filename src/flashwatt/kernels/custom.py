@@ -27,7 +27,7 @@ The modules, bottom up (each imports only those before it):
 """
 from __future__ import annotations
 
-from flashwatt.attention.cell import Cell
+from flashwatt.kernels.call import AttentionCall
 from flashwatt.kernels.custom_backward import backward_kernel_info, backward_plan
 from flashwatt.kernels.custom_forward import flash_forward, kernel_info
 from flashwatt.kernels.custom_inputs import (
@@ -60,7 +60,7 @@ class Custom:
     name = "custom"
     differentiable = True
 
-    def supports(self, cell: Cell, device) -> str | None:
+    def supports(self, cell: AttentionCall, device) -> str | None:
         if getattr(device, "type", str(device)) != "cuda":
             return f"custom needs a CUDA device (running on {getattr(device, 'type', device)})"
         cap = capability(device)
@@ -81,7 +81,7 @@ class Custom:
             return str(err)
         return None
 
-    def __call__(self, q, k, v, cell: Cell):
+    def __call__(self, q, k, v, cell: AttentionCall):
         # Differentiable when a gradient may be asked for; otherwise the plain forward. Imported
         # here: custom_autograd defines a torch.autograd.Function, and config validation
         # imports this module without torch.
@@ -89,7 +89,7 @@ class Custom:
 
         return flash_attention(q, k, v, cell.causal, cell.variant, precision=cell.precision)
 
-    def describe(self, cell: Cell) -> dict:
+    def describe(self, cell: AttentionCall) -> dict:
         """The build (key, build and load seconds), the launch the cell's variant resolved to
         and, for a fwd_bwd cell, the backward's path (CUDA tile or the PyTorch path)."""
         from flashwatt.build import build_info
