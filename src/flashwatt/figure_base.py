@@ -17,7 +17,7 @@ data left out, missing bars marked) are in `flashwatt.plot_axes`.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -74,7 +74,7 @@ class FigureSpec:
     caption: str
     draw: Callable[..., plt.Figure]
     source: Source
-    options: tuple[str, ...] = field(default=())
+    options: tuple[str, ...] = ()
 
     def __post_init__(self):
         if self.ext not in FORMATS:
