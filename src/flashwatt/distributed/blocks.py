@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import torch
 
+from flashwatt.distributed.inputs import DTYPES
 from flashwatt.kernels.declaration import load
 from flashwatt.kernels.registry import block_names, runnable_block
 
 BLOCK_NAMES = block_names()
 
-# A block's inputs by their dtype, as the registry names precisions (float32 inputs run
-# a tf32 cell as well: its blocks take both).
-_PRECISION_OF = {torch.float64: "fp64", torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+# The precision of a block's inputs by their dtype, as the registry names it: float32
+# is fp32 (a tf32 cell's inputs too; every block that takes one takes the other).
+_PRECISION_OF = {dtype: name for name, dtype in DTYPES.items() if name != "tf32"}
 
 
 def get_block(block, q: torch.Tensor):
