@@ -128,7 +128,7 @@ void forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::
   p.copies = static_cast<int>(copies);
 
   const c10::cuda::CUDAGuard guard(q.device());
-  // The persistent kernels' work items from a counter (flashwatt.kernels.custom.work_order):
+  // The persistent kernels' work items from a counter (flashwatt.kernels.custom_variants.work_order):
   // one zeroed int per call, freed in stream order after the launch.
   at::Tensor counter;
   if (tile_counter) {

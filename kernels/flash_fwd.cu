@@ -462,7 +462,7 @@ constexpr Entry tf32_entry() {
                T32Shape<D>::kSmemBytes, kT32Threads};
 }
 
-// The named variants of src/flashwatt/kernels/custom.py map onto these rows.
+// The named variants of src/flashwatt/kernels/custom_variants.py map onto these rows.
 #define FLASHWATT_TC_CONFIGS(T, DT)                                                                \
   tc_entry<T, 64, 128, 64, 4, 2>(DT), tc_entry<T, 64, 128, 64, 4, 3>(DT), tc_entry<T, 64, 64, 64, 4, 2>(DT),  \
       tc_entry<T, 64, 128, 64, 8, 2>(DT), tc_entry<T, 128, 128, 32, 4, 2>(DT), tc_entry<T, 128, 128, 32, 4, 3>(DT),         \

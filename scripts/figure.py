@@ -1,7 +1,6 @@
-"""Snakemake entry point of every kind's `figure` rule: draw one figure from the kind's tables."""
-from flashwatt.kind import resolve
+"""Snakemake entry point of every kind's `figure` rule: one figure, drawn from the kind's tables."""
+from flashwatt.figure_base import write_rule_figure
 from flashwatt.kinds import kind_named
 
 snakemake = globals()["snakemake"]  # injected by Snakemake's script directive
-kind = kind_named(snakemake.params.kind)
-resolve(kind.draw)(snakemake.wildcards.figure, dict(snakemake.input.items()), snakemake.output[0], snakemake.params.options)
+write_rule_figure(kind_named(snakemake.params.kind).figures, snakemake)

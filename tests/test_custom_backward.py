@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from flashwatt.attention.cell import Cell
-from flashwatt.kernels import custom, custom_autograd
+from flashwatt.kernels import custom, custom_autograd, custom_backward
 from flashwatt.kernels.custom import Custom
 from flashwatt.kernels.custom_backward import (
     BWD_MMA_SYNC, BWD_TILES, BWD_TORCH_MATH, BWD_WGMMA, DEFAULT_BWD_TILE, BwdTile, backward_plan,
@@ -202,8 +202,6 @@ def test_refusals_name_the_reason(monkeypatch):
     with pytest.raises(ValueError, match="unknown custom backward tile 'nosuch'"):
         backward_plan("bf16", 64, "nosuch")
     # The mma.sync tiles serve both head dims; a d64-only tile stands in for the refusal.
-    from flashwatt.kernels import custom_backward
-
     monkeypatch.setitem(custom_backward.BWD_TILES, "d64_only", BwdTile(128, 64, 8, (64,), "test"))
     with pytest.raises(ValueError, match=r"built for head_dim \(64,\), not 128"):
         backward_plan("bf16", 128, "d64_only")
@@ -241,7 +239,7 @@ def _cell(**kw):
 
 
 def test_custom_is_differentiable_wherever_its_forward_runs(monkeypatch):
-    monkeypatch.setattr(custom, "_capability", lambda device: (8, 0))
+    monkeypatch.setattr(custom, "capability", lambda device: (8, 0))
     kern, dev = Custom(), torch.device("cuda", 0)
     assert kern.differentiable
     for precision in ("fp16", "bf16", "fp32", "tf32"):
@@ -272,7 +270,7 @@ def test_autograd_function_wiring(monkeypatch, layout, causal):
     float32 inputs take the PyTorch backward): grads, GQA sums and layouts as autograd's."""
     calls = []
     monkeypatch.setattr(custom_autograd, "flash_forward", _cpu_forward(calls))
-    monkeypatch.setattr(custom_autograd, "_check_inputs", lambda q, k, v: None)
+    monkeypatch.setattr(custom_autograd, "check_inputs", lambda q, k, v: None)
     q, k, v, dout = (t.float() for t in inputs(2, 4, 2, 37, 37, 16, seed=11))
     if layout == "blhd":
         q, k, v, dout = (t.transpose(1, 2).contiguous() for t in (q, k, v, dout))
@@ -305,7 +303,7 @@ def test_no_grad_calls_the_plain_forward_and_saves_nothing(monkeypatch):
 def test_unsupported_backward_fails_before_the_forward(monkeypatch):
     calls = []
     monkeypatch.setattr(custom_autograd, "flash_forward", _cpu_forward(calls))
-    monkeypatch.setattr(custom_autograd, "_check_inputs", lambda q, k, v: None)
+    monkeypatch.setattr(custom_autograd, "check_inputs", lambda q, k, v: None)
     q, k, v, _ = (t.to(torch.bfloat16).requires_grad_(True) for t in inputs(1, 2, 2, 8, 8, 64, seed=2))
     with pytest.raises(ValueError, match=r"built for head_dim \(256,\), not 64"):
         custom_autograd.flash_attention(q, k, v, False, backward_tile="n64_m32_w8")
@@ -354,7 +352,7 @@ def test_deterministic_plan_follows_torch_and_says_how_dq_is_made(monkeypatch):
 
     monkeypatch.setattr(custom_autograd, "flash_forward", _cpu_forward([]))
     monkeypatch.setattr(custom_autograd, "flash_backward", backward)
-    monkeypatch.setattr(custom_autograd, "_check_inputs", lambda q, k, v: None)
+    monkeypatch.setattr(custom_autograd, "check_inputs", lambda q, k, v: None)
     q, k, v, dout = (t.float() for t in inputs(1, 2, 2, 8, 8, 16, seed=3))
 
     def run(**kw):
@@ -387,7 +385,7 @@ def test_backward_kernel_info_records_the_dq_of_the_run(monkeypatch):
 
     ext = SimpleNamespace(DTYPE_FP16=0, DTYPE_BF16=1, backward_kernel_info=lambda *args: {"num_regs": 1})
     monkeypatch.setattr(flashwatt.build, "load_extension", lambda: ext)
-    monkeypatch.setattr(custom, "_capability", lambda device: (8, 0))
+    monkeypatch.setattr(custom_backward, "capability", lambda device: (8, 0))
     was = torch.are_deterministic_algorithms_enabled()
     try:
         torch.use_deterministic_algorithms(False)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from flashwatt.kernels.custom import (
+from flashwatt.kernels.custom_variants import (
     DEFAULT_TILE, LOCKSTEP, PING_PONG, TILES, VARIANTS, WARP_SPECIALIZED, WARP_SPECIALIZED_PING_PONG, WGMMA,
     WGMMA_DEFAULT_TILE, WS_SCHEDULES, default_tile, parse_variant,
 )
@@ -137,7 +137,7 @@ def test_warp_specialized_tiles_match_the_kernel():
 
 
 def test_work_order_takes_a_counter_only_for_causal_persistent_tiles():
-    from flashwatt.kernels.custom import (
+    from flashwatt.kernels.custom_variants import (
         TILES, WORK_FIXED_STRIDE, WORK_ONE_CTA_PER_TILE, WORK_TILE_COUNTER, WS_SCHEDULES, work_order,
     )
 
@@ -157,15 +157,15 @@ def test_a_view_the_kernel_can_read_goes_as_it_is_and_any_other_is_copied():
     the model its memory traffic), others are made contiguous."""
     import torch
 
-    from flashwatt.kernels.custom import _kernel_ready
+    from flashwatt.kernels.custom_inputs import kernel_ready
 
     blhd = torch.zeros(2, 64, 8, 64, dtype=torch.bfloat16)
     for view in (blhd, blhd.transpose(1, 2), blhd[:, 8:40], blhd[:, :, 2:6]):
-        assert _kernel_ready(view) is view
+        assert kernel_ready(view) is view
     misaligned = torch.zeros(2 * 64 * 8 * 64 + 1, dtype=torch.bfloat16)[1:].view(2, 64, 8, 64)
     odd_stride = torch.zeros(2, 64, 8, 68, dtype=torch.bfloat16)[..., :60]  # a row of 120 bytes
     strided_d = blhd[..., ::2]
     for view in (misaligned, odd_stride, strided_d):
-        ready = _kernel_ready(view)
+        ready = kernel_ready(view)
         assert ready is not view and ready.is_contiguous() and torch.equal(ready, view)
         assert ready.data_ptr() % 16 == 0

@@ -1,14 +1,20 @@
-"""What each figure shows: titles, axes, which kernels and cells are drawn, the words of a
-figure with nothing to draw, and tick labels a reader can read. Figures are checked as
-matplotlib objects (`Figure.render`); the end-to-end run checks the files are written."""
+"""What each attention figure shows: titles, axes, which kernels and cells are drawn, the
+words of a figure with nothing to draw, facets only where cells ran, missing bars marked
+with why, and tick labels a reader can read. Figures are checked as matplotlib objects
+(`FigureSpec.render`); tests/test_figure_base.py checks how every kind's files are written."""
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import pytest
 from matplotlib.text import Text
 
-from flashwatt.plot_axes import log_ticks, plain_number, sequence_length_label
-from flashwatt.attention.figures import FIGURES, MAX_OVERVIEW_CELLS, draw, speedups
+from flashwatt.attention.cell import Cell
+from flashwatt.attention.figures import FIGURES, MAX_OVERVIEW_CELLS, speedups
+from flashwatt.kinds import envelope_of
+from flashwatt.attention.summary import summarize
+from flashwatt.figure_base import write_figure
+from flashwatt.plot_axes import MISSING_BAR, log_ticks, plain_number, sequence_length_label
+from flashwatt.records import write_record
 
 from summaries import GPU_LATENCY_MS, GPU_LENGTHS, GPU_NAME, GPU_PRECISIONS, NO_CUDA, cpu_summary, gpu_summary
 
@@ -74,7 +80,9 @@ def test_every_figure_has_its_title_and_where_it_was_measured(gpu, cpu, render, 
     for frame, where in [(gpu, f"suite gpu · {GPU_NAME} · 18 of 20 cells ok"),
                          (cpu, "suite smoke · CPU x86_64 · 8 of 8 cells ok")]:
         fig = render(name, frame)
-        assert fig.get_suptitle() == f"{FIGURES[name].title}\n{where}"
+        assert fig.get_suptitle() == f"{FIGURES[name].title_for(frame)}\n{where}"
+        if name != "overview":  # the one title that names its parts (test_the_overview_title_...)
+            assert FIGURES[name].title_for(frame) == FIGURES[name].title
 
 
 @pytest.mark.parametrize("name", list(FIGURES))
@@ -91,7 +99,7 @@ def test_every_figure_draws_real_content_for_a_gpu_summary(gpu, render, name):
 def test_a_figure_with_no_cells_says_so(gpu, render, name):
     fig = render(name, gpu.iloc[:0])
     assert message(fig) == f"{NOTHING}\nThe summary has no cells."
-    assert fig.get_suptitle() == f"{FIGURES[name].title}\nno cells in the summary"
+    assert fig.get_suptitle() == f"{FIGURES[name].title_for(gpu.iloc[:0])}\nno cells in the summary"
 
 
 @pytest.mark.parametrize("name", list(FIGURES))
@@ -160,6 +168,11 @@ def test_latency_without_a_gpu_draws_the_cpu_cells(cpu, render):
                                                                "D=16 H=2 full fwd | fp32"]
     assert legend_labels(fig) == ["naive", "sdpa_math"]  # no line-style entry for one series
     assert fig.legends[0].get_title().get_text() == "kernel"
+
+
+def test_the_overview_title_names_only_what_it_draws(gpu, cpu, render):
+    assert render("overview", gpu).get_suptitle().splitlines()[0] == "Energy, efficiency and latency per kernel"
+    assert render("overview", cpu).get_suptitle().splitlines()[0] == "Latency per kernel"
 
 
 def test_overview_without_a_gpu_draws_latency_and_says_why_energy_is_missing(cpu, render):
@@ -285,7 +298,7 @@ def test_bad_trace_filter_names_the_config_key(gpu, tmp_path):
     summary = tmp_path / "s.parquet"
     gpu.to_parquet(summary)
     with pytest.raises(ValueError, match="config key trace_filter"):
-        draw("power_trace", summary, tmp_path / "t.png", {"trace_filter": "kernal == 'naive'"})
+        write_figure(FIGURES["power_trace"], {"summary": summary}, tmp_path / "t.png", {"trace_filter": "kernal == 'naive'"})
 
 
 @pytest.mark.parametrize("name", ["latency", "overview"])
@@ -293,8 +306,135 @@ def test_draw_writes_the_figure_in_its_format_from_an_older_summary(gpu, tmp_pat
     summary = tmp_path / "s.parquet"
     gpu.drop(columns=["device_type", "timing_fallback_reason"]).to_parquet(summary)  # before those columns
     out = tmp_path / f"{name}.{FIGURES[name].ext}"
-    draw(name, summary, out)
+    write_figure(FIGURES[name], {"summary": summary}, out)
     assert out.read_bytes()[:4] == {"png": b"\x89PNG", "pdf": b"%PDF"}[FIGURES[name].ext]
+
+
+# ---- no empty facet, no silent gap ---------------------------------------------------
+
+SKIPPED_FP32 = "sdpa_flash runs fp16/bf16 only (cell asks for fp32)"
+ENERGY_OFF = "energy measurement switched off (measure.energy: false)"
+
+
+def gapped_summary(root) -> pd.DataFrame:
+    """A suite with holes, as users run them: fwd_bwd only at fp16 (so the fp32 x fwd_bwd
+    facet has no cells); sdpa_flash skipped at fp32 with its backend's reason; custom at fp32
+    and L=1024 not in the grid; naive at fp16, L=1024, fwd timed with its energy switched off."""
+    device = {"type": "cuda", "name": GPU_NAME, "compute_capability": "9.0"}
+    paths = []
+    for kernel in ("naive", "sdpa_flash", "custom"):
+        for precision, passes in (("fp16", ("fwd", "fwd_bwd")), ("fp32", ("fwd",))):
+            for pass_ in passes:
+                for seq_len in (512, 1024):
+                    if (kernel, precision, seq_len) == ("custom", "fp32", 1024):
+                        continue
+                    cell = Cell("gaps", kernel, precision, seq_len, 16, 8, 64, False, pass_)
+                    record = envelope_of(cell, {})
+                    ms = {"naive": 0.4, "sdpa_flash": 0.05, "custom": 0.04}[kernel] * seq_len / 512
+                    if kernel == "sdpa_flash" and precision == "fp32":
+                        record.update(status="skipped", reason=SKIPPED_FP32)
+                    elif (kernel, precision, seq_len, pass_) == ("naive", "fp16", 1024, "fwd"):
+                        record.update(status="ok", device=device, timing={"median_ms": ms},
+                                      energy={"reason": ENERGY_OFF})
+                    else:
+                        record.update(status="ok", device=device,
+                                      timing={"median_ms": ms, "tflops": cell.flops / ms / 1e9},
+                                      energy={"energy_per_call_j": ms * 0.6, "avg_power_w": 600.0,
+                                              "peak_power_w": 650.0 + seq_len / 100, "idle_power_w": 90.0,
+                                              "gflops_per_w": cell.flops / (ms * 0.6) / 1e9})
+                    write_record(root / cell.path, record)
+                    paths.append(root / cell.path)
+    return summarize(paths)
+
+
+@pytest.fixture
+def gaps(tmp_path):
+    return gapped_summary(tmp_path)
+
+
+def marks(ax) -> list:
+    return [t for t in ax.texts if t.get_gid() == MISSING_BAR]
+
+
+def facet(fig, title):
+    [ax] = [ax for ax in fig.axes if ax.get_title() == title]
+    return ax
+
+
+def bar_at(ax, x: float):
+    """The height of the bar centred at `x`, None where there is none."""
+    heights = [p.get_height() for p in ax.patches if p.get_width() > 0 and abs(p.get_x() + p.get_width() / 2 - x) < 1e-9]
+    return heights[0] if heights else None
+
+
+SHAPE = "D=64 H=8 full"
+
+
+@pytest.mark.parametrize("name,bars", [("latency", False), ("tflops", False), ("speedup_vs_naive", False),
+                                       ("energy_per_call", True), ("gflops_per_w", True)])
+def test_a_figure_draws_no_facet_without_cells(gaps, render, name, bars):
+    fig = render(name, gaps)
+    suffix = " B=16" if bars else ""
+    assert sorted(ax.get_title() for ax in fig.axes) == [f"{SHAPE} fwd{suffix} | fp16", f"{SHAPE} fwd{suffix} | fp32",
+                                                         f"{SHAPE} fwd_bwd{suffix} | fp16"]
+    for ax in fig.axes:  # and every facet drawn has cells drawn in it
+        assert [p for p in ax.patches if p.get_height() > 0] or [line for line in ax.lines if len(line.get_xdata()) > 1]
+
+
+def test_a_facet_above_a_dropped_one_keeps_its_kernel_names_and_the_left_one_its_axis_label(gaps, render):
+    fig = render("gflops_per_w", gaps)
+    fig.canvas.draw()
+    fp32 = facet(fig, f"{SHAPE} fwd B=16 | fp32")  # the facet under it, fwd_bwd x fp32, is not drawn
+    assert [t.get_text() for t in fp32.get_xticklabels() if t.get_visible()] == ["custom", "naive", "sdpa_flash"]
+    assert facet(fig, f"{SHAPE} fwd_bwd B=16 | fp16").get_ylabel() == "GFLOP/s per W"
+    # a shape run at fp32 only: its row's first facet (fp16) is not drawn, the fp32 one takes the axis label
+    fp32_only = gaps[(gaps["precision"] == "fp32") & (gaps["status"] == "ok")].assign(heads=4)
+    fig = render("gflops_per_w", pd.concat([gaps, fp32_only], ignore_index=True))
+    assert facet(fig, "D=64 H=4 full fwd B=16 | fp32").get_ylabel() == "GFLOP/s per W"
+
+
+@pytest.mark.parametrize("name", ["energy_per_call", "gflops_per_w"])
+def test_a_missing_bar_is_marked_with_its_cells_outcome_where_the_bar_would_be(gaps, render, name):
+    fig = render(name, gaps)
+    fp32, fp16 = facet(fig, f"{SHAPE} fwd B=16 | fp32"), facet(fig, f"{SHAPE} fwd B=16 | fp16")
+    said = {}
+    for mark in marks(fp32):
+        said.setdefault(mark.get_text(), []).append(mark.get_position()[0])
+    assert sorted(said) == ["not run", "skipped:\nruns fp16/bf16 only (cell asks for fp32)"]
+    assert len(said["skipped:\nruns fp16/bf16 only (cell asks for fp32)"]) == 2  # at L=512 and at 1k
+    [not_run] = said["not run"]
+    assert bar_at(fp32, not_run) is None  # the mark stands in the empty place ...
+    custom_1k = gaps[(gaps["kernel"] == "custom") & (gaps["precision"] == "fp16") & (gaps["seq_len"] == 1024)
+                     & (gaps["pass"] == "fwd")][name.replace("energy_per_call", "energy_per_call_j")].iloc[0]
+    scale = 1e3 if name == "energy_per_call" else 1.0  # ... where custom's bar at L=1k is in the fp16 facet
+    assert bar_at(fp16, not_run) == pytest.approx(custom_1k * scale)
+    [off] = marks(fp16)
+    assert off.get_text() == "not measured:\n" + ENERGY_OFF
+    assert bar_at(fp16, off.get_position()[0]) is None
+    assert not marks(facet(fig, f"{SHAPE} fwd_bwd B=16 | fp16"))  # every bar of that facet is drawn
+
+
+def test_the_overview_marks_missing_bars_in_each_panel(gaps, render):
+    fig = render("overview", gaps)
+    energy, efficiency, latency = fig.axes[:3]
+    skipped = "skipped:\nruns fp16/bf16 only (cell asks for fp32)"
+    assert sorted(m.get_text() for m in marks(latency)) == ["not run", skipped, skipped]
+    for ax in (energy, efficiency):
+        assert sorted(m.get_text() for m in marks(ax)) == ["not measured:\n" + ENERGY_OFF, "not run", skipped, skipped]
+
+
+def test_power_marks_missing_bars_too(gaps, render):
+    fig = render("power", gaps)
+    for measure in ("average (counter)", "peak (instant)"):
+        assert sorted(m.get_text() for m in marks(facet(fig, f"{measure} | fp32"))) == [
+            "not run", "skipped:\nruns fp16/bf16 only (cell asks for fp32)",
+            "skipped:\nruns fp16/bf16 only (cell asks for fp32)"]
+        assert not marks(facet(fig, f"{measure} | fp16"))  # naive's fwd_bwd cell at 1k has its power
+
+
+@pytest.mark.parametrize("name", list(FIGURES))
+def test_a_suite_without_gaps_has_no_marks(gpu, render, name):
+    assert not [t for t in render(name, gpu).findobj(Text) if t.get_gid() == MISSING_BAR]
 
 
 # ---- axis helpers --------------------------------------------------------------------

@@ -87,9 +87,9 @@ def test_all_kernels_compiled(ptxas_report):
     assert len(f32) == 3, f"sm_{arch}: expected 3 fp32 kernels, found {len(f32)}"
     assert len(tf32) == 2, f"sm_{arch}: expected 2 tf32 kernels, found {len(tf32)}"
     assert len(wg) == (22 if arch == "90a" else 0), f"sm_{arch}: found {len(wg)} wgmma kernels"
-    # Warp-specialised: the wgmma_ws_ tiles of custom.TILES, per head dim, x 2 half types, x 2
+    # Warp-specialised: the wgmma_ws_ tiles of custom_variants.TILES, per head dim, x 2 half types, x 2
     # ways to copy (TMA, the producer's threads).
-    from flashwatt.kernels.custom import TILES, WS_SCHEDULES
+    from flashwatt.kernels.custom_variants import TILES, WS_SCHEDULES
 
     n_ws = 4 * sum(len(t.head_dims) for t in TILES.values() if t.schedule in WS_SCHEDULES)
     tma = [k for k in ws if _WS_ARGS.search(k) and _WS_ARGS.search(k).group(6) == "1"]

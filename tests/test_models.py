@@ -132,8 +132,9 @@ def test_a_backend_registered_without_its_mask_function_fails_the_causality_chec
 
 def test_a_registry_backend_that_ignored_causality_would_fail(tiny, monkeypatch):
     adapter = use_backend(tiny, "sdpa_math", "fp32", False)
-    real = adapter.cell
-    monkeypatch.setattr(adapter, "cell", lambda B, H, L, D, causal: real(B, H, L, D, False))
+    real = adapter.attention_call
+    monkeypatch.setattr(adapter, "attention_call",
+                        lambda B, H, L, D, causal, kv_heads: real(B, H, L, D, False, kv_heads))
     result = check_model(tiny, reference_factory(tiny, CPU), "fp32", tiny.config.vocab_size, False, seed=0)
     assert not result["causal"]["passed"] and not result["logits"]["passed"]
 

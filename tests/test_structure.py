@@ -20,14 +20,6 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 PACKAGE = "flashwatt"
 MAX_FUNCTION_LINES = 100
 
-# Circles that exist today and are being removed: this set must shrink to empty. A circle
-# not listed fails the test, and so does a listed one that is gone (delete it here then).
-KNOWN_CYCLES = frozenset({
-    # the custom kernel's forward, backward and autograd function call each other
-    frozenset({"flashwatt.kernels.custom", "flashwatt.kernels.custom_autograd", "flashwatt.kernels.custom_backward"}),
-})
-
-
 @dataclass(frozen=True)
 class Module:
     name: str  # dotted; a package's __init__ is the package's name
@@ -177,17 +169,11 @@ def test_no_function_is_longer_than_the_limit():
         "\n".join(too_long)
 
 
-def test_no_import_cycle_beyond_the_known_ones():
+def test_no_import_cycle():
     graph = import_graph(SRC, PACKAGE)
-    new = cycles(graph) - KNOWN_CYCLES
-    assert not new, "import cycles (move what both sides use into a module below them):\n" + \
-        "\n".join(describe(c, graph) for c in sorted(new, key=sorted))
-
-
-def test_every_known_cycle_still_exists():
-    gone = KNOWN_CYCLES - cycles(import_graph(SRC, PACKAGE))
-    assert not gone, "these cycles are gone or changed: take them out of KNOWN_CYCLES in tests/test_structure.py:\n" + \
-        "\n".join("{" + ", ".join(sorted(c)) + "}" for c in sorted(gone, key=sorted))
+    found = cycles(graph)
+    assert not found, "import cycles (move what both sides use into a module below them):\n" + \
+        "\n".join(describe(c, graph) for c in sorted(found, key=sorted))
 
 
 # ---- the checks themselves, on a package written for them --------------------------

@@ -23,7 +23,8 @@ from flashwatt.records import read_record, write_record
 from flashwatt.training import OPTIMIZERS, SCHEDULES
 from flashwatt.training.cell import TRAIN_OPTIMIZERS, TRAIN_SCHEDULES, WILDCARD_CONSTRAINTS, TrainCell
 from flashwatt.training.data import prepare_data
-from flashwatt.training.figures import TRAINING_FIGURES, draw, setting_labels
+from flashwatt.figure_base import write_figure
+from flashwatt.training.figures import TRAINING_FIGURES, setting_labels
 from flashwatt.training.job import run_train_cell, target_reached
 from flashwatt.training.loop import eval_points
 from flashwatt.training.suite import training_runs, training_section
@@ -388,7 +389,8 @@ def test_figures_draw(name, tables):
     runs.to_parquet(tmp_path / "runs.parquet")
     curves.to_parquet(tmp_path / "curves.parquet")
     out = tmp_path / f"{name}.pdf"
-    draw(name, str(tmp_path / "runs.parquet"), str(tmp_path / "curves.parquet"), str(out))
+    write_figure(TRAINING_FIGURES[name], {"runs": tmp_path / "runs.parquet", "curves": tmp_path / "curves.parquet"},
+                 out)
     assert out.stat().st_size > 5000
 
 

@@ -59,8 +59,8 @@ class Kind:
     # filter(cells, query, suite) -> the cells a `filter` query keeps (ConfigError when none);
     # a kind without one runs every cell whatever the filter
     filter: Callable[[list, str, str], list] | None = None
-    figures: Mapping[str, Any] = field(default_factory=dict)  # name -> figure spec (name, caption, ext)
-    draw: str | None = None  # "module:function": draw(figure name, tables: {key: path}, output path)
+    # name -> flashwatt.figure_base.FigureSpec: each drawn from the tables its source names
+    figures: Mapping[str, Any] = field(default_factory=dict)
     schema: str | dict | None = None  # the section's JSON schema: a YAML file, package data beside
                                       # the kind, or the schema itself
     fill_schema: Callable[[dict], None] | None = None  # fills the section's enums from the code's names
@@ -73,7 +73,6 @@ class Kind:
     cell_inputs: Mapping[str, str] = field(default_factory=dict)  # more inputs of the cell rule (patterns)
     rules: str | None = None   # a Snakemake file of the kind's other rules (those making cell_inputs),
                                # relative to workflow/rules/ or absolute
-    figure_inputs: tuple[str, ...] = ()  # keys of the tables the figures read (default: every .parquet)
 
     # ---- derived, never written twice ----------------------------------------------
     def envelope(self, cell: Any, spec: dict) -> dict:
@@ -92,12 +91,16 @@ class Kind:
         return {t.key: t.path(suite) for t in self.tables}
 
     def figure_tables(self, suite: str) -> dict[str, str]:
-        keys = self.figure_inputs or tuple(t.key for t in self.tables if t.name.endswith(".parquet"))
+        """The tables the kind's figures are drawn from (what their sources read), by key."""
         paths = self.table_paths(suite)
+        keys = dict.fromkeys(key for spec in self.figures.values() for key in spec.source.inputs)
+        missing = [key for key in keys if key not in paths]
+        if missing:
+            raise ValueError(f"kind {self.name}: its figures read {', '.join(missing)}, which no table of it writes")
         return {key: paths[key] for key in keys}
 
     def figure_paths(self, suite: str) -> list[str]:
-        return [f"figures/{suite}/{name}.{getattr(spec, 'ext', 'pdf')}" for name, spec in self.figures.items()]
+        return [f"figures/{suite}/{name}.{spec.ext}" for name, spec in self.figures.items()]
 
     def outputs(self, suite: str) -> list[str]:
         """What a run of a suite with cells of this kind builds: its tables and figures."""

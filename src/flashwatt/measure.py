@@ -14,7 +14,7 @@ from typing import Callable
 
 import torch
 
-from flashwatt.attention.cell import Cell
+from flashwatt.kernels.call import AttentionCall
 from flashwatt.vocabulary import TOLERANCE
 
 DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -25,7 +25,7 @@ MAX_INPUT_SETS = 32
 
 
 @contextlib.contextmanager
-def precision_mode(cell: Cell):
+def precision_mode(cell: AttentionCall):
     """fp32 cells run real fp32; tf32 cells opt in to tf32 tensor cores; restored afterwards."""
     matmul, cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     tf32 = cell.precision == "tf32"
@@ -37,20 +37,20 @@ def precision_mode(cell: Cell):
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn
 
 
-def input_bytes(cell: Cell, kv_heads: int | None = None) -> int:
+def input_bytes(cell: AttentionCall, kv_heads: int | None = None) -> int:
     """Bytes of one (q, k, v) set; k and v with `kv_heads` heads where given."""
     elem = torch.empty((), dtype=DTYPES[cell.precision]).element_size()
     return (cell.heads + 2 * (kv_heads or cell.heads)) * cell.batch * cell.seq_len * cell.head_dim * elem
 
 
-def input_sets_needed(cell: Cell, device: torch.device, kv_heads: int | None = None) -> int:
+def input_sets_needed(cell: AttentionCall, device: torch.device, kv_heads: int | None = None) -> int:
     if device.type != "cuda":
         return 1
     l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 50 * 2**20)
     return max(1, min(MAX_INPUT_SETS, math.ceil(L2_MULTIPLE * l2 / input_bytes(cell, kv_heads))))
 
 
-def make_inputs(cell: Cell, device: torch.device, seed: int, sets: int,
+def make_inputs(cell: AttentionCall, device: torch.device, seed: int, sets: int,
                 kv_heads: int | None = None) -> list[tuple[torch.Tensor, ...]]:
     """`sets` independent (q, k, v) triples drawn from N(0, 1) under `seed`; k and v with
     `kv_heads` heads where given (grouped-query attention), the cell's heads otherwise."""
@@ -69,7 +69,7 @@ def make_inputs(cell: Cell, device: torch.device, seed: int, sets: int,
     return out
 
 
-def make_call(kernel, cell: Cell, inputs, dout=None) -> Callable[[int], object]:
+def make_call(kernel, cell: AttentionCall, inputs, dout=None) -> Callable[[int], object]:
     """call(i) runs the cell's pass once on input set i % len(inputs)."""
     if cell.pass_ == "fwd":
         def call(i: int):
@@ -132,7 +132,7 @@ class Check:
         return {**self.__dict__, "passed": self.passed}
 
 
-def check_cell(kernel, cell: Cell, q, k, v, max_rows: int, seed: int) -> Check:
+def check_cell(kernel, cell: AttentionCall, q, k, v, max_rows: int, seed: int) -> Check:
     """Run the cell once and compare against float64: batch 0, up to two heads, a spread of rows."""
     tol = TOLERANCE[cell.precision]
     if cell.pass_ == "fwd":

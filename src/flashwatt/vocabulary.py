@@ -1,15 +1,17 @@
-"""The names a cell is made of, and the tolerances its check uses: declared once, here.
+"""The names a cell is made of, and the tolerances its check uses: declared once, here
+(the kernel names once in the backend registry, flashwatt.kernels.registry).
 
 Torch-free, so that config validation, the DAG and the schema read them without
-importing any backend. `cell` validates against these names, the kernel registry maps
-each kernel name to its backend, `measure` takes the tolerances, and `config` fills the
-schema's enums from this module, so the YAML schema does not repeat the lists.
+importing any backend. `cell` validates against these names, `measure` takes the
+tolerances, and `config` fills the schema's enums from this module, so the YAML schema
+does not repeat the lists.
 """
 from __future__ import annotations
 
-# Every attention backend of the kernel registry (flashwatt.kernels.get_kernel).
-# sdpa_default is PyTorch's own choice with no backend forced: what a user gets by default.
-KERNEL_NAMES = ("naive", "sdpa_math", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "sdpa_default", "custom")
+from flashwatt.kernels.registry import kernel_names
+
+# Every attention backend of the registry, in the order declared.
+KERNEL_NAMES = kernel_names()
 # Storage and arithmetic of a cell: fp32 is real fp32 (tf32 switched off), tf32 opts in.
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 PASSES = ("fwd", "fwd_bwd")

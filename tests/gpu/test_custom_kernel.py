@@ -453,8 +453,8 @@ ZERO_REF_BOUND = 1e-3
 @pytest.fixture
 def poisoned_grads(monkeypatch):
     """The backward's output buffers NaN-filled, so an element it does not write fails."""
-    allocate = custom_backward._grad_buffer
-    monkeypatch.setattr(custom_backward, "_grad_buffer", lambda t: allocate(t).fill_(float("nan")))
+    allocate = custom_backward.grad_buffer
+    monkeypatch.setattr(custom_backward, "grad_buffer", lambda t: allocate(t).fill_(float("nan")))
 
 
 def reference_grads(q, k, v, dout, causal, scale=None):

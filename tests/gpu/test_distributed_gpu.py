@@ -15,7 +15,7 @@ import math
 import pytest
 import torch
 
-from flashwatt.distributed.blocks import CudnnBlock, CustomBlock, EfficientBlock, FlashBlock
+from flashwatt.kernels.blocks import CudnnBlock, CustomBlock, EfficientBlock, FlashBlock
 from flashwatt.distributed.job import job
 from flashwatt.distributed.layout import local_part
 from flashwatt.distributed.merge import LseMerge, accumulation_dtype

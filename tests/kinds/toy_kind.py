@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass
 
 from flashwatt.cell_files import CellFiles, file_patterns
+from flashwatt.figure_base import FigureSpec, parquet_table
 from flashwatt.job_frame import Job, run_in_frame
 from flashwatt.kind import Kind, TableFile
 
@@ -70,28 +71,18 @@ def write_tables(records: list[str], out: dict) -> str:
     return table["status"].value_counts().to_string()
 
 
-@dataclass(frozen=True)
-class ToyFigure:
-    name: str
-    caption: str
-    ext: str = "pdf"
-
-
-def draw(name: str, tables: dict, out: str, options: dict) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
+def draw_totals(table):
     import matplotlib.pyplot as plt
-    import pandas as pd
 
-    from flashwatt.records import atomic_write
-
-    table = pd.read_parquet(tables["toys"])
     fig, ax = plt.subplots()
     ax.bar(table["n"].astype(str), table["total"].fillna(0))
-    ax.set_title("Sum of 0..n-1 per toy cell")
-    atomic_write(out, lambda tmp: fig.savefig(tmp, format="pdf"))
-    plt.close(fig)
+    ax.set_xlabel("n")
+    ax.set_ylabel("sum of 0..n-1")
+    return fig
+
+
+FIGURES = {"toy_totals": FigureSpec("toy_totals", "pdf", "Sum of 0..n-1 per toy cell", "Each toy cell's sum.",
+                                    draw_totals, parquet_table("toys"))}
 
 
 KIND = Kind(
@@ -102,8 +93,7 @@ KIND = Kind(
     job="toy_kind:run_toy",
     tables=(TableFile("toys", "toys.parquet"), TableFile("csv", "toys.csv", about="toy cells")),
     write_tables="toy_kind:write_tables",
-    figures={"toy_totals": ToyFigure("toy_totals", "Each toy cell's sum.")},
-    draw="toy_kind:draw",
+    figures=FIGURES,
     schema={"type": "object", "additionalProperties": False, "required": ["sizes"],
             "properties": {"sizes": {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}}}},
     rule_prefix="toy_",

@@ -95,7 +95,7 @@ for kind in all_kinds():
                 options={"trace_filter": config.get("trace_filter", "")},
             wildcard_constraints:
                 figure="|".join(kind.figures),
-                ext="|".join(sorted({getattr(f, "ext", "pdf") for f in kind.figures.values()})),
+                ext="|".join(sorted({f.ext for f in kind.figures.values()})),
             localrule: True
             conda:
                 "../../envs/plot.yaml"

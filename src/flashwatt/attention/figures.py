@@ -1,30 +1,29 @@
-"""Figures from the summary table (and, for power traces, the cells' telemetry traces).
+"""The attention suite's figures, from its summary table (and, for power traces, the
+cells' telemetry traces).
 
-Each figure is a function of the summary with a title and a caption; the registry
-`FIGURES` is what the workflow's plot rule and the report iterate over. Only cells that
-finished `ok` are drawn (an `incorrect` cell's speed is not a result). A figure with
-nothing to show says why on the canvas, in words from the summary (flashwatt.placeholder),
-instead of failing the run. `Figure.render` returns the matplotlib figure, titled, so
-what a figure shows can be checked without reading pixels.
+Each figure is a `FigureSpec` of flashwatt.figure_base (titled, captioned and written the
+same way as every kind's); the registry `FIGURES` is what the workflow's figure rule and
+the report iterate over. Only cells that finished `ok` are drawn (an `incorrect` cell's
+speed is not a result). A figure with nothing to show says why on the canvas, in words
+from the summary (flashwatt.placeholder), instead of failing the run; a facet with no
+cells is not drawn, and a bar missing from its group is marked with its cell's outcome
+("skipped: runs fp16/bf16 only ...", "not run").
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
-import matplotlib
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import seaborn as sns
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-import seaborn as sns  # noqa: E402
-
-from flashwatt.attention.summary import device_labels  # noqa: E402
-from flashwatt.attention.cell import Cell  # noqa: E402
-from flashwatt.placeholder import no_baseline, no_cells_ok, no_values  # noqa: E402
-from flashwatt.plot_axes import plain_log_y, sequence_length_label, sequence_length_x  # noqa: E402
+from flashwatt.attention.cell import Cell
+from flashwatt.attention.summary import read_summary
+from flashwatt.figure_base import FigureSpec, Source, not_measured_panel, nothing_to_draw, registry, spoken_list
+from flashwatt.placeholder import energy_reasons, missing_bar, no_baseline, no_cells_ok, no_values
+from flashwatt.plot_axes import (bar_slots, drop_empty_facets, mark_missing_bars, plain_log_y, sequence_length_label,
+                                 sequence_length_x)
 
 # Dense fp16/bf16 matmul rate measured on the device kinds we test on (docs/measurement.md:
 # an 8192^3 bf16 product, 770-800 TFLOP/s on H100 and H200). Drawn as the ceiling line.
@@ -36,84 +35,12 @@ TOKENS_CONVENTION = 16384  # flash-attention's benchmarks hold B*L at 16k tokens
 MAX_OVERVIEW_CELLS = 12
 # Cell fields that tell cells apart once the kernel is known, in the order a label names them.
 CELL_FIELDS = ["precision", "seq_len", "batch", "heads", "head_dim", "causal", "pass"]
-
-
-@dataclass(frozen=True)
-class Figure:
-    name: str
-    ext: str
-    title: str
-    caption: str
-    draw: Callable[[pd.DataFrame, dict], plt.Figure]
-
-    def render(self, frame: pd.DataFrame, options: dict | None = None) -> plt.Figure:
-        """The figure for this summary, titled with what it shows and where it was measured."""
-        sns.set_theme(style="whitegrid", context="paper")
-        fig = self.draw(frame, options or {})
-        # Above the axes (and their facet titles); savefig's tight bounding box takes it in.
-        fig.suptitle(f"{self.title}\n{measured_where(frame)}", y=1.0, va="bottom", fontsize=11)
-        return fig
-
-
-def measured_where(frame: pd.DataFrame) -> str:
-    """'suite smoke · CPU x86_64 · 8 of 8 cells ok': the line under every figure's title."""
-    if frame.empty:
-        return "no cells in the summary"
-    suites = ", ".join(sorted(frame["suite"].dropna().unique())) or "unknown suite"
-    devices = sorted(device_labels(frame).dropna().unique())
-    ok = int((frame["status"] == "ok").sum())
-    parts = [f"suite {suites}", *([", ".join(devices)] if devices else []), f"{ok} of {len(frame)} cells ok"]
-    return " · ".join(parts)
+# Every figure is drawn from the suite's summary (read with every column it may lack).
+SUMMARY = Source(("summary",), read_summary)
 
 
 def _ok(frame: pd.DataFrame, column: str) -> pd.DataFrame:
     return frame[(frame["status"] == "ok") & frame[column].notna()].copy()
-
-
-@dataclass(frozen=True)
-class TableFigure:
-    """A figure drawn from one kind's table (distributed cells, model cells), titled like the
-    attention figures and written atomically."""
-    name: str
-    ext: str
-    title: str
-    caption: str
-    draw: Callable[[pd.DataFrame], plt.Figure]
-
-    def render(self, table: pd.DataFrame) -> plt.Figure:
-        sns.set_theme(style="whitegrid", context="paper")
-        fig = self.draw(table)
-        fig.suptitle(f"{self.title}\n{measured_where(table)}", y=1.0, va="bottom", fontsize=11)
-        return fig
-
-    def save(self, table_path: str | Path, out: str | Path) -> None:
-        from flashwatt.records import atomic_write
-
-        fig = self.render(pd.read_parquet(table_path))
-        atomic_write(out, lambda tmp: fig.savefig(tmp, format=self.ext, bbox_inches="tight"))
-        plt.close(fig)
-
-
-def ok_rows_or_why(table: pd.DataFrame, column: str, kind: str) -> tuple[pd.DataFrame, str | None]:
-    """The `ok` rows of a kind's table with a value in `column`, or why there are none."""
-    ok = table[(table["status"] == "ok") & table[column].notna()].copy()
-    if len(ok):
-        return ok, None
-    if table.empty:
-        return ok, f"the suite has no {kind} cells in its summary"
-    done = table[table["status"] == "ok"]
-    if len(done):
-        return ok, f"none of the {len(done)} ok cells has {column.replace('_', ' ')}"
-    reasons = table["reason"].dropna().unique()
-    return ok, f"none of the {len(table)} {kind} cells finished ok" + (f"; reason: {reasons[0]}" if len(reasons) else "")
-
-
-def nothing_to_draw(message: str) -> plt.Figure:
-    """The canvas of a figure with nothing to draw: the words say why."""
-    fig, ax = plt.subplots(figsize=(7, 3))
-    ax.text(0.5, 0.5, "Nothing to draw.\n" + message, ha="center", va="center", wrap=True)
-    ax.set_axis_off()
-    return fig
 
 
 def _series(data: pd.DataFrame) -> pd.DataFrame:
@@ -137,8 +64,8 @@ def _label(data: pd.DataFrame) -> pd.Series:
 
 
 def _has_positive(ax) -> bool:
-    """Whether a facet drew positive values to put on a log scale. A facet with no cells
-    (a shape not run at this precision) stays linear: matplotlib cannot log-scale it."""
+    """Whether a facet drew positive values to put on a log scale: one that did not (its
+    cells' values all zero, say) stays linear, as matplotlib cannot log-scale it."""
     ys = [p.get_height() for p in ax.patches]
     ys += [y for line in ax.lines for y in np.asarray(line.get_ydata(), dtype=float)]
     return any(np.isfinite(y) and y > 0 for y in ys)
@@ -146,8 +73,8 @@ def _has_positive(ax) -> bool:
 
 def _lines_vs_L(data: pd.DataFrame, y: str, ylabel: str, log_y: bool, unit: str = "",
                 peak: bool = False, reference: float | None = None) -> plt.Figure:
-    """One line per kernel against L, a panel per shape (rows) and precision (columns);
-    a line style per batch series only where there is more than one."""
+    """One line per kernel against L, a panel per shape (rows) and precision (columns) that
+    was run; a line style per batch series only where there is more than one."""
     data = _series(data)
     data["shape"] = _shape(data)
     data["kernel"] = _label(data)
@@ -157,7 +84,10 @@ def _lines_vs_L(data: pd.DataFrame, y: str, ylabel: str, log_y: bool, unit: str 
         style="series" if several_series else None, col="precision", row="shape",
         kind="line", marker="o", height=3.2, aspect=1.3, facet_kws={"sharey": False},
     )
+    drawn = set(zip(data["shape"], data["precision"]))
     for (shape, precision), ax in grid.axes_dict.items():
+        if (shape, precision) not in drawn:
+            continue
         sequence_length_x(ax, data["seq_len"])
         if reference is not None:
             ax.axhline(reference, color="black", lw=0.8)
@@ -172,17 +102,18 @@ def _lines_vs_L(data: pd.DataFrame, y: str, ylabel: str, log_y: bool, unit: str 
             plain_log_y(ax, unit)
     grid.set_axis_labels("sequence length L", ylabel)
     grid.set_titles("{row_name} | {col_name}")
+    drop_empty_facets(grid, drawn)
     return grid.figure
 
 
-def latency(frame: pd.DataFrame, options: dict) -> plt.Figure:
+def latency(frame: pd.DataFrame) -> plt.Figure:
     data = _ok(frame, "median_ms")
     if data.empty:
         return nothing_to_draw(no_values(frame, "median_ms", "a timed latency"))
     return _lines_vs_L(data, "median_ms", "median latency per call (ms)", log_y=True)
 
 
-def tflops(frame: pd.DataFrame, options: dict) -> plt.Figure:
+def tflops(frame: pd.DataFrame) -> plt.Figure:
     data = _ok(frame, "tflops")
     if data.empty:
         return nothing_to_draw(no_values(frame, "tflops", "a TFLOP/s figure"))
@@ -210,77 +141,126 @@ def _speedup(frame: pd.DataFrame, baseline: str) -> plt.Figure:
     return _lines_vs_L(merged, "speedup", f"speedup over {baseline}", log_y=True, unit="×", reference=1.0)
 
 
-def speedup_vs_naive(frame: pd.DataFrame, options: dict) -> plt.Figure:
+def speedup_vs_naive(frame: pd.DataFrame) -> plt.Figure:
     return _speedup(frame, "naive")
 
 
-def speedup_vs_sdpa_flash(frame: pd.DataFrame, options: dict) -> plt.Figure:
+def speedup_vs_sdpa_flash(frame: pd.DataFrame) -> plt.Figure:
     return _speedup(frame, "sdpa_flash")
 
 
-def _length_order(data: pd.DataFrame) -> tuple[pd.Series, list[str]]:
+def _length_labels(lengths: pd.Series) -> pd.Series:
+    return lengths.map(lambda n: sequence_length_label(int(n)) if pd.notna(n) else "")
+
+
+def _length_order(data: pd.DataFrame) -> list[str]:
     """Sequence lengths as legend labels, ordered by length (not alphabetically: 512 < 1k)."""
-    lengths = sorted(data["seq_len"].unique())
-    return data["seq_len"].map(sequence_length_label), [sequence_length_label(n) for n in lengths]
+    return [sequence_length_label(int(n)) for n in sorted(data["seq_len"].dropna().unique())]
 
 
-def power(frame: pd.DataFrame, options: dict) -> plt.Figure:
-    data = _ok(frame, "avg_power_w")
-    if data.empty:
-        return nothing_to_draw(no_values(frame, "avg_power_w", "a power measurement", "energy_reason"))
-    long = data.melt(id_vars=[c for c in data.columns if c not in ("avg_power_w", "peak_power_w")],
-                     value_vars=["avg_power_w", "peak_power_w"], var_name="power", value_name="W")
-    long["power"] = long["power"].map({"avg_power_w": "average (counter)", "peak_power_w": "peak (instant)"})
-    long["kernel"] = _label(long)
-    long["L"], order = _length_order(long)
-    grid = sns.catplot(data=long, x="kernel", y="W", hue="L", hue_order=order, col="precision", row="power",
-                       kind="bar", height=3.2, aspect=1.5, sharey=True, errorbar=None)
-    idle = data["idle_power_w"].dropna()
-    for ax in grid.axes.flat:
+def _bar_cells(frame: pd.DataFrame) -> pd.DataFrame:
+    """Every cell of the summary, whatever its outcome, labelled as the bar figures group
+    them: kernel (with its variant), shape (with the batch) and L."""
+    return frame.assign(kernel=_label(frame), shape=_shape(frame) + " B=" + frame["batch"].astype(str),
+                        L=_length_labels(frame["seq_len"]))
+
+
+def _mark_gaps(ax, cells: pd.DataFrame, drawn: pd.DataFrame, order: list, hue: str, hue_order: list,
+               column: str, reasons=None) -> None:
+    """Mark each bar place of `ax` that has no bar with why, from `cells` (the facet's cells
+    of every outcome): skipped, failed, not measured or not run. `drawn`: the rows drawn."""
+    present = set(zip(drawn["kernel"], drawn[hue]))
+    marks = {}
+    for (kernel, level), position in bar_slots(order, hue_order).items():
+        if (kernel, level) not in present:
+            rows = cells[(cells["kernel"] == kernel) & (cells[hue] == level)]
+            marks[position] = missing_bar(rows, column, reasons, subject=kernel.split("[")[0])
+    mark_missing_bars(ax, marks)
+
+
+def _ok_kernels(cells: pd.DataFrame) -> list[str]:
+    """The kernels on a bar figure's axis: those with a cell that finished ok (a kernel that
+    never did is not a result; one whose ok cells lack the quantity shows why in its place)."""
+    return sorted(cells.loc[cells["status"] == "ok", "kernel"].unique())
+
+
+# The power figure's rows: the measure named as the reader sees it, and its summary column.
+POWER_MEASURES = {"average (counter)": "avg_power_w", "peak (instant)": "peak_power_w"}
+
+
+def power(frame: pd.DataFrame) -> plt.Figure:
+    if _ok(frame, "avg_power_w").empty:
+        return nothing_to_draw(no_values(frame, "avg_power_w", "a power measurement", energy_reasons))
+    cells = _bar_cells(frame)
+    ok = cells[cells["status"] == "ok"]
+    long = ok.melt(id_vars=["kernel", "precision", "L"], value_vars=list(POWER_MEASURES.values()),
+                   var_name="power", value_name="W").dropna(subset=["W"])
+    long["power"] = long["power"].map({column: name for name, column in POWER_MEASURES.items()})
+    order, lengths = _ok_kernels(cells), _length_order(ok)
+    grid = sns.catplot(data=long, x="kernel", y="W", hue="L", hue_order=lengths, order=order, col="precision",
+                       row="power", kind="bar", height=3.2, aspect=1.5, sharey=True, errorbar=None)
+    idle = ok["idle_power_w"].dropna()
+    drawn = set(zip(long["power"], long["precision"]))
+    for (measure, precision), ax in grid.axes_dict.items():
+        if (measure, precision) not in drawn:
+            continue
         ax.tick_params(axis="x", rotation=30)
         if len(idle):
             ax.axhline(idle.median(), color="grey", ls=":", lw=1)
+        _mark_gaps(ax, cells[cells["precision"] == precision],
+                   long[(long["power"] == measure) & (long["precision"] == precision)],
+                   order, "L", lengths, POWER_MEASURES[measure], energy_reasons)
     grid.set_axis_labels("", "W")
     grid.set_titles("{row_name} | {col_name}")
+    drop_empty_facets(grid, drawn)
     return grid.figure
 
 
 def _bars(frame: pd.DataFrame, y: str, ylabel: str, what: str, log_y: bool) -> plt.Figure:
-    data = _ok(frame, y)
-    if data.empty:
-        return nothing_to_draw(no_values(frame, y, what, "energy_reason"))
-    data["kernel"] = _label(data)
-    data["shape"] = _shape(data) + " B=" + data["batch"].astype(str)
-    data["L"], order = _length_order(data)
-    grid = sns.catplot(data=data, x="kernel", y=y, hue="L", hue_order=order, col="precision", row="shape",
-                       kind="bar", height=3.2, aspect=1.5, sharey=False, errorbar=None)
-    for ax in grid.axes.flat:
+    """A bar per kernel and L, a panel per shape (rows) and precision (columns) that was run."""
+    if _ok(frame, y).empty:
+        return nothing_to_draw(no_values(frame, y, what, energy_reasons))
+    cells = _bar_cells(frame)
+    data = _ok(cells, y)
+    order, lengths = _ok_kernels(cells), _length_order(cells[cells["status"] == "ok"])
+    grid = sns.catplot(data=data, x="kernel", y=y, hue="L", hue_order=lengths, order=order, col="precision",
+                       row="shape", kind="bar", height=3.2, aspect=1.5, sharey=False, errorbar=None)
+    drawn = set(zip(data["shape"], data["precision"]))
+    for (shape, precision), ax in grid.axes_dict.items():
+        if (shape, precision) not in drawn:
+            continue
         ax.tick_params(axis="x", rotation=30)
         if log_y and _has_positive(ax):
             ax.set_yscale("log")
             plain_log_y(ax)
+        facet = (cells["shape"] == shape) & (cells["precision"] == precision)
+        _mark_gaps(ax, cells[facet], data[(data["shape"] == shape) & (data["precision"] == precision)],
+                   order, "L", lengths, y, energy_reasons)
     grid.set_axis_labels("", ylabel)
     grid.set_titles("{row_name} | {col_name}")
+    drop_empty_facets(grid, drawn)
     return grid.figure
 
 
-def energy_per_call(frame: pd.DataFrame, options: dict) -> plt.Figure:
+def energy_per_call(frame: pd.DataFrame) -> plt.Figure:
     scaled = frame.assign(energy_per_call_mj=frame["energy_per_call_j"] * 1e3)
     return _bars(scaled, "energy_per_call_mj", "energy per call (mJ, NVML counter)",
                  "an energy measurement", log_y=True)
 
 
-def gflops_per_w(frame: pd.DataFrame, options: dict) -> plt.Figure:
+def gflops_per_w(frame: pd.DataFrame) -> plt.Figure:
     return _bars(frame, "gflops_per_w", "GFLOP/s per W", "an energy measurement", log_y=False)
 
 
-def cell_labels(data: pd.DataFrame) -> pd.Series:
-    """Each cell named by the fields that vary among `data` (precision and L for the seed
-    study; the shape too where a suite runs more than one), so no two cells share a bar."""
-    varying = [f for f in CELL_FIELDS if data[f].nunique(dropna=False) > 1] or ["precision"]
+def cell_labels(data: pd.DataFrame, among: pd.DataFrame | None = None) -> pd.Series:
+    """Each cell named by the fields that vary among `among` (by default `data` itself:
+    precision and L for the seed study; the shape too where a suite runs more than one),
+    so no two of those cells share a bar."""
+    among = data if among is None else among
+    varying = [f for f in CELL_FIELDS if among[f].nunique(dropna=False) > 1] or ["precision"]
     parts = {
         "precision": data["precision"].astype(str),
-        "seq_len": "L=" + data["seq_len"].map(sequence_length_label),
+        "seq_len": "L=" + _length_labels(data["seq_len"]),
         "batch": "B=" + data["batch"].astype(str),
         "heads": "H=" + data["heads"].astype(str),
         "head_dim": "D=" + data["head_dim"].astype(str),
@@ -294,40 +274,50 @@ def cell_labels(data: pd.DataFrame) -> pd.Series:
 
 
 # The overview's panels: column drawn, axis label, what a cell lacks when it has no value,
-# the summary column giving the reason, and whether the axis is logarithmic (energy and
-# latency span orders of magnitude across L; efficiency does not).
-OVERVIEW_PANELS = [("energy_per_call_mj", "energy per call (mJ)", "an energy measurement", "energy_reason", True),
-                   ("gflops_per_w", "GFLOP/s per W", "an energy measurement", "energy_reason", False),
-                   ("median_ms", "median latency per call (ms)", "a timed latency", None, True)]
+# where the reason for that is recorded, whether the axis is logarithmic (energy and
+# latency span orders of magnitude across L; efficiency does not), and the panel's name in
+# the title.
+OVERVIEW_PANELS = [("energy_per_call_mj", "energy per call (mJ)", "an energy measurement", energy_reasons, True,
+                    "energy"),
+                   ("gflops_per_w", "GFLOP/s per W", "an energy measurement", energy_reasons, False, "efficiency"),
+                   ("median_ms", "median latency per call (ms)", "a timed latency", None, True, "latency")]
 
 
-def overview(frame: pd.DataFrame, options: dict) -> plt.Figure:
+def overview_title(frame: pd.DataFrame) -> str:
+    """'Energy, efficiency and latency per kernel', naming only the panels that draw bars
+    (on a machine without a GPU: 'Latency per kernel')."""
+    ok = frame.assign(energy_per_call_mj=frame["energy_per_call_j"] * 1e3)
+    ok = ok[ok["status"] == "ok"]
+    parts = [name for column, *_, name in OVERVIEW_PANELS if ok[column].notna().any()]
+    parts = parts or [name for *_, name in OVERVIEW_PANELS]
+    said = spoken_list(parts)
+    return f"{said[0].upper()}{said[1:]} per kernel"
+
+
+def overview(frame: pd.DataFrame) -> plt.Figure:
     """Energy per call, GFLOP/s per watt and latency per kernel side by side, a bar per cell."""
     frame = frame.assign(energy_per_call_mj=frame["energy_per_call_j"] * 1e3)
     why = no_cells_ok(frame)
     if why:
         return nothing_to_draw(why)
-    data = frame[frame["status"] == "ok"].copy()
-    data["kernel"] = _label(data)
-    data["cell"] = cell_labels(data)
-    cells = data["cell"].nunique()
-    if cells > MAX_OVERVIEW_CELLS:
-        return nothing_to_draw(f"This suite has {cells} different cells per kernel, too many to read as bars side "
-                            f"by side (at most {MAX_OVERVIEW_CELLS}).\nThe latency, energy_per_call and "
-                            "gflops_per_w figures show them by shape.")
+    cells = frame.assign(kernel=_label(frame), cell=cell_labels(frame, among=frame[frame["status"] == "ok"]))
+    data = cells[cells["status"] == "ok"]
+    count = data["cell"].nunique()
+    if count > MAX_OVERVIEW_CELLS:
+        return nothing_to_draw(f"This suite has {count} different cells per kernel, too many to read as bars side "
+                               f"by side (at most {MAX_OVERVIEW_CELLS}).\nThe latency, energy_per_call and "
+                               "gflops_per_w figures show them by shape.")
     order = list(dict.fromkeys(data.sort_values(CELL_FIELDS)["cell"]))
+    kernels = _ok_kernels(cells)
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
     legend = None
-    for ax, (column, label, what, reason_column, log_y) in zip(axes, OVERVIEW_PANELS):
+    for ax, (column, label, what, reasons, log_y, _) in zip(axes, OVERVIEW_PANELS):
         drawn = data[data[column].notna()]
         if drawn.empty:
-            ax.text(0.5, 0.5, "Not measured.\n" + no_values(frame, column, what, reason_column), ha="center",
-                    va="center", wrap=True, fontsize=8, transform=ax.transAxes)
-            ax.set_xticks([])
-            ax.set_yticks([])
+            not_measured_panel(ax, label, no_values(frame, column, what, reasons))
         else:
-            sns.barplot(data=drawn, x="kernel", y=column, hue="cell", hue_order=order,
-                        order=sorted(drawn["kernel"].unique()), errorbar=None, ax=ax)
+            sns.barplot(data=drawn, x="kernel", y=column, hue="cell", hue_order=order, order=kernels,
+                        errorbar=None, ax=ax)
             # One legend for the three panels (same cells, same colours), outside the bars.
             legend = legend or ax.get_legend_handles_labels()
             ax.get_legend().remove()
@@ -335,7 +325,8 @@ def overview(frame: pd.DataFrame, options: dict) -> plt.Figure:
                 ax.set_yscale("log")
                 plain_log_y(ax)
             ax.tick_params(axis="x", rotation=30)
-        ax.set_title(label)
+            _mark_gaps(ax, cells, drawn, kernels, "cell", order, column, reasons)
+            ax.set_title(label)
         ax.set_xlabel("")
         ax.set_ylabel(label)
     fig.tight_layout()
@@ -344,14 +335,13 @@ def overview(frame: pd.DataFrame, options: dict) -> plt.Figure:
     return fig
 
 
-def power_trace(frame: pd.DataFrame, options: dict) -> plt.Figure:
+def power_trace(frame: pd.DataFrame, trace_filter: str = "") -> plt.Figure:
     """Instant power over time for chosen cells, the energy window shaded."""
-    query = options.get("trace_filter", "")
-    chosen = trace_cells(frame, query)
+    chosen = trace_cells(frame, trace_filter)
     if chosen.empty:
-        if query:
-            return nothing_to_draw(f"trace_filter {query!r} selects none of the ok cells with a power trace.")
-        return nothing_to_draw(no_values(frame, "peak_power_w", "a power trace", "energy_reason"))
+        if trace_filter:
+            return nothing_to_draw(f"trace_filter {trace_filter!r} selects none of the ok cells with a power trace.")
+        return nothing_to_draw(no_values(frame, "peak_power_w", "a power trace", energy_reasons))
     traces = []
     for _, row in chosen.iterrows():
         path = Path(Cell.trace_of(row["record"]))
@@ -362,7 +352,7 @@ def power_trace(frame: pd.DataFrame, options: dict) -> plt.Figure:
                 traces.append(trace)
     if not traces:
         return nothing_to_draw(f"The power traces of the {len(chosen)} chosen cells are missing or empty "
-                            f"(e.g. {Cell.trace_of(chosen['record'].iloc[0])}).")
+                               f"(e.g. {Cell.trace_of(chosen['record'].iloc[0])}).")
     n = len(traces)
     fig, axes = plt.subplots(n, 1, figsize=(10, 2.4 * n), squeeze=False)
     for ax, trace in zip(axes[:, 0], traces):
@@ -394,43 +384,37 @@ def trace_cells(frame: pd.DataFrame, query: str = "", limit: int = 6) -> pd.Data
     return data.loc[data.groupby("kernel")["peak_power_w"].idxmax()].head(limit)
 
 
-FIGURES = {f.name: f for f in (
-    Figure("latency", "png", "Median latency per call",
-           "Median latency per call against sequence length, one panel per precision and shape; a line per "
-           "kernel, and a line style per batch series (fixed B, or 16k tokens per batch) where there are "
-           "several.", latency),
-    Figure("tflops", "png", "Attention throughput",
-           "Attention TFLOP/s (forward 4·B·H·L²·D, halved for causal, ×3.5 with backward) against sequence "
-           "length; dashed: the dense-matmul rate measured on this GPU kind.", tflops),
-    Figure("speedup_vs_naive", "png", "Speedup over the naive kernel",
-           "Speedup over the naive matmul-softmax-matmul baseline at the same cell (same precision and "
-           "shape); above 1× is faster.", speedup_vs_naive),
-    Figure("speedup_vs_sdpa_flash", "png", "Speedup over SDPA flash (FlashAttention-2)",
-           "Speedup over PyTorch SDPA's flash backend (FlashAttention-2) at the same cell; above 1× is "
-           "faster.", speedup_vs_sdpa_flash),
-    Figure("power", "png", "Power while running",
-           "Average power (NVML energy counter over the window) and peak instant power per kernel; dotted: "
-           "idle power measured before the windows.", power),
-    Figure("energy_per_call", "png", "Energy per call",
-           "Energy per call: the NVML energy-counter delta over a window of back-to-back calls, divided by "
-           "the number of calls.", energy_per_call),
-    Figure("gflops_per_w", "png", "Energy efficiency",
-           "GFLOP/s per watt (= GFLOP per joule) from the same energy windows.", gflops_per_w),
-    Figure("overview", "pdf", "Energy, efficiency and latency per kernel",
-           "Energy per call, GFLOP/s per watt and median latency per kernel side by side, one bar per cell "
-           "(named by what varies among the suite's cells: precision and L, and the shape where there is "
-           "more than one).", overview),
-    Figure("power_trace", "png", "Power over each cell's measurement",
-           "Instant power (NVML field 186, sampled every 100 ms) over each chosen cell's measurement, with "
-           "its energy window shaded.", power_trace),
-)}
-
-
-def draw(name: str, summary: str | Path, out: str | Path, options: dict | None = None) -> None:
-    from flashwatt.attention.summary import read_summary
-    from flashwatt.records import atomic_write
-
-    figure = FIGURES[name]
-    fig = figure.render(read_summary(summary), options)
-    atomic_write(out, lambda tmp: fig.savefig(tmp, format=figure.ext, dpi=130, bbox_inches="tight"))
-    plt.close(fig)
+FIGURES = registry(
+    FigureSpec("latency", "png", "Median latency per call",
+               "Median latency per call against sequence length, one panel per precision and shape; a line per "
+               "kernel, and a line style per batch series (fixed B, or 16k tokens per batch) where there are "
+               "several.", latency, SUMMARY),
+    FigureSpec("tflops", "png", "Attention throughput",
+               "Attention TFLOP/s (forward 4·B·H·L²·D, halved for causal, ×3.5 with backward) against sequence "
+               "length; dashed: the dense-matmul rate measured on this GPU kind.", tflops, SUMMARY),
+    FigureSpec("speedup_vs_naive", "png", "Speedup over the naive kernel",
+               "Speedup over the naive matmul-softmax-matmul baseline at the same cell (same precision and "
+               "shape); above 1× is faster.", speedup_vs_naive, SUMMARY),
+    FigureSpec("speedup_vs_sdpa_flash", "png", "Speedup over SDPA flash (FlashAttention-2)",
+               "Speedup over PyTorch SDPA's flash backend (FlashAttention-2) at the same cell; above 1× is "
+               "faster.", speedup_vs_sdpa_flash, SUMMARY),
+    FigureSpec("power", "png", "Power while running",
+               "Average power (NVML energy counter over the window) and peak instant power per kernel; dotted: "
+               "idle power measured before the windows. A missing bar is marked with its cell's outcome.",
+               power, SUMMARY),
+    FigureSpec("energy_per_call", "png", "Energy per call",
+               "Energy per call: the NVML energy-counter delta over a window of back-to-back calls, divided by "
+               "the number of calls. A missing bar is marked with its cell's outcome (skipped and why, failed, "
+               "not measured, or not run).", energy_per_call, SUMMARY),
+    FigureSpec("gflops_per_w", "png", "Energy efficiency",
+               "GFLOP/s per watt (= GFLOP per joule) from the same energy windows. A missing bar is marked with "
+               "its cell's outcome.", gflops_per_w, SUMMARY),
+    FigureSpec("overview", "pdf", overview_title,
+               "Energy per call, GFLOP/s per watt and median latency per kernel side by side, one bar per cell "
+               "(named by what varies among the suite's cells: precision and L, and the shape where there is "
+               "more than one); a panel whose quantity was not measured says why, and a missing bar is marked "
+               "with its cell's outcome.", overview, SUMMARY),
+    FigureSpec("power_trace", "png", "Power over each cell's measurement",
+               "Instant power (NVML field 186, sampled every 100 ms) over each chosen cell's measurement, with "
+               "its energy window shaded.", power_trace, SUMMARY, options=("trace_filter",)),
+)

@@ -15,11 +15,6 @@ def fill_schema(grids: dict) -> None:
         grid[key]["items"] = {"enum": list(names)}
 
 
-def draw(name: str, tables: dict, out: str, options: dict) -> None:
-    from flashwatt.attention.figures import draw as draw_figure
-
-    draw_figure(name, tables["summary"], out, options)
-
 
 def report_values(suite: str) -> dict:
     """The report's method sentences, from what the suite's summary says each cell used."""
@@ -42,7 +37,6 @@ KIND = Kind(
     ),
     write_tables="flashwatt.attention.summary:write_tables",
     figures=FIGURES,
-    draw="flashwatt.attention.kind:draw",
     schema="schema.yaml",
     fill_schema=fill_schema,
     report="report.rst",

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from flashwatt.vocabulary import KERNEL_NAMES
+from flashwatt.kernels import registry
 
-# Backends the controller may choose among: the kernel registry's GPU backends. naive and
-# sdpa_math are reference implementations, never a sensible choice for a live workload.
-CONTROL_BACKENDS = ("custom", "sdpa_cudnn", "sdpa_flash", "sdpa_efficient", "sdpa_default")
-assert set(CONTROL_BACKENDS) <= set(KERNEL_NAMES)
+# Backends the controller may choose among, in the order it tries them: those the backend
+# registry lets it (flashwatt.kernels.registry's `control_order`). naive and sdpa_math are
+# reference implementations, never a sensible choice for a live workload.
+CONTROL_BACKENDS = registry.control_backend_names()
 
 # The knobs a user may restrict (Controller(knobs={...})); anything else is refused by name.
 KNOBS = ("backend", "variant", "chunks", "precision", "duty")
@@ -42,7 +42,7 @@ class Configuration:
     def __post_init__(self) -> None:
         if self.backend not in CONTROL_BACKENDS:
             raise ControlError(f"backend {self.backend!r}: allowed {', '.join(CONTROL_BACKENDS)}")
-        if self.variant and self.backend != "custom":
+        if self.variant and not registry.backend(self.backend).variants:
             raise ControlError(f"variant {self.variant!r} names a launch of our kernel; backend is {self.backend}")
         if not isinstance(self.chunks, int) or self.chunks < 1:
             raise ControlError(f"chunks={self.chunks!r}: must be a positive integer")
@@ -115,13 +115,12 @@ def candidates(precision: str, knobs: dict | None = None, precision_opt_in: bool
         precisions += [p for p in knobs.get("precision", ladder) if p in ladder]
     out = []
     for backend in backends:
-        for variant in (variants if backend == "custom" else [""]):
+        declared = registry.backend(backend)
+        for variant in (variants if declared.variants else [""]):
             for chunks in chunk_counts:
                 for prec in precisions:
-                    if prec == "tf32" and backend in ("sdpa_cudnn", "sdpa_flash"):
-                        continue  # half-precision-only backends
-                    if prec in ("", "fp32") and precision in ("fp32", "tf32") and backend in ("sdpa_cudnn", "sdpa_flash"):
-                        continue
+                    if (prec or precision) not in declared.precisions:
+                        continue  # e.g. fp32 or tf32 for a half-precision-only backend
                     out.append(Configuration(backend, variant, int(chunks), prec))
     if not out:
         raise ControlError(f"no configuration left for {precision} inputs with knobs {knobs}")

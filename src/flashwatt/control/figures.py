@@ -9,29 +9,28 @@
 - control_energy: joules per token against the budget for the controller, the oracle's
   most frugal static configuration within that budget and the static default.
 
-Only runs that finished `ok` are drawn; a figure with nothing to draw says why.
+Only runs that finished `ok` are drawn; a figure with nothing to draw says why. Each is a
+`FigureSpec` of flashwatt.figure_base, drawn from the three tables (`CONTROL_TABLES`).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
-import matplotlib
+import matplotlib.pyplot as plt
+import pandas as pd
+import seaborn as sns
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-import seaborn as sns  # noqa: E402
-
-from flashwatt.control.metrics import TOLERANCE, window_power  # noqa: E402
-from flashwatt.control.summary import least_energy_static, pareto_front, static_default, usable_static  # noqa: E402
-from flashwatt.attention.figures import measured_where, nothing_to_draw  # noqa: E402
+from flashwatt.control.metrics import TOLERANCE, window_power
+from flashwatt.control.summary import least_energy_static, pareto_front, static_default, usable_static
+from flashwatt.figure_base import FigureSpec, Source, nothing_to_draw, registry
+from flashwatt.placeholder import Rows, no_cells_ok
 
 PANEL_COLUMNS = 3
 # Switches labelled in a panel (after exploration); more would overprint one another.
 MAX_SWITCH_LABELS = 6
+RUNS = Rows("controlled run", "the suite's control table")
 
 
 @dataclass
@@ -54,37 +53,16 @@ class ControlTables:
         return self.runs[self.runs["status"] == "ok"]
 
 
-@dataclass(frozen=True)
-class ControlFigure:
-    name: str
-    ext: str
-    title: str
-    caption: str
-    draw: Callable[[ControlTables], plt.Figure]
-
-    def render(self, tables: ControlTables) -> plt.Figure:
-        sns.set_theme(style="whitegrid", context="paper")
-        fig = self.draw(tables)
-        fig.suptitle(f"{self.title}\n{measured_where(tables.cells())}", y=1.0, va="bottom", fontsize=11)
-        return fig
-
-
-
-def _why_no_runs(tables: ControlTables) -> str:
-    runs = tables.runs
-    if runs.empty:
-        return "the suite has no controlled runs in its summary"
-    reasons = runs["reason"].dropna().unique()
-    return (f"none of the {len(runs)} controlled runs finished ok"
-            + (f"; reason: {reasons[0]}" if len(reasons) else ""))
+# Every control figure is drawn from the runs, the oracle's static rows and the runs' traces.
+CONTROL_TABLES = Source(("runs", "oracle", "traces"), ControlTables.read, ControlTables.cells)
 
 
 def _panels(count: int, width: float = 5.0, height: float = 3.0, sharey: bool = False):
     cols = min(PANEL_COLUMNS, count)
     rows = math.ceil(count / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False, sharey=sharey)
-    for ax in axes.flat[count:]:
-        ax.set_axis_off()
+    for ax in axes.flat[count:]:  # the grid's last row may be short: no empty panel is drawn
+        ax.remove()
     return fig, list(axes.flat[:count])
 
 
@@ -98,7 +76,9 @@ def draw_power(tables: ControlTables) -> plt.Figure:
     runs = tables.ok_runs()
     runs = runs[runs["cell_id"].isin(set(tables.traces["cell_id"]))]
     if runs.empty:
-        return nothing_to_draw(_why_no_runs(tables) if tables.ok_runs().empty else "no run recorded a trace")
+        ok = len(tables.ok_runs())
+        return nothing_to_draw(no_cells_ok(tables.runs, RUNS)
+                               or f"None of the {ok} controlled runs that finished ok recorded a power trace.")
     fig, axes = _panels(len(runs), sharey=True)
     for ax, run in zip(axes, runs.itertuples()):
         trace = tables.traces[tables.traces["cell_id"] == run.cell_id].sort_values("t")
@@ -151,9 +131,10 @@ def _usable_oracle(tables: ControlTables) -> pd.DataFrame:
 def draw_pareto(tables: ControlTables) -> plt.Figure:
     oracle = _usable_oracle(tables)
     if oracle.empty:
-        return nothing_to_draw("no oracle measured throughput and power (its cells need a GPU with NVML)"
-                            if tables.oracle.empty or tables.oracle["avg_power_w"].isna().all()
-                            else "no static configuration of the oracle passed its check")
+        return nothing_to_draw("No oracle cell measured throughput and power: the oracle runs its static "
+                               "configurations on a GPU with NVML."
+                               if tables.oracle.empty or tables.oracle["avg_power_w"].isna().all()
+                               else "No static configuration of the oracle passed its check.")
     groups = sorted(oracle["group"].unique())
     fig, axes = _panels(len(groups), width=6.0, height=4.2)
     configs = sorted(oracle["config"].unique())
@@ -198,12 +179,17 @@ def draw_pareto(tables: ControlTables) -> plt.Figure:
 
 
 def draw_energy(tables: ControlTables) -> plt.Figure:
+    why = no_cells_ok(tables.runs, RUNS)
+    if why:
+        return nothing_to_draw(why)
     runs = tables.ok_runs()
-    plain = runs[(runs["mode"] == "budget") & ~runs["budget_schedule"].fillna("").str.contains(" ")
-                 & (runs["disturbance"].fillna("") == "") & runs["j_per_token"].notna()]
+    # text columns empty in every run (no schedule, no disturbance) may come back as floats
+    schedule, disturbance = (runs[c].astype("string").fillna("") for c in ("budget_schedule", "disturbance"))
+    plain = runs[(runs["mode"] == "budget") & ~schedule.str.contains(" ") & (disturbance == "")
+                 & runs["j_per_token"].notna()]
     if plain.empty:
-        return nothing_to_draw(_why_no_runs(tables) if runs.empty else
-                            "no run held a single budget without a disturbance and measured its energy")
+        return nothing_to_draw("No controlled run held a single power budget without a disturbance and measured "
+                               "its energy.")
     oracle = _usable_oracle(tables)
     groups = sorted(plain["group"].unique())
     fig, axes = _panels(len(groups), width=6.0, height=4.0)
@@ -236,31 +222,21 @@ def draw_energy(tables: ControlTables) -> plt.Figure:
     return fig
 
 
-CONTROL_FIGURES: dict[str, ControlFigure] = {
-    f.name: f
-    for f in [
-        ControlFigure("control_power", "pdf", "Power against time under the power-aware scheduler",
-                      "Each controlled run's GPU power (NVML instant readings at 10 Hz, and the 1 s window averages "
-                      "from the energy counter that the budget is judged by) with its budget and the +3% band. "
-                      "Grey: the exploration phase; green dotted lines: configuration switches, labelled after "
-                      "exploration; black: the start of a disturbance (another process's load, or NVML failing).",
-                      draw_power),
-        ControlFigure("control_pareto", "pdf", "Throughput against power: static configurations and the controller",
-                      "Every static configuration of the oracle (each duty a point, measured side by side in the "
-                      "suite), the Pareto front of those static runs (dashed: the best single static run within a "
-                      "power; dotted: time-sharing two of them), and each controlled run's operating point after "
-                      "its exploration (red crosses, labelled by budget).", draw_pareto),
-        ControlFigure("control_energy", "pdf", "Energy per token against the power budget",
-                      "Joules per token of the controller at each budget (whole run, and after exploration), of "
-                      "the oracle's least-energy static configuration whose power stays within that budget, of "
-                      "the static default (sdpa with no backend forced, unbudgeted), and of the energy mode.",
-                      draw_energy),
-    ]
-}
-
-
-def draw(name: str, runs: str, oracle: str, traces: str, out: str) -> None:
-    """Render one control figure to `out` (the workflow's control figure rule)."""
-    figure = CONTROL_FIGURES[name].render(ControlTables.read(runs, oracle, traces))
-    figure.savefig(out, bbox_inches="tight")
-    plt.close(figure)
+CONTROL_FIGURES = registry(
+    FigureSpec("control_power", "pdf", "Power against time under the power-aware scheduler",
+               "Each controlled run's GPU power (NVML instant readings at 10 Hz, and the 1 s window averages "
+               "from the energy counter that the budget is judged by) with its budget and the +3% band. "
+               "Grey: the exploration phase; green dotted lines: configuration switches, labelled after "
+               "exploration; black: the start of a disturbance (another process's load, or NVML failing).",
+               draw_power, CONTROL_TABLES),
+    FigureSpec("control_pareto", "pdf", "Throughput against power: static configurations and the controller",
+               "Every static configuration of the oracle (each duty a point, measured side by side in the "
+               "suite), the Pareto front of those static runs (dashed: the best single static run within a "
+               "power; dotted: time-sharing two of them), and each controlled run's operating point after "
+               "its exploration (red crosses, labelled by budget).", draw_pareto, CONTROL_TABLES),
+    FigureSpec("control_energy", "pdf", "Energy per token against the power budget",
+               "Joules per token of the controller at each budget (whole run, and after exploration), of "
+               "the oracle's least-energy static configuration whose power stays within that budget, of "
+               "the static default (sdpa with no backend forced, unbudgeted), and of the energy mode.",
+               draw_energy, CONTROL_TABLES),
+)

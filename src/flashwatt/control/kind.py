@@ -15,11 +15,6 @@ def fill_schema(section: dict) -> None:
         run[key] = {"enum": list(names)}
 
 
-def draw(name: str, tables: dict, out: str, options: dict) -> None:
-    from flashwatt.control.figures import draw as draw_figure
-
-    draw_figure(name, tables["runs"], tables["oracle"], tables["traces"], out)
-
 
 KIND = Kind(
     name="control",
@@ -37,7 +32,6 @@ KIND = Kind(
     ),
     write_tables="flashwatt.control.summary:write_tables",
     figures=CONTROL_FIGURES,
-    draw="flashwatt.control.kind:draw",
     schema="schema.yaml",
     fill_schema=fill_schema,
     report="report.rst",

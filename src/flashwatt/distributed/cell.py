@@ -12,9 +12,11 @@ import re
 from dataclasses import dataclass
 
 from flashwatt.cell_files import CellFiles, file_patterns
+from flashwatt.kernels.registry import block_names
 
 STRATEGIES = ("ring", "zigzag", "ulysses", "hybrid")
-BLOCKS = ("auto", "math", "flash", "efficient", "cudnn", "custom")  # flashwatt.distributed.blocks.BLOCK_NAMES
+# The block each registry backend computes with under a strategy (flashwatt.kernels.registry).
+BLOCKS = block_names()
 PRECISIONS = ("fp64", "fp32", "tf32", "fp16", "bf16")  # fp64: the CPU checks (block math)
 PASSES = ("fwd", "fwd_bwd")
 

@@ -7,19 +7,22 @@
 - distributed_energy: joules per token summed over the job's GPUs, and that against one GPU
   running the whole problem alone, against GPUs.
 
-Only cells that finished `ok` are drawn; a figure with nothing to draw says why.
+Only cells that finished `ok` are drawn; a figure with nothing to draw says why, and a
+facet without cells is not drawn. Each is a `FigureSpec` of flashwatt.figure_base, drawn
+from the suite's distributed table.
 """
 from __future__ import annotations
 
+import matplotlib.pyplot as plt
+import pandas as pd
+import seaborn as sns
 
-import matplotlib
+from flashwatt.figure_base import FigureSpec, nothing_to_draw, parquet_table, registry
+from flashwatt.placeholder import Rows, energy_reasons, rows_or_why
+from flashwatt.plot_axes import drop_empty_facets
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-import seaborn as sns  # noqa: E402
-
-from flashwatt.attention.figures import TableFigure, nothing_to_draw, ok_rows_or_why  # noqa: E402
+ROWS = Rows("distributed cell", "the suite's distributed table")
+TABLE = parquet_table("table")
 
 
 def _shape(data: pd.DataFrame) -> pd.Series:
@@ -34,21 +37,26 @@ def _against_gpus(data: pd.DataFrame, measures: list[str], references: dict[str,
     data["shape"] = _shape(data)
     data["method"] = data["strategy"] + " / " + data["block"]
     long = data.melt(id_vars=["gpus", "method", "shape"], value_vars=measures, var_name="measure")
-    grid = sns.relplot(data=long.dropna(subset=["value"]), x="gpus", y="value", hue="method", col="measure",
+    long = long.dropna(subset=["value"])
+    grid = sns.relplot(data=long, x="gpus", y="value", hue="method", col="measure", col_order=measures,
                        row="shape", kind="line", marker="o", height=3.0, aspect=1.3, facet_kws={"sharey": False})
     gpus = sorted(data["gpus"].unique())
+    drawn = set(zip(long["shape"], long["measure"]))
     for (shape, measure), ax in grid.axes_dict.items():
+        if (shape, measure) not in drawn:
+            continue
         if measure in references:
             label, values = references[measure]
             ax.plot(gpus, values(gpus), color="0.6", ls=":", label=label)
         ax.set_xscale("log", base=2)
         ax.set_xticks(gpus, [str(g) for g in gpus])
     grid.set_axis_labels("GPUs", "")
+    drop_empty_facets(grid, drawn)
     return grid.figure
 
 
 def draw_scaling(table: pd.DataFrame) -> plt.Figure:
-    data, why = ok_rows_or_why(table, "speedup", "distributed")
+    data, why = rows_or_why(table, "speedup", "a speedup over one GPU", rows=ROWS)
     if why:
         return nothing_to_draw(why)
     return _against_gpus(data, ["speedup", "efficiency"],
@@ -56,7 +64,7 @@ def draw_scaling(table: pd.DataFrame) -> plt.Figure:
 
 
 def draw_memory(table: pd.DataFrame) -> plt.Figure:
-    data, why = ok_rows_or_why(table, "peak_bytes_per_gpu", "distributed")
+    data, why = rows_or_why(table, "peak_bytes_per_gpu", "a peak memory measurement", rows=ROWS)
     if why:
         return nothing_to_draw(why)
     data["GiB per GPU"] = data["peak_bytes_per_gpu"] / 2**30
@@ -70,7 +78,7 @@ def draw_memory(table: pd.DataFrame) -> plt.Figure:
 
 
 def draw_time(table: pd.DataFrame) -> plt.Figure:
-    data, why = ok_rows_or_why(table, "total_ms", "distributed")
+    data, why = rows_or_why(table, "total_ms", "a timed step", rows=ROWS)
     if why:
         return nothing_to_draw(why)
     data["label"] = data["strategy"] + " " + data["gpus"].astype(str) + " GPUs, L=" + data["seq_len"].astype(str)
@@ -90,7 +98,7 @@ def draw_time(table: pd.DataFrame) -> plt.Figure:
 
 
 def draw_error(table: pd.DataFrame) -> plt.Figure:
-    data, why = ok_rows_or_why(table, "error_out", "distributed")
+    data, why = rows_or_why(table, "error_out", "an error against float64", rows=ROWS)
     if why:
         return nothing_to_draw(why)
     data["shape"] = _shape(data)
@@ -107,7 +115,7 @@ def draw_error(table: pd.DataFrame) -> plt.Figure:
 
 
 def draw_energy(table: pd.DataFrame) -> plt.Figure:
-    data, why = ok_rows_or_why(table, "j_per_token", "distributed")
+    data, why = rows_or_why(table, "j_per_token", "an energy measurement", energy_reasons, rows=ROWS)
     if why:
         return nothing_to_draw(why)
     data["mJ per token, all GPUs"] = data["j_per_token"] * 1e3
@@ -116,29 +124,22 @@ def draw_energy(table: pd.DataFrame) -> plt.Figure:
                          {"energy / one GPU's": ("one GPU", lambda g: [1.0] * len(g))})
 
 
-DISTRIBUTED_FIGURES: dict[str, TableFigure] = {
-    f.name: f
-    for f in [
-        TableFigure("distributed_scaling", "pdf", "Speedup and parallel efficiency against GPUs",
-                          "Each strategy's time for the whole problem against one GPU running the same block backend "
-                          "in the same job (speedup), and that over the number of GPUs (efficiency); dotted: ideal.",
-                          draw_scaling),
-        TableFigure("distributed_memory", "pdf", "Peak memory per GPU against the sequence length",
-                          "The largest peak memory of any rank for one step (forward, and backward where run).",
-                          draw_memory),
-        TableFigure("distributed_time", "pdf", "Where the time goes: compute and exposed communication",
-                          "Forward and backward per step on the slowest rank, each split into compute and the "
-                          "communication not hidden under it (the record says how each is measured).", draw_time),
-        TableFigure("distributed_error", "pdf", "Error against float64 as the world grows",
-                          "The gathered output and gradients against a float64 reference on the same data; each must "
-                          "stay within twice the same block backend's single-GPU error.", draw_error),
-        TableFigure("distributed_energy", "pdf", "Energy per token across GPUs",
-                          "Energy per call summed over every GPU of the job (each GPU's NVML counter between its "
-                          "own updates) per token of the whole problem, and that against one GPU running the "
-                          "whole problem alone in the same job; dotted: one GPU's.", draw_energy),
-    ]
-}
-
-
-def draw(name: str, table_path: str, out: str) -> None:
-    DISTRIBUTED_FIGURES[name].save(table_path, out)
+DISTRIBUTED_FIGURES = registry(
+    FigureSpec("distributed_scaling", "pdf", "Speedup and parallel efficiency against GPUs",
+               "Each strategy's time for the whole problem against one GPU running the same block backend "
+               "in the same job (speedup), and that over the number of GPUs (efficiency); dotted: ideal.",
+               draw_scaling, TABLE),
+    FigureSpec("distributed_memory", "pdf", "Peak memory per GPU against the sequence length",
+               "The largest peak memory of any rank for one step (forward, and backward where run).",
+               draw_memory, TABLE),
+    FigureSpec("distributed_time", "pdf", "Where the time goes: compute and exposed communication",
+               "Forward and backward per step on the slowest rank, each split into compute and the "
+               "communication not hidden under it (the record says how each is measured).", draw_time, TABLE),
+    FigureSpec("distributed_error", "pdf", "Error against float64 as the world grows",
+               "The gathered output and gradients against a float64 reference on the same data; each must "
+               "stay within twice the same block backend's single-GPU error.", draw_error, TABLE),
+    FigureSpec("distributed_energy", "pdf", "Energy per token across GPUs",
+               "Energy per call summed over every GPU of the job (each GPU's NVML counter between its "
+               "own updates) per token of the whole problem, and that against one GPU running the "
+               "whole problem alone in the same job; dotted: one GPU's.", draw_energy, TABLE),
+)

@@ -133,7 +133,7 @@ def _run(spec: dict, rdv, device) -> dict:
     repeats, warmup = int(spec.get("repeats", 10)), int(spec.get("warmup", 3))
     q, k, v, dout = make_full(spec, device, dtype)
     if block_name == "custom":
-        from flashwatt.distributed.blocks import CustomBlock
+        from flashwatt.kernels.blocks import CustomBlock
 
         block = CustomBlock(spec.get("variant", ""))
     else:

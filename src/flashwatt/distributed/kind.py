@@ -15,11 +15,6 @@ def fill_schema(section: dict) -> None:
         grid[key]["items"] = {"enum": list(names)}
 
 
-def draw(name: str, tables: dict, out: str, options: dict) -> None:
-    from flashwatt.distributed.figures import draw as draw_figure
-
-    draw_figure(name, tables["parquet"], out)
-
 
 KIND = Kind(
     name="distributed",
@@ -28,12 +23,11 @@ KIND = Kind(
     plan=distributed_runs,
     job="flashwatt.distributed.cell_run:run_distributed_cell",
     tables=(
-        TableFile("parquet", "distributed.parquet"),
+        TableFile("table", "distributed.parquet"),
         TableFile("csv", "distributed.csv", "distributed_table.rst", "distributed", about="distributed cells"),
     ),
     write_tables="flashwatt.distributed.summary:write_tables",
     figures=DISTRIBUTED_FIGURES,
-    draw="flashwatt.distributed.kind:draw",
     schema="schema.yaml",
     fill_schema=fill_schema,
     report="report.rst",

@@ -72,6 +72,6 @@ def write_tables(records: list[str], out: dict[str, str]) -> str:
     from flashwatt.records import atomic_write
 
     table = distributed_table(records)
-    atomic_write(out["parquet"], lambda tmp: table.to_parquet(tmp, index=False))
+    atomic_write(out["table"], lambda tmp: table.to_parquet(tmp, index=False))
     atomic_write(out["csv"], lambda tmp: table.to_csv(tmp, index=False, float_format="%.6g"))
     return table["status"].value_counts().to_string() if len(table) else "no distributed cells"

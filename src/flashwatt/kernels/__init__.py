@@ -1,24 +1,24 @@
-"""Registry of attention backends, all behind the contract in `base.Kernel`."""
+"""Attention backends, all behind the contract in `base.Kernel`, declared once in `registry`.
+
+    get_kernel(name)(q, k, v, call)    an attention call through a backend
+    get_kernel(name).supports(call, device)    why it cannot run a call, or None
+
+Torch-free at import: a backend's implementation is imported when first asked for.
+"""
 from __future__ import annotations
 
-from flashwatt.kernels.base import Kernel
-from flashwatt.vocabulary import KERNEL_NAMES
+from flashwatt.kernels.declaration import Backend, Block, DeclaredKernel
+from flashwatt.kernels.base import Kernel, UnsupportedCell
+from flashwatt.kernels.call import AttentionCall
+from flashwatt.kernels.registry import backend, get_kernel, kernel_names, register
+
+__all__ = ["AttentionCall", "Backend", "Block", "DeclaredKernel", "Kernel", "KERNEL_NAMES", "UnsupportedCell",
+           "backend", "get_kernel", "register"]
 
 
-def get_kernel(name: str) -> Kernel:
-    """Import lazily so that config validation and the DAG never import torch."""
-    if name == "naive":
-        from flashwatt.kernels.naive import Naive
-
-        return Naive()
-    if name.startswith("sdpa_"):
-        from flashwatt.kernels.sdpa import SDPA_KERNELS
-
-        for kernel in SDPA_KERNELS:
-            if kernel.name == name:
-                return kernel
-    if name == "custom":
-        from flashwatt.kernels.custom import Custom
-
-        return Custom()
-    raise KeyError(f"unknown kernel {name!r}; allowed: {', '.join(KERNEL_NAMES)}")
+def __getattr__(name: str):
+    # Derived when asked for, not at import: importing this package (on the way to the
+    # registry) must leave `register` open (flashwatt.kernels.registry).
+    if name == "KERNEL_NAMES":
+        return kernel_names()
+    raise AttributeError(name)

@@ -1,5 +1,5 @@
 """flashwatt's attention as a differentiable torch operation: the custom forward
-(flashwatt.kernels.custom.flash_forward) and its backward (flashwatt.kernels.custom_backward).
+(flashwatt.kernels.custom_forward.flash_forward) and its backward (flashwatt.kernels.custom_backward).
 
 `flash_attention` goes through autograd only when a gradient can be asked for (grad mode
 on and some input requiring it); otherwise it is the plain forward, with nothing saved.
@@ -11,8 +11,9 @@ import math
 import torch
 from torch.autograd.function import once_differentiable
 
-from flashwatt.kernels.custom import _capability, _check_inputs, _precision_of, flash_forward
 from flashwatt.kernels.custom_backward import BackwardPlan, backward_plan, flash_backward
+from flashwatt.kernels.custom_forward import flash_forward
+from flashwatt.kernels.custom_inputs import capability, check_inputs, precision_of
 
 
 class FlashAttentionFunction(torch.autograd.Function):
@@ -39,7 +40,7 @@ def flash_attention(q, k, v, causal: bool, variant: str = "", layout: str = "bhl
                     deterministic: bool | None = None):
     """Attention output, differentiable in q, k and v.
 
-    Arguments as flashwatt.kernels.custom.flash_forward (layout "bhld" or "blhd").
+    Arguments as flashwatt.kernels.custom_forward.flash_forward (layout "bhld" or "blhd").
     backward_tile: a name of custom_backward.BWD_TILES (None: the default for the head dim).
     l2_section: the forward's and the backward's L2 section size (flashwatt.kernels.l2_sections).
     deterministic: a backward bit-identical run to run (dQ without atomics); None: what
@@ -57,11 +58,11 @@ def flash_attention(q, k, v, causal: bool, variant: str = "", layout: str = "bhl
         raise ValueError(f"custom kernel: layout {layout!r} not in ('bhld', 'blhd')")
     if layout == "blhd":
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-    _check_inputs(q, k, v)  # the forward's own refusals first, with its messages
-    capability = _capability(q.device) if q.is_cuda else None  # a wgmma tile needs 9.0
+    check_inputs(q, k, v)  # the forward's own refusals first, with its messages
+    cap = capability(q.device) if q.is_cuda else None  # a wgmma tile needs 9.0
     if deterministic is None:
         deterministic = torch.are_deterministic_algorithms_enabled()
-    plan = backward_plan(_precision_of(q.dtype, precision), q.shape[-1], backward_tile, capability, deterministic)
+    plan = backward_plan(precision_of(q.dtype, precision), q.shape[-1], backward_tile, cap, deterministic)
     scale = float(scale if scale is not None else 1.0 / math.sqrt(q.shape[-1]))
     out = FlashAttentionFunction.apply(q, k, v, bool(causal), variant, precision, scale, plan, l2_section)
     return out.transpose(1, 2) if layout == "blhd" else out

@@ -36,6 +36,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from flashwatt.kernels import l2_sections
+from flashwatt.kernels.custom_inputs import capability, device_properties, kernel_ready
+
 # The backward paths (recorded in a fwd_bwd cell's record).
 BWD_MMA_SYNC = "mma.sync"
 BWD_WGMMA = "wgmma"
@@ -156,15 +159,13 @@ def backward_plan(precision: str, head_dim: int, tile: str | None = None,
     return BackwardPlan(math_kind, name, bool(deterministic))
 
 
-def _grad_buffer(t):
+def grad_buffer(t):
     """An output buffer shaped and laid out like t where the kernel can write it with
     16-byte stores (torch.empty_like keeps a dense tensor's strides), else contiguous."""
     import torch
 
-    from flashwatt.kernels.custom import _kernel_ready
-
     buf = torch.empty_like(t)
-    return buf if _kernel_ready(buf) is buf else torch.empty(t.shape, dtype=t.dtype, device=t.device)
+    return buf if kernel_ready(buf) is buf else torch.empty(t.shape, dtype=t.dtype, device=t.device)
 
 
 def flash_backward(dout, q, k, v, out, lse, causal: bool, scale: float, plan: BackwardPlan,
@@ -178,16 +179,14 @@ def flash_backward(dout, q, k, v, out, lse, causal: bool, scale: float, plan: Ba
     import torch
 
     from flashwatt.build import load_extension
-    from flashwatt.kernels import l2_sections
-    from flashwatt.kernels.custom import _kernel_ready, device_properties
 
     l2_sections.check(l2_section)
-    q_k, k_k, v_k, o_k, do_k = (_kernel_ready(t) for t in (q, k, v, out, dout))
+    q_k, k_k, v_k, o_k, do_k = (kernel_ready(t) for t in (q, k, v, out, dout))
     B, H, Lq, D = q.shape
     if l2_section is None:
         l2_section = l2_sections.backward_section(B * k.shape[1], Lq, D, q.element_size(), H // k.shape[1],
                                                   device_properties(q.device).L2_cache_size)
-    dq, dk, dv = _grad_buffer(q), _grad_buffer(k), _grad_buffer(v)
+    dq, dk, dv = grad_buffer(q), grad_buffer(k), grad_buffer(v)
     delta = torch.empty((B, H, Lq), dtype=torch.float32, device=q.device)
     # The deterministic pass writes dq directly: no fp32 accumulator.
     accum_shape = (0,) if plan.deterministic else (B, H, Lq, D)
@@ -248,9 +247,7 @@ def backward_kernel_info(precision: str, head_dim: int, tile: str | None = None)
     flash_attention's default: when torch.are_deterministic_algorithms_enabled()."""
     import torch
 
-    from flashwatt.kernels.custom import _capability
-
-    plan = backward_plan(precision, head_dim, tile, _capability(torch.device("cuda")),
+    plan = backward_plan(precision, head_dim, tile, capability(torch.device("cuda")),
                          torch.are_deterministic_algorithms_enabled())
     info = plan.as_dict()
     if plan.path != BWD_TORCH_MATH:

@@ -6,11 +6,11 @@ attention layer, with q, k, v in (B, H, L, D), and builds the layer's mask with
 its mask function gets *no* causal mask and no error (transformers treats it as a
 backend that needs none), so every name registered here registers both.
 
-Backends:
+Backends (flashwatt.models.cell.MODEL_BACKENDS):
   eager          transformers' own eager attention (matmul, softmax, matmul): the naive baseline
   sdpa_default   transformers' own SDPA path, nothing forced: what a user gets by default
-  sdpa_math, sdpa_flash, sdpa_efficient, sdpa_cudnn, custom
-                 flashwatt's kernel registry (flashwatt.kernels), the backend forced
+  the others     each backend of flashwatt's registry that plugs into a model
+                 (flashwatt.kernels.registry), the backend forced: sdpa_flash, custom, ...
 
 The registry's kernels take full, unpadded sequences with the default scale 1/sqrt(D),
 which is what prefill and training on packed contexts give them; a padded batch, a
@@ -24,10 +24,12 @@ import sys
 from typing import Callable
 
 from flashwatt.kernels.base import UnsupportedCell
+from flashwatt.kernels.call import AttentionCall
+from flashwatt.models.cell import MODEL_BACKENDS, TRANSFORMERS_BACKENDS
 
-BUILTIN = {"eager": "eager", "sdpa_default": "sdpa"}  # backend -> transformers' own implementation
-REGISTRY = ("sdpa_math", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "custom")
-BACKENDS = (*BUILTIN, *REGISTRY)
+BUILTIN = TRANSFORMERS_BACKENDS  # backend -> transformers' own implementation
+REGISTRY = tuple(b for b in MODEL_BACKENDS if b not in BUILTIN)  # through flashwatt's backend registry
+BACKENDS = MODEL_BACKENDS
 
 
 class RegistryAttention:
@@ -39,35 +41,35 @@ class RegistryAttention:
         self.kernel = get_kernel(kernel_name)
         self.precision = precision
         self.pass_ = "fwd_bwd" if train else "fwd"
-        # Whether K/V go to the kernel with fewer heads than Q (its own GQA path) or
-        # expanded first; a kernel that refuses GQA is asked once, then always expanded.
+        # Whether K/V went to the kernel expanded to Q's heads rather than with fewer (its own
+        # GQA path): always for a backend declared without grouped-query attention, and for
+        # one that refuses it when called (asked once, then always expanded).
         self.kv_expanded = False
-        self._cells: dict[tuple, object] = {}
+        self._calls: dict[tuple, AttentionCall] = {}
 
-    def cell(self, batch: int, heads: int, seq_len: int, head_dim: int, causal: bool):
-        key = (batch, heads, seq_len, head_dim, causal)
-        if key not in self._cells:
-            from flashwatt.attention.cell import Cell
-
-            self._cells[key] = Cell("model", self.kernel.name, self.precision, seq_len, batch, heads, head_dim,
-                                    causal, self.pass_)
-        return self._cells[key]
+    def attention_call(self, batch: int, heads: int, seq_len: int, head_dim: int, causal: bool,
+                       kv_heads: int) -> AttentionCall:
+        key = (batch, heads, seq_len, head_dim, causal, kv_heads)
+        if key not in self._calls:
+            self._calls[key] = AttentionCall(precision=self.precision, seq_len=seq_len, batch=batch, heads=heads,
+                                             head_dim=head_dim, causal=causal, pass_=self.pass_, kv_heads=kv_heads)
+        return self._calls[key]
 
     def __call__(self, module, query, key, value, attention_mask, scaling: float | None = None, dropout: float = 0.0,
                  is_causal: bool | None = None, **kwargs):
         query, key, value, causal = registry_inputs(self.kernel.name, module, query, key, value, attention_mask,
                                                     scaling, dropout, is_causal)
         B, H, Lq, D = query.shape
-        cell = self.cell(B, H, Lq, D, causal)
-        if key.shape[1] != H and self.kv_expanded:
+        if key.shape[1] != H and (self.kv_expanded or not self.kernel.declaration.grouped_query):
+            self.kv_expanded = True
             key, value = _expand(key, H), _expand(value, H)
         try:
-            out = self.kernel(query, key, value, cell)
+            out = self.kernel(query, key, value, self.attention_call(B, H, Lq, D, causal, key.shape[1]))
         except UnsupportedCell:
             if key.shape[1] == H:
                 raise
             self.kv_expanded = True
-            out = self.kernel(query, _expand(key, H), _expand(value, H), cell)
+            out = self.kernel(query, _expand(key, H), _expand(value, H), self.attention_call(B, H, Lq, D, causal, H))
         return out.transpose(1, 2), None
 
 

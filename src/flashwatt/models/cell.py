@@ -15,9 +15,16 @@ import re
 from dataclasses import dataclass
 
 from flashwatt.cell_files import CellFiles, file_patterns
+from flashwatt.kernels.registry import model_backend_names
 
-# flashwatt.models.attention.BACKENDS (kept torch-free here; a test checks they agree)
-MODEL_BACKENDS = ("eager", "sdpa_default", "sdpa_math", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "custom")
+# Backends transformers implements itself, by the name a model cell gives them, and the
+# name transformers knows each by: its eager attention (matmul, softmax, matmul: the naive
+# baseline) and its SDPA path with nothing forced (PyTorch's own choice, as the registry's
+# sdpa_default).
+TRANSFORMERS_BACKENDS = {"eager": "eager", "sdpa_default": "sdpa"}
+# transformers' own, then every registry backend that plugs into a model
+# (flashwatt.kernels.registry), each run through flashwatt.models.attention.
+MODEL_BACKENDS = (*TRANSFORMERS_BACKENDS, *(b for b in model_backend_names() if b not in TRANSFORMERS_BACKENDS))
 # The power-aware controller (flashwatt.control) choosing every attention call's
 # configuration among the registry's GPU backends: `control_energy` minimises joules per
 # token, `control_<W>w` holds a budget of W watts.

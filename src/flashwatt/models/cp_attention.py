@@ -11,19 +11,22 @@ an all-to-all (ulysses, hybrid) needs the K/V heads divisible by its ranks, and 
 they are not, each K/V head is repeated the fewest times that makes them so (the query
 heads of a group still read the same K/V), and `kv_expanded` says so.
 
-The model's attention backend names the block each rank computes with: sdpa_default
-`auto` (flash for fp16/bf16 and efficient for fp32 on a GPU, float64 math on CPU),
-sdpa_math, sdpa_flash, sdpa_efficient, sdpa_cudnn the SDPA op of that name, custom
-flashwatt's CUDA kernels. transformers' eager attention has no sequence-parallel form.
+The model's attention backend names the block each rank computes with, as the backend
+registry declares it (flashwatt.kernels.registry): sdpa_default `auto` (flash for
+fp16/bf16 and efficient for fp32 on a GPU, float64 math on CPU), sdpa_math, sdpa_flash,
+sdpa_efficient, sdpa_cudnn the SDPA op of that name, custom flashwatt's CUDA kernels.
+transformers' eager attention has no sequence-parallel form.
 """
 from __future__ import annotations
 
 import math
 
+from flashwatt.kernels import registry
 from flashwatt.kernels.base import UnsupportedCell
 
-BLOCK_OF_BACKEND = {"sdpa_default": "auto", "sdpa_math": "math", "sdpa_flash": "flash",
-                    "sdpa_efficient": "efficient", "sdpa_cudnn": "cudnn", "custom": "custom"}
+# Each model backend with a distributed block, and its block (flashwatt.kernels.registry).
+BLOCK_OF_BACKEND = {name: registry.block_of(name) for name in registry.model_backend_names()
+                    if registry.block_of(name) is not None}
 
 
 def block_of(backend: str) -> str | None:

@@ -25,11 +25,6 @@ def plan(config: dict, suite: str) -> dict:
     return model_runs(config, suite, measure_settings(config, suite))
 
 
-def draw(name: str, tables: dict, out: str, options: dict) -> None:
-    from flashwatt.models.figures import draw as draw_figure
-
-    draw_figure(name, tables["parquet"], out)
-
 
 class _ModelKind(Kind):
     def resources(self, cell) -> dict:
@@ -44,12 +39,11 @@ KIND = _ModelKind(
     plan=plan,
     job="flashwatt.models.job:run_model_cell",
     tables=(
-        TableFile("parquet", "models.parquet"),
+        TableFile("table", "models.parquet"),
         TableFile("csv", "models.csv", "models_table.rst", "models", about="model cells against the SDPA default"),
     ),
     write_tables="flashwatt.models.summary:write_tables",
     figures=MODEL_FIGURES,
-    draw="flashwatt.models.kind:draw",
     schema="schema.yaml",
     fill_schema=fill_schema,
     report="report.rst",

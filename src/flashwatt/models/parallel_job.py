@@ -41,7 +41,8 @@ def why_not_parallel(cell: ModelCell, shape, device_type: str, gpus_here: int) -
     """Why the multi-GPU cell cannot run here (before any process group starts), or None."""
     import torch
 
-    from flashwatt.models.cp_attention import block_of
+    from flashwatt.kernels.registry import block_refusal
+    from flashwatt.models.cp_attention import BLOCK_OF_BACKEND, block_of
     from flashwatt.models.parallel_layout import CONTEXT_PARALLEL, ulysses_size
 
     if device_type == "cuda" and gpus_here < cell.gpus:
@@ -52,9 +53,10 @@ def why_not_parallel(cell: ModelCell, shape, device_type: str, gpus_here: int) -
     block = block_of(cell.backend)
     if block is None:
         return (f"{cell.backend} has no context-parallel form (the strategies compute with flashwatt's blocks: "
-                "sdpa_default, sdpa_math, sdpa_flash, sdpa_efficient, sdpa_cudnn, custom)")
-    if device_type != "cuda" and block not in ("auto", "math"):
-        return f"block {block} ({cell.backend}) needs a CUDA device (on CPU: sdpa_default or sdpa_math)"
+                f"{', '.join(BLOCK_OF_BACKEND)})")
+    reason = block_refusal(block, cell.precision, device_type, shape.head_dim)
+    if reason is not None:
+        return reason
     split = ulysses_size(cell.strategy, cell.gpus)
     if split > 1 and shape.heads % split:
         return (f"strategy {cell.strategy}: its all-to-all over {split} ranks needs the query heads ({shape.heads}) "

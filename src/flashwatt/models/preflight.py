@@ -7,8 +7,7 @@ from flashwatt.models.cell import ModelCell
 
 def why_not(cell: ModelCell, shape, device, telemetry=None) -> str | None:
     """Why the cell cannot run here (before the model is built), or None."""
-    from flashwatt.attention.cell import Cell
-    from flashwatt.kernels import get_kernel
+    from flashwatt.kernels import AttentionCall, get_kernel
     from flashwatt.models.attention import REGISTRY
 
     if device.type == "cpu" and cell.precision != "fp32":
@@ -26,12 +25,9 @@ def why_not(cell: ModelCell, shape, device, telemetry=None) -> str | None:
         if telemetry is None or not telemetry.available:
             return (f"{cell.backend}: the controller needs live power readings from NVML "
                     f"({getattr(telemetry, 'reason', None) or 'no telemetry'})")
-    if cell.backend in REGISTRY:
-        attention = Cell("model", cell.backend, cell.precision, cell.seq_len, cell.batch, shape.heads, shape.head_dim,
-                         True, "fwd_bwd" if cell.phase == "train" else "fwd")
-        kernel = get_kernel(cell.backend)
-        reason = kernel.supports(attention, device)
-        if reason is None and cell.phase == "train" and not kernel.differentiable:
-            reason = f"{cell.backend} has no backward pass"
-        return reason
+    if cell.backend in REGISTRY:  # the registry's answer for the model's attention calls
+        call = AttentionCall(precision=cell.precision, seq_len=cell.seq_len, batch=cell.batch, heads=shape.heads,
+                             head_dim=shape.head_dim, causal=True, pass_="fwd_bwd" if cell.phase == "train" else "fwd",
+                             kv_heads=shape.kv_heads)
+        return get_kernel(cell.backend).supports(call, device)
     return None  # transformers' own eager and SDPA run anywhere

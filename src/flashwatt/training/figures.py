@@ -8,23 +8,36 @@
 - training_throughput: training tokens per second per attention backend and model, mean
   over the runs with each seed a dot.
 
-Only runs that finished `ok` are drawn; a figure with nothing to draw says why.
+Only runs that finished `ok` are drawn; a figure with nothing to draw says why. Energy is
+drawn where the runs measured it (NVML, on an NVIDIA GPU): elsewhere the titles leave it
+out and a panel in its place says why. Each figure is a `FigureSpec` of
+flashwatt.figure_base, drawn from the runs table or the curves table.
 """
 from __future__ import annotations
 
-import matplotlib
+import matplotlib.pyplot as plt
+import pandas as pd
+import seaborn as sns
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-import seaborn as sns  # noqa: E402
+from flashwatt.figure_base import (FigureSpec, Source, not_measured_panel, nothing_to_draw, parquet_table, registry,
+                                   spoken_list)
+from flashwatt.placeholder import Rows, energy_reasons, missing_bar, no_values, rows_or_why
+from flashwatt.plot_axes import bar_slots, mark_missing_bars
 
-from flashwatt.attention.figures import TableFigure, nothing_to_draw, ok_rows_or_why  # noqa: E402
-
+ROWS = Rows("training run", "the suite's training table")
 # The fields a setting label is made of, when they vary in the suite (the seed never: the
 # runs of one setting share a colour).
 _LABELLED = ["model", "backend", "precision", "optimizer", "schedule", "lr", "dropout", "weight_decay", "batch",
              "context", "token_budget"]
+
+
+def _runs_of(curves: pd.DataFrame) -> pd.DataFrame:
+    """One row per run of the curves table (a row per evaluation, each with its run's status)."""
+    return curves.drop_duplicates("cell_id")
+
+
+RUNS = parquet_table("runs")
+CURVES = Source(("curves",), pd.read_parquet, _runs_of)
 
 
 def setting_labels(table: pd.DataFrame) -> pd.Series:
@@ -41,89 +54,130 @@ def setting_labels(table: pd.DataFrame) -> pd.Series:
     return table.apply(label, axis=1)
 
 
+def _ok_curves(curves: pd.DataFrame) -> pd.DataFrame:
+    return curves[(curves["status"] == "ok") & curves["val_loss"].notna()].copy()
+
+
+def _measured(rows: pd.DataFrame, column: str) -> bool:
+    return bool(rows[column].notna().any())
+
+
+def curves_title(curves: pd.DataFrame) -> str:
+    """'Validation loss against tokens, time and energy', energy only where it was measured."""
+    energy = ["energy"] if _measured(_ok_curves(curves), "energy_j") else []
+    return f"Validation loss against {spoken_list(['tokens', 'time', *energy])}"
+
+
 def draw_curves(curves: pd.DataFrame) -> plt.Figure:
-    """From the curves table (a row per evaluation, with its run's status)."""
-    curves, why = ok_rows_or_why(curves, "val_loss", "training")
-    if why:
-        return nothing_to_draw(why)
-    curves["setting"] = setting_labels(curves)
-    curves["kJ"] = curves["energy_j"] / 1e3
+    """From the curves table (a row per evaluation, with its run's status): loss against
+    tokens, wall seconds and, where measured, kilojoules; in energy's place otherwise, why."""
+    data = _ok_curves(curves)
+    if data.empty:
+        return nothing_to_draw(no_values(_runs_of(curves), "val_loss", "a validation loss", rows=ROWS))
+    data["setting"] = setting_labels(data)
+    data["kJ"] = data["energy_j"] / 1e3
+    energy = _measured(data, "energy_j")
     axes_of = [("tokens", "tokens trained"), ("wall_s", "wall seconds (evaluations included)")]
-    if curves["kJ"].notna().any():
+    if energy:
         axes_of.append(("kJ", "kilojoules (NVML counter)"))
-    fig, axes = plt.subplots(1, len(axes_of), figsize=(5.2 * len(axes_of), 4.0), sharey=True, squeeze=False)
-    target = curves["target_loss"].dropna()
-    for ax, (x, xlabel) in zip(axes[0], axes_of):
-        sns.lineplot(data=curves, x=x, y="val_loss", hue="setting", units="cell_id", estimator=None, ax=ax,
-                     linewidth=1.0, alpha=0.8, legend=ax is axes[0][-1])
+    fig, axes = plt.subplots(1, 3, figsize=(5.2 * 3, 4.0), squeeze=False)
+    drawn = list(axes[0][:len(axes_of)])
+    target = data["target_loss"].dropna()
+    for ax, (x, xlabel) in zip(drawn, axes_of):
+        sns.lineplot(data=data, x=x, y="val_loss", hue="setting", units="cell_id", estimator=None, ax=ax,
+                     linewidth=1.0, alpha=0.8, legend=ax is drawn[-1])
         if len(target):
             ax.axhline(float(target.iloc[0]), color="0.3", linestyle=":", linewidth=1)
         ax.set_xlabel(xlabel)
         ax.set_ylabel("validation loss (nats/token)")
-    top = curves["val_loss"].quantile(0.98)
-    axes[0][0].set_ylim(curves["val_loss"].min() - 0.1, top + 0.1)
-    legend = axes[0][-1].get_legend()
-    if legend is not None:
-        sns.move_legend(axes[0][-1], "upper left", bbox_to_anchor=(1.02, 1), title="setting (one line per seed)")
+    for ax in drawn[1:]:
+        ax.sharey(drawn[0])
+    top = data["val_loss"].quantile(0.98)
+    drawn[0].set_ylim(data["val_loss"].min() - 0.1, top + 0.1)
+    if not energy:
+        not_measured_panel(axes[0][2], "energy", no_values(_runs_of(curves), "energy_j", "an energy measurement",
+                                                           energy_reasons, ROWS))
+    if drawn[-1].get_legend() is not None:
+        sns.move_legend(drawn[-1], "upper left", bbox_to_anchor=(1.02, 1), title="setting (one line per seed)")
     fig.tight_layout()
     return fig
 
 
+def _reached(runs: pd.DataFrame) -> pd.DataFrame:
+    return runs[(runs["status"] == "ok") & runs["wall_s_to_target"].notna()]
+
+
+def to_target_title(runs: pd.DataFrame) -> str:
+    """'Time and energy to the target validation loss', energy only where it was measured."""
+    energy = ["energy"] if _measured(_reached(runs), "energy_j_to_target") else []
+    return f"{spoken_list(['Time', *energy])} to the target validation loss"
+
+
 def draw_to_target(runs: pd.DataFrame) -> plt.Figure:
-    ok, why = ok_rows_or_why(runs, "wall_s_to_target", "training")
+    ok, why = rows_or_why(runs, "wall_s_to_target", "a time to the target loss", rows=ROWS)
     if why:
-        return nothing_to_draw(why + " (to-target figures need runs that reached the suite's target_loss)")
+        return nothing_to_draw(why + "\nA run has one when it reaches the suite's target_loss.")
     ok["setting"] = setting_labels(ok)
     ok["kJ_to_target"] = ok["energy_j_to_target"] / 1e3
     panels = [("wall_s_to_target", "seconds to target")]
-    if ok["kJ_to_target"].notna().any():
+    if _measured(ok, "energy_j_to_target"):
         panels.append(("kJ_to_target", "kilojoules to target"))
     height = max(2.5, 0.35 * ok["setting"].nunique() + 1.0)
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), height), squeeze=False)
+    fig, axes = plt.subplots(1, 2, figsize=(5.5 * 2, height), squeeze=False)
     order = sorted(ok["setting"].unique())
     for ax, (column, xlabel) in zip(axes[0], panels):
         sns.barplot(data=ok, y="setting", x=column, order=order, errorbar=None, ax=ax, color="0.8")
         sns.stripplot(data=ok, y="setting", x=column, order=order, ax=ax, color="C3", size=4)
         ax.set_xlabel(xlabel + f" (loss {float(ok['target_loss'].iloc[0]):g})")
         ax.set_ylabel("")
+    if len(panels) == 1:
+        not_measured_panel(axes[0][1], "energy to target", no_values(ok, "energy_j_to_target",
+                                                                     "an energy measurement", energy_reasons, ROWS))
     fig.tight_layout()
     return fig
 
 
+def _shape_label(runs: pd.DataFrame) -> pd.Series:
+    return runs["model"] + " " + runs["precision"] + " B" + runs["batch"].astype(str) + " L" + runs["context"].astype(str)
+
+
 def draw_throughput(runs: pd.DataFrame) -> plt.Figure:
-    ok, why = ok_rows_or_why(runs, "steady_tokens_per_s", "training")
+    """Tokens per second per backend, a bar group per model and shape; a backend's missing
+    bar is marked with its runs' outcome."""
+    ok, why = rows_or_why(runs, "steady_tokens_per_s", "a timed training step", rows=ROWS)
     if why:
         return nothing_to_draw(why)
-    ok["label"] = ok["model"] + " " + ok["precision"] + " B" + ok["batch"].astype(str) + " L" + ok["context"].astype(str)
-    height = max(2.5, 0.3 * ok["label"].nunique() * ok["backend"].nunique() + 1.0)
+    labelled = runs.assign(label=_shape_label(runs))  # every outcome, for the missing bars' marks
+    ok = ok.assign(label=_shape_label(ok))
+    finished = labelled[labelled["status"] == "ok"]
+    order, backends = sorted(finished["label"].unique()), sorted(finished["backend"].unique())
+    height = max(2.5, 0.3 * len(order) * len(backends) + 1.0)
     fig, ax = plt.subplots(figsize=(6.5, height))
-    sns.barplot(data=ok, y="label", x="steady_tokens_per_s", hue="backend", errorbar=None, ax=ax)
-    sns.stripplot(data=ok, y="label", x="steady_tokens_per_s", hue="backend", dodge=True, ax=ax, color="0.2", size=3,
-                  legend=False)
+    sns.barplot(data=ok, y="label", x="steady_tokens_per_s", hue="backend", order=order, hue_order=backends,
+                errorbar=None, ax=ax)
+    sns.stripplot(data=ok, y="label", x="steady_tokens_per_s", hue="backend", order=order, hue_order=backends,
+                  dodge=True, ax=ax, palette={backend: "0.2" for backend in backends}, size=3, legend=False)
+    present = set(zip(ok["label"], ok["backend"]))
+    mark_missing_bars(ax, {position: missing_bar(labelled[(labelled["label"] == label)
+                                                          & (labelled["backend"] == backend)],
+                                                 "steady_tokens_per_s", subject=backend)
+                           for (label, backend), position in bar_slots(order, backends).items()
+                           if (label, backend) not in present}, horizontal=True)
     ax.set_xlabel("training tokens per second (steady: after the first evaluation; dots: each run)")
     ax.set_ylabel("")
     return fig
 
 
-TRAINING_FIGURES: dict[str, TableFigure] = {
-    f.name: f
-    for f in [
-        TableFigure("training_curves", "pdf", "Validation loss against tokens, time and energy",
-                    "Mean cross-entropy over the suite's fixed validation windows at each evaluation; time and "
-                    "NVML energy from the run's start, evaluations included.", draw_curves),
-        TableFigure("training_to_target", "pdf", "Time and energy to the target validation loss",
-                    "Measured at the first evaluation at or below the target (resolution: one evaluation "
-                    "interval); bars at the mean over seeds, each seed a dot.", draw_to_target),
-        TableFigure("training_throughput", "pdf", "Training throughput per attention backend",
-                    "Tokens trained over seconds spent in training steps (evaluations excluded).", draw_throughput),
-    ]
-}
-
-
-# The table each figure is drawn from: the curves (a row per evaluation) or the runs.
-FROM_CURVES = {"training_curves"}
-
-
-def draw(name: str, runs_path: str, curves_path: str, out: str) -> None:
-    """Draw figure `name` from the suite's runs or curves table."""
-    TRAINING_FIGURES[name].save(curves_path if name in FROM_CURVES else runs_path, out)
+TRAINING_FIGURES = registry(
+    FigureSpec("training_curves", "pdf", curves_title,
+               "Mean cross-entropy over the suite's fixed validation windows at each evaluation; time and "
+               "NVML energy from the run's start, evaluations included. Without NVML (no NVIDIA GPU) energy "
+               "is not drawn, and its panel says why.", draw_curves, CURVES),
+    FigureSpec("training_to_target", "pdf", to_target_title,
+               "Measured at the first evaluation at or below the target (resolution: one evaluation "
+               "interval); bars at the mean over seeds, each seed a dot. Without NVML energy is not drawn, "
+               "and its panel says why.", draw_to_target, RUNS),
+    FigureSpec("training_throughput", "pdf", "Training throughput per attention backend",
+               "Tokens trained over seconds spent in training steps (evaluations excluded); a backend's "
+               "missing bar is marked with its runs' outcome.", draw_throughput, RUNS),
+)

@@ -31,6 +31,7 @@ def read_manifest(path: str | Path) -> dict:
 
 def why_not(cell: TrainCell, spec: dict, shape, family: str, device) -> str | None:
     """Why the run cannot happen here (before the model is built), or None."""
+    from flashwatt.models.cell import TRANSFORMERS_BACKENDS
     from flashwatt.models.presets import has_residual_dropout
 
     if device.type == "cpu" and cell.precision != "fp32":
@@ -45,17 +46,12 @@ def why_not(cell: TrainCell, spec: dict, shape, family: str, device) -> str | No
     if cell.dropout > 0 and not has_residual_dropout(family):
         return (f"dropout {cell.dropout:g}: a {family} model has no residual dropout (its only dropout is on "
                 f"attention probabilities, which the kernels do not take)")
-    if cell.backend != "eager" and cell.backend != "sdpa_default":
-        from flashwatt.attention.cell import Cell
-        from flashwatt.kernels import get_kernel
+    if cell.backend not in TRANSFORMERS_BACKENDS:  # the registry's answer for the model's attention calls
+        from flashwatt.kernels import AttentionCall, get_kernel
 
-        attention = Cell("model", cell.backend, cell.precision, cell.context, cell.batch, shape.heads,
-                         shape.head_dim, True, "fwd_bwd")
-        kernel = get_kernel(cell.backend)
-        reason = kernel.supports(attention, device)
-        if reason is None and not kernel.differentiable:
-            reason = f"{cell.backend} has no backward pass"
-        return reason
+        call = AttentionCall(precision=cell.precision, seq_len=cell.context, batch=cell.batch, heads=shape.heads,
+                             head_dim=shape.head_dim, causal=True, pass_="fwd_bwd", kv_heads=shape.kv_heads)
+        return get_kernel(cell.backend).supports(call, device)
     return None
 
 

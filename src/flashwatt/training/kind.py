@@ -17,11 +17,6 @@ def plan(config: dict, suite: str) -> dict:
     return training_runs(config, suite, measure_settings(config, suite))
 
 
-def draw(name: str, tables: dict, out: str, options: dict) -> None:
-    from flashwatt.training.figures import draw as draw_figure
-
-    draw_figure(name, tables["runs"], tables["curves"], out)
-
 
 KIND = Kind(
     name="train",
@@ -38,7 +33,6 @@ KIND = Kind(
     ),
     write_tables="flashwatt.training.summary:write_tables",
     figures=TRAINING_FIGURES,
-    draw="flashwatt.training.kind:draw",
     schema="schema.yaml",
     report="report.rst",
     rule_prefix="training_",
