@@ -16,13 +16,20 @@ Modes
     static  one fixed configuration and duty: the baseline and the oracle's rows; needs no
             telemetry.
 
-Stability: a shape explores each candidate for a short dwell, then keeps its choice for at
-least `dwell_s` and switches only for a predicted gain above `hysteresis`, so two
-configurations of near-equal merit never alternate. A budget change re-decides at once.
+Each shape goes through probe, explore, exploit and, now and then, recheck
+(flashwatt.control.shape_state). Exploration is bounded: a configuration is tried only at a
+duty whose predicted power (flashwatt.control.power_bound), with the watts of other tenants,
+is within the set point; one that would exceed it even at the lowest duty is deferred.
+
+Stability: a choice is kept for at least `dwell_s` and changes only for a predicted gain
+above `hysteresis`, so two configurations of near-equal merit never alternate. A budget
+step (a change of STEP_MIN_W or more) re-decides at once and moves the duty at once, from
+the configuration's duty -> power table; smaller changes (a ramp) are tracked by the loop.
 
 Telemetry failure: when no valid reading arrives for `stale_s`, the governor falls back to
 the most frugal operating point it knows (the configuration and duty with the lowest power
 seen, else the lowest duty), says why in the trace, and resumes once readings return.
+Ticks without a reading leave the duty where it is (the loop does not integrate an old error).
 """
 from __future__ import annotations
 
@@ -32,11 +39,27 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from flashwatt.control.budget_schedule import STEP_MIN_W
 from flashwatt.control.configuration import Configuration, ControlError
 from flashwatt.control.duty_loop import DutyLoop
 from flashwatt.control.model import DUTY_BINS, OnlineModel
+from flashwatt.control.power_bound import bounded_duty, predicted_power, prior_duty
+from flashwatt.control.shape_state import EXPLOIT, EXPLORE, PROBE, RECHECK, ShapeState
 
 MODES = ("budget", "energy", "static")
+# Latency samples that measure a configuration's GPU time in the probe (the controller
+# times a configuration's first calls synchronously and drops the very first).
+PROBE_SAMPLES = 2
+# Fresh power samples (ticks at a comparable operating point) that end a dwell.
+DWELL_SAMPLES = 3
+# A candidate predicted this much below the best one explored is left early.
+EARLY_DROP = 0.15
+# After a budget step, the runner-up is re-checked this soon (once the loop has settled).
+RECHECK_AFTER_STEP_S = 1.5
+# Refusals a warm start carries over: those of the backend, not a precision check's (which
+# depends on the inputs; flashwatt.control.controller).
+PRECISION_REFUSAL = "precision check"
+EARLIER_REFUSAL = "refused in an earlier run: "
 
 
 @dataclass
@@ -68,23 +91,15 @@ class Work:
         return sum(t for _, t in self.by_key.values())
 
 
-@dataclass
-class ShapeState:
-    candidates: list[Configuration]
-    config: Configuration
-    to_explore: list[Configuration]
-    since: float  # when `config` became this shape's choice
-    forbidden: dict[Configuration, str] = field(default_factory=dict)
-    pruned: set[Configuration] = field(default_factory=set)  # too slow to be worth a power dwell
-    exploring: bool = True
-
-
 class Governor:
-    def __init__(self, mode: str, candidates: list[Configuration] | Callable[[tuple], list[Configuration]], *, budget_w: float | None = None,
-                 idle_w: float | None = None, limit_w: float | None = None, max_slowdown: float | None = None,
-                 static_duty: float = 1.0, margin: float = 0.02, max_margin: float = 0.08, dwell_s: float = 3.0,
-                 explore_dwell_s: float = 0.6, prune_below: float = 0.4, hysteresis: float = 0.05, stale_s: float = 0.5,
-                 duty_range: tuple[float, float] = (0.05, 1.0), clock: Callable[[], float] = time.monotonic):
+    def __init__(self, mode: str, candidates: list[Configuration] | Callable[[tuple], list[Configuration]], *,
+                 budget_w: float | None = None, idle_w: float | None = None, limit_w: float | None = None,
+                 max_slowdown: float | None = None, static_duty: float = 1.0, margin: float = 0.02,
+                 max_margin: float = 0.08, dwell_s: float = 3.0, explore_dwell_s: float = 0.6,
+                 prune_below: float = 0.4, hysteresis: float = 0.05, stale_s: float = 0.5,
+                 duty_range: tuple[float, float] = (0.02, 1.0), recheck_after_s: float = 4.0,
+                 recheck_max_s: float = 32.0, recheck_within: float = 0.85, warm_start=None,
+                 clock: Callable[[], float] = time.monotonic):
         if mode not in MODES:
             raise ControlError(f"mode {mode!r}: allowed {', '.join(MODES)}")
         if not callable(candidates):
@@ -112,6 +127,10 @@ class Governor:
         self.prune_below = prune_below
         self.hysteresis = hysteresis
         self.stale_s = stale_s
+        self.recheck_after_s = recheck_after_s
+        self.recheck_max_s = recheck_max_s
+        self.recheck_within = recheck_within
+        self.warm_start = warm_start  # a flashwatt.control.warm_start.WarmStartCache, or None
         self.clock = clock
         self.model = OnlineModel()
         self.shapes: dict[tuple, ShapeState] = {}
@@ -119,22 +138,24 @@ class Governor:
         self.loop = DutyLoop(plant_gain_w=gain, d_min=duty_range[0], d_max=duty_range[1])
         self.loop.duty = static_duty if mode == "static" else duty_range[1]
         self.budget_w = None
+        self.offset_w = 0.0  # watts on the board that no configuration of ours explains
+        self._events: list[str] = []
+        self._last_single: tuple | None = None  # the (shape, config) of the last tick, if only one ran
         if budget_w is not None:
             self.set_budget(budget_w)
             if mode == "budget":
                 self.loop.duty = self._start_duty()  # start low, let the loop climb
         self.power_filtered: float | None = None
         self._settled_since: float | None = None
-        self.offset_w = 0.0  # watts on the board that no configuration of ours explains
         self.last_valid_t: float | None = None
         self.fallback_reason: str | None = None
         self._last_tick_t: float | None = None
-        self._last_single: tuple | None = None  # the (shape, config) of the last tick, if only one ran
         self._last_duty = self.loop.duty
-        self._events: list[str] = []
 
     # ---- settings ----------------------------------------------------------------------
     def set_budget(self, budget_w: float) -> None:
+        """A new budget. A step (STEP_MIN_W or more) re-decides every shape and moves the
+        duty now; a smaller change (a ramp) is left to the loop."""
         budget_w = float(budget_w)
         if self.idle_w is not None and budget_w <= self.idle_w:
             raise ControlError(f"budget {budget_w:.0f} W is at or under this GPU's idle power "
@@ -142,17 +163,25 @@ class Governor:
         if self.limit_w is not None and budget_w > self.limit_w:
             raise ControlError(f"budget {budget_w:.0f} W is over this GPU's enforced power limit "
                                f"({self.limit_w:.0f} W); the card cannot draw more than the limit")
-        changed = self.budget_w is not None and budget_w != self.budget_w
-        self.budget_w = budget_w
-        if changed:
-            self._events.append(f"budget {budget_w:.0f} W")
-            self.loop.hold()
-            self._window_w.clear()  # spread around the old budget says nothing of the new one
-            self._quiet_since = self.clock()
-            now = self.clock()
-            for shape, state in list(self.shapes.items()):
-                if not state.exploring:
-                    self._choose(shape, state, now, skip_dwell=True)
+        before, self.budget_w = self.budget_w, budget_w
+        if before is None or abs(budget_w - before) < STEP_MIN_W:
+            return
+        now = self.clock()
+        self._events.append(f"budget {budget_w:.0f} W")
+        self.loop.hold()
+        self._window_w.clear()  # spread around the old budget says nothing of the new one
+        self._quiet_since = now
+        switched = False
+        for shape, state in list(self.shapes.items()):
+            if state.phase == RECHECK:  # a re-check across a step compares nothing: back to the choice
+                state.phase = EXPLOIT
+                state.run(state.choice, now, self._samples(shape, state.choice))
+            if state.phase == EXPLOIT:
+                switched |= self._choose(shape, state, now, skip_dwell=True)
+                state.next_recheck_t = min(state.next_recheck_t, now + RECHECK_AFTER_STEP_S)
+                state.recheck_every_s = self.recheck_after_s
+        if not switched:
+            self._retarget()
 
     @property
     def setpoint_w(self) -> float | None:
@@ -167,8 +196,8 @@ class Governor:
         state = self.shapes.get(shape)
         if state is None:
             state = self._new_shape(shape)
-        elif state.exploring:
-            self._advance_exploration(shape, state)
+        elif state.phase != EXPLOIT:
+            self._advance(shape, state)
         return state.config
 
     def on_latency(self, shape: tuple, config: Configuration, seconds: float, tokens: int) -> None:
@@ -179,65 +208,228 @@ class Governor:
         state = self.shapes.get(shape) or self._new_shape(shape)
         state.forbidden[config] = reason
         self._events.append(f"refused {config.label}: {reason}")
-        if config in state.to_explore:
-            state.to_explore.remove(config)
-        if state.config == config:
-            if state.exploring:
-                self._advance_exploration(shape, state, force=True)
-            else:
-                self._choose(shape, state, self.clock(), force=True)
+        for pending in (state.to_probe, state.to_explore):
+            if config in pending:
+                pending.remove(config)
+        if state.config != config and state.choice != config:
+            return
+        now = self.clock()
+        if state.phase == PROBE:
+            self._advance_probe(shape, state)
+        elif state.phase == EXPLORE:
+            self._advance_exploration(shape, state, force=True)
+        else:
+            state.phase = EXPLOIT
+            if state.choice == config:
+                self._choose(shape, state, now, force=True)
+            state.run(state.choice, now, self._samples(shape, state.choice))
 
+    # ---- a shape's phases ---------------------------------------------------------------
     def _new_shape(self, shape: tuple) -> ShapeState:
         now = self.clock()
         candidates = list(self.candidates_for(shape))
         if not candidates:
             raise ControlError(f"no configuration can run shape {shape}")
-        if self.mode == "static":
-            state = ShapeState(candidates, candidates[0], [], now, exploring=False)
-        else:
-            state = ShapeState(candidates, candidates[0], list(candidates[1:]), now)
+        state = ShapeState(candidates, candidates[0], candidates[0], now)
         self.shapes[shape] = state
+        if self.mode == "static":
+            state.phase = EXPLOIT
+        elif not self._warm_start(shape, state, now):
+            state.to_probe = list(candidates)
         return state
+
+    def _warm_start(self, shape: tuple, state: ShapeState, now: float) -> bool:
+        """Begin at the operating point a cache entry gives, if it covers every candidate."""
+        entry = self.warm_start.lookup(shape) if self.warm_start is not None else None
+        if entry is None:
+            return False
+        known, refused = entry["stats"], entry.get("refused", {})
+        if any(c.label not in refused and (c.label not in known or known[c.label].tokens_per_s_full is None)
+               for c in state.candidates):
+            return False  # a candidate it never measured: explore as from nothing
+        for config in state.candidates:
+            if config.label in refused:
+                state.forbidden[config] = EARLIER_REFUSAL + refused[config.label]
+            else:
+                self.model.stats[(shape, config)] = known[config.label]
+                if config.label in entry["power"] and config not in self.model.power:
+                    self.model.power[config] = entry["power"][config.label]
+        state.pruned = {c for c in state.candidates if c not in state.forbidden
+                        and self._too_slow(shape, self.model.stats[(shape, c)])}
+        state.phase, state.warm = EXPLOIT, True
+        state.recheck_every_s = self.recheck_after_s
+        state.next_recheck_t = now + self.recheck_after_s
+        self._events.append(f"warm start: {len(known)} configurations from {entry.get('runs', 0)} earlier run(s)")
+        if not self._choose(shape, state, now, force=True):
+            self._duty_for_switch(state.config)
+        return True
+
+    def _advance(self, shape: tuple, state: ShapeState) -> None:
+        if state.phase == PROBE:
+            self._advance_probe(shape, state)
+        elif state.phase == EXPLORE:
+            self._advance_exploration(shape, state)
+        elif state.phase == RECHECK:
+            self._advance_recheck(shape, state, self.clock())
+
+    def _advance_probe(self, shape: tuple, state: ShapeState) -> None:
+        """Each candidate for a few timed calls, one after another."""
+        while state.to_probe:
+            config = state.to_probe[0]
+            stats = self.model.stats.get((shape, config))
+            if config in state.forbidden or (stats is not None and stats.latency_samples >= PROBE_SAMPLES):
+                state.to_probe.pop(0)
+                continue
+            if state.config != config:
+                state.run(config, self.clock(), 0)
+            return
+        self._finish_probe(shape, state)
+
+    def _finish_probe(self, shape: tuple, state: ShapeState) -> None:
+        """Rank the candidates by GPU time: drop the much slower, explore the rest fastest first."""
+        now = self.clock()
+        timed = [c for c in state.candidates if c not in state.forbidden
+                 and self.model.stats.get((shape, c)) is not None
+                 and self.model.stats[(shape, c)].tokens_per_s_full is not None]
+        timed.sort(key=lambda c: self.model.stats[(shape, c)].tokens_per_s_full, reverse=True)
+        for config in timed[1:]:
+            stats = self.model.stats[(shape, config)]
+            if self._too_slow(shape, stats):
+                state.pruned.add(config)
+                self._events.append(f"prune {config.label} ({stats.tokens_per_s_full:.4g} tokens/s at full duty, "
+                                    f"under {self.prune_below:g} x the fastest explored)")
+        state.phase = EXPLORE
+        state.to_explore = [c for c in timed if c not in state.pruned]
+        self._next_candidate(shape, state, now)
+
+    def _next_candidate(self, shape: tuple, state: ShapeState, now: float) -> None:
+        """Start the next candidate that the power bound allows; end exploration when none is left."""
+        while state.to_explore:
+            config = state.to_explore.pop(0)
+            if config not in state.forbidden and self._try(shape, state, config, now):
+                return
+        self._end_exploration(shape, state, now)
 
     def _advance_exploration(self, shape: tuple, state: ShapeState, force: bool = False) -> None:
         now = self.clock()
+        if state.mixed:
+            # Its power is never attributable: GPU time per token is all there is to rank by.
+            state.to_explore.clear()
+            self._end_exploration(shape, state, now)
+            return
         stats = self.model.stats.get((shape, state.config))
-        # Explored: its GPU time sampled, and (for a shape that runs alone) its power seen at
-        # a comparable operating point, so every candidate is ranked by the same yardstick;
-        # a shape mixed with others (power not attributable) moves on after 3 dwells.
-        power_seen = stats is not None and (stats.j_samples if self.mode == "energy" else stats.eta_samples) >= 3
-        measured = stats is not None and stats.latency_samples >= 2
+        measured = stats is not None and stats.latency_samples >= PROBE_SAMPLES
+        fresh = self._samples(shape, state.config) - state.samples_at_start
         dwelt = now - state.since
-        if measured and not force and self._too_slow(shape, stats):
-            # Its GPU time alone rules it out: no need to wait for its power.
-            state.pruned.add(state.config)
-            self._events.append(f"prune {state.config.label} ({stats.tokens_per_s_full:.4g} tokens/s at full duty, "
-                                f"under {self.prune_below:g} x the fastest explored)")
+        if not force and measured and fresh >= DWELL_SAMPLES - 1 and self._clearly_worse(shape, state):
+            self._events.append(f"leave {state.config.label} early: predicted under {1 - EARLY_DROP:g} x the best "
+                                "explored")
             force = True
-        if not force and not (measured and ((power_seen and dwelt >= self.explore_dwell_s)
+        if not force and not (measured and ((fresh >= DWELL_SAMPLES and dwelt >= self.explore_dwell_s)
                                             or dwelt >= 3 * self.explore_dwell_s)):
             return
-        while state.to_explore:
-            nxt = state.to_explore.pop(0)
-            if nxt not in state.forbidden:
-                state.config, state.since = nxt, now
-                self._duty_for_switch(nxt)
-                return
-        state.exploring = False
-        self._choose(shape, state, now, force=True)
+        self._next_candidate(shape, state, now)
+
+    def _end_exploration(self, shape: tuple, state: ShapeState, now: float) -> None:
+        state.phase = EXPLOIT
+        state.recheck_every_s = self.recheck_after_s
+        state.next_recheck_t = now + self.recheck_after_s
+        if not self._choose(shape, state, now, force=True) and state.config not in self._allowed(shape, state):
+            # Nothing explored could be chosen (every candidate deferred by the bound): run the
+            # fastest at the lowest duty, and try again after the next budget change.
+            timed = [c for c in state.candidates if c not in state.forbidden and self.model.stats.get((shape, c))]
+            if timed:
+                fastest = max(timed, key=lambda c: self.model.stats[(shape, c)].tokens_per_s_full or 0.0)
+                state.choice = fastest
+                state.run(fastest, now, self._samples(shape, fastest))
+                self.loop.reset(self.loop.d_min)
+
+    def _try(self, shape: tuple, state: ShapeState, config: Configuration, now: float) -> bool:
+        """Run `config` for this shape from now if the power bound allows it; else defer it."""
+        if not self._duty_for_switch(config):
+            state.deferred.add(config)
+            watts = predicted_power(self.model, config, self.loop.d_min, self.idle_w, self.limit_w)
+            self._events.append(f"defer {config.label}: predicted {watts:.0f} W at duty {self.loop.d_min:g} "
+                                f"with {max(0.0, self.offset_w):.0f} W of others, over the set point "
+                                f"{self.setpoint_w:.0f} W")
+            return False
+        state.run(config, now, self._samples(shape, config))
+        return True
+
+    # ---- re-checks ----------------------------------------------------------------------
+    def _maybe_recheck(self, shape: tuple, state: ShapeState, now: float) -> None:
+        """Run the runner-up again for a dwell, if it is a plausible winner and fits the budget."""
+        ranked, _ = self._ranked(shape, state)
+        state.next_recheck_t = now + state.recheck_every_s
+        scores = dict(ranked)
+        runner = next((c for c, _ in ranked if c != state.choice), None)
+        mine = scores.get(state.choice)
+        if runner is None or mine is None or scores[runner] is None:
+            return
+        if scores[runner] < mine - (1 - self.recheck_within) * abs(mine):
+            return  # not a plausible winner: the noise of a second's readings is not that large
+        if not self._try(shape, state, runner, now):
+            return
+        state.phase = RECHECK
+        self._events.append(f"recheck {runner.label} against {state.choice.label}")
+
+    def _advance_recheck(self, shape: tuple, state: ShapeState, now: float) -> None:
+        fresh = self._samples(shape, state.config, latency=state.mixed) - state.samples_at_start
+        dwelt = now - state.since
+        if not ((fresh >= DWELL_SAMPLES and dwelt >= self.explore_dwell_s) or dwelt >= 3 * self.explore_dwell_s):
+            return
+        runner, incumbent = state.config, state.choice
+        scores = dict(self._ranked(shape, state)[0])
+        state.phase = EXPLOIT
+        gain = scores.get(runner) is not None and scores.get(incumbent) is not None \
+            and self._better(scores[runner], scores[incumbent])
+        if gain:
+            state.choice = runner
+            state.recheck_every_s = self.recheck_after_s
+            self._events.append(f"recheck: switch to {runner.label}")
+        else:
+            state.run(incumbent, now, self._samples(shape, incumbent))
+            self._duty_for_switch(incumbent)
+            state.recheck_every_s = min(self.recheck_max_s, 2 * state.recheck_every_s)
+            self._events.append(f"recheck: keep {incumbent.label}")
+        state.since = now
+        state.next_recheck_t = now + state.recheck_every_s
+
+    # ---- ranking -----------------------------------------------------------------------
+    def _samples(self, shape: tuple, config: Configuration, latency: bool = False) -> int:
+        """Samples so far of what a dwell waits for: power (J/token in energy mode), or GPU time."""
+        stats = self.model.stats.get((shape, config))
+        if stats is None:
+            return 0
+        if latency:
+            return stats.latency_samples
+        return stats.j_samples if self.mode == "energy" else stats.eta_samples
 
     def _too_slow(self, shape: tuple, stats) -> bool:
         """Whether a configuration's full-duty throughput is under `prune_below` (0.4) of the
-        fastest one explored for this shape. To be worth choosing, such a configuration
+        fastest one measured for this shape. To be worth choosing, such a configuration
         would have to draw well under half the watts above idle of the faster one; on the
         boards measured the slow ones (a 33-CTA cap, the memory-efficient backend, at 0.28-0.35x
         cuDNN's throughput) drew 0.68x and more (docs/control.md), so their power dwell only
         costs exploration time. A frugal configuration that is merely slower (0.6x) is
         still explored in full."""
         speeds = [st.tokens_per_s_full for (sh, _), st in list(self.model.stats.items())
-                  if sh == shape and st.tokens_per_s_full is not None and st.latency_samples >= 2]
+                  if sh == shape and st.tokens_per_s_full is not None and st.latency_samples >= PROBE_SAMPLES]
         return (stats.tokens_per_s_full is not None and bool(speeds)
                 and stats.tokens_per_s_full < self.prune_below * max(speeds))
+
+    def _clearly_worse(self, shape: tuple, state: ShapeState) -> bool:
+        """Whether the candidate exploring now is predicted well under the best one explored
+        before it, at this set point (both by power seen at a comparable operating point)."""
+        others = [c for c in state.candidates if c != state.config and c not in state.pruned
+                  and c not in state.forbidden and self._samples(shape, c) >= DWELL_SAMPLES]
+        if not others:
+            return False
+        mine = self._score(shape, state.config, True)
+        best = max((self._score(shape, c, True) for c in others), key=lambda s: -float("inf") if s is None else s)
+        if mine is None or best is None:
+            return False
+        return mine < best - EARLY_DROP * abs(best)
 
     def _score(self, shape: tuple, config: Configuration, use_eta: bool) -> float | None:
         stats = self.model.stats.get((shape, config))
@@ -251,38 +443,54 @@ class Governor:
             return self.model.throughput_at(shape, config, self.setpoint_w - self.offset_w, self.idle_w)
         return stats.tokens_per_s_full
 
-    def _choose(self, shape: tuple, state: ShapeState, now: float, force: bool = False,
-                skip_dwell: bool = False) -> None:
+    def _better(self, score: float | None, than: float) -> bool:
+        """A predicted gain over `hysteresis` (scores are throughput, or minus J/token)."""
+        return score is not None and score - than > self.hysteresis * abs(than)
+
+    def _allowed(self, shape: tuple, state: ShapeState) -> list[Configuration]:
         allowed = [c for c in state.candidates if c not in state.forbidden and c not in state.pruned
-                   and self.model.stats.get((shape, c)) is not None
+                   and c not in state.deferred and self.model.stats.get((shape, c)) is not None
                    and self.model.stats[(shape, c)].tokens_per_s_full is not None]
-        if not allowed:
-            return
-        if self.mode == "energy" and self.max_slowdown is not None:
+        if self.mode == "energy" and self.max_slowdown is not None and allowed:
             fastest = max(self.model.stats[(shape, c)].tokens_per_s_full for c in allowed)
             allowed = [c for c in allowed
                        if self.model.stats[(shape, c)].tokens_per_s_full >= (1 - self.max_slowdown) * fastest]
+        return allowed
+
+    def _ranked(self, shape: tuple, state: ShapeState) -> tuple[list[tuple[Configuration, float | None]], bool]:
+        """Allowed configurations by score, best first, and whether the score is by power."""
+        allowed = self._allowed(shape, state)
         # Power is attributable only where a tick ran this shape alone; rank every candidate
         # by the same yardstick, so use it only if all of them have it.
-        key = "j_samples" if self.mode == "energy" else "eta_samples"
-        use_eta = all(getattr(self.model.stats[(shape, c)], key) > 0 for c in allowed)
+        use_eta = bool(allowed) and all(self._samples(shape, c) > 0 for c in allowed)
         scores = {c: self._score(shape, c, use_eta) for c in allowed}
-        best = max(allowed, key=lambda c: scores[c])
-        current = state.config
-        if best == current:
-            return
-        if not force:
+        ranked = sorted(allowed, key=lambda c: -float("inf") if scores[c] is None else scores[c], reverse=True)
+        return [(c, scores[c]) for c in ranked], use_eta
+
+    def _choose(self, shape: tuple, state: ShapeState, now: float, force: bool = False,
+                skip_dwell: bool = False) -> bool:
+        """Make the best allowed configuration the shape's choice; whether it changed."""
+        ranked, use_eta = self._ranked(shape, state)
+        if not ranked:
+            return False
+        scores = dict(ranked)
+        best = ranked[0][0]
+        if best == state.choice:
+            if state.config == best:
+                return False
+        elif not force:
             if now - state.since < self.dwell_s and not skip_dwell:
-                return
-            cur = scores.get(current)
-            if cur is not None and scores[best] <= cur * (1 + self.hysteresis):
-                return
-        state.config, state.since = best, now
+                return False
+            current = scores.get(state.choice)
+            if current is not None and not self._better(scores[best], current):
+                return False
+        state.choice = best
+        state.run(best, now, self._samples(shape, best))
         self._duty_for_switch(best)
         unit = "J/token" if self.mode == "energy" and use_eta else "tokens/s"
-        ranked = sorted(allowed, key=lambda c: scores[c], reverse=True)[:3]
         self._events.append(f"choose {best.label} (" + ", ".join(
-            f"{c.label} {abs(scores[c]):.4g}" for c in ranked) + f" {unit})")
+            f"{c.label} {abs(s):.4g}" for c, s in ranked[:3] if s is not None) + f" {unit})")
+        return True
 
     # ---- per tick ----------------------------------------------------------------------
     def tick(self, reading: Reading, work: Work) -> dict:
@@ -296,10 +504,64 @@ class Governor:
             self.last_valid_t = now
             self.power_filtered = power if self.power_filtered is None else 0.3 * self.power_filtered + 0.7 * power
         tokens_per_s = work.tokens / dt
-        single = next(iter(work.by_key)) if len(work.by_key) == 1 else None
+        self._learn(work, power, tokens_per_s)
+        stale = self.last_valid_t is None or now - self.last_valid_t > self.stale_s
+        phase = "static"
+        if self.mode != "static":
+            if stale and self.mode == "budget":
+                if self.fallback_reason is None:
+                    self.fallback_reason = reading.error or f"no power reading for {self.stale_s:g} s"
+                    self._enter_fallback()
+                phase = "fallback"
+            else:
+                if self.fallback_reason is not None:
+                    self._events.append("telemetry back: control resumed")
+                    self.fallback_reason = None
+                    self.loop.reset()
+                self._decide(now)
+                phase = self._phase()
+                if self.mode == "budget" and self.power_filtered is not None and power is not None:
+                    config = self._running() or self._dominant(work)  # what runs from now, not before
+                    table = self.model.power.get(config) if config else None
+                    # The feed-forward reads the table of our own watts at the set point; the
+                    # integral carries the rest (other tenants), so nothing is counted twice.
+                    # A tick without a reading leaves the duty alone: no integration of an old error.
+                    ff = table.duty_for(self.setpoint_w, self.idle_w) if table and self.idle_w is not None else None
+                    self.loop.update(self.setpoint_w, self.power_filtered, dt, ff)
+        dominant = self._dominant(work)
+        row = {
+            "t": now, "mode": self.mode, "phase": phase, "budget_w": self.budget_w, "setpoint_w": self.setpoint_w,
+            "margin": self.margin, "power_w": power, "power_filtered_w": self.power_filtered,
+            "energy_mj": reading.energy_mj, "temp_c": reading.temp_c, "sm_clock_mhz": reading.sm_clock_mhz,
+            "clock_reasons": reading.clock_reasons, "duty": self.loop.duty, "offset_w": self.offset_w,
+            "config": dominant.label if dominant else None, "choice": self._choice_label(),
+            "configs": len(work.by_key),
+            "calls": sum(c for c, _ in work.by_key.values()), "tokens": work.tokens, "tokens_per_s": tokens_per_s,
+            "telemetry_ok": not stale, "telemetry_error": reading.error, "event": "; ".join(self._events) or None,
+        }
+        self._events = []
+        return row
 
-        # The model learns only from ticks whose power belongs to one (shape, config) and
-        # that follow a tick of the same, so a switch's transient is not attributed.
+    def _choice_label(self) -> str | None:
+        """The one shape's choice (a re-check runs another configuration without changing it)."""
+        states = list(self.shapes.values())
+        return states[0].choice.label if len(states) == 1 else None
+
+    def _phase(self) -> str:
+        phases = {s.phase for s in list(self.shapes.values())}
+        if phases & {PROBE, EXPLORE}:
+            return "explore"
+        return "recheck" if RECHECK in phases else "exploit"
+
+    def _learn(self, work: Work, power: float | None, tokens_per_s: float) -> None:
+        """Fold one tick into the model: only ticks whose power belongs to one (shape,
+        configuration), following a tick of the same, so a switch's transient is not learned."""
+        single = next(iter(work.by_key)) if len(work.by_key) == 1 else None
+        for shape in {shape for shape, _ in work.by_key}:
+            state = self.shapes.get(shape)
+            if state is not None:
+                state.seen_ticks += 1
+                state.alone_ticks += single is not None
         steady_duty = abs(self.loop.duty - self._last_duty) < 0.03
         if (power is not None and single is not None and single == self._last_single and steady_duty
                 and self.idle_w is not None and self.mode != "static"):
@@ -318,60 +580,19 @@ class Governor:
         self._last_single = single
         self._last_duty = self.loop.duty
 
-        stale = self.last_valid_t is None or now - self.last_valid_t > self.stale_s
-        phase = "static"
-        if self.mode != "static":
-            if stale and self.mode == "budget":
-                if self.fallback_reason is None:
-                    self.fallback_reason = reading.error or f"no power reading for {self.stale_s:g} s"
-                    self._enter_fallback()
-                phase = "fallback"
-            else:
-                if self.fallback_reason is not None:
-                    self._events.append("telemetry back: control resumed")
-                    self.fallback_reason = None
-                    self.loop.reset()
-                phase = "explore" if any(s.exploring for s in list(self.shapes.values())) else "exploit"
-                # Configurations are compared only once the loop has settled: in a transient
-                # the model's latest samples are the least trustworthy.
-                if self._settled(now):
-                    for shape, state in list(self.shapes.items()):
-                        if not state.exploring:
-                            self._choose(shape, state, now)
-                if self.mode == "budget" and self.power_filtered is not None:
-                    config = self._dominant(work)
-                    table = self.model.power.get(config) if config else None
-                    # The feed-forward reads the table of our own watts at the set point; the
-                    # integral carries the rest (other tenants), so nothing is counted twice.
-                    ff = table.duty_for(self.setpoint_w, self.idle_w) if table and self.idle_w is not None else None
-                    self.loop.update(self.setpoint_w, self.power_filtered, dt, ff)
-        dominant = self._dominant(work)
-        row = {
-            "t": now,
-            "mode": self.mode,
-            "phase": phase,
-            "budget_w": self.budget_w,
-            "setpoint_w": self.setpoint_w,
-            "margin": self.margin,
-            "power_w": power,
-            "power_filtered_w": self.power_filtered,
-            "energy_mj": reading.energy_mj,
-            "temp_c": reading.temp_c,
-            "sm_clock_mhz": reading.sm_clock_mhz,
-            "clock_reasons": reading.clock_reasons,
-            "duty": self.loop.duty,
-            "offset_w": self.offset_w,
-            "config": dominant.label if dominant else None,
-            "configs": len(work.by_key),
-            "calls": sum(c for c, _ in work.by_key.values()),
-            "tokens": work.tokens,
-            "tokens_per_s": tokens_per_s,
-            "telemetry_ok": not stale,
-            "telemetry_error": reading.error,
-            "event": "; ".join(self._events) or None,
-        }
-        self._events = []
-        return row
+    def _decide(self, now: float) -> None:
+        """Per tick: advance re-checks, start one when due, and compare configurations once
+        the loop has settled (in a transient the model's latest samples are the least
+        trustworthy)."""
+        settled = self._settled(now)
+        for shape, state in list(self.shapes.items()):
+            if state.phase == RECHECK:
+                self._advance_recheck(shape, state, now)
+            elif state.phase == EXPLOIT and settled:
+                if now >= state.next_recheck_t:
+                    self._maybe_recheck(shape, state, now)
+                else:
+                    self._choose(shape, state, now)
 
     def _adapt_margin(self, now: float, energy_mj: float | None) -> None:
         """Widen the set point's margin under the budget while the 1 s averages of power (the
@@ -394,33 +615,73 @@ class Governor:
             self.margin = min(self.max_margin, max(self.base_margin, 1.645 * spread / self.budget_w))
 
     def _start_duty(self) -> float:
-        """Half the duty a linear power curve would give for the set point: measured curves
-        are concave (more watts per unit of duty at low duty), so this starts under budget."""
-        share = (self.setpoint_w - (self.idle_w or 0.0)) / self.loop.plant_gain_w
-        return min(self.loop.d_max, max(self.loop.d_min, 0.5 * share))
+        """The duty the power prior gives for the set point (flashwatt.control.power_bound):
+        measured curves are concave, and the prior more so, so this starts under budget."""
+        if self.idle_w is None:
+            share = self.setpoint_w / (self.loop.plant_gain_w + 100.0)
+            return min(self.loop.d_max, max(self.loop.d_min, 0.5 * share))
+        return prior_duty(self.setpoint_w, self.idle_w, self.limit_w, self.loop.d_min, self.loop.d_max)
 
-    def _duty_for_switch(self, config: Configuration) -> None:
+    def _duty_for_switch(self, config: Configuration) -> bool:
         """Bumpless for power: a configuration starts at the duty its own table gives for the
-        set point, or, never seen, at the cautious start duty if that is lower than now."""
+        set point, or, never seen, at the duty the power prior bounds. False (and nothing
+        changed) where even the lowest duty is predicted over the set point."""
         if self.mode != "budget":
-            return
+            return True
+        room = self.setpoint_w - max(0.0, self.offset_w)
         table = self.model.power.get(config)
         if table is not None and self.idle_w is not None:
             # The table holds our own watts; the loop's integral has been carrying the rest
             # (another tenant, the table's error: offset_w). Start where our watts plus those
             # meet the set point, and keep the integral at that difference, so neither the
             # switch nor the end of the hold drops the compensation.
-            self._quiet_since = self.clock()
-            duty = table.duty_for(self.setpoint_w - max(0.0, self.offset_w), self.idle_w)
+            duty = table.duty_for(room, self.idle_w)
             ff = table.duty_for(self.setpoint_w, self.idle_w)
+            lowest = table.extrapolated_power(self.loop.d_min, self.idle_w)
             if duty is not None:
+                if lowest is not None and lowest > room:
+                    return False
+                self._quiet_since = self.clock()
                 self.loop.reset(duty)
                 self.loop.integral = self.loop.duty - ff if ff is not None else 0.0
                 self.loop.hold()
-                return
+                return True
+        if self.idle_w is None:
+            duty = min(self.loop.duty, self._start_duty())
+        else:
+            duty = bounded_duty(self.model, config, room, self.idle_w, self.limit_w, self.loop.d_min, self.loop.d_max)
+            if duty is None:
+                return False
         self._quiet_since = self.clock()
-        self.loop.reset(min(self.loop.duty, self._start_duty()))
+        self.loop.reset(duty)
         self.loop.hold()
+        return True
+
+    def _retarget(self) -> None:
+        """After a budget step with no switch: the duty the running configuration's table gives
+        for the new set point, now (the loop's integral kept), instead of a tick later."""
+        if self.mode != "budget" or self.idle_w is None:
+            return
+        config = self._running()
+        if config is None:
+            return
+        table = self.model.power.get(config)
+        ff = table.duty_for(self.setpoint_w, self.idle_w) if table is not None else None
+        if ff is not None:
+            self.loop.duty = min(self.loop.d_max, max(self.loop.d_min, ff + self.loop.integral))
+            return
+        # Never seen: a step down must still act now, at the duty the prior bounds.
+        duty = bounded_duty(self.model, config, self.setpoint_w - max(0.0, self.offset_w), self.idle_w,
+                            self.limit_w, self.loop.d_min, self.loop.d_max)
+        self.loop.reset(min(self.loop.duty, duty if duty is not None else self.loop.d_min))
+
+    def _running(self) -> Configuration | None:
+        """The configuration running now: the last tick's only one, or the only shape's."""
+        if self._last_single is not None:
+            state = self.shapes.get(self._last_single[0])
+            return state.config if state is not None else self._last_single[1]
+        states = list(self.shapes.values())
+        return states[0].config if len(states) == 1 else None
 
     def _settled(self, now: float) -> bool:
         """Power within 5% of the set point for the last second, and no unexplained watts on
@@ -452,12 +713,34 @@ class Governor:
             for b, p in list(table.bins.items()):
                 if best is None or p < best[0]:
                     best = (p, config, (b - 0.5) / DUTY_BINS)  # the low edge of the bin
+        now = self.clock()
         if best is not None:
             _, config, duty = best
             for state in list(self.shapes.values()):
                 if config not in state.forbidden:
-                    state.config, state.exploring, state.to_explore = config, False, []
+                    state.phase, state.choice, state.to_probe, state.to_explore = EXPLOIT, config, [], []
+                    state.recheck_every_s = self.recheck_after_s
+                    state.next_recheck_t = now + self.recheck_after_s
+                    state.run(config, now, 0)
             self.loop.reset(max(self.loop.d_min, duty))
         else:
             self.loop.reset(self.loop.d_min)
         self._events.append(f"fallback: {self.fallback_reason}")
+
+    # ---- knowledge -----------------------------------------------------------------------
+    def learned(self) -> dict[tuple, dict]:
+        """What each shape that finished exploring learned, for a warm start
+        (flashwatt.control.warm_start): its configurations' statistics, their duty -> power
+        tables, and the refusals that do not depend on the inputs."""
+        out = {}
+        for shape, state in list(self.shapes.items()):
+            if state.exploring or self.mode == "static":
+                continue
+            stats = {c.label: self.model.stats[(shape, c)] for c in state.candidates
+                     if (shape, c) in self.model.stats and self.model.stats[(shape, c)].tokens_per_s_full is not None}
+            power = {c.label: self.model.power[c] for c in state.candidates if c in self.model.power}
+            refused = {c.label: why.removeprefix(EARLIER_REFUSAL) for c, why in state.forbidden.items()
+                       if not why.startswith(PRECISION_REFUSAL)}
+            if stats:
+                out[shape] = {"stats": stats, "power": power, "refused": refused}
+        return out

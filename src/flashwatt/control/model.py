@@ -88,6 +88,20 @@ class PowerTable:
         frac = min(1.0, (duty - duties[i - 1]) / (duties[i] - duties[i - 1]))
         return powers[i - 1] + frac * (powers[i] - powers[i - 1])
 
+    def extrapolated_power(self, duty: float, idle_w: float) -> float | None:
+        """`power_at`, and past the highest duty seen, along the chord from idle through it
+        (over a concave curve the chord lies above the curve there: it errs towards more
+        watts); None without an observed bin above idle."""
+        seen = self.power_at(duty, idle_w)
+        if seen is not None:
+            return seen
+        if not self.bins:
+            return None
+        duties, powers = self._curve(idle_w)
+        if duties[-1] <= 0 or powers[-1] <= idle_w:
+            return None
+        return idle_w + (powers[-1] - idle_w) * duty / duties[-1]
+
     def duty_for(self, power_w: float, idle_w: float) -> float | None:
         """Duty expected to draw `power_w`, by interpolation over the table made monotone
         (with idle power at duty 0); None with fewer than one observed bin."""
