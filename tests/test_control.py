@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from control_plant import CTAS33, CUDNN, CUSTOM, FLASH, PROFILES, Plant, Profile, run
+from control_plant import CTAS33, CUDNN, CUSTOM, FLASH, PROFILES, SHAPE, Plant, Profile, run
 from flashwatt.control.configuration import Configuration, ControlError, candidates, check_knobs
 from flashwatt.control.governor import Governor
 from flashwatt.control.model import PowerTable
@@ -51,15 +51,15 @@ def test_a_switch_keeps_the_watts_the_loop_carries_for_another_tenant():
     # and stay there when the hold ends, instead of dropping the compensation.
     gov = governor(budget=450.0)
     for duty, watts in ((0.2, 250.0), (0.4, 360.0), (0.6, 460.0), (0.8, 550.0), (1.0, 640.0)):
-        gov.model.power.setdefault(CUDNN, PowerTable())
-        gov.model.power[CUDNN].add(duty, watts)
+        gov.model.power.setdefault((SHAPE, CUDNN), PowerTable())
+        gov.model.power[(SHAPE, CUDNN)].add(duty, watts)
     gov.offset_w = 100.0
-    gov._duty_for_switch(CUDNN)
-    table = gov.model.power[CUDNN]
+    gov._duty_for_switch(SHAPE, CUDNN)
+    table = gov.model.power[(SHAPE, CUDNN)]
     expected = table.duty_for(gov.setpoint_w - 100.0, gov.idle_w)
     assert gov.duty == pytest.approx(expected)
     assert table.power_at(gov.duty, gov.idle_w) + 100.0 == pytest.approx(gov.setpoint_w, abs=1.0)
-    ff = table.duty_for(gov.setpoint_w, gov.idle_w)
+    ff = gov._feed_forward(table)  # the governor's feed-forward: our table, less the others' watts
     for _ in range(4):  # the hold, then the PI at zero error: no jump back to our table's duty
         gov.loop.update(gov.setpoint_w, gov.setpoint_w, 0.1, ff)
     assert gov.duty == pytest.approx(expected, abs=1e-6)

@@ -96,7 +96,7 @@ class Controller:
             candidates_for = lambda shape: [fixed]  # noqa: E731
         else:
             candidates_for = self._candidates_for
-        duty_range = tuple(self.knobs.get("duty", (0.02, 1.0)))
+        duty_range = tuple(self.knobs.get("duty", (0.01, 1.0)))
         self._warm = self._open_cache(cache, telemetry) if mode != "static" else None
         self.governor = Governor(mode, candidates_for, budget_w=budget_w, idle_w=idle_w, limit_w=limit,
                                  max_slowdown=max_slowdown, static_duty=duty, duty_range=duty_range,

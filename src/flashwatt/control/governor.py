@@ -43,7 +43,7 @@ from flashwatt.control.budget_schedule import STEP_MIN_W
 from flashwatt.control.configuration import Configuration, ControlError
 from flashwatt.control.duty_loop import DutyLoop
 from flashwatt.control.model import DUTY_BINS, OnlineModel
-from flashwatt.control.power_bound import bounded_duty, predicted_power, prior_duty
+from flashwatt.control.power_bound import PRIOR_EXPONENT, bounded_duty, predicted_power, prior_duty
 from flashwatt.control.shape_state import EXPLOIT, EXPLORE, PROBE, RECHECK, ShapeState
 
 MODES = ("budget", "energy", "static")
@@ -54,6 +54,17 @@ PROBE_SAMPLES = 2
 DWELL_SAMPLES = 3
 # A candidate predicted this much below the best one explored is left early.
 EARLY_DROP = 0.15
+# A reading this far over the budget (and three times the readings' noise) is cut at once
+# (Governor._cut_overshoot); the noise is estimated from deviations of at most NOISE_CLIP_W.
+OVERSHOOT_CUT = 0.02
+NOISE_CLIP_W = 20.0
+# The model learns from a tick only while the estimate of the watts it cannot explain moved
+# less than this (or twice the readings' noise) in the tick.
+OFFSET_SETTLED_W = 5.0
+# A change of the unexplained watts this large in one tick is a tenant arriving or leaving.
+TENANT_STEP_W = 25.0
+# Readings this soon after a budget step or a switch still show the power from before it.
+STALE_AFTER_CHANGE_S = 0.25
 # After a budget step, the runner-up is re-checked this soon (once the loop has settled).
 RECHECK_AFTER_STEP_S = 1.5
 # Refusals a warm start carries over: those of the backend, not a precision check's (which
@@ -97,7 +108,7 @@ class Governor:
                  max_slowdown: float | None = None, static_duty: float = 1.0, margin: float = 0.02,
                  max_margin: float = 0.08, dwell_s: float = 3.0, explore_dwell_s: float = 0.6,
                  prune_below: float = 0.4, hysteresis: float = 0.05, stale_s: float = 0.5,
-                 duty_range: tuple[float, float] = (0.02, 1.0), recheck_after_s: float = 4.0,
+                 duty_range: tuple[float, float] = (0.01, 1.0), recheck_after_s: float = 4.0,
                  recheck_max_s: float = 32.0, recheck_within: float = 0.85, warm_start=None,
                  clock: Callable[[], float] = time.monotonic):
         if mode not in MODES:
@@ -141,11 +152,14 @@ class Governor:
         self.offset_w = 0.0  # watts on the board that no configuration of ours explains
         self._events: list[str] = []
         self._last_single: tuple | None = None  # the (shape, config) of the last tick, if only one ran
+        self._several_shapes = False  # the last tick with work ran several shapes
+        self._tenant_step = False  # this tick saw a step in the watts of others
         if budget_w is not None:
             self.set_budget(budget_w)
             if mode == "budget":
                 self.loop.duty = self._start_duty()  # start low, let the loop climb
         self.power_filtered: float | None = None
+        self._noise_w = 0.0  # mean absolute deviation of readings from the filtered power
         self._settled_since: float | None = None
         self.last_valid_t: float | None = None
         self.fallback_reason: str | None = None
@@ -168,6 +182,8 @@ class Governor:
             return
         now = self.clock()
         self._events.append(f"budget {budget_w:.0f} W")
+        if self.fallback_reason is not None:
+            return  # blind: the frugal fallback holds until readings return, whatever the budget
         self.loop.hold()
         self._window_w.clear()  # spread around the old budget says nothing of the new one
         self._quiet_since = now
@@ -252,8 +268,8 @@ class Governor:
                 state.forbidden[config] = EARLIER_REFUSAL + refused[config.label]
             else:
                 self.model.stats[(shape, config)] = known[config.label]
-                if config.label in entry["power"] and config not in self.model.power:
-                    self.model.power[config] = entry["power"][config.label]
+                if config.label in entry["power"]:
+                    self.model.power[(shape, config)] = entry["power"][config.label]
         state.pruned = {c for c in state.candidates if c not in state.forbidden
                         and self._too_slow(shape, self.model.stats[(shape, c)])}
         state.phase, state.warm = EXPLOIT, True
@@ -261,7 +277,7 @@ class Governor:
         state.next_recheck_t = now + self.recheck_after_s
         self._events.append(f"warm start: {len(known)} configurations from {entry.get('runs', 0)} earlier run(s)")
         if not self._choose(shape, state, now, force=True):
-            self._duty_for_switch(state.config)
+            self._duty_for_switch(shape, state.config)
         return True
 
     def _advance(self, shape: tuple, state: ShapeState) -> None:
@@ -345,10 +361,15 @@ class Governor:
                 self.loop.reset(self.loop.d_min)
 
     def _try(self, shape: tuple, state: ShapeState, config: Configuration, now: float) -> bool:
-        """Run `config` for this shape from now if the power bound allows it; else defer it."""
-        if not self._duty_for_switch(config):
+        """Run `config` for this shape from now if the power bound allows it; else defer it.
+        Where several shapes share the GPU, one shape's configuration is a part of the
+        power, and the duty is the loop's alone."""
+        if self._several_shapes:
+            state.run(config, now, self._samples(shape, config))
+            return True
+        if not self._duty_for_switch(shape, config):
             state.deferred.add(config)
-            watts = predicted_power(self.model, config, self.loop.d_min, self.idle_w, self.limit_w)
+            watts = predicted_power(self.model, (shape, config), self.loop.d_min, self.idle_w, self.limit_w)
             self._events.append(f"defer {config.label}: predicted {watts:.0f} W at duty {self.loop.d_min:g} "
                                 f"with {max(0.0, self.offset_w):.0f} W of others, over the set point "
                                 f"{self.setpoint_w:.0f} W")
@@ -389,7 +410,8 @@ class Governor:
             self._events.append(f"recheck: switch to {runner.label}")
         else:
             state.run(incumbent, now, self._samples(shape, incumbent))
-            self._duty_for_switch(incumbent)
+            if not self._several_shapes:
+                self._duty_for_switch(shape, incumbent)
             state.recheck_every_s = min(self.recheck_max_s, 2 * state.recheck_every_s)
             self._events.append(f"recheck: keep {incumbent.label}")
         state.since = now
@@ -486,7 +508,8 @@ class Governor:
                 return False
         state.choice = best
         state.run(best, now, self._samples(shape, best))
-        self._duty_for_switch(best)
+        if not self._several_shapes:
+            self._duty_for_switch(shape, best)
         unit = "J/token" if self.mode == "energy" and use_eta else "tokens/s"
         self._events.append(f"choose {best.label} (" + ", ".join(
             f"{c.label} {abs(s):.4g}" for c, s in ranked[:3] if s is not None) + f" {unit})")
@@ -502,6 +525,9 @@ class Governor:
         self._adapt_margin(now, reading.energy_mj)
         if power is not None:
             self.last_valid_t = now
+            if self.power_filtered is not None:  # the readings' noise, as a mean absolute deviation
+                # (clipped: a step of the load is not noise)
+                self._noise_w += 0.05 * (min(abs(power - self.power_filtered), NOISE_CLIP_W) - self._noise_w)
             self.power_filtered = power if self.power_filtered is None else 0.3 * self.power_filtered + 0.7 * power
         tokens_per_s = work.tokens / dt
         self._learn(work, power, tokens_per_s)
@@ -515,19 +541,22 @@ class Governor:
                 phase = "fallback"
             else:
                 if self.fallback_reason is not None:
-                    self._events.append("telemetry back: control resumed")
-                    self.fallback_reason = None
-                    self.loop.reset()
+                    self._resume(now)
                 self._decide(now)
                 phase = self._phase()
                 if self.mode == "budget" and self.power_filtered is not None and power is not None:
-                    config = self._running() or self._dominant(work)  # what runs from now, not before
-                    table = self.model.power.get(config) if config else None
-                    # The feed-forward reads the table of our own watts at the set point; the
-                    # integral carries the rest (other tenants), so nothing is counted twice.
+                    table = self._running_table()  # what runs from now, not what ran before
+                    # The feed-forward reads the table of our own watts at the set point less the
+                    # watts of others (offset_w); the integral carries only what both got wrong.
                     # A tick without a reading leaves the duty alone: no integration of an old error.
-                    ff = table.duty_for(self.setpoint_w, self.idle_w) if table and self.idle_w is not None else None
+                    ff = self._feed_forward(table)
                     self.loop.update(self.setpoint_w, self.power_filtered, dt, ff)
+                    if self._tenant_step and ff is not None:
+                        self.loop.reset(ff)  # the others' watts are in the feed-forward now
+                        self.loop.hold(1)
+                        self._events.append(f"others' watts now {self.offset_w:.0f} W")
+                    self._cut_overshoot(power, table)
+                self._tenant_step = False
         dominant = self._dominant(work)
         row = {
             "t": now, "mode": self.mode, "phase": phase, "budget_w": self.budget_w, "setpoint_w": self.setpoint_w,
@@ -555,30 +584,57 @@ class Governor:
 
     def _learn(self, work: Work, power: float | None, tokens_per_s: float) -> None:
         """Fold one tick into the model: only ticks whose power belongs to one (shape,
-        configuration), following a tick of the same, so a switch's transient is not learned."""
+        configuration), following a tick of the same, so a switch's transient is not learned;
+        ticks of several shapes teach the table of the mix (the feed-forward while they share
+        the GPU)."""
         single = next(iter(work.by_key)) if len(work.by_key) == 1 else None
-        for shape in {shape for shape, _ in work.by_key}:
+        shapes = {shape for shape, _ in work.by_key}
+        if shapes:
+            self._several_shapes = len(shapes) > 1
+        for shape in shapes:
             state = self.shapes.get(shape)
             if state is not None:
                 state.seen_ticks += 1
                 state.alone_ticks += single is not None
         steady_duty = abs(self.loop.duty - self._last_duty) < 0.03
-        if (power is not None and single is not None and single == self._last_single and steady_duty
-                and self.idle_w is not None and self.mode != "static"):
-            shape, config = single
-            # Watts the model cannot explain at a duty it knows belong to something else on
-            # the board (another tenant, warming up): tracked as an offset common to every
-            # configuration, so that a disturbance is neither learned as this configuration's
-            # cost nor makes another one look cheaper.
-            table = self.model.power.get(config)
-            expected = table.power_at(self.loop.duty, self.idle_w) if table is not None else None
-            if expected is not None:
-                self.offset_w += 0.3 * ((power - expected) - self.offset_w)
-            near_setpoint = self.setpoint_w is not None and abs(power - self.setpoint_w) <= 0.1 * self.setpoint_w
-            self.model.add_tick(shape, config, tokens_per_s, power - self.offset_w, self.idle_w, self.loop.duty,
-                                comparable=near_setpoint or self.loop.duty >= 0.98)
-        self._last_single = single
-        self._last_duty = self.loop.duty
+        same = single is not None and single == self._last_single
+        self._last_single, self._last_duty = single, self.loop.duty
+        if power is None or not steady_duty or self.idle_w is None or self.mode == "static":
+            return
+        if same:
+            table = self.model.power.get(single)
+        elif len(shapes) > 1:
+            table = self.model.mix_power
+        else:
+            return
+        if not self._track_others(power, table):
+            return
+        if single is None:
+            table.add(self.loop.duty, power - self.offset_w)
+            return
+        near_setpoint = self.setpoint_w is not None and abs(power - self.setpoint_w) <= 0.1 * self.setpoint_w
+        self.model.add_tick(*single, tokens_per_s, power - self.offset_w, self.idle_w, self.loop.duty,
+                            comparable=near_setpoint or self.loop.duty >= 0.98)
+
+    def _track_others(self, power: float, table) -> bool:
+        """Update the estimate of watts on the board that our table does not explain (another
+        tenant, warming up): an offset common to every configuration, so that a disturbance
+        is neither learned as one configuration's cost nor makes another look cheaper.
+        Whether the tick may be learned from: only once the offset has settled (while it is
+        still catching up with a tenant that came or went, power less the offset is not
+        ours, and would be written into our table, and a warm start would keep it)."""
+        expected = table.power_at(self.loop.duty, self.idle_w) if table is not None else None
+        if expected is None:
+            return True
+        innovation = (power - expected) - self.offset_w
+        moved = 0.3 * innovation
+        if abs(innovation) > max(TENANT_STEP_W, 4.0 * self._noise_w) and not self._just_changed():
+            # A step in watts we did not make: a tenant came or went. Take it whole now, and
+            # move the duty to meet the set point with it, instead of over several ticks.
+            moved = innovation
+            self._tenant_step = True
+        self.offset_w += moved
+        return abs(moved) <= max(OFFSET_SETTLED_W, 2.0 * self._noise_w)
 
     def _decide(self, now: float) -> None:
         """Per tick: advance re-checks, start one when due, and compare configurations once
@@ -622,21 +678,21 @@ class Governor:
             return min(self.loop.d_max, max(self.loop.d_min, 0.5 * share))
         return prior_duty(self.setpoint_w, self.idle_w, self.limit_w, self.loop.d_min, self.loop.d_max)
 
-    def _duty_for_switch(self, config: Configuration) -> bool:
+    def _duty_for_switch(self, shape: tuple, config: Configuration) -> bool:
         """Bumpless for power: a configuration starts at the duty its own table gives for the
         set point, or, never seen, at the duty the power prior bounds. False (and nothing
         changed) where even the lowest duty is predicted over the set point."""
         if self.mode != "budget":
             return True
         room = self.setpoint_w - max(0.0, self.offset_w)
-        table = self.model.power.get(config)
+        table = self.model.power.get((shape, config))
         if table is not None and self.idle_w is not None:
-            # The table holds our own watts; the loop's integral has been carrying the rest
-            # (another tenant, the table's error: offset_w). Start where our watts plus those
-            # meet the set point, and keep the integral at that difference, so neither the
-            # switch nor the end of the hold drops the compensation.
+            # The table holds our own watts; offset_w the rest (another tenant, the table's
+            # error). Start where our watts plus those meet the set point; the feed-forward
+            # keeps the same compensation after the hold, and the integral keeps any
+            # difference, so neither the switch nor the end of the hold drops it.
             duty = table.duty_for(room, self.idle_w)
-            ff = table.duty_for(self.setpoint_w, self.idle_w)
+            ff = self._feed_forward(table)
             lowest = table.extrapolated_power(self.loop.d_min, self.idle_w)
             if duty is not None:
                 if lowest is not None and lowest > room:
@@ -649,7 +705,8 @@ class Governor:
         if self.idle_w is None:
             duty = min(self.loop.duty, self._start_duty())
         else:
-            duty = bounded_duty(self.model, config, room, self.idle_w, self.limit_w, self.loop.d_min, self.loop.d_max)
+            duty = bounded_duty(self.model, (shape, config), room, self.idle_w, self.limit_w, self.loop.d_min,
+                                self.loop.d_max)
             if duty is None:
                 return False
         self._quiet_since = self.clock()
@@ -657,31 +714,78 @@ class Governor:
         self.loop.hold()
         return True
 
+    def _just_changed(self) -> bool:
+        """A budget step or a switch moved the duty so recently that readings still show the
+        power from before it."""
+        return self._quiet_since is not None and self.clock() - self._quiet_since < STALE_AFTER_CHANGE_S
+
+    def _feed_forward(self, table) -> float | None:
+        """The duty at which our table draws the set point less the watts of others."""
+        if table is None or self.idle_w is None:
+            return None
+        return table.duty_for(self.setpoint_w - max(0.0, self.offset_w), self.idle_w)
+
+    def _running_table(self):
+        """The duty -> power table of what runs now: the running (shape, configuration)'s, or
+        the mix's while several shapes share the GPU."""
+        if self._several_shapes:
+            return self.model.mix_power if self.model.mix_power.bins else None
+        running = self._running()
+        return self.model.power.get(running) if running is not None else None
+
+    def _cut_overshoot(self, power: float, table) -> None:
+        """A reading over the budget, beyond the readings' noise (another tenant arrived, a
+        table was wrong): the duty that meets the set point now, not after the loop's ticks. From the configuration's
+        table, taking every watt it does not explain as another tenant's; without one, by
+        the power prior's curve (which cuts more than any measured curve needs)."""
+        threshold = self.budget_w * (1 + OVERSHOOT_CUT) + 3.0 * self._noise_w
+        if self.idle_w is None or power <= threshold or power <= self.idle_w:
+            return
+        if self._just_changed():
+            return  # a step or a switch just moved the duty: this reading is from before it
+        ours = table.power_at(self.loop.duty, self.idle_w) if table is not None else None
+        if ours is not None:
+            duty = table.duty_for(self.setpoint_w - (power - ours), self.idle_w)
+            ff = self._feed_forward(table)
+        else:
+            duty = self.loop.duty * (max(0.0, self.setpoint_w - self.idle_w) / (power - self.idle_w)) ** (1 / PRIOR_EXPONENT)
+            ff = None
+        if duty is None or duty >= self.loop.duty:
+            return
+        self.loop.reset(duty)
+        self.loop.integral = self.loop.duty - ff if ff is not None else 0.0
+        self.loop.hold(1)  # the next reading may still show power from before the cut
+        self._events.append(f"cut: {power:.0f} W over the budget, duty {self.loop.duty:.2f}")
+
     def _retarget(self) -> None:
         """After a budget step with no switch: the duty the running configuration's table gives
         for the new set point, now (the loop's integral kept), instead of a tick later."""
         if self.mode != "budget" or self.idle_w is None:
             return
-        config = self._running()
-        if config is None:
-            return
-        table = self.model.power.get(config)
-        ff = table.duty_for(self.setpoint_w, self.idle_w) if table is not None else None
+        table = self._running_table()
+        ff = self._feed_forward(table)
         if ff is not None:
             self.loop.duty = min(self.loop.d_max, max(self.loop.d_min, ff + self.loop.integral))
             return
+        running = self._running()
+        if running is None:
+            return
         # Never seen: a step down must still act now, at the duty the prior bounds.
-        duty = bounded_duty(self.model, config, self.setpoint_w - max(0.0, self.offset_w), self.idle_w,
+        duty = bounded_duty(self.model, running, self.setpoint_w - max(0.0, self.offset_w), self.idle_w,
                             self.limit_w, self.loop.d_min, self.loop.d_max)
         self.loop.reset(min(self.loop.duty, duty if duty is not None else self.loop.d_min))
 
-    def _running(self) -> Configuration | None:
-        """The configuration running now: the last tick's only one, or the only shape's."""
+    def _running(self) -> tuple | None:
+        """(shape, configuration) running now: the last tick's only shape with its present
+        configuration, or the only shape's; None while several shapes share the GPU."""
+        if self._several_shapes:
+            return None
         if self._last_single is not None:
-            state = self.shapes.get(self._last_single[0])
-            return state.config if state is not None else self._last_single[1]
-        states = list(self.shapes.values())
-        return states[0].config if len(states) == 1 else None
+            shape = self._last_single[0]
+            state = self.shapes.get(shape)
+            return (shape, state.config if state is not None else self._last_single[1])
+        items = list(self.shapes.items())
+        return (items[0][0], items[0][1].config) if len(items) == 1 else None
 
     def _settled(self, now: float) -> bool:
         """Power within 5% of the set point for the last second, and no unexplained watts on
@@ -706,10 +810,24 @@ class Governor:
         (shape, config), _ = max(work.by_key.items(), key=lambda kv: kv[1][1])
         return config
 
+    def _resume(self, now: float) -> None:
+        """Readings are back: each shape returns to its choice from before the fallback, at
+        the duty its table gives (bounded), and the loop takes over."""
+        self._events.append("telemetry back: control resumed")
+        self.fallback_reason = None
+        self.loop.reset()
+        for shape, state in list(self.shapes.items()):
+            if state.before_fallback is not None and state.before_fallback not in state.forbidden:
+                state.choice = state.before_fallback
+                state.run(state.choice, now, self._samples(shape, state.choice))
+                if not self._several_shapes:
+                    self._duty_for_switch(shape, state.choice)
+            state.before_fallback = None
+
     def _enter_fallback(self) -> None:
         """The most frugal operating point known: lowest power seen, else the lowest duty."""
         best = None
-        for config, table in list(self.model.power.items()):
+        for (_, config), table in list(self.model.power.items()):
             for b, p in list(table.bins.items()):
                 if best is None or p < best[0]:
                     best = (p, config, (b - 0.5) / DUTY_BINS)  # the low edge of the bin
@@ -718,6 +836,8 @@ class Governor:
             _, config, duty = best
             for state in list(self.shapes.values()):
                 if config not in state.forbidden:
+                    if not state.exploring:
+                        state.before_fallback = state.choice
                     state.phase, state.choice, state.to_probe, state.to_explore = EXPLOIT, config, [], []
                     state.recheck_every_s = self.recheck_after_s
                     state.next_recheck_t = now + self.recheck_after_s
@@ -738,7 +858,7 @@ class Governor:
                 continue
             stats = {c.label: self.model.stats[(shape, c)] for c in state.candidates
                      if (shape, c) in self.model.stats and self.model.stats[(shape, c)].tokens_per_s_full is not None}
-            power = {c.label: self.model.power[c] for c in state.candidates if c in self.model.power}
+            power = {c.label: self.model.power[(shape, c)] for c in state.candidates if (shape, c) in self.model.power}
             refused = {c.label: why.removeprefix(EARLIER_REFUSAL) for c, why in state.forbidden.items()
                        if not why.startswith(PRECISION_REFUSAL)}
             if stats:

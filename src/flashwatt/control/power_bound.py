@@ -13,7 +13,6 @@ its set point, and the pacing loop brings it up.
 """
 from __future__ import annotations
 
-from flashwatt.control.configuration import Configuration
 from flashwatt.control.model import OnlineModel
 
 PRIOR_EXPONENT = 0.5
@@ -26,21 +25,22 @@ def prior_power(duty: float, idle_w: float, limit_w: float | None) -> float:
     return idle_w + span * max(0.0, duty) ** PRIOR_EXPONENT
 
 
-def predicted_power(model: OnlineModel, config: Configuration, duty: float, idle_w: float,
-                    limit_w: float | None) -> float:
-    """Watts this configuration is expected to draw at `duty` (ours alone, no tenant)."""
-    table = model.power.get(config)
+def predicted_power(model: OnlineModel, key: tuple, duty: float, idle_w: float, limit_w: float | None) -> float:
+    """Watts the configuration of `key` (shape, configuration) is expected to draw at `duty`
+    (ours alone, no tenant)."""
+    table = model.power.get(key)
     predicted = table.extrapolated_power(duty, idle_w) if table is not None else None
     return predicted if predicted is not None else prior_power(duty, idle_w, limit_w)
 
 
-def bounded_duty(model: OnlineModel, config: Configuration, watts: float, idle_w: float, limit_w: float | None,
+def bounded_duty(model: OnlineModel, key: tuple, watts: float, idle_w: float, limit_w: float | None,
                  d_min: float, d_max: float) -> float | None:
-    """The highest duty in [d_min, d_max] at which this configuration is predicted to draw
-    at most `watts`; None when even `d_min` is predicted to draw more."""
-    if predicted_power(model, config, d_min, idle_w, limit_w) > watts:
+    """The highest duty in [d_min, d_max] at which the configuration of `key` (shape,
+    configuration) is predicted to draw at most `watts`; None when even `d_min` is
+    predicted to draw more."""
+    if predicted_power(model, key, d_min, idle_w, limit_w) > watts:
         return None
-    table = model.power.get(config)
+    table = model.power.get(key)
     if table is not None and table.bins:
         duty = table.duty_for(watts, idle_w)
         if duty is not None:

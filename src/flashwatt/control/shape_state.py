@@ -23,9 +23,11 @@ from dataclasses import dataclass, field
 from flashwatt.control.configuration import Configuration
 
 PROBE, EXPLORE, EXPLOIT, RECHECK = "probe", "explore", "exploit", "recheck"
-# Ticks a shape must have been seen in, none of them alone, before its power is taken to be
-# never attributable to it (it is mixed call by call with other shapes).
+# Ticks a shape must have been seen in, at most a fifth of them alone, before its power is
+# taken to be not attributable to it (it is mixed call by call with other shapes; a tick
+# that happens to hold one call of it alone says little).
 MIXED_AFTER_TICKS = 3
+MIXED_ALONE_SHARE = 0.2
 
 
 @dataclass
@@ -46,6 +48,7 @@ class ShapeState:
     recheck_every_s: float = math.inf
     next_recheck_t: float = math.inf
     warm: bool = False  # started from a warm-start cache
+    before_fallback: Configuration | None = None  # the choice to return to when readings are back
 
     @property
     def exploring(self) -> bool:
@@ -53,8 +56,8 @@ class ShapeState:
 
     @property
     def mixed(self) -> bool:
-        """Its power is never attributable: it only ever ran alongside other shapes."""
-        return self.seen_ticks >= MIXED_AFTER_TICKS and self.alone_ticks == 0
+        """Its power is not attributable: it (nearly) always ran alongside other shapes."""
+        return self.seen_ticks >= MIXED_AFTER_TICKS and self.alone_ticks <= MIXED_ALONE_SHARE * self.seen_ticks
 
     def run(self, config: Configuration, now: float, samples: int) -> None:
         """`config` runs the shape's calls from now."""

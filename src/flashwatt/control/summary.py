@@ -101,13 +101,37 @@ def least_energy_static(oracle: pd.DataFrame, budget_w: float | None = None) -> 
     return None if rows.empty else rows.loc[rows["j_per_token"].idxmin()]
 
 
-def front_at(oracle: pd.DataFrame, power_w: float) -> float | None:
+def front_at(oracle: pd.DataFrame, power_w: float, idle_w: float | None = None) -> float | None:
     """Throughput of the static Pareto front at `power_w`, linear between the front's points
-    (None below its lowest point); past its highest point, the highest."""
+    (time-sharing two static runs); past its highest point, the highest. Below its lowest
+    point: None, or, given the idle power, the line from (idle, nothing) to that point
+    (time-sharing the lowest static run with idling)."""
     front = pareto_front(usable_static(oracle))
-    if front.empty or power_w < front["avg_power_w"].iloc[0]:
+    if front.empty:
         return None
-    return float(np.interp(power_w, front["avg_power_w"], front["tokens_per_s"]))
+    powers, tokens = list(front["avg_power_w"]), list(front["tokens_per_s"])
+    if power_w < powers[0]:
+        if idle_w is None or not idle_w < powers[0]:
+            return None
+        powers, tokens = [idle_w, *powers], [0.0, *tokens]
+    return float(np.interp(power_w, powers, tokens))
+
+
+def vs_front(basis: list[dict] | None, oracle: pd.DataFrame, idle_w: float | None) -> tuple[float | None, float | None]:
+    """A run's tokens over what the static front gives at each workload phase's time-averaged
+    budget for as long (flashwatt.control.scenario_merit.front_basis): (ratio, front tokens).
+    None where a phase's workload has no oracle or its budget is not known."""
+    if not basis:
+        return None, None
+    tokens = bar = 0.0
+    for phase in basis:
+        rows = oracle[oracle["group"] == phase["group"]] if "group" in oracle else oracle
+        front = front_at(rows, phase["avg_budget_w"], idle_w) if phase.get("avg_budget_w") is not None else None
+        if front is None:
+            return None, None
+        tokens += phase["tokens"]
+        bar += front * phase["seconds"]
+    return (tokens / bar if bar > 0 else None), bar
 
 
 def pareto_front(rows: pd.DataFrame) -> pd.DataFrame:
