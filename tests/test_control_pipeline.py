@@ -101,7 +101,8 @@ def test_what_a_name_does_not_say_travels_in_the_spec():
                                     "disturbance_at_s": 4}, {"mode": "energy", "seconds": 12}]})
     cells = control_runs(config, "ctl")
     colocated = ControlCell("ctl", budgets=((0, 500),), disturbance="colocated", disturbance_at_s=4)
-    assert cells[colocated] == {"seconds": 9.0, "seed": 0, "colocated": {"duty": 0.5, "seconds": 7.0}}
+    assert cells[colocated] == {"seconds": 9.0, "seed": 0, "warm_start": True,
+                                "colocated": {"duty": 0.5, "seconds": 7.0}}
     assert cells[ControlCell("ctl", mode="energy")]["seconds"] == 12.0
     oracle = cells[ControlCell("ctl", mode="oracle")]["oracle"]
     assert "sdpa_default" in oracle["configurations"] and oracle["seconds"] > 0

@@ -50,7 +50,7 @@ def test_energy_mode_settles_on_the_cheapest_configuration_it_measured(board):
 def test_nvml_failure_falls_back_and_output_stays_correct(board):
     device, telemetry, idle = board
     merit, trace = run_scenario(Scenario("failure", Workload(), "budget", budget_w=450.0, seconds=7.0,
-                                         fail_telemetry_after_s=4.0), telemetry, device, idle)
+                                         nvml_failures=((4.0, float("inf")),)), telemetry, device, idle)
     assert merit["check_passed"], merit
     late = trace[trace["t"] > 5.0]
     assert len(late) and (late["phase"] == "fallback").all()

@@ -7,12 +7,16 @@
   the oracle, its Pareto front (and the line time-sharing its points gives), and where each
   controlled run operated;
 - control_energy: joules per token against the budget for the controller, the oracle's
-  most frugal static configuration within that budget and the static default.
+  most frugal static configuration within that budget and the static default;
+- control_scenarios: every budget run and generated scenario against the targets (windows
+  within budget + 3%, settling after steps, throughput against the static front), with the
+  pooled figures (flashwatt.control.pooled) in each panel's title.
 
 Only runs that finished `ok` are drawn; a figure with nothing to draw says why.
 """
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,10 +43,13 @@ class ControlTables:
     runs: pd.DataFrame
     oracle: pd.DataFrame
     traces: pd.DataFrame
+    pooled: pd.DataFrame | None = None
 
     @classmethod
-    def read(cls, runs: str | Path, oracle: str | Path, traces: str | Path) -> "ControlTables":
-        return cls(pd.read_parquet(runs), pd.read_parquet(oracle), pd.read_parquet(traces))
+    def read(cls, runs: str | Path, oracle: str | Path, traces: str | Path,
+             pooled: str | Path | None = None) -> "ControlTables":
+        return cls(pd.read_parquet(runs), pd.read_parquet(oracle), pd.read_parquet(traces),
+                   pd.read_parquet(pooled) if pooled is not None else None)
 
     def cells(self) -> pd.DataFrame:
         """One row per control cell (runs and oracles), for the line under each title."""
@@ -130,6 +137,7 @@ def draw_power(tables: ControlTables) -> plt.Figure:
                     va="bottom", color="C2")
         if isinstance(run.disturbance, str) and run.disturbance:
             ax.axvline(run.disturbance_at_s, color="k", lw=1.0, label=run.disturbance.replace("_", " "))
+        _shade_spans(ax, run, trace)
         within = f"{run.windows_within_pct:.0f}% of windows within" if pd.notna(run.windows_within_pct) else ""
         ax.set_title(f"{run.group} · {run.scenario}\n{within}", fontsize=8)
         ax.set_xlabel("time since start (s)")
@@ -142,6 +150,25 @@ def draw_power(tables: ControlTables) -> plt.Figure:
                bbox_to_anchor=(0.5, -0.02))
     fig.tight_layout(rect=(0, 0.05, 1, 1))
     return fig
+
+
+def _spans(value) -> list:
+    try:
+        return json.loads(value) if isinstance(value, str) else []
+    except ValueError:
+        return []
+
+
+def _shade_spans(ax, run, trace: pd.DataFrame) -> None:
+    """A run's co-located tenants (orange, with their power alone) and NVML failures (purple)."""
+    end = float(trace["t"].max()) if len(trace) else 0.0
+    for start, stop, alone in _spans(getattr(run, "tenant_spans", None)):
+        ax.axvspan(start, min(stop, end), color="C1", alpha=0.12, lw=0, label="co-located tenant")
+        if alone is not None:
+            ax.hlines(alone, start, min(stop, end), color="C1", lw=0.8, ls="--", label="tenant alone (measured)")
+    for start, stop in _spans(getattr(run, "failure_spans", None)):
+        ax.axvspan(start, end if stop is None else min(stop, end), color="C4", alpha=0.10, lw=0,
+                   label="controller's NVML failing")
 
 
 def _usable_oracle(tables: ControlTables) -> pd.DataFrame:
@@ -236,6 +263,60 @@ def draw_energy(tables: ControlTables) -> plt.Figure:
     return fig
 
 
+def _scenario_runs(tables: ControlTables) -> pd.DataFrame:
+    runs = tables.ok_runs()
+    return runs[runs["mode"].isin(["budget", "random"])]
+
+
+def _pooled_title(tables: ControlTables, group: str) -> str:
+    pooled = tables.pooled
+    if pooled is None or pooled.empty:
+        return group
+    rows = pooled[(pooled["group"] == group) & (pooled["runs_set"] == "all budget runs")]
+    if rows.empty:
+        return group
+    row = rows.iloc[0]
+
+    def fmt(value, pattern):
+        return "n/a" if value is None or pd.isna(value) else pattern.format(value)
+    return (f"{group}: pooled {fmt(row['windows_within_pct'], '{:.1f}')}% windows within, settle p50/p95 "
+            f"{fmt(row['step_settle_p50_s'], '{:.2f}')}/{fmt(row['step_settle_p95_s'], '{:.2f}')} s, "
+            f"{fmt(row['vs_front'], '{:.3f}')} of the front\nnot met: {row['unmet'] or 'n/a'}")
+
+
+def draw_scenarios(tables: ControlTables) -> plt.Figure:
+    runs = _scenario_runs(tables)
+    if runs.empty:
+        return nothing_to_draw(_why_no_runs(tables) if tables.ok_runs().empty else "no budget run finished ok")
+    groups = sorted(runs["group"].unique())
+    height = max(3.0, 0.22 * max(len(runs[runs["group"] == g]) for g in groups) + 1.5)
+    fig, axes = plt.subplots(len(groups), 3, figsize=(15, height * len(groups)), squeeze=False, sharey="row")
+    for row_axes, group in zip(axes, groups):
+        mine = runs[runs["group"] == group].sort_values("scenario")
+        y = range(len(mine))
+        settle95 = [max(map(float, [0.0, *[w for w in str(t).split() if w != "never"]]))
+                    if isinstance(t, str) else 0.0 for t in mine["step_settle_s"]]
+        never = ["never" in str(t) for t in mine["step_settle_s"]]
+        panels = [
+            (pd.to_numeric(mine["windows_within_pct"], errors="coerce"), 95.0, "1 s windows within budget + 3% (%)"),
+            (pd.Series(settle95), 1.0, "slowest settling after a step (s; x: never)"),
+            (pd.to_numeric(mine["vs_front"], errors="coerce"), 0.90, "throughput / static front at the mean budget"),
+        ]
+        for ax, (values, target, label) in zip(row_axes, panels):
+            ax.barh(list(y), values.fillna(0).to_numpy(), color="C0")
+            ax.axvline(target, color="C3", ls="--", lw=1.0)
+            ax.set_xlabel(label, fontsize=8)
+        for i, missed in enumerate(never):
+            if missed:
+                row_axes[1].text(0, i, " x", va="center", color="C3")
+        row_axes[0].set_yticks(list(y))
+        row_axes[0].set_yticklabels([f"{s} ({c})" if isinstance(c, str) and c else s
+                                     for s, c in zip(mine["scenario"], mine["scenario_classes"])], fontsize=6)
+        row_axes[1].set_title(_pooled_title(tables, group), fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
 CONTROL_FIGURES: dict[str, ControlFigure] = {
     f.name: f
     for f in [
@@ -255,12 +336,19 @@ CONTROL_FIGURES: dict[str, ControlFigure] = {
                       "the oracle's least-energy static configuration whose power stays within that budget, of "
                       "the static default (sdpa with no backend forced, unbudgeted), and of the energy mode.",
                       draw_energy),
+        ControlFigure("control_scenarios", "pdf", "Every budget run and generated scenario against the targets",
+                      "Per run (generated scenarios are named random-<seed>-<index>, with their classes: steps, "
+                      "ramps, co-located tenants, NVML failures, a mix change): the share of its 1 s windows within "
+                      "budget + 3% (infeasible windows, where a tenant alone drew more than the budget, left out; "
+                      "target 95%), the slowest settling of its sliding 1 s windows after a budget step (target "
+                      "1 s), and its whole-run throughput over the static Pareto front at its time-averaged budget "
+                      "(target 0.90). The pooled figures are in each row's title.", draw_scenarios),
     ]
 }
 
 
-def draw(name: str, runs: str, oracle: str, traces: str, out: str) -> None:
+def draw(name: str, runs: str, oracle: str, traces: str, out: str, pooled: str | None = None) -> None:
     """Render one control figure to `out` (the workflow's control figure rule)."""
-    figure = CONTROL_FIGURES[name].render(ControlTables.read(runs, oracle, traces))
+    figure = CONTROL_FIGURES[name].render(ControlTables.read(runs, oracle, traces, pooled))
     figure.savefig(out, bbox_inches="tight")
     plt.close(figure)
