@@ -248,5 +248,6 @@ def simulate(scenario: dict, governor: Governor, workload: str = "steady", plant
     trace["board_energy_mj"] = trace["true_energy_mj"]  # an independent reader of the counter
     tenants = [dict(t, alone_w=plant.idle_w + st.watts) for t, st in zip(scenario["tenants"], plant.tenants)]
     facts = ScenarioFacts(schedule=schedule, tenants=tenants, idle_w=plant.idle_w,
+                          nvml_failures=[tuple(span) for span in scenario["nvml_failures"]],
                           phases=[(start, w.name) for start, w in phases])
     return trace, facts

@@ -63,6 +63,15 @@ NOISE_CLIP_W = 20.0
 OFFSET_SETTLED_W = 5.0
 # A change of the unexplained watts this large in one tick is a tenant arriving or leaving.
 TENANT_STEP_W = 25.0
+# Energy drawn over the budget in the last second is repaid over this long, by at most this
+# share of the budget (Governor._aim_w).
+DEBT_REPAY_S = 0.5
+DEBT_MAX = 0.15
+# While the others' watts are over this share of the set point, a shape keeps its choice.
+OTHERS_HOLD_CHOICE = 0.10
+# For this long after a switch, a difference between power and the table is the table's to
+# learn, not the others' watts.
+TABLE_FIRST_S = 1.0
 # Readings this soon after a budget step or a switch still show the power from before it.
 STALE_AFTER_CHANGE_S = 0.25
 # After a budget step, the runner-up is re-checked this soon (once the loop has settled).
@@ -130,8 +139,9 @@ class Governor:
         self.base_margin = margin
         self.max_margin = max_margin
         self.margin = margin  # base_margin, widened while 1 s averages of power spread (see _adapt_margin)
-        self._energy: collections.deque = collections.deque(maxlen=40)  # (t, joules) from the counter
-        self._window_w: collections.deque = collections.deque(maxlen=30)  # 1 s averages, one per tick
+        self._energy: collections.deque = collections.deque(maxlen=40)  # (t, joules, set point, budget)
+        self._debt_j = 0.0  # energy the last second drew over its budget (see _aim_w)
+        self._window_w: collections.deque = collections.deque(maxlen=30)  # 1 s averages less the set point, one per tick
         self._quiet_since: float | None = None  # windows from here on hold no step of ours
         self.dwell_s = dwell_s
         self.explore_dwell_s = explore_dwell_s
@@ -154,6 +164,7 @@ class Governor:
         self._last_single: tuple | None = None  # the (shape, config) of the last tick, if only one ran
         self._several_shapes = False  # the last tick with work ran several shapes
         self._tenant_step = False  # this tick saw a step in the watts of others
+        self._offset_moved_t = -float("inf")  # when the estimate of the others' watts last moved
         if budget_w is not None:
             self.set_budget(budget_w)
             if mode == "budget":
@@ -503,6 +514,10 @@ class Governor:
         elif not force:
             if now - state.since < self.dwell_s and not skip_dwell:
                 return False
+            if self.mode == "budget" and self.offset_w > OTHERS_HOLD_CHOICE * self.setpoint_w:
+                # Another tenant takes much of the budget: what is left is read from the low-duty
+                # ends of the tables, the least measured; the choice made without it stands.
+                return False
             current = scores.get(state.choice)
             if current is not None and not self._better(scores[best], current):
                 return False
@@ -550,7 +565,7 @@ class Governor:
                     # watts of others (offset_w); the integral carries only what both got wrong.
                     # A tick without a reading leaves the duty alone: no integration of an old error.
                     ff = self._feed_forward(table)
-                    self.loop.update(self.setpoint_w, self.power_filtered, dt, ff)
+                    self.loop.update(self._aim_w(), self.power_filtered, dt, ff)
                     if self._tenant_step and ff is not None:
                         self.loop.reset(ff)  # the others' watts are in the feed-forward now
                         self.loop.hold(1)
@@ -599,7 +614,7 @@ class Governor:
         steady_duty = abs(self.loop.duty - self._last_duty) < 0.03
         same = single is not None and single == self._last_single
         self._last_single, self._last_duty = single, self.loop.duty
-        if power is None or not steady_duty or self.idle_w is None or self.mode == "static":
+        if power is None or self.idle_w is None or self.mode == "static":
             return
         if same:
             table = self.model.power.get(single)
@@ -607,7 +622,9 @@ class Governor:
             table = self.model.mix_power
         else:
             return
-        if not self._track_others(power, table):
+        # While the duty moves, the reading lags it: only a step too large for that (a tenant
+        # that left while the loop climbed) is taken, and nothing is learned.
+        if not self._track_others(power, table, steps_only=not steady_duty) or not steady_duty:
             return
         if single is None:
             table.add(self.loop.duty, power - self.offset_w)
@@ -616,7 +633,7 @@ class Governor:
         self.model.add_tick(*single, tokens_per_s, power - self.offset_w, self.idle_w, self.loop.duty,
                             comparable=near_setpoint or self.loop.duty >= 0.98)
 
-    def _track_others(self, power: float, table) -> bool:
+    def _track_others(self, power: float, table, steps_only: bool = False) -> bool:
         """Update the estimate of watts on the board that our table does not explain (another
         tenant, warming up): an offset common to every configuration, so that a disturbance
         is neither learned as one configuration's cost nor makes another look cheaper.
@@ -626,15 +643,24 @@ class Governor:
         expected = table.power_at(self.loop.duty, self.idle_w) if table is not None else None
         if expected is None:
             return True
+        if self._quiet_since is not None and self.clock() - self._quiet_since < TABLE_FIRST_S:
+            # Just after a switch (or a warm start), a difference is first the table's error
+            # (a warm start's older table, a configuration's table read at a new duty): the
+            # table learns it, the others' watts stay as they were.
+            return True
         innovation = (power - expected) - self.offset_w
-        moved = 0.3 * innovation
-        if abs(innovation) > max(TENANT_STEP_W, 4.0 * self._noise_w) and not self._just_changed():
+        moved = 0.0 if steps_only else 0.3 * innovation
+        threshold = max(TENANT_STEP_W, 4.0 * self._noise_w) * (2.0 if steps_only else 1.0)
+        if abs(innovation) > threshold and not self._just_changed():
             # A step in watts we did not make: a tenant came or went. Take it whole now, and
             # move the duty to meet the set point with it, instead of over several ticks.
             moved = innovation
             self._tenant_step = True
         self.offset_w += moved
-        return abs(moved) <= max(OFFSET_SETTLED_W, 2.0 * self._noise_w)
+        settled = abs(moved) <= max(OFFSET_SETTLED_W, 2.0 * self._noise_w)
+        if not settled:
+            self._offset_moved_t = self.clock()
+        return settled
 
     def _decide(self, now: float) -> None:
         """Per tick: advance re-checks, start one when due, and compare configurations once
@@ -658,14 +684,17 @@ class Governor:
         Windows that hold a budget step or a switch of ours are left out."""
         if energy_mj is None or self.mode != "budget" or self.budget_w is None:
             return
-        self._energy.append((now, energy_mj / 1e3))
-        older = [(t, j) for t, j in self._energy if t <= now - 1.0]
+        self._energy.append((now, energy_mj / 1e3, self.setpoint_w, self.budget_w))
+        self._update_debt(now)
+        older = [(t, j) for t, j, _, _ in self._energy if t <= now - 1.0]
         if not older:
             return
         t0, j0 = older[-1]
         quiet = self._quiet_since is None or t0 >= self._quiet_since
         if quiet and now > t0:
-            self._window_w.append((energy_mj / 1e3 - j0) / (now - t0))
+            # the window's power about the set point it was aiming at (a ramp moves both)
+            aimed = statistics.fmean(sp for t, _, sp, _ in self._energy if t > t0)
+            self._window_w.append((energy_mj / 1e3 - j0) / (now - t0) - aimed)
         if len(self._window_w) >= 10:
             spread = statistics.pstdev(self._window_w)
             self.margin = min(self.max_margin, max(self.base_margin, 1.645 * spread / self.budget_w))
@@ -720,10 +749,27 @@ class Governor:
         return self._quiet_since is not None and self.clock() - self._quiet_since < STALE_AFTER_CHANGE_S
 
     def _feed_forward(self, table) -> float | None:
-        """The duty at which our table draws the set point less the watts of others."""
+        """The duty at which our table draws what the loop aims at less the watts of others."""
         if table is None or self.idle_w is None:
             return None
-        return table.duty_for(self.setpoint_w - max(0.0, self.offset_w), self.idle_w)
+        return table.duty_for(self._aim_w() - max(0.0, self.offset_w), self.idle_w)
+
+    def _aim_w(self) -> float:
+        """What the loop aims at: the set point, less the energy the last second drew over its
+        budget, repaid over DEBT_REPAY_S (a tenant that arrived, a step the loop met a tick
+        late): the budget is judged by 1 s averages, and the rest of the window can still
+        keep this one within it. At most DEBT_MAX of the budget: a larger excess is a tenant
+        no one can offset (the windows it makes are infeasible), not a debt to repay."""
+        return self.setpoint_w - min(DEBT_MAX * self.budget_w, self._debt_j / DEBT_REPAY_S)
+
+    def _update_debt(self, now: float) -> None:
+        window = [(t, j, b) for t, j, _, b in self._energy if t >= now - 1.0 - 1e-9]
+        if len(window) < 2 or window[-1][0] - window[0][0] < 0.9:
+            self._debt_j = 0.0
+            return
+        seconds = window[-1][0] - window[0][0]
+        allowed = statistics.fmean(b for _, _, b in window[1:]) * seconds
+        self._debt_j = max(0.0, (window[-1][1] - window[0][1]) - allowed)
 
     def _running_table(self):
         """The duty -> power table of what runs now: the running (shape, configuration)'s, or
@@ -788,12 +834,13 @@ class Governor:
         return (items[0][0], items[0][1].config) if len(items) == 1 else None
 
     def _settled(self, now: float) -> bool:
-        """Power within 5% of the set point for the last second, and no unexplained watts on
-        the board (another tenant makes the model's attribution uncertain); energy mode:
-        always."""
+        """Power within 5% of the set point for the last second, and the unexplained watts on
+        the board steady for as long (while another tenant comes or goes, the model's
+        attribution is uncertain; a steady offset is taken out of every prediction alike);
+        energy mode: always."""
         if self.mode != "budget":
             return True
-        if abs(self.offset_w) > 0.05 * self.setpoint_w:
+        if now - self._offset_moved_t < 1.0:  # the others' watts moved: attribution is uncertain
             self._settled_since = None
             return False
         if self.power_filtered is None or abs(self.power_filtered - self.setpoint_w) > 0.05 * self.setpoint_w:

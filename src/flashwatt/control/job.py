@@ -24,7 +24,7 @@ from flashwatt.control.cell import ControlCell
 from flashwatt.job_frame import CellOutcome, CellSkipped, Job, run_in_frame
 
 KIND = "control"
-WARM_UP_S = 0.3
+WARM_UP_S = 0.15  # each configuration's calls for this long: its one-off costs paid (cuDNN plans, loads)
 REST_BEFORE_IDLE_S = 2.0
 IDLE_WINDOW_S = 1.0
 
@@ -109,11 +109,11 @@ def _oracle(cell: ControlCell, spec: dict, telemetry, device, idle_w, record: di
         record["status"] = "ok"
 
 
-def _controlled(cell: ControlCell, spec: dict, telemetry, device, idle_w, record: dict) -> list[dict]:
+def _controlled(cell: ControlCell, spec: dict, telemetry, device, idle_w, record: dict, tenants: list) -> list[dict]:
     from flashwatt.control.study import run_scenario
 
     merit, trace = run_scenario(scenario_of(cell, spec), telemetry, device, idle_w,
-                                cache="default" if spec.get("warm_start", True) else None)
+                                cache="default" if spec.get("warm_start", True) else None, started=tenants)
     record["merit"] = merit
     if merit["check_passed"]:
         record["status"] = "ok"
@@ -131,10 +131,14 @@ def run_control_cell(cell: ControlCell, spec: dict) -> CellOutcome:
         from flashwatt.control.configuration import ControlError
         from flashwatt.control.sensor import idle_power
 
+        from flashwatt.control.tenants import TenantProcess
+
         device = job.open_device(cuda_only="control cells drive a CUDA GPU; none is visible")
         telemetry, record = job.telemetry, job.record
         if cell.mode != "oracle" and not telemetry.available:
             job.skip(f"mode {cell.mode} needs live power readings from NVML: {telemetry.reason}")
+        # Tenants' processes start first: they import torch while this job warms up.
+        tenants = [TenantProcess(t, str(device)) for t in scenario_of(cell, spec).tenants] if cell.mode != "oracle" else []
         try:
             record["warm_up_refused"] = _warm_up(cell, spec, device)
             idle_w = None
@@ -145,8 +149,11 @@ def run_control_cell(cell: ControlCell, spec: dict) -> CellOutcome:
             if cell.mode == "oracle":
                 _oracle(cell, spec, telemetry if telemetry.available else None, device, idle_w, record)
                 return []
-            return _controlled(cell, spec, telemetry, device, idle_w, record)
+            return _controlled(cell, spec, telemetry, device, idle_w, record, tenants)
         except ControlError as err:  # a budget or setting this GPU cannot hold
             raise CellSkipped(str(err)) from None
+        finally:
+            for process in tenants:
+                process.finish(timeout=5.0)  # normally done already; a run that failed leaves them waiting
 
     return run_in_frame(KIND, cell, spec, body)

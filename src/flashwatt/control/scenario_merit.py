@@ -13,9 +13,10 @@ was on the board, which workload ran when (flashwatt.control.metrics has the run
 - `windows_within_pct` over the feasible disjoint 1 s windows; `windows_over_10pct` and
   `sliding_over_10pct`: windows above budget + 10% (disjoint; sliding, one per tick).
 - `step_settle_s`, one per budget step: seconds from the step until every sliding window
-  starting from then until the next step (or the end) is within budget + 3%, None when
-  that does not happen before the next step; `step_settle_p50_s`/`p95_s` over them (a
-  step that never settled counts as infinite).
+  starting from then until the next event (the next step, a tenant arriving or leaving,
+  NVML failing, or the end) is within budget + 3%, None when that does not happen before
+  it; `step_settle_p50_s`/`p95_s` over them (a step that never settled counts as
+  infinite).
 - `front_basis`: per workload phase, the seconds, tokens and time-averaged budget of the
   ticks with no tenant on the board and the controller's telemetry answering. The
   throughput comparison with the static Pareto front (flashwatt.control.summary) reads the
@@ -44,6 +45,7 @@ class ScenarioFacts:
     tenants: list[dict] = field(default_factory=list)  # start_s, seconds, alone_w (and kind, intensity)
     idle_w: float | None = None
     phases: list[tuple[float, str | None]] = field(default_factory=lambda: [(0.0, None)])  # (from t, group)
+    nvml_failures: list[tuple[float, float]] = field(default_factory=list)  # (from t, for s)
 
 
 def tenant_alone_w(facts: ScenarioFacts, t: float) -> float | None:
@@ -81,12 +83,16 @@ def _mark(windows: pd.DataFrame, trace: pd.DataFrame, facts: ScenarioFacts, wind
     return out
 
 
-def step_settling(sliding: pd.DataFrame, steps: list[tuple[float, float]], end_t: float) -> list[float | None]:
+def step_settling(sliding: pd.DataFrame, steps: list[tuple[float, float]], end_t: float,
+                  events: list[float] = ()) -> list[float | None]:
     """Per step: seconds until every feasible sliding window starting from then until the next
-    step is within budget + 3% (None: not before the next step or the end)."""
+    step (or other event: a tenant arriving or leaving, NVML failing) is within budget + 3%
+    (None: not before then)."""
     out = []
     for k, (t, _) in enumerate(steps):
         until = steps[k + 1][0] if k + 1 < len(steps) else end_t
+        # a window that holds another event's moment is that event's, not this step's
+        until = min([until, *(max(t, e - 1.0) for e in events if e > t)])
         seg = sliding[(sliding["start"] >= t - 1e-9) & (sliding["start"] < until) & ~sliding["infeasible"]]
         seg = seg.dropna(subset=["power_w"])
         if seg.empty:
@@ -169,7 +175,9 @@ def scenario_merit(trace: pd.DataFrame, facts: ScenarioFacts) -> dict:
     out["worst_sliding_overshoot_pct"] = float(((ok["power_w"] / ok["budget_w"] - 1) * 100).max()) if len(ok) else None
     steps = facts.steps if facts.steps is not None else (
         facts.schedule.steps() if facts.schedule is not None else [(s, b) for s, b, _ in budget_steps(trace)])
-    settles = step_settling(sliding, steps, float(trace["t"].iloc[-1]))
+    events = [x for tenant in facts.tenants for x in (tenant["start_s"], tenant["start_s"] + tenant["seconds"])]
+    events += [start for start, _ in facts.nvml_failures]
+    settles = step_settling(sliding, steps, float(trace["t"].iloc[-1]), events)
     out["step_settle_s"] = settles
     out["step_settle_p50_s"], out["step_settle_p95_s"] = percentile(settles, 50), percentile(settles, 95)
     out["tenant_recovery_s"] = [recovery_time(trace, tenant["start_s"]) for tenant in facts.tenants]

@@ -69,16 +69,22 @@ def check_output(ctl: Controller, inputs: dict, workload: Workload) -> dict:
     return {"rel_err": worst, "tol": tol, "passed": bool(worst <= tol)}
 
 
-def _start_tenants(scenario: Scenario, telemetry, device: torch.device) -> tuple[list[TenantProcess], list[dict]]:
-    """Start every tenant's process, wait until each is ready, and measure each one's power
-    alone (one after another, the GPU otherwise idle)."""
-    processes = [TenantProcess(tenant, str(device)) for tenant in scenario.tenants]
+def _start_tenants(scenario: Scenario, telemetry, device: torch.device,
+                   started: list[TenantProcess] | None = None) -> tuple[list[TenantProcess], list[dict]]:
+    """Start every tenant's process (or take those `started` earlier), wait until each is
+    ready, and measure each one's power alone (one after another, the GPU otherwise idle)."""
+    processes = list(started) if started else [TenantProcess(tenant, str(device)) for tenant in scenario.tenants]
     facts = []
-    for process in processes:
-        process.wait_ready()
-    for process in processes:
-        alone = process.calibrate(telemetry)
-        facts.append({**process.tenant.as_spec(), "alone_w": alone})
+    try:
+        for process in processes:
+            process.wait_ready()
+        for process in processes:
+            alone = process.calibrate(telemetry)
+            facts.append({**process.tenant.as_spec(), "alone_w": alone})
+    except BaseException:
+        for process in processes:
+            process.finish(timeout=5.0)
+        raise
     if processes:
         time.sleep(REST_AFTER_TENANTS_S)  # the board's power falls back before the run
     return processes, facts
@@ -106,11 +112,13 @@ def _drive(ctl: Controller, scenario: Scenario, inputs: dict, t0: float) -> None
 
 
 def run_scenario(scenario: Scenario, telemetry, device: torch.device, idle_w: float | None = None,
-                 cache="default") -> tuple[dict, pd.DataFrame]:
+                 cache="default", started: list[TenantProcess] | None = None) -> tuple[dict, pd.DataFrame]:
     """Run a scenario; its figures of merit and trace. `cache`: the warm-start cache's root
-    (flashwatt.control.warm_start; "default" its usual place, None off)."""
+    (flashwatt.control.warm_start; "default" its usual place, None off). `started`: the
+    scenario's tenants' processes, started earlier by the caller (they import torch while
+    it warms up)."""
     inputs = {workload: workload.inputs(device) for _, workload in scenario.phases()}
-    tenants, tenant_facts = _start_tenants(scenario, telemetry, device) if scenario.tenants else ([], [])
+    tenants, tenant_facts = _start_tenants(scenario, telemetry, device, started) if scenario.tenants else ([], [])
     observed: list = []
     observer = None
     controller_telemetry = telemetry
@@ -172,7 +180,8 @@ def _merit(scenario: Scenario, ctl: Controller, trace: pd.DataFrame, wall: float
 
 def _facts(scenario: Scenario, ctl: Controller, tenant_facts: list[dict], idle_w: float | None) -> ScenarioFacts:
     return ScenarioFacts(schedule=scenario.budget(), tenants=tenant_facts, idle_w=ctl.idle_w if idle_w is None else idle_w,
-                         phases=[(at, workload.group) for at, workload in scenario.phases()])
+                         phases=[(at, workload.group) for at, workload in scenario.phases()],
+                         nvml_failures=list(scenario.nvml_failures))
 
 
 def fallback_power(trace: pd.DataFrame, settle_s: float = 0.5) -> float | None:

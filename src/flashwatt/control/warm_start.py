@@ -106,21 +106,22 @@ class WarmStartCache:
         return data
 
     def lookup(self, shape: tuple) -> dict | None:
-        """What was learned for a shape: {"stats": {label: Stats}, "power": {label: PowerTable}}."""
+        """What was learned for a shape: {"stats": {label: Stats}, "power": {label: PowerTable},
+        "refused": {label: reason}, "runs": how many runs saved it}."""
         entry = self._shapes.get(shape_text(shape))
         if not entry or not entry.get("stats"):
             return None
         return {"stats": {label: stats_from_dict(s) for label, s in entry["stats"].items()},
                 "power": {label: table_from_dict(t) for label, t in entry.get("power", {}).items()},
-                "runs": entry.get("runs", 0)}
+                "refused": dict(entry.get("refused", {})), "runs": entry.get("runs", 0)}
 
     def shapes(self) -> list[str]:
         return sorted(self._shapes)
 
     def save(self, learned: dict[tuple, dict]) -> None:
         """Merge what a run learned ({shape: {"stats": {label: Stats}, "power": {label:
-        PowerTable}}}) into the file, under its lock; configurations this run did not
-        measure keep what the file had."""
+        PowerTable}, "refused": {label: reason}}}) into the file, under its lock;
+        configurations this run did not measure keep what the file had."""
         if not learned:
             return
         from filelock import FileLock
@@ -134,6 +135,7 @@ class WarmStartCache:
                 entry = data["shapes"].setdefault(shape_text(shape), {"stats": {}, "power": {}, "runs": 0})
                 entry["stats"].update({label: stats_to_dict(s) for label, s in what["stats"].items()})
                 entry["power"].update({label: table_to_dict(t) for label, t in what.get("power", {}).items()})
+                entry.setdefault("refused", {}).update(what.get("refused", {}))
                 entry["runs"] = entry.get("runs", 0) + 1
                 entry["updated"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
             data["updated"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
