@@ -52,7 +52,8 @@ def test_a_switch_keeps_the_watts_the_loop_carries_for_another_tenant():
     gov = governor(budget=450.0)
     for duty, watts in ((0.2, 250.0), (0.4, 360.0), (0.6, 460.0), (0.8, 550.0), (1.0, 640.0)):
         gov.model.power.setdefault((SHAPE, CUDNN), PowerTable())
-        gov.model.power[(SHAPE, CUDNN)].add(duty, watts)
+        for _ in range(2):  # a bin opens on two readings that agree
+            gov.model.power[(SHAPE, CUDNN)].add(duty, watts)
     gov.offset_w = 100.0
     gov._duty_for_switch(SHAPE, CUDNN)
     table = gov.model.power[(SHAPE, CUDNN)]
@@ -82,9 +83,9 @@ def test_no_limit_cycle_between_configurations_of_equal_merit():
     switches = (after["choice"] != after["choice"].shift()).iloc[1:].sum()
     assert switches <= 1, after["choice"].value_counts()
     # The runner-up is re-checked now and then (a bandit's exploration), ever more rarely
-    # while the choice holds: here at most three times in 27 s, each under a second.
+    # while the choice holds: here at most three times in 27 s, each under two seconds.
     rechecks = after["event"].fillna("").str.count(r"recheck \S+ against").sum()
-    assert rechecks <= 3 and (after["phase"] == "recheck").sum() <= 10 * rechecks
+    assert rechecks <= 3 and (after["phase"] == "recheck").sum() <= 20 * rechecks
     steady = trace[(trace["t"] > 10) & (trace["phase"] != "recheck")]["duty"]
     assert steady.std() < 0.05  # the pacing loop does not ring either
     assert steady.max() - steady.min() < 0.25

@@ -54,10 +54,12 @@ PROBE_SAMPLES = 2
 DWELL_SAMPLES = 3
 # A candidate predicted this much below the best one explored is left early.
 EARLY_DROP = 0.15
-# A reading this far over the budget (and three times the readings' noise) is cut at once
-# (Governor._cut_overshoot); the noise is estimated from deviations of at most NOISE_CLIP_W.
+# A reading this far over the budget (and three times the readings' noise, up to
+# NOISE_ALLOWANCE of the budget) is cut at once (Governor._cut_overshoot); the noise is
+# estimated from deviations of at most NOISE_CLIP_W.
 OVERSHOOT_CUT = 0.02
 NOISE_CLIP_W = 20.0
+NOISE_ALLOWANCE = 0.03  # of the budget, at most, for the readings' noise
 # The model learns from a tick only while the estimate of the watts it cannot explain moved
 # less than this (or twice the readings' noise) in the tick.
 OFFSET_SETTLED_W = 5.0
@@ -67,6 +69,9 @@ TENANT_STEP_W = 25.0
 # share of the budget (Governor._aim_w).
 DEBT_REPAY_S = 0.5
 DEBT_MAX = 0.15
+# Others' watts over this share of the set point (of the power in energy mode): the model
+# learns nothing (Governor._others_present).
+OTHERS_PRESENT = 0.05
 # While the others' watts are over this share of the set point, a shape keeps its choice.
 OTHERS_HOLD_CHOICE = 0.10
 # For this long after a switch, a difference between power and the table is the table's to
@@ -80,6 +85,8 @@ RECHECK_AFTER_STEP_S = 1.5
 # depends on the inputs; flashwatt.control.controller).
 PRECISION_REFUSAL = "precision check"
 EARLIER_REFUSAL = "refused in an earlier run: "
+# A mixed shape's warm-start entry keeps the table of the mix it ran in under this label.
+MIX_TABLE = "(mix)"
 
 
 @dataclass
@@ -176,6 +183,7 @@ class Governor:
         self.fallback_reason: str | None = None
         self._last_tick_t: float | None = None
         self._last_duty = self.loop.duty
+        self._prev_duty = self.loop.duty
 
     # ---- settings ----------------------------------------------------------------------
     def set_budget(self, budget_w: float) -> None:
@@ -228,7 +236,17 @@ class Governor:
         return state.config
 
     def on_latency(self, shape: tuple, config: Configuration, seconds: float, tokens: int) -> None:
+        stats = self.model.stats.get((shape, config))
+        if self._others_present() and stats is not None and stats.latency_samples >= PROBE_SAMPLES:
+            return  # another process takes part of the GPU's time: this call's time is not ours alone
         self.model.add_latency(shape, config, seconds, tokens)
+
+    def _others_present(self) -> bool:
+        """Another tenant's watts are on the board: what is measured now (GPU time, tokens
+        per watt, our table's watts) is shared with it, and would mislead every later run
+        through the warm start, so nothing is learned."""
+        reference = self.setpoint_w if self.setpoint_w is not None else (self.power_filtered or 0.0)
+        return self.offset_w > OTHERS_PRESENT * reference
 
     def forbid(self, shape: tuple, config: Configuration, reason: str) -> None:
         """A configuration this shape must not use (e.g. its precision failed the check)."""
@@ -263,6 +281,8 @@ class Governor:
             state.phase = EXPLOIT
         elif not self._warm_start(shape, state, now):
             state.to_probe = list(candidates)
+            if self.mode == "budget" and not self._several_shapes:
+                self.loop.duty = min(self.loop.duty, self._start_duty())  # the probe runs within the bound too
         return state
 
     def _warm_start(self, shape: tuple, state: ShapeState, now: float) -> bool:
@@ -287,7 +307,12 @@ class Governor:
         state.recheck_every_s = self.recheck_after_s
         state.next_recheck_t = now + self.recheck_after_s
         self._events.append(f"warm start: {len(known)} configurations from {entry.get('runs', 0)} earlier run(s)")
-        if not self._choose(shape, state, now, force=True):
+        if entry.get("mixed"):
+            # It ran mixed with other shapes: the duty is the mix's, not its own table's.
+            self._several_shapes = True
+            if not self.model.mix_power.bins and MIX_TABLE in entry["power"]:
+                self.model.mix_power = entry["power"][MIX_TABLE]
+        if not self._choose(shape, state, now, force=True) and not self._several_shapes:
             self._duty_for_switch(shape, state.config)
         return True
 
@@ -611,9 +636,11 @@ class Governor:
             if state is not None:
                 state.seen_ticks += 1
                 state.alone_ticks += single is not None
-        steady_duty = abs(self.loop.duty - self._last_duty) < 0.03
+        # The reading of this tick may have been sampled up to a tick ago: it shows the duty
+        # set two ticks back as much as the last one, so both must agree.
+        steady_duty = abs(self.loop.duty - self._last_duty) < 0.03 and abs(self._last_duty - self._prev_duty) < 0.03
         same = single is not None and single == self._last_single
-        self._last_single, self._last_duty = single, self.loop.duty
+        self._last_single, self._prev_duty, self._last_duty = single, self._last_duty, self.loop.duty
         if power is None or self.idle_w is None or self.mode == "static":
             return
         if same:
@@ -625,6 +652,8 @@ class Governor:
         # While the duty moves, the reading lags it: only a step too large for that (a tenant
         # that left while the loop climbed) is taken, and nothing is learned.
         if not self._track_others(power, table, steps_only=not steady_duty) or not steady_duty:
+            return
+        if self._others_present():
             return
         if single is None:
             table.add(self.loop.duty, power - self.offset_w)
@@ -649,8 +678,13 @@ class Governor:
             # table learns it, the others' watts stay as they were.
             return True
         innovation = (power - expected) - self.offset_w
-        moved = 0.0 if steps_only else 0.3 * innovation
-        threshold = max(TENANT_STEP_W, 4.0 * self._noise_w) * (2.0 if steps_only else 1.0)
+        # (while the duty moves the reading lags it; a mix of shapes, which takes no step
+        # whole, follows the others' watts anyway, smoothed)
+        moved = 0.0 if steps_only and not self._several_shapes else 0.3 * innovation
+        # (a mix of shapes changes its watts whenever one shape changes its configuration:
+        # only a step three times as large is surely another tenant's there)
+        threshold = max(TENANT_STEP_W, 4.0 * self._noise_w) * (2.0 if steps_only else 1.0) * (
+            3.0 if self._several_shapes else 1.0)
         if abs(innovation) > threshold and not self._just_changed():
             # A step in watts we did not make: a tenant came or went. Take it whole now, and
             # move the duty to meet the set point with it, instead of over several ticks.
@@ -700,12 +734,14 @@ class Governor:
             self.margin = min(self.max_margin, max(self.base_margin, 1.645 * spread / self.budget_w))
 
     def _start_duty(self) -> float:
-        """The duty the power prior gives for the set point (flashwatt.control.power_bound):
-        measured curves are concave, and the prior more so, so this starts under budget."""
+        """The duty the power prior gives for the set point less the others' watts
+        (flashwatt.control.power_bound): measured curves are concave, and the prior more so,
+        so this starts under budget."""
         if self.idle_w is None:
             share = self.setpoint_w / (self.loop.plant_gain_w + 100.0)
             return min(self.loop.d_max, max(self.loop.d_min, 0.5 * share))
-        return prior_duty(self.setpoint_w, self.idle_w, self.limit_w, self.loop.d_min, self.loop.d_max)
+        return prior_duty(self.setpoint_w - max(0.0, self.offset_w), self.idle_w, self.limit_w, self.loop.d_min,
+                          self.loop.d_max)
 
     def _duty_for_switch(self, shape: tuple, config: Configuration) -> bool:
         """Bumpless for power: a configuration starts at the duty its own table gives for the
@@ -784,7 +820,7 @@ class Governor:
         table was wrong): the duty that meets the set point now, not after the loop's ticks. From the configuration's
         table, taking every watt it does not explain as another tenant's; without one, by
         the power prior's curve (which cuts more than any measured curve needs)."""
-        threshold = self.budget_w * (1 + OVERSHOOT_CUT) + 3.0 * self._noise_w
+        threshold = self.budget_w * (1 + OVERSHOOT_CUT) + min(3.0 * self._noise_w, NOISE_ALLOWANCE * self.budget_w)
         if self.idle_w is None or power <= threshold or power <= self.idle_w:
             return
         if self._just_changed():
@@ -804,22 +840,33 @@ class Governor:
         self._events.append(f"cut: {power:.0f} W over the budget, duty {self.loop.duty:.2f}")
 
     def _retarget(self) -> None:
-        """After a budget step with no switch: the duty the running configuration's table gives
-        for the new set point, now (the loop's integral kept), instead of a tick later."""
+        """After a budget step with no switch: the duty for the new set point now, not a tick
+        later. From the running configuration's table (the loop's integral kept); on a step
+        down, never above what the power prior's curve gives from where power is now (it
+        cuts more than any measured curve needs), so a table that is wrong there, or a mix of
+        shapes whose table is thin, cannot keep power over the new budget for the hold."""
         if self.mode != "budget" or self.idle_w is None:
             return
-        table = self._running_table()
-        ff = self._feed_forward(table)
+        aim = self._aim_w() - max(0.0, self.offset_w)
+        candidates = []
+        ff = self._feed_forward(self._running_table())
         if ff is not None:
-            self.loop.duty = min(self.loop.d_max, max(self.loop.d_min, ff + self.loop.integral))
-            return
-        running = self._running()
-        if running is None:
-            return
-        # Never seen: a step down must still act now, at the duty the prior bounds.
-        duty = bounded_duty(self.model, running, self.setpoint_w - max(0.0, self.offset_w), self.idle_w,
-                            self.limit_w, self.loop.d_min, self.loop.d_max)
-        self.loop.reset(min(self.loop.duty, duty if duty is not None else self.loop.d_min))
+            candidates.append(ff + self.loop.integral)
+        else:
+            running = self._running()
+            if running is not None:
+                duty = bounded_duty(self.model, running, aim, self.idle_w, self.limit_w, self.loop.d_min,
+                                    self.loop.d_max)
+                candidates.append(self.loop.duty if duty is None else duty)
+        power = self.power_filtered
+        if power is not None and power > self.idle_w and aim < power - max(0.0, self.offset_w):
+            ours = power - max(0.0, self.offset_w) - self.idle_w
+            share = max(0.0, aim - self.idle_w) / ours if ours > 0 else 0.0
+            candidates.append(self.loop.duty * min(1.0, share) ** (1 / PRIOR_EXPONENT))
+        if candidates:
+            self.loop.duty = min(self.loop.d_max, max(self.loop.d_min, min(candidates)))
+            if ff is None:
+                self.loop.integral = 0.0
 
     def _running(self) -> tuple | None:
         """(shape, configuration) running now: the last tick's only shape with its present
@@ -872,7 +919,9 @@ class Governor:
             state.before_fallback = None
 
     def _enter_fallback(self) -> None:
-        """The most frugal operating point known: lowest power seen, else the lowest duty."""
+        """The most frugal operating point known: lowest power seen, else the lowest duty; and
+        never above the duty at which the power prior, with the others' watts last seen, is
+        within the set point (the lowest power seen may be over the budget now)."""
         best = None
         for (_, config), table in list(self.model.power.items()):
             for b, p in list(table.bins.items()):
@@ -889,6 +938,9 @@ class Governor:
                     state.recheck_every_s = self.recheck_after_s
                     state.next_recheck_t = now + self.recheck_after_s
                     state.run(config, now, 0)
+            if self.idle_w is not None and self.setpoint_w is not None:
+                duty = min(duty, prior_duty(self.setpoint_w - max(0.0, self.offset_w), self.idle_w, self.limit_w,
+                                            self.loop.d_min, self.loop.d_max))
             self.loop.reset(max(self.loop.d_min, duty))
         else:
             self.loop.reset(self.loop.d_min)
@@ -908,6 +960,8 @@ class Governor:
             power = {c.label: self.model.power[(shape, c)] for c in state.candidates if (shape, c) in self.model.power}
             refused = {c.label: why.removeprefix(EARLIER_REFUSAL) for c, why in state.forbidden.items()
                        if not why.startswith(PRECISION_REFUSAL)}
+            if state.mixed and self.model.mix_power.bins:
+                power[MIX_TABLE] = self.model.mix_power
             if stats:
-                out[shape] = {"stats": stats, "power": power, "refused": refused}
+                out[shape] = {"stats": stats, "power": power, "refused": refused, "mixed": state.mixed}
         return out

@@ -38,6 +38,8 @@ ALPHA = 0.3
 J_DECAY = 0.9
 # Tokens per watt is read at a power within this share of where it was learned.
 ETA_NEAR = 0.10
+# Two readings within this share of each other open a bin of the duty -> power table.
+BIN_AGREE = 0.10
 # Duty bins of the duty -> power table.
 DUTY_BINS = 20
 
@@ -76,21 +78,39 @@ class Stats:
 
 @dataclass
 class PowerTable:
-    """Average power seen at each duty bin for one configuration (pacing feed-forward)."""
+    """Average power seen at each duty bin for one configuration (pacing feed-forward).
+    A bin is opened by two readings that agree (within BIN_AGREE), so that one reading taken
+    in a transient does not define it; later ones move it slowly."""
 
     bins: dict[int, float] = field(default_factory=dict)
+    pending: dict[int, float] = field(default_factory=dict)  # a bin's first reading, awaiting a second
 
     def add(self, duty: float, power_w: float) -> None:
         b = min(DUTY_BINS, max(0, round(duty * DUTY_BINS)))
-        self.bins[b] = _ewma(self.bins.get(b), power_w, 0.1)  # slower than the governor's offset
+        if b in self.bins:
+            self.bins[b] = _ewma(self.bins[b], power_w, 0.1)  # slower than the governor's offset
+            return
+        first = self.pending.get(b)
+        if first is not None and abs(power_w - first) <= BIN_AGREE * max(first, power_w):
+            self.bins[b] = 0.5 * (first + power_w)
+            del self.pending[b]
+        else:
+            self.pending[b] = power_w
 
     def _curve(self, idle_w: float) -> tuple[list[float], list[float]]:
-        """(duties, powers) of the table made monotone, with idle power at duty 0."""
+        """(duties, powers) of the table made monotone, with idle power at duty 0: the
+        closest non-decreasing curve (adjacent bins that disagree are pooled to their mean),
+        so one bin read high does not raise every bin above it, as a running maximum would."""
         duties = [0.0] + [b / DUTY_BINS for b in sorted(self.bins)]
-        powers = [idle_w]
-        for b in sorted(self.bins):
-            powers.append(max(powers[-1], self.bins[b]))
-        return duties, powers
+        blocks: list[list[float]] = []  # [mean, count], pool-adjacent-violators
+        for value in [idle_w] + [self.bins[b] for b in sorted(self.bins)]:
+            blocks.append([value, 1.0])
+            while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+                (m1, n1), (m2, n2) = blocks[-2], blocks.pop()
+                blocks[-1] = [(m1 * n1 + m2 * n2) / (n1 + n2), n1 + n2]
+        powers = [mean for mean, n in blocks for _ in range(int(n))]
+        powers[0] = idle_w if powers[0] > idle_w else powers[0]
+        return duties, [max(powers[0], p) for p in powers]
 
     def power_at(self, duty: float, idle_w: float) -> float | None:
         """Power expected at this duty, interpolated; None past the highest duty seen."""

@@ -107,13 +107,15 @@ class WarmStartCache:
 
     def lookup(self, shape: tuple) -> dict | None:
         """What was learned for a shape: {"stats": {label: Stats}, "power": {label: PowerTable},
-        "refused": {label: reason}, "runs": how many runs saved it}."""
+        "refused": {label: reason}, "mixed": whether it ran mixed with other shapes (then
+        "power" holds the mix's table too), "runs": how many runs saved it}."""
         entry = self._shapes.get(shape_text(shape))
         if not entry or not entry.get("stats"):
             return None
         return {"stats": {label: stats_from_dict(s) for label, s in entry["stats"].items()},
                 "power": {label: table_from_dict(t) for label, t in entry.get("power", {}).items()},
-                "refused": dict(entry.get("refused", {})), "runs": entry.get("runs", 0)}
+                "refused": dict(entry.get("refused", {})), "mixed": bool(entry.get("mixed", False)),
+                "runs": entry.get("runs", 0)}
 
     def shapes(self) -> list[str]:
         return sorted(self._shapes)
@@ -136,6 +138,7 @@ class WarmStartCache:
                 entry["stats"].update({label: stats_to_dict(s) for label, s in what["stats"].items()})
                 entry["power"].update({label: table_to_dict(t) for label, t in what.get("power", {}).items()})
                 entry.setdefault("refused", {}).update(what.get("refused", {}))
+                entry["mixed"] = bool(what.get("mixed", False))
                 entry["runs"] = entry.get("runs", 0) + 1
                 entry["updated"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
             data["updated"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
