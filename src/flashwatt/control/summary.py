@@ -102,7 +102,7 @@ def _seconds_text(values) -> str | None:
 def _scenario_columns(cell: ControlCell, spec: dict, merit: dict) -> dict:
     """A run's scenario as text columns (and its spans as JSON for the figures)."""
     from flashwatt.control.budget_schedule import BudgetSchedule
-    from flashwatt.control.scenario_generator import classes, describe_failures, describe_tenants
+    from flashwatt.control.scenario_generator import classes, describe_tenants
 
     generated = spec.get("scenario") if cell.mode == "random" else None
     if generated is not None:
