@@ -1,4 +1,6 @@
-"""The decisions of the power-aware controller, free of torch and of NVML.
+"""The decisions of the power-aware controller, free of torch and of NVML: the loop and the
+budget here; choosing a configuration per call shape in flashwatt.control.shape_choices;
+moving the duty to hold the budget between ticks in flashwatt.control.power_holding.
 
 The `Governor` is fed two things: each sensor tick's reading (about 10 Hz) with the work
 done since the last tick, and GPU-time samples of single calls. From them it keeps the
@@ -26,10 +28,15 @@ above `hysteresis`, so two configurations of near-equal merit never alternate. A
 step (a change of STEP_MIN_W or more) re-decides at once and moves the duty at once, from
 the configuration's duty -> power table; smaller changes (a ramp) are tracked by the loop.
 
+Others' watts: what the running configuration's table does not explain is another
+tenant's; a step in it is taken whole (the duty follows at once), and while it is on the
+board nothing is learned (docs/control.md, "Others' watts").
+
 Telemetry failure: when no valid reading arrives for `stale_s`, the governor falls back to
 the most frugal operating point it knows (the configuration and duty with the lowest power
-seen, else the lowest duty), says why in the trace, and resumes once readings return.
-Ticks without a reading leave the duty where it is (the loop does not integrate an old error).
+seen, else the lowest duty, never above what the power prior puts within the set point),
+says why in the trace, and resumes once readings return. Ticks without a reading leave the
+duty where it is (the loop does not integrate an old error).
 """
 from __future__ import annotations
 
