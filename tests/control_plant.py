@@ -1,9 +1,14 @@
 """A simulated GPU for the control logic's tests: power as a first-order lag toward what the
 running configuration draws at its duty, NVML-like sensor updates every 0.1 s, noise, a cap
-that clips, and an optional disturbance (another tenant's watts).
+that clips, and what a shared node adds: other tenants' watts (and the GPU time they take),
+NVML read failures, a shape mix that changes, a budget that steps and ramps.
 
 The governor under test is the real one; only the GPU and the clock are simulated, in
 simulated time, so a 20 s scenario takes milliseconds and is the same every run.
+`simulate(scenario)` runs a generated scenario (flashwatt.control.scenario_generator) and
+returns its trace with the facts the figures of merit need, and `oracle_rows` the static
+rows (every configuration at a grid of duties) a run is judged against, as the oracle job
+measures them on a GPU.
 """
 from __future__ import annotations
 
@@ -12,8 +17,10 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from flashwatt.control.budget_schedule import BudgetSchedule
 from flashwatt.control.configuration import Configuration
 from flashwatt.control.governor import Governor, Reading, Work
+from flashwatt.control.scenario_merit import ScenarioFacts
 
 SHAPE = ((4, 16, 4096, 128), (4, 16, 4096, 128), False, "bf16")
 TOKENS_PER_CALL = 4 * 4096
@@ -40,6 +47,51 @@ PROFILES = {
     FLASH: Profile(tokens_per_s=9.8e6, power_full_w=760),
 }
 
+
+@dataclass(frozen=True)
+class SimWorkload:
+    """The shapes of successive calls, each with what every configuration does on it; several
+    shapes are mixed call by call."""
+
+    name: str
+    shapes: tuple  # ((shape, {config: Profile}), ...)
+
+
+def _stream_shapes() -> tuple:
+    # Three shapes of the seed's mix (H8 D64): our kernel fastest on the short one, cuDNN on
+    # the long ones, as on the H100.
+    short = ((64, 8, 512, 64), (64, 8, 512, 64), False, "bf16")
+    mid = ((32, 8, 1024, 64), (32, 8, 1024, 64), False, "bf16")
+    long = ((32, 8, 2048, 64), (32, 8, 2048, 64), False, "bf16")
+    return (
+        (short, {CUSTOM: Profile(30e6, 620), CTAS33: Profile(9e6, 450), CUDNN: Profile(24e6, 600),
+                 FLASH: Profile(20e6, 640)}),
+        (mid, {CUSTOM: Profile(22e6, 680), CTAS33: Profile(7e6, 470), CUDNN: Profile(23e6, 650),
+               FLASH: Profile(15e6, 700)}),
+        (long, {CUSTOM: Profile(15e6, 720), CTAS33: Profile(5e6, 480), CUDNN: Profile(19e6, 680),
+                FLASH: Profile(11e6, 740)}),
+    )
+
+
+STEADY = SimWorkload("steady", ((SHAPE, PROFILES),))
+STREAM = SimWorkload("stream", _stream_shapes())
+SIM_WORKLOADS = {"steady": STEADY, "stream": STREAM}
+
+
+@dataclass(frozen=True)
+class SimTenant:
+    """Another process on the board: its watts above idle, and the share of GPU time it takes
+    from ours while it runs (the GPU time-slices between processes)."""
+
+    start: float
+    seconds: float
+    watts: float
+    share: float = 0.0
+
+    def active(self, t: float) -> bool:
+        return self.start <= t < self.start + self.seconds
+
+
 @dataclass
 class Plant:
     profiles: dict[Configuration, Profile]
@@ -52,34 +104,57 @@ class Plant:
     curve: float = 0.75  # power above idle grows as duty ** curve (concave, as measured)
     disturbance: list[tuple[float, float]] = field(default_factory=list)  # (from t, extra W)
     burst_w: float = 0.0  # a bursty tenant: each 0.3 s its watts move by up to this much
+    tenants: list[SimTenant] = field(default_factory=list)
     telemetry_dead_after: float | None = None
+    telemetry_dead: list[tuple[float, float]] = field(default_factory=list)  # (from t, to t): reads fail
     seed: int = 0
 
     def _extra_w(self, t: float) -> float:
         extra = sum(w for start, w in self.disturbance if t >= start)
         if self.burst_w and extra:
             extra += random.Random(self.seed * 100003 + int(t / 0.3)).uniform(-1.0, 1.0) * self.burst_w
-        return extra
+        return extra + sum(tenant.watts for tenant in self.tenants if tenant.active(t))
 
-    def target_w(self, config: Configuration, duty: float, t: float) -> float:
-        prof = self.profiles[config]
-        extra = self._extra_w(t)
-        return min(self.cap_w, self.idle_w + (prof.power_full_w - self.idle_w) * duty ** self.curve + extra)
+    def _share(self, t: float) -> float:
+        return min(0.9, sum(tenant.share for tenant in self.tenants if tenant.active(t)))
 
-    def throughput(self, config: Configuration, duty: float, t: float) -> float:
-        prof = self.profiles[config]
-        drawn = self.idle_w + (prof.power_full_w - self.idle_w) * duty ** self.curve
+    def _ours_w(self, prof: Profile, busy: float) -> float:
+        return (prof.power_full_w - self.idle_w) * busy ** self.curve
+
+    def target_w(self, config: Configuration, duty: float, t: float, profiles: dict | None = None) -> float:
+        prof = (profiles or self.profiles)[config]
+        busy = duty * (1 - self._share(t))  # the time it takes from us is time we do not draw
+        return min(self.cap_w, self.idle_w + self._ours_w(prof, busy) + self._extra_w(t))
+
+    def throughput(self, config: Configuration, duty: float, t: float, profiles: dict | None = None) -> float:
+        prof = (profiles or self.profiles)[config]
+        busy = duty * (1 - self._share(t))
+        drawn = self.idle_w + self._ours_w(prof, busy)
         extra = self._extra_w(t)
         if drawn + extra > self.cap_w:  # at the cap the board slows down to fit
             room = max(0.0, self.cap_w - extra - self.idle_w)
-            return prof.tokens_per_s * duty * room / (drawn - self.idle_w)
-        return prof.tokens_per_s * duty
+            return prof.tokens_per_s * busy * room / (drawn - self.idle_w)
+        return prof.tokens_per_s * busy
+
+    def dead(self, t: float) -> bool:
+        if self.telemetry_dead_after is not None and t >= self.telemetry_dead_after:
+            return True
+        return any(start <= t < end for start, end in self.telemetry_dead)
 
 
-def run(governor: Governor, plant: Plant, seconds: float, budget_schedule: list[tuple[float, float]] = (),
-        shape: tuple = SHAPE) -> pd.DataFrame:
-    """Drive the governor for `seconds` of simulated time; its trace, with the true power."""
+def _budget_timeline(budget_schedule) -> list[tuple[float, float]]:
+    if isinstance(budget_schedule, BudgetSchedule):
+        return budget_schedule.timeline(0.1)
+    return sorted(budget_schedule)
+
+
+def run(governor: Governor, plant: Plant, seconds: float, budget_schedule=(), shape: tuple = SHAPE,
+        workloads: list[tuple[float, SimWorkload]] | None = None) -> pd.DataFrame:
+    """Drive the governor for `seconds` of simulated time; its trace, with the true power.
+    `workloads`: (from t, workload) to change the shape mix mid-run (default: `shape` alone
+    with the plant's profiles)."""
     rng = random.Random(plant.seed)
+    mix = random.Random(plant.seed + 1)
     clock = {"t": 0.0}
     governor.clock = lambda: clock["t"]
     power = plant.idle_w
@@ -87,24 +162,30 @@ def run(governor: Governor, plant: Plant, seconds: float, budget_schedule: list[
     sensed = power
     next_sensor = 0.0
     next_tick = plant.sensor_period_s
-    schedule = sorted(budget_schedule)
+    schedule = _budget_timeline(budget_schedule)
+    phases = list(workloads) if workloads else [(0.0, SimWorkload("given", ((shape, plant.profiles),)))]
     work = Work()
     rows = []
-    carry_tokens = 0.0
+    carry: dict = {}
     while clock["t"] < seconds:
         t = clock["t"]
         while schedule and schedule[0][0] <= t:
             governor.set_budget(schedule.pop(0)[1])
-        config = governor.config_for(shape)
+        workload = [w for start, w in phases if start <= t][-1]
+        call_shape, profiles = workload.shapes[mix.randrange(len(workload.shapes))]
+        config = governor.config_for(call_shape)
         duty = governor.duty
-        # latency samples as the controller's CUDA events would give them
-        prof = plant.profiles[config]
-        governor.on_latency(shape, config, TOKENS_PER_CALL / prof.tokens_per_s, TOKENS_PER_CALL)
-        carry_tokens += plant.throughput(config, duty, t) * plant.dt
-        while carry_tokens >= TOKENS_PER_CALL:
-            work.add(shape, config, TOKENS_PER_CALL)
-            carry_tokens -= TOKENS_PER_CALL
-        target = plant.target_w(config, duty, t)
+        # latency samples as the controller's CUDA events would give them (slower while
+        # another process takes part of the GPU's time)
+        prof = profiles[config]
+        seconds_per_call = TOKENS_PER_CALL / prof.tokens_per_s / (1 - plant._share(t))
+        governor.on_latency(call_shape, config, seconds_per_call, TOKENS_PER_CALL)
+        key = (call_shape, config)
+        carry[key] = carry.get(key, 0.0) + plant.throughput(config, duty, t, profiles) * plant.dt
+        while carry[key] >= TOKENS_PER_CALL:
+            work.add(call_shape, config, TOKENS_PER_CALL)
+            carry[key] -= TOKENS_PER_CALL
+        target = plant.target_w(config, duty, t, profiles)
         power += (target - power) * min(1.0, plant.dt / plant.lag_s)
         energy_j += power * plant.dt
         if t >= next_sensor:  # NVML's own update period: readings hold between updates
@@ -113,12 +194,60 @@ def run(governor: Governor, plant: Plant, seconds: float, budget_schedule: list[
         clock["t"] = t + plant.dt
         if clock["t"] >= next_tick:
             next_tick += plant.sensor_period_s
-            dead = plant.telemetry_dead_after is not None and clock["t"] >= plant.telemetry_dead_after
+            dead = plant.dead(clock["t"])
             reading = Reading(clock["t"], None if dead else sensed, None if dead else energy_j * 1e3,
                               error="NVMLError_Unknown: simulated sensor failure" if dead else None)
             row = governor.tick(reading, work)
             row["true_power_w"] = power
             row["true_energy_mj"] = energy_j * 1e3
+            row["workload"] = workload.name
             rows.append(row)
             work = Work()
     return pd.DataFrame(rows)
+
+
+# ---- generated scenarios on the simulated GPU ---------------------------------------------
+# A tenant's watts above idle at full intensity, and the share of GPU time it takes from us
+# at full intensity (an assumption of the simulation: processes time-slice the GPU).
+TENANT_WATTS = {"gemm": 560.0, "copy": 300.0}
+TENANT_SHARE = 0.5
+
+
+def sim_tenant(tenant: dict, plant: Plant) -> SimTenant:
+    watts = TENANT_WATTS[tenant["kind"]] * tenant["intensity"] ** plant.curve
+    return SimTenant(tenant["start_s"], tenant["seconds"], watts, TENANT_SHARE * tenant["intensity"])
+
+
+def oracle_rows(plant: Plant, workload: SimWorkload, duties=(1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1)) -> list[dict]:
+    """Every configuration at each duty, alone on the board: the oracle's rows. A workload of
+    several shapes mixes them as `run` does, an equal share of the time each."""
+    rows = []
+    bare = Plant(plant.profiles, idle_w=plant.idle_w, cap_w=plant.cap_w, curve=plant.curve)
+    for config in workload.shapes[0][1]:
+        for duty in duties:
+            tokens = sum(bare.throughput(config, duty, 0.0, p) for _, p in workload.shapes) / len(workload.shapes)
+            power = sum(bare.target_w(config, duty, 0.0, p) for _, p in workload.shapes) / len(workload.shapes)
+            rows.append({"config": config.label, "duty": duty, "tokens_per_s": tokens, "avg_power_w": power,
+                         "j_per_token": power / tokens, "check_passed": True, "check_rel_err": 1e-3})
+    return rows
+
+
+def simulate(scenario: dict, governor: Governor, workload: str = "steady", plant: Plant | None = None):
+    """Run a generated scenario's budget schedule, tenants, NVML failures and mix change on
+    the simulated GPU. Returns (trace with the counter in `energy_mj` and the board's in
+    `board_energy_mj`, ScenarioFacts with the tenants' watts alone)."""
+    plant = plant or Plant(PROFILES)
+    plant.tenants = [sim_tenant(t, plant) for t in scenario["tenants"]]
+    plant.telemetry_dead = [(s, s + d) for s, d in scenario["nvml_failures"]]
+    phases = [(0.0, SIM_WORKLOADS[workload])]
+    if scenario.get("mix_change"):
+        phases.append((scenario["mix_change"]["at_s"], SIM_WORKLOADS[scenario["mix_change"]["to"]]))
+    schedule = BudgetSchedule.parse(scenario["schedule"])
+    governor.set_budget(schedule.first_w)
+    trace = run(governor, plant, scenario["seconds"], schedule, workloads=phases)
+    trace["board_energy_mj"] = trace["true_energy_mj"]  # an independent reader of the counter
+    tenants = [dict(t, alone_w=plant.idle_w + st.watts) for t, st in zip(scenario["tenants"], plant.tenants)]
+    facts = ScenarioFacts(schedule=schedule, tenants=tenants, idle_w=plant.idle_w,
+                          nvml_failures=[tuple(span) for span in scenario["nvml_failures"]],
+                          phases=[(start, w.name) for start, w in phases])
+    return trace, facts

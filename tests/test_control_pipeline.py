@@ -101,7 +101,8 @@ def test_what_a_name_does_not_say_travels_in_the_spec():
                                     "disturbance_at_s": 4}, {"mode": "energy", "seconds": 12}]})
     cells = control_runs(config, "ctl")
     colocated = ControlCell("ctl", budgets=((0, 500),), disturbance="colocated", disturbance_at_s=4)
-    assert cells[colocated] == {"seconds": 9.0, "seed": 0, "colocated": {"duty": 0.5, "seconds": 7.0}}
+    assert cells[colocated] == {"seconds": 9.0, "seed": 0, "warm_start": True,
+                                "colocated": {"duty": 0.5, "seconds": 7.0}}
     assert cells[ControlCell("ctl", mode="energy")]["seconds"] == 12.0
     oracle = cells[ControlCell("ctl", mode="oracle")]["oracle"]
     assert "sdpa_default" in oracle["configurations"] and oracle["seconds"] > 0
@@ -359,3 +360,117 @@ def test_the_oracles_closing_repeat_measures_drift_and_is_never_a_comparison(tab
     assert not runs["best_static_tokens_per_s"].dropna().eq(40e6).any()
     assert not runs["best_static_j_per_token"].dropna().eq(1e-6).any()
     assert (runs["static_default_tokens_per_s"].dropna() < 40e6).all()
+
+
+# ---- generated scenarios in the tables, the pooled figures and the figures -------------------
+def write_generated(root, suite="g", count=6) -> list[str]:
+    """Records of generated scenarios as the job writes them (the simulated GPU standing in),
+    with the oracle of both workloads."""
+    from control_plant import SIM_WORKLOADS, oracle_rows as sim_oracle_rows, simulate
+    from flashwatt.control.scenario_generator import GeneratorSettings, generate
+    from flashwatt.control.scenario_merit import scenario_merit
+
+    plant, paths = Plant(PROFILES), []
+    for name, workload in SIM_WORKLOADS.items():
+        oracle = ControlCell(suite, name, mode="oracle")
+        record = envelope_of(oracle, {"oracle": {}}) | {"status": "ok", "device": device("GPU-1"),
+                                                         "oracle": sim_oracle_rows(plant, workload)}
+        write_record(root / oracle.path, record)
+        paths.append(str(root / oracle.path))
+    for index in range(count):
+        cell = ControlCell(suite, "steady", mode="random", seed=41, index=index)
+        scenario = generate(41, index, "steady", GeneratorSettings(seconds=10))
+        gov = Governor("budget", list(PROFILES), budget_w=scenario["schedule"][0][1], idle_w=120.0, limit_w=700.0)
+        trace, facts = simulate(scenario, gov, "steady", Plant(PROFILES, seed=index))
+        facts.phases = [(start, f"{group}-bf16-full") for start, group in facts.phases]  # the groups' names
+        merit = run_merit(trace) | scenario_merit(trace, facts) | {
+            "check_passed": True, "check_rel_err": 3e-3, "check_tol": 2e-2, "idle_w": 120.0,
+            "warm_start": {"cache": None, "warm_shapes": 0, "shapes": 1}}
+        spec = {"seconds": 10.0, "seed": 0, "warm_start": True, "scenario": scenario}
+        write_record(root / cell.path, envelope_of(cell, spec) | {"status": "ok", "device": device("GPU-1"),
+                                                                  "merit": merit})
+        write_trace(root / cell.trace_path, trace.assign(cell_id=cell.id).to_dict("records"))
+        paths.append(str(root / cell.path))
+    return paths
+
+
+@pytest.fixture(scope="module")
+def generated(tmp_path_factory):
+    from flashwatt.control.pooled import pooled_table
+
+    paths = write_generated(tmp_path_factory.mktemp("generated"))
+    runs, oracle = runs_table(paths)
+    tables = ControlTables(runs, oracle, traces_table(paths))
+    tables.pooled = pooled_table(runs)  # what write_tables writes beside them
+    return tables
+
+
+def test_each_generated_scenario_is_a_row_with_its_whole_scenario(generated):
+    from flashwatt.control.budget_schedule import BudgetSchedule
+    from flashwatt.control.scenario_generator import GeneratorSettings, classes, generate
+
+    runs = generated.runs.set_index("scenario")
+    assert sorted(runs.index) == [f"random-41-{i}" for i in range(6)]
+    for index in range(6):
+        row, scenario = runs.loc[f"random-41-{index}"], generate(41, index, "steady", GeneratorSettings(seconds=10))
+        assert row["schedule"] == BudgetSchedule.parse(scenario["schedule"]).describe()
+        assert row["scenario_classes"] == ",".join(classes(scenario))
+        assert row["budget_w"] == scenario["schedule"][0][1] and row["random_seed"] == 41
+        assert pd.notna(row["tenants"]) == bool(scenario["tenants"])
+        if scenario["tenants"]:
+            assert "alone:" in row["tenants"]  # with the tenants' power measured alone
+        assert pd.notna(row["mix_change"]) == bool(scenario["mix_change"])
+        assert 0.5 < row["vs_front"] < 1.2 and row["front_tokens"] > 0  # judged against the static front
+        assert pd.isna(row["best_static"])  # a moving budget has no one best static row
+
+
+def test_the_pooled_rows_say_which_targets_are_met(generated):
+    pooled = generated.pooled
+    steady = pooled[(pooled["group"] == "steady-bf16-full") & (pooled["runs_set"] == "generated")].iloc[0]
+    runs = generated.runs
+    assert steady["runs"] == 6 and steady["windows"] == runs["windows"].sum()
+    expected = (runs["windows_within_pct"] * runs["windows"]).sum() / runs["windows"].sum()
+    assert steady["windows_within_pct"] == pytest.approx(expected)
+    assert steady["steps"] == sum(len(str(t).split()) for t in runs["step_settle_s"].dropna())
+    assert "windows pooled >= 99%" in steady["judged"] and "energy within 3%" not in steady["judged"]
+    from flashwatt.control.pooled import _judge
+
+    bad = _judge(dict(steady, windows_within_pct=90.0, min_windows_within_pct=80.0))
+    assert "windows pooled >= 99%" in bad["unmet"] and "windows each >= 95%" in bad["unmet"]
+    from flashwatt.control.pooled import report_sentences
+
+    assert "steady-bf16-full: 6 budget runs" in report_sentences(pooled)
+
+
+def test_the_scenarios_figure_draws_every_run_against_its_targets(generated):
+    fig = CONTROL_FIGURES["control_scenarios"].render(generated)
+    axes = [ax for ax in fig.axes if ax.axison]
+    assert len(axes) == 3
+    assert len(axes[0].patches) == 6  # one bar per generated scenario
+    assert [t.get_text().split(" (")[0] for t in axes[0].get_yticklabels()] == [f"random-41-{i}" for i in range(6)]
+    assert "pooled" in axes[1].get_title() and "not met" in axes[1].get_title()
+
+
+def test_a_generated_scenario_becomes_the_run_it_names():
+    from flashwatt.control.job import scenario_of
+    from flashwatt.control.scenario_generator import GeneratorSettings, generate
+
+    config = validate_config({"suites": {"g": {"control": {"random": {"count": 5}}}}})
+    cells = control_runs(config, "g")
+    for cell, spec in cells.items():
+        if cell.mode != "random":
+            continue
+        run_ = scenario_of(cell, spec)
+        generated_ = generate(41, cell.index, "steady", GeneratorSettings())
+        assert run_.schedule == tuple(tuple(c) for c in generated_["schedule"]) and run_.mode == "budget"
+        assert [t.as_spec() for t in run_.tenants] == generated_["tenants"]
+        assert [list(s) for s in run_.nvml_failures] == generated_["nvml_failures"]
+        assert (run_.mix_change is not None) == bool(generated_["mix_change"])
+        if run_.mix_change:
+            assert run_.mix_change[1].kind == "stream" and run_.mix_change[0] == generated_["mix_change"]["at_s"]
+    fixed = scenario_of(ControlCell("g", budgets=((0, 500),), disturbance="colocated", disturbance_at_s=8),
+                        {"seconds": 16, "colocated": {"duty": 0.3, "seconds": 7}})
+    assert [t.as_spec() for t in fixed.tenants] == [{"kind": "gemm", "intensity": 0.3, "start_s": 8.0, "seconds": 7.0}]
+    failing = scenario_of(ControlCell("g", budgets=((0, 450),), disturbance="nvml_failure", disturbance_at_s=5),
+                          {"seconds": 9})
+    assert failing.nvml_failures == ((5.0, float("inf")),)

@@ -9,6 +9,9 @@
         which suite `auto` (or the config) resolves to
     flashwatt failed [--configfile F ...] [--config k=v ...]
         record paths of cells whose status is not ok, for `snakemake --forcerun $(flashwatt failed)`
+    flashwatt control-cache [--clear]
+        where the power-aware controller keeps what it learned (its warm starts), and what is
+        there; --clear removes it (flashwatt.control.warm_start)
 """
 from __future__ import annotations
 
@@ -225,6 +228,25 @@ def cmd_failed(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_control_cache(args: argparse.Namespace) -> int:
+    from flashwatt.control.warm_start import CACHE_VARIABLE, cache_root, clear, list_entries
+
+    root = cache_root()
+    if root is None:
+        print(f"flashwatt: warm starts are switched off ({CACHE_VARIABLE}={os.environ.get(CACHE_VARIABLE)!r})")
+        return 0
+    if args.clear:
+        print(f"flashwatt: removed {clear(root)} cache file(s) from {root}")
+        return 0
+    entries = list_entries(root)
+    print(f"flashwatt: control cache {root}: {len(entries)} file(s)")
+    for entry in entries:
+        key = entry.get("key") or {}
+        print(f"  {entry['path']}: {key.get('gpu')} driver {key.get('driver')}, {len(entry.get('shapes', []))} shape(s), "
+              f"updated {entry.get('updated')}" if "error" not in entry else f"  {entry['path']}: {entry['error']}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="flashwatt", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -238,6 +260,9 @@ def main(argv: list[str] | None = None) -> int:
         p = sub.add_parser(name, help=text, description=text)
         p.add_argument("--configfile", nargs="*", default=[], metavar="FILE", help="config files merged over config/config.yaml")
         p.add_argument("--config", nargs="*", default=[], metavar="KEY=VALUE", help="values that override the config files")
+    cache = sub.add_parser("control-cache", help="show (or --clear) the power-aware controller's warm-start cache",
+                           description="show (or --clear) the power-aware controller's warm-start cache")
+    cache.add_argument("--clear", action="store_true", help="remove every cache file")
     try:
         if argv[:1] == ["run"]:  # everything after `run` belongs to Snakemake
             if argv[1:] in (["-h"], ["--help"]):
@@ -245,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
                 return _snakemake(["--help"])
             return cmd_run(argv[1:])
         args = parser.parse_args(argv)
-        return {"suite": cmd_suite, "failed": cmd_failed}[args.command](args)
+        return {"suite": cmd_suite, "failed": cmd_failed, "control-cache": cmd_control_cache}[args.command](args)
     except ConfigError as err:
         print(f"flashwatt: {err}", file=sys.stderr)
         return 2

@@ -1,6 +1,7 @@
 """The control study on one GPU: the oracle, budgets 300-650 W, a budget schedule, a
-co-located load, the energy mode, an NVML failure and the controller's overhead, all in one
-process so every comparison is side by side.
+co-located load, the energy mode, an NVML failure, a cold and a warm start, and the
+controller's overhead, all in one process so every comparison is side by side. Every run
+but the warm start's second starts cold (no warm-start cache), as the study always has.
 
     python -m flashwatt.control.bench --out DIR [--quick]
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 import time
 from pathlib import Path
 
@@ -21,7 +23,8 @@ from flashwatt.control.sensor import idle_power
 from flashwatt.control.study import bare_loop_tokens_per_s, oracle, run_scenario
 from flashwatt.control.suite import DEFAULT_ORACLE
 from flashwatt.control.summary import best_static_under
-from flashwatt.control.workloads import ColocatedLoad, Scenario, Workload
+from flashwatt.control.tenants import Tenant
+from flashwatt.control.workloads import Scenario, Workload
 from flashwatt.telemetry import open_telemetry
 
 STATIC_CONFIGS = DEFAULT_ORACLE["configurations"]
@@ -68,7 +71,7 @@ def main(argv=None) -> int:
 
     for budget in [float(b) for b in args.budgets.split(",")]:
         merit, trace = run_scenario(Scenario(f"budget {budget:.0f}", steady, "budget", budget_w=budget,
-                                             seconds=10.0 * scale + 4), telemetry, device, idle)
+                                             seconds=10.0 * scale + 4), telemetry, device, idle, cache=None)
         best = best_static_under(table, budget)
         record(merit, trace, best_static=None if best is None else f"{best['config']} d{best['duty']:g}",
                best_static_tokens_per_s=None if best is None else best["tokens_per_s"],
@@ -77,23 +80,32 @@ def main(argv=None) -> int:
                else merit["steady_tokens_per_s"] / best["tokens_per_s"])
 
     merit, trace = run_scenario(Scenario("steps 600-400-550", steady, "budget", schedule=((0, 600.0), (6.0, 400.0), (11.0, 550.0)),
-                                         seconds=16.0), telemetry, device, idle)
+                                         seconds=16.0), telemetry, device, idle, cache=None)
     record(merit, trace)
     merit, trace = run_scenario(Scenario("co-located load at 500", steady, "budget", budget_w=500.0, seconds=16.0,
-                                         colocated=ColocatedLoad(start_s=8.0, duty=0.3, seconds=7.0)), telemetry, device, idle)
+                                         tenants=(Tenant("gemm", 0.3, 8.0, 7.0),)), telemetry, device, idle,
+                                cache=None)
     record(merit, trace)
     merit, trace = run_scenario(Scenario("stream at 450", stream, "budget", budget_w=450.0, seconds=12.0 * scale + 4),
-                                telemetry, device, idle)
+                                telemetry, device, idle, cache=None)
     record(merit, trace)
-    merit, trace = run_scenario(Scenario("energy", steady, "energy", seconds=15.0 * scale + 3), telemetry, device, idle)
+    merit, trace = run_scenario(Scenario("energy", steady, "energy", seconds=15.0 * scale + 3), telemetry, device, idle,
+                                cache=None)
     default = table[(table["config"] == "sdpa_default") & (table["duty"] == 1.0)]
     best = table[~table["repeat"]].dropna(subset=["j_per_token"]).sort_values("j_per_token").iloc[0]
     record(merit, trace, static_default_j_per_token=float(default["j_per_token"].iloc[0]) if len(default) else None,
            best_static_j=f"{best['config']} d{best['duty']:g}", best_static_j_per_token=float(best["j_per_token"]),
            vs_best_static_j=merit.get("j_per_token") / float(best["j_per_token"]) if merit.get("j_per_token") else None)
     merit, trace = run_scenario(Scenario("nvml failure at 5 s", steady, "budget", budget_w=450.0, seconds=9.0,
-                                         fail_telemetry_after_s=5.0), telemetry, device, idle)
+                                         nvml_failures=((5.0, float("inf")),)), telemetry, device, idle, cache=None)
     record(merit, trace, fallback_ticks=int((trace["phase"] == "fallback").sum()))
+    with tempfile.TemporaryDirectory() as cache:  # the same run twice: cold, then from what the first learned
+        for start in ("cold", "warm"):
+            merit, trace = run_scenario(Scenario(f"{start} start at 400", steady, "budget", budget_w=400.0,
+                                                 seconds=6.0), telemetry, device, idle, cache=cache)
+            first = trace[trace["t"] <= 1.0]
+            record(merit, trace, first_second_tokens_per_s=float(first["tokens"].sum() / max(first["t"].max(), 1e-9)),
+                   warm_shapes=merit["warm_start"]["warm_shapes"])
 
     fastest = table.dropna(subset=["tokens_per_s"]).sort_values("tokens_per_s").iloc[-1]["config"]
     bare = bare_loop_tokens_per_s(steady, fastest, device, 3.0)

@@ -13,6 +13,8 @@ where the scenario names what the run does, so that asking for a file reruns exa
     energy, energy-slowdown5pct            minimise joules per token (within 5% of the fastest)
     budget-500w-colocated_at8s             ...with another process's load from 8 s
     budget-450w-nvml_failure_at5s          ...with NVML failing from 5 s
+    random-41-7                            the 8th scenario generated from seed 41
+                                           (flashwatt.control.scenario_generator)
 
 What a run's name does not say (its length, the co-located load's duty, the oracle's
 configurations) comes from the config and is recorded in the cell's record.
@@ -27,7 +29,7 @@ from flashwatt.cell_files import CellFiles, file_patterns
 
 WORKLOADS = ("steady", "stream")
 CONTROL_PRECISIONS = ("bf16", "fp16", "fp32")
-CONTROL_MODES = ("budget", "energy", "oracle")
+CONTROL_MODES = ("budget", "energy", "oracle", "random")
 DISTURBANCES = ("colocated", "nvml_failure")
 
 CONTROL_FOLDER = "control"
@@ -37,10 +39,11 @@ RECORD_PATTERN, TRACE_PATTERN, LOG_PATTERN = file_patterns(_WHERE)
 _GROUP_RE = (f"(?P<workload>{'|'.join(WORKLOADS)})-(?P<precision>{'|'.join(CONTROL_PRECISIONS)})"
              "-(?P<mask>full|causal)")
 _SCENARIO_RE = (
-    r"(?P<mode>oracle|energy|budget)"
+    r"(?:(?P<mode>oracle|energy|budget)"
     r"(?:-(?P<first>\d+)w(?P<steps>(?:-\d+w_at\d+s)*))?"
     r"(?:-slowdown(?P<slowdown>\d+)pct)?"
     rf"(?:-(?P<disturbance>{'|'.join(DISTURBANCES)})_at(?P<at>\d+)s)?"
+    r"|random-(?P<seed>\d+)-(?P<index>\d+))"
 )
 _GROUP, _SCENARIO = re.compile(f"^{_GROUP_RE}$"), re.compile(f"^{_SCENARIO_RE}$")
 _STEP = re.compile(r"-(\d+)w_at(\d+)s")
@@ -50,6 +53,11 @@ WILDCARD_CONSTRAINTS = {
     "group": re.sub(r"\?P<\w+>", "", _GROUP_RE),
     "scenario": re.sub(r"\?P<\w+>", "", _SCENARIO_RE),
 }
+
+
+def group_name(workload: str, precision: str, causal: bool) -> str:
+    """e.g. steady-bf16-full: a workload with its inputs' precision and mask."""
+    return f"{workload}-{precision}-{'causal' if causal else 'full'}"
 
 
 @dataclass(frozen=True, order=True)
@@ -66,6 +74,8 @@ class ControlCell(CellFiles):
     disturbance: str = ""
     disturbance_at_s: int = 0
     max_slowdown_pct: int | None = None
+    seed: int | None = None  # a generated scenario (mode random): the generator's seed
+    index: int | None = None  # ... and which of its scenarios
 
     def __post_init__(self) -> None:
         def refuse(what: str) -> None:
@@ -96,15 +106,25 @@ class ControlCell(CellFiles):
             refuse(f"disturbance={self.disturbance!r}: allowed {', '.join(DISTURBANCES)}, not in the oracle")
         if self.disturbance_at_s and not self.disturbance:
             refuse(f"disturbance_at_s={self.disturbance_at_s!r} without a disturbance")
+        generated = (self.seed, self.index) != (None, None)
+        if self.mode == "random":
+            if not (isinstance(self.seed, int) and isinstance(self.index, int) and self.seed >= 0 and self.index >= 0):
+                refuse(f"mode random needs a seed and an index, whole numbers >= 0 (got {self.seed!r}, {self.index!r})")
+            if self.disturbance or self.max_slowdown_pct is not None:
+                refuse("mode random: its scenario comes from the generator (no disturbance or slowdown)")
+        elif generated:
+            refuse(f"seed and index name a generated scenario: mode random only (mode is {self.mode})")
 
     # ---- names -------------------------------------------------------------------
     @property
     def group(self) -> str:
         """The workload a run drives: the cells compared side by side share it."""
-        return f"{self.workload}-{self.precision}-{'causal' if self.causal else 'full'}"
+        return group_name(self.workload, self.precision, self.causal)
 
     @property
     def scenario(self) -> str:
+        if self.mode == "random":
+            return f"random-{self.seed}-{self.index}"
         name = self.mode
         if self.budgets:
             name += f"-{self.budgets[0][1]}w" + "".join(f"-{w}w_at{t}s" for t, w in self.budgets[1:])
@@ -134,6 +154,9 @@ class ControlCell(CellFiles):
             raise ValueError(f"not a control workload: {group!r} (expected e.g. steady-bf16-full)")
         if not s:
             raise ValueError(f"not a control scenario: {scenario!r} (expected e.g. budget-450w, energy, oracle)")
+        if s["seed"] is not None:
+            return cls(suite, g["workload"], g["precision"], g["mask"] == "causal", "random",
+                       seed=int(s["seed"]), index=int(s["index"]))
         budgets: tuple[tuple[int, int], ...] = ()
         if s["first"]:
             budgets = ((0, int(s["first"])),) + tuple((int(t), int(w)) for w, t in _STEP.findall(s["steps"]))
@@ -149,5 +172,6 @@ class ControlCell(CellFiles):
             "mode": self.mode, "group": self.group, "scenario": self.scenario, "budget_w": self.budget_w,
             "budget_schedule": " ".join(f"{w}W@{t}s" for t, w in self.budgets),
             "disturbance": self.disturbance, "disturbance_at_s": self.disturbance_at_s if self.disturbance else None,
-            "max_slowdown_pct": self.max_slowdown_pct, "cell_id": self.id,
+            "max_slowdown_pct": self.max_slowdown_pct, "random_seed": self.seed, "random_index": self.index,
+            "cell_id": self.id,
         }

@@ -12,9 +12,16 @@ touches a device setting:
   a new duty or configuration acts within milliseconds, not after a long backlog drains;
 - paces: after enough GPU work to owe `pace_quantum_s` of idle time at the current duty,
   waits for the queue to drain and sleeps that long, so the GPU really idles;
-- times a sample of calls with CUDA events (the first two calls of each configuration
-  synchronously, then one every `latency_every_s`), which feeds the online model.
+- times a sample of calls with CUDA events (the first three calls of each configuration
+  synchronously, the first of them dropped, then one every `latency_every_s`), which feeds
+  the online model.
 A sensor thread reads NVML about ten times a second and lets the governor decide.
+
+Warm start: what the controller learns is kept (flashwatt.control.warm_start) under
+`cache` (default: $FLASHWATT_CONTROL_CACHE, else results/control-cache; None or
+FLASHWATT_CONTROL_CACHE=off switches it off), keyed by the GPU, its driver and the build;
+a later run starts each shape it knows at its operating point. `warm_start()` says what a
+run started from.
 
 Precision, only with `precision_tolerance`: a cheaper precision is used for a shape only
 after a check against float64 on that call's own inputs stays within the tolerance; the
@@ -48,7 +55,7 @@ class Controller:
                  duty: float = 1.0, knobs: dict | None = None, precision_tolerance: float | None = None,
                  telemetry: Any = None, idle_w: float | None = None, period_s: float = DEFAULT_PERIOD_S,
                  max_in_flight_s: float = 0.02, pace_quantum_s: float = 0.002, latency_every_s: float = 0.02,
-                 recheck_every: int = 500, **governor_options: Any):
+                 recheck_every: int = 500, cache: Any = "default", **governor_options: Any):
         self.device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
         self.knobs = check_knobs(knobs)
         if precision_tolerance is None and "precision" in self.knobs:
@@ -89,10 +96,11 @@ class Controller:
             candidates_for = lambda shape: [fixed]  # noqa: E731
         else:
             candidates_for = self._candidates_for
-        duty_range = tuple(self.knobs.get("duty", (0.05, 1.0)))
+        duty_range = tuple(self.knobs.get("duty", (0.01, 1.0)))
+        self._warm = self._open_cache(cache, telemetry) if mode != "static" else None
         self.governor = Governor(mode, candidates_for, budget_w=budget_w, idle_w=idle_w, limit_w=limit,
                                  max_slowdown=max_slowdown, static_duty=duty, duty_range=duty_range,
-                                 **governor_options)
+                                 warm_start=self._warm, **governor_options)
         self._lock = threading.Lock()
         self._work = Work()
         self._pending: list[tuple] = []  # (shape, config, tokens, start event, end event)
@@ -122,6 +130,15 @@ class Controller:
             return NullTelemetry(f"no CUDA device ({self.device})")
         uuid = str(getattr(torch.cuda.get_device_properties(self.device), "uuid", ""))
         return open_telemetry([uuid] if uuid else None)
+
+    def _open_cache(self, cache: Any, telemetry: Any):
+        """The warm-start cache of this GPU and build, or None (switched off, or no key)."""
+        from flashwatt.control.warm_start import WarmStartCache, cache_root
+
+        root = cache_root() if cache == "default" else cache
+        if root is None or self.device.type != "cuda":
+            return None
+        return WarmStartCache(root, warm_start_key(self.device, telemetry))
 
     def _candidates_for(self, shape: tuple) -> list[Configuration]:
         precision = shape[3]
@@ -188,13 +205,14 @@ class Controller:
         key = (shape, config)
         n = self._calls[key]
         now = time.perf_counter()
-        if n < 2:  # the first calls of a configuration: timed synchronously (the 2nd is the prior)
+        if n < 3:  # the first calls of a configuration, timed synchronously: the probe (the 1st,
+            # which may carry one-off costs, is dropped)
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             out = self._run(shape, config, q, k, v, causal)
             end.record()
             end.synchronize()
-            if n == 1:
+            if n >= 1:
                 self.governor.on_latency(shape, config, start.elapsed_time(end) / 1e3, tokens)
         elif now - self._last_latency_t >= self.latency_every_s:
             self._last_latency_t = now
@@ -287,8 +305,15 @@ class Controller:
         return any(state.exploring for state in list(self.governor.shapes.values()))
 
     def choices(self) -> dict[str, str]:
-        """Each shape's configuration now (its label), by the shape's text."""
-        return {str(shape): state.config.label for shape, state in list(self.governor.shapes.items())}
+        """Each shape's choice now (its label), by the shape's text (a re-check of the runner-up
+        runs another configuration for a moment without changing the choice)."""
+        return {str(shape): state.choice.label for shape, state in list(self.governor.shapes.items())}
+
+    def warm_start(self) -> dict:
+        """Where the run's knowledge came from: the cache file, and the shapes started warm."""
+        shapes = list(self.governor.shapes.items())
+        return {"cache": str(self._warm.path) if self._warm is not None else None,
+                "warm_shapes": sum(state.warm for _, state in shapes), "shapes": len(shapes)}
 
     def refusals(self) -> dict[str, str]:
         """Configurations a shape may not use, and why ("<shape> <label>" -> reason)."""
@@ -328,8 +353,13 @@ class Controller:
         sensor = getattr(self, "_sensor", None)
         if sensor is not None:
             sensor.stop()
+            self._sensor = None
             if sensor.error is not None:
                 raise RuntimeError(f"control loop failed: {sensor.error!r}") from sensor.error
+        warm = getattr(self, "_warm", None)
+        if warm is not None:
+            warm.save(self.governor.learned())
+            self._warm = None
         if getattr(self, "_owns_telemetry", False) and self.telemetry is not None:
             self.telemetry.close()
 
@@ -342,3 +372,20 @@ class Controller:
 
 def shape_dtype(shape: tuple) -> torch.dtype:
     return DTYPES[shape[3]]
+
+
+def warm_start_key(device: torch.device, telemetry: Any) -> dict:
+    """What a warm start must match: the GPU (model and UUID), the driver and the build (our
+    kernel's build key, torch, CUDA, cuDNN). A change of any gives another cache file."""
+    from flashwatt.build import build_key
+    from flashwatt.checkout import KernelSourcesNotFound
+
+    props = torch.cuda.get_device_properties(device)
+    identity = (telemetry.devices[0] or {}) if telemetry is not None and getattr(telemetry, "devices", None) else {}
+    try:
+        kernels = build_key(torch.cuda.get_device_capability(device))
+    except KernelSourcesNotFound as err:
+        kernels = f"no kernel sources: {err}"
+    return {"gpu": props.name, "uuid": str(getattr(props, "uuid", "")) or identity.get("uuid"),
+            "driver": identity.get("driver_version"), "kernels": kernels, "torch": torch.__version__,
+            "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version()}

@@ -7,13 +7,17 @@
   the oracle, its Pareto front (and the line time-sharing its points gives), and where each
   controlled run operated;
 - control_energy: joules per token against the budget for the controller, the oracle's
-  most frugal static configuration within that budget and the static default.
+  most frugal static configuration within that budget and the static default;
+- control_scenarios: every budget run and generated scenario against the targets (windows
+  within budget + 3%, settling after steps, throughput against the static front), with the
+  pooled figures (flashwatt.control.pooled) in each row's title.
 
 Only runs that finished `ok` are drawn; a figure with nothing to draw says why. Each is a
 `FigureSpec` of flashwatt.figure_base, drawn from the three tables (`CONTROL_TABLES`).
 """
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +27,7 @@ import pandas as pd
 import seaborn as sns
 
 from flashwatt.control.metrics import TOLERANCE, window_power
+from flashwatt.control.pooled import pooled_table
 from flashwatt.control.summary import least_energy_static, pareto_front, static_default, usable_static
 from flashwatt.figure_base import FigureSpec, Source, nothing_to_draw, registry
 from flashwatt.placeholder import Rows, no_cells_ok
@@ -53,7 +58,8 @@ class ControlTables:
         return self.runs[self.runs["status"] == "ok"]
 
 
-# Every control figure is drawn from the runs, the oracle's static rows and the runs' traces.
+# Every control figure is drawn from the runs, the oracle's static rows and the runs' traces
+# (the pooled figures are the runs', pooled again where drawn).
 CONTROL_TABLES = Source(("runs", "oracle", "traces"), ControlTables.read, ControlTables.cells)
 
 
@@ -110,6 +116,7 @@ def draw_power(tables: ControlTables) -> plt.Figure:
                     va="bottom", color="C2")
         if isinstance(run.disturbance, str) and run.disturbance:
             ax.axvline(run.disturbance_at_s, color="k", lw=1.0, label=run.disturbance.replace("_", " "))
+        _shade_spans(ax, run, trace)
         within = f"{run.windows_within_pct:.0f}% of windows within" if pd.notna(run.windows_within_pct) else ""
         ax.set_title(f"{run.group} · {run.scenario}\n{within}", fontsize=8)
         ax.set_xlabel("time since start (s)")
@@ -122,6 +129,25 @@ def draw_power(tables: ControlTables) -> plt.Figure:
                bbox_to_anchor=(0.5, -0.02))
     fig.tight_layout(rect=(0, 0.05, 1, 1))
     return fig
+
+
+def _spans(value) -> list:
+    try:
+        return json.loads(value) if isinstance(value, str) else []
+    except ValueError:
+        return []
+
+
+def _shade_spans(ax, run, trace: pd.DataFrame) -> None:
+    """A run's co-located tenants (orange, with their power alone) and NVML failures (purple)."""
+    end = float(trace["t"].max()) if len(trace) else 0.0
+    for start, stop, alone in _spans(getattr(run, "tenant_spans", None)):
+        ax.axvspan(start, min(stop, end), color="C1", alpha=0.12, lw=0, label="co-located tenant")
+        if alone is not None:
+            ax.hlines(alone, start, min(stop, end), color="C1", lw=0.8, ls="--", label="tenant alone (measured)")
+    for start, stop in _spans(getattr(run, "failure_spans", None)):
+        ax.axvspan(start, end if stop is None else min(stop, end), color="C4", alpha=0.10, lw=0,
+                   label="controller's NVML failing")
 
 
 def _usable_oracle(tables: ControlTables) -> pd.DataFrame:
@@ -222,12 +248,68 @@ def draw_energy(tables: ControlTables) -> plt.Figure:
     return fig
 
 
+def _scenario_runs(tables: ControlTables) -> pd.DataFrame:
+    runs = tables.ok_runs()
+    return runs[runs["mode"].isin(["budget", "random"])]
+
+
+def _pooled_title(tables: ControlTables, group: str) -> str:
+    pooled = pooled_table(tables.runs)
+    if pooled.empty:
+        return group
+    rows = pooled[(pooled["group"] == group) & (pooled["runs_set"] == "all budget runs")]
+    if rows.empty:
+        return group
+    row = rows.iloc[0]
+
+    def fmt(value, pattern):
+        return "n/a" if value is None or pd.isna(value) else pattern.format(value)
+    return (f"{group}: pooled {fmt(row['windows_within_pct'], '{:.1f}')}% windows within, settle p50/p95 "
+            f"{fmt(row['step_settle_p50_s'], '{:.2f}')}/{fmt(row['step_settle_p95_s'], '{:.2f}')} s, "
+            f"{fmt(row['vs_front'], '{:.3f}')} of the front\nnot met: {row['unmet'] or 'n/a'}")
+
+
+def draw_scenarios(tables: ControlTables) -> plt.Figure:
+    runs = _scenario_runs(tables)
+    if runs.empty:
+        return nothing_to_draw(no_cells_ok(tables.runs, RUNS) or "No budget run finished ok.")
+    groups = sorted(runs["group"].unique())
+    height = max(3.0, 0.22 * max(len(runs[runs["group"] == g]) for g in groups) + 1.5)
+    fig, axes = plt.subplots(len(groups), 3, figsize=(15, height * len(groups)), squeeze=False, sharey="row")
+    for row_axes, group in zip(axes, groups):
+        mine = runs[runs["group"] == group].sort_values("scenario")
+        y = range(len(mine))
+        slowest = [max(map(float, [0.0, *[w for w in str(t).split() if w != "never"]])) if isinstance(t, str) else 0.0
+                   for t in mine["step_settle_s"]]
+        never = ["never" in str(t) for t in mine["step_settle_s"]]
+        panels = [
+            (pd.to_numeric(mine["windows_within_pct"], errors="coerce"), 95.0, "1 s windows within budget + 3% (%)"),
+            (pd.Series(slowest), 1.0, "slowest settling after a step (s; x: never)"),
+            (pd.to_numeric(mine["vs_front"], errors="coerce"), 0.90, "throughput / static front at the mean budget"),
+        ]
+        for ax, (values, target, label) in zip(row_axes, panels):
+            ax.barh(list(y), values.fillna(0).to_numpy(), color="C0")
+            ax.axvline(target, color="C3", ls="--", lw=1.0)
+            ax.set_xlabel(label, fontsize=8)
+        for i, missed in enumerate(never):
+            if missed:
+                row_axes[1].text(0, i, " x", va="center", color="C3")
+        row_axes[0].set_yticks(list(y))
+        row_axes[0].set_yticklabels([f"{s} ({c})" if isinstance(c, str) and c else s
+                                     for s, c in zip(mine["scenario"], mine["scenario_classes"])], fontsize=6)
+        row_axes[1].set_title(_pooled_title(tables, group), fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
 CONTROL_FIGURES = registry(
     FigureSpec("control_power", "pdf", "Power against time under the power-aware scheduler",
                "Each controlled run's GPU power (NVML instant readings at 10 Hz, and the 1 s window averages "
                "from the energy counter that the budget is judged by) with its budget and the +3% band. "
                "Grey: the exploration phase; green dotted lines: configuration switches, labelled after "
-               "exploration; black: the start of a disturbance (another process's load, or NVML failing).",
+               "exploration; black: the start of a disturbance (another process's load, or NVML failing); "
+               "orange: a co-located tenant (dashed: its power alone, measured before the run); purple: "
+               "the controller's NVML failing.",
                draw_power, CONTROL_TABLES),
     FigureSpec("control_pareto", "pdf", "Throughput against power: static configurations and the controller",
                "Every static configuration of the oracle (each duty a point, measured side by side in the "
@@ -239,4 +321,11 @@ CONTROL_FIGURES = registry(
                "the oracle's least-energy static configuration whose power stays within that budget, of "
                "the static default (sdpa with no backend forced, unbudgeted), and of the energy mode.",
                draw_energy, CONTROL_TABLES),
+    FigureSpec("control_scenarios", "pdf", "Every budget run and generated scenario against the targets",
+               "Per run (generated scenarios are named random-<seed>-<index>, with their classes: steps, ramps, "
+               "co-located tenants, NVML failures, a mix change): the share of its 1 s windows within budget + 3% "
+               "(infeasible windows, where a tenant alone drew more than the budget, left out; target 95%), the "
+               "slowest settling of its sliding 1 s windows after a budget step (target 1 s), and its whole-run "
+               "throughput over the static Pareto front at its time-averaged budget (target 0.90). The pooled "
+               "figures are in each row's title.", draw_scenarios, CONTROL_TABLES),
 )

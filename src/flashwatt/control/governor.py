@@ -1,4 +1,6 @@
-"""The decisions of the power-aware controller, free of torch and of NVML.
+"""The decisions of the power-aware controller, free of torch and of NVML: the loop and the
+budget here; choosing a configuration per call shape in flashwatt.control.shape_choices;
+moving the duty to hold the budget between ticks in flashwatt.control.power_holding.
 
 The `Governor` is fed two things: each sensor tick's reading (about 10 Hz) with the work
 done since the last tick, and GPU-time samples of single calls. From them it keeps the
@@ -16,13 +18,25 @@ Modes
     static  one fixed configuration and duty: the baseline and the oracle's rows; needs no
             telemetry.
 
-Stability: a shape explores each candidate for a short dwell, then keeps its choice for at
-least `dwell_s` and switches only for a predicted gain above `hysteresis`, so two
-configurations of near-equal merit never alternate. A budget change re-decides at once.
+Each shape goes through probe, explore, exploit and, now and then, recheck
+(flashwatt.control.shape_state). Exploration is bounded: a configuration is tried only at a
+duty whose predicted power (flashwatt.control.power_bound), with the watts of other tenants,
+is within the set point; one that would exceed it even at the lowest duty is deferred.
+
+Stability: a choice is kept for at least `dwell_s` and changes only for a predicted gain
+above `hysteresis`, so two configurations of near-equal merit never alternate. A budget
+step (a change of STEP_MIN_W or more) re-decides at once and moves the duty at once, from
+the configuration's duty -> power table; smaller changes (a ramp) are tracked by the loop.
+
+Others' watts: what the running configuration's table does not explain is another
+tenant's; a step in it is taken whole (the duty follows at once), and while it is on the
+board nothing is learned (docs/control.md, "Others' watts").
 
 Telemetry failure: when no valid reading arrives for `stale_s`, the governor falls back to
 the most frugal operating point it knows (the configuration and duty with the lowest power
-seen, else the lowest duty), says why in the trace, and resumes once readings return.
+seen, else the lowest duty, never above what the power prior puts within the set point),
+says why in the trace, and resumes once readings return. Ticks without a reading leave the
+duty where it is (the loop does not integrate an old error).
 """
 from __future__ import annotations
 
@@ -32,11 +46,29 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from flashwatt.control.budget_schedule import STEP_MIN_W
 from flashwatt.control.configuration import Configuration, ControlError
 from flashwatt.control.duty_loop import DutyLoop
 from flashwatt.control.model import DUTY_BINS, OnlineModel
+from flashwatt.control.power_bound import prior_duty
+from flashwatt.control.power_holding import NOISE_CLIP_W, PowerHolding
+from flashwatt.control.shape_choices import PROBE_SAMPLES, ShapeChoices
+from flashwatt.control.shape_state import EXPLOIT, EXPLORE, PROBE, RECHECK, ShapeState
 
 MODES = ("budget", "energy", "static")
+# The model learns from a tick only while the estimate of the watts it cannot explain moved
+# less than this (or twice the readings' noise) in the tick.
+OFFSET_SETTLED_W = 5.0
+# A change of the unexplained watts this large in one tick is a tenant arriving or leaving.
+TENANT_STEP_W = 25.0
+# Others' watts over this share of the set point (of the power in energy mode): the model
+# learns nothing (Governor._others_present).
+OTHERS_PRESENT = 0.05
+# For this long after a switch, a difference between power and the table is the table's to
+# learn, not the others' watts.
+TABLE_FIRST_S = 1.0
+# After a budget step, the runner-up is re-checked this soon (once the loop has settled).
+RECHECK_AFTER_STEP_S = 1.5
 
 
 @dataclass
@@ -68,23 +100,15 @@ class Work:
         return sum(t for _, t in self.by_key.values())
 
 
-@dataclass
-class ShapeState:
-    candidates: list[Configuration]
-    config: Configuration
-    to_explore: list[Configuration]
-    since: float  # when `config` became this shape's choice
-    forbidden: dict[Configuration, str] = field(default_factory=dict)
-    pruned: set[Configuration] = field(default_factory=set)  # too slow to be worth a power dwell
-    exploring: bool = True
-
-
-class Governor:
-    def __init__(self, mode: str, candidates: list[Configuration] | Callable[[tuple], list[Configuration]], *, budget_w: float | None = None,
-                 idle_w: float | None = None, limit_w: float | None = None, max_slowdown: float | None = None,
-                 static_duty: float = 1.0, margin: float = 0.02, max_margin: float = 0.08, dwell_s: float = 3.0,
-                 explore_dwell_s: float = 0.6, prune_below: float = 0.4, hysteresis: float = 0.05, stale_s: float = 0.5,
-                 duty_range: tuple[float, float] = (0.05, 1.0), clock: Callable[[], float] = time.monotonic):
+class Governor(ShapeChoices, PowerHolding):
+    def __init__(self, mode: str, candidates: list[Configuration] | Callable[[tuple], list[Configuration]], *,
+                 budget_w: float | None = None, idle_w: float | None = None, limit_w: float | None = None,
+                 max_slowdown: float | None = None, static_duty: float = 1.0, margin: float = 0.02,
+                 max_margin: float = 0.08, dwell_s: float = 3.0, explore_dwell_s: float = 0.6,
+                 prune_below: float = 0.4, hysteresis: float = 0.05, stale_s: float = 0.5,
+                 duty_range: tuple[float, float] = (0.01, 1.0), recheck_after_s: float = 4.0,
+                 recheck_max_s: float = 32.0, recheck_within: float = 0.85, warm_start=None,
+                 clock: Callable[[], float] = time.monotonic):
         if mode not in MODES:
             raise ControlError(f"mode {mode!r}: allowed {', '.join(MODES)}")
         if not callable(candidates):
@@ -104,14 +128,19 @@ class Governor:
         self.base_margin = margin
         self.max_margin = max_margin
         self.margin = margin  # base_margin, widened while 1 s averages of power spread (see _adapt_margin)
-        self._energy: collections.deque = collections.deque(maxlen=40)  # (t, joules) from the counter
-        self._window_w: collections.deque = collections.deque(maxlen=30)  # 1 s averages, one per tick
+        self._energy: collections.deque = collections.deque(maxlen=40)  # (t, joules, set point, budget)
+        self._debt_j = 0.0  # energy the last second drew over its budget (see _aim_w)
+        self._window_w: collections.deque = collections.deque(maxlen=30)  # 1 s averages less the set point, one per tick
         self._quiet_since: float | None = None  # windows from here on hold no step of ours
         self.dwell_s = dwell_s
         self.explore_dwell_s = explore_dwell_s
         self.prune_below = prune_below
         self.hysteresis = hysteresis
         self.stale_s = stale_s
+        self.recheck_after_s = recheck_after_s
+        self.recheck_max_s = recheck_max_s
+        self.recheck_within = recheck_within
+        self.warm_start = warm_start  # a flashwatt.control.warm_start.WarmStartCache, or None
         self.clock = clock
         self.model = OnlineModel()
         self.shapes: dict[tuple, ShapeState] = {}
@@ -119,22 +148,29 @@ class Governor:
         self.loop = DutyLoop(plant_gain_w=gain, d_min=duty_range[0], d_max=duty_range[1])
         self.loop.duty = static_duty if mode == "static" else duty_range[1]
         self.budget_w = None
+        self.offset_w = 0.0  # watts on the board that no configuration of ours explains
+        self._events: list[str] = []
+        self._last_single: tuple | None = None  # the (shape, config) of the last tick, if only one ran
+        self._several_shapes = False  # the last tick with work ran several shapes
+        self._tenant_step = False  # this tick saw a step in the watts of others
+        self._offset_moved_t = -float("inf")  # when the estimate of the others' watts last moved
         if budget_w is not None:
             self.set_budget(budget_w)
             if mode == "budget":
                 self.loop.duty = self._start_duty()  # start low, let the loop climb
         self.power_filtered: float | None = None
+        self._noise_w = 0.0  # mean absolute deviation of readings from the filtered power
         self._settled_since: float | None = None
-        self.offset_w = 0.0  # watts on the board that no configuration of ours explains
         self.last_valid_t: float | None = None
         self.fallback_reason: str | None = None
         self._last_tick_t: float | None = None
-        self._last_single: tuple | None = None  # the (shape, config) of the last tick, if only one ran
         self._last_duty = self.loop.duty
-        self._events: list[str] = []
+        self._prev_duty = self.loop.duty
 
     # ---- settings ----------------------------------------------------------------------
     def set_budget(self, budget_w: float) -> None:
+        """A new budget. A step (STEP_MIN_W or more) re-decides every shape and moves the
+        duty now; a smaller change (a ramp) is left to the loop."""
         budget_w = float(budget_w)
         if self.idle_w is not None and budget_w <= self.idle_w:
             raise ControlError(f"budget {budget_w:.0f} W is at or under this GPU's idle power "
@@ -142,17 +178,27 @@ class Governor:
         if self.limit_w is not None and budget_w > self.limit_w:
             raise ControlError(f"budget {budget_w:.0f} W is over this GPU's enforced power limit "
                                f"({self.limit_w:.0f} W); the card cannot draw more than the limit")
-        changed = self.budget_w is not None and budget_w != self.budget_w
-        self.budget_w = budget_w
-        if changed:
-            self._events.append(f"budget {budget_w:.0f} W")
-            self.loop.hold()
-            self._window_w.clear()  # spread around the old budget says nothing of the new one
-            self._quiet_since = self.clock()
-            now = self.clock()
-            for shape, state in list(self.shapes.items()):
-                if not state.exploring:
-                    self._choose(shape, state, now, skip_dwell=True)
+        before, self.budget_w = self.budget_w, budget_w
+        if before is None or abs(budget_w - before) < STEP_MIN_W:
+            return
+        now = self.clock()
+        self._events.append(f"budget {budget_w:.0f} W")
+        if self.fallback_reason is not None:
+            return  # blind: the frugal fallback holds until readings return, whatever the budget
+        self.loop.hold()
+        self._window_w.clear()  # spread around the old budget says nothing of the new one
+        self._quiet_since = now
+        switched = False
+        for shape, state in list(self.shapes.items()):
+            if state.phase == RECHECK:  # a re-check across a step compares nothing: back to the choice
+                state.phase = EXPLOIT
+                state.run(state.choice, now, self._samples(shape, state.choice))
+            if state.phase == EXPLOIT:
+                switched |= self._choose(shape, state, now, skip_dwell=True)
+                state.next_recheck_t = min(state.next_recheck_t, now + RECHECK_AFTER_STEP_S)
+                state.recheck_every_s = self.recheck_after_s
+        if not switched:
+            self._retarget()
 
     @property
     def setpoint_w(self) -> float | None:
@@ -167,122 +213,43 @@ class Governor:
         state = self.shapes.get(shape)
         if state is None:
             state = self._new_shape(shape)
-        elif state.exploring:
-            self._advance_exploration(shape, state)
+        elif state.phase != EXPLOIT:
+            self._advance(shape, state)
         return state.config
 
     def on_latency(self, shape: tuple, config: Configuration, seconds: float, tokens: int) -> None:
+        stats = self.model.stats.get((shape, config))
+        if self._others_present() and stats is not None and stats.latency_samples >= PROBE_SAMPLES:
+            return  # another process takes part of the GPU's time: this call's time is not ours alone
         self.model.add_latency(shape, config, seconds, tokens)
+
+    def _others_present(self) -> bool:
+        """Another tenant's watts are on the board: what is measured now (GPU time, tokens
+        per watt, our table's watts) is shared with it, and would mislead every later run
+        through the warm start, so nothing is learned."""
+        reference = self.setpoint_w if self.setpoint_w is not None else (self.power_filtered or 0.0)
+        return self.offset_w > OTHERS_PRESENT * reference
 
     def forbid(self, shape: tuple, config: Configuration, reason: str) -> None:
         """A configuration this shape must not use (e.g. its precision failed the check)."""
         state = self.shapes.get(shape) or self._new_shape(shape)
         state.forbidden[config] = reason
         self._events.append(f"refused {config.label}: {reason}")
-        if config in state.to_explore:
-            state.to_explore.remove(config)
-        if state.config == config:
-            if state.exploring:
-                self._advance_exploration(shape, state, force=True)
-            else:
-                self._choose(shape, state, self.clock(), force=True)
-
-    def _new_shape(self, shape: tuple) -> ShapeState:
+        for pending in (state.to_probe, state.to_explore):
+            if config in pending:
+                pending.remove(config)
+        if state.config != config and state.choice != config:
+            return
         now = self.clock()
-        candidates = list(self.candidates_for(shape))
-        if not candidates:
-            raise ControlError(f"no configuration can run shape {shape}")
-        if self.mode == "static":
-            state = ShapeState(candidates, candidates[0], [], now, exploring=False)
+        if state.phase == PROBE:
+            self._advance_probe(shape, state)
+        elif state.phase == EXPLORE:
+            self._advance_exploration(shape, state, force=True)
         else:
-            state = ShapeState(candidates, candidates[0], list(candidates[1:]), now)
-        self.shapes[shape] = state
-        return state
-
-    def _advance_exploration(self, shape: tuple, state: ShapeState, force: bool = False) -> None:
-        now = self.clock()
-        stats = self.model.stats.get((shape, state.config))
-        # Explored: its GPU time sampled, and (for a shape that runs alone) its power seen at
-        # a comparable operating point, so every candidate is ranked by the same yardstick;
-        # a shape mixed with others (power not attributable) moves on after 3 dwells.
-        power_seen = stats is not None and (stats.j_samples if self.mode == "energy" else stats.eta_samples) >= 3
-        measured = stats is not None and stats.latency_samples >= 2
-        dwelt = now - state.since
-        if measured and not force and self._too_slow(shape, stats):
-            # Its GPU time alone rules it out: no need to wait for its power.
-            state.pruned.add(state.config)
-            self._events.append(f"prune {state.config.label} ({stats.tokens_per_s_full:.4g} tokens/s at full duty, "
-                                f"under {self.prune_below:g} x the fastest explored)")
-            force = True
-        if not force and not (measured and ((power_seen and dwelt >= self.explore_dwell_s)
-                                            or dwelt >= 3 * self.explore_dwell_s)):
-            return
-        while state.to_explore:
-            nxt = state.to_explore.pop(0)
-            if nxt not in state.forbidden:
-                state.config, state.since = nxt, now
-                self._duty_for_switch(nxt)
-                return
-        state.exploring = False
-        self._choose(shape, state, now, force=True)
-
-    def _too_slow(self, shape: tuple, stats) -> bool:
-        """Whether a configuration's full-duty throughput is under `prune_below` (0.4) of the
-        fastest one explored for this shape. To be worth choosing, such a configuration
-        would have to draw well under half the watts above idle of the faster one; on the
-        boards measured the slow ones (a 33-CTA cap, the memory-efficient backend, at 0.28-0.35x
-        cuDNN's throughput) drew 0.68x and more (docs/control.md), so their power dwell only
-        costs exploration time. A frugal configuration that is merely slower (0.6x) is
-        still explored in full."""
-        speeds = [st.tokens_per_s_full for (sh, _), st in list(self.model.stats.items())
-                  if sh == shape and st.tokens_per_s_full is not None and st.latency_samples >= 2]
-        return (stats.tokens_per_s_full is not None and bool(speeds)
-                and stats.tokens_per_s_full < self.prune_below * max(speeds))
-
-    def _score(self, shape: tuple, config: Configuration, use_eta: bool) -> float | None:
-        stats = self.model.stats.get((shape, config))
-        if stats is None or stats.tokens_per_s_full is None:
-            return None
-        if self.mode == "energy":
-            if use_eta and stats.j_per_token:
-                return -stats.j_per_token
-            return stats.tokens_per_s_full
-        if use_eta and self.setpoint_w is not None and self.idle_w is not None:
-            return self.model.throughput_at(shape, config, self.setpoint_w - self.offset_w, self.idle_w)
-        return stats.tokens_per_s_full
-
-    def _choose(self, shape: tuple, state: ShapeState, now: float, force: bool = False,
-                skip_dwell: bool = False) -> None:
-        allowed = [c for c in state.candidates if c not in state.forbidden and c not in state.pruned
-                   and self.model.stats.get((shape, c)) is not None
-                   and self.model.stats[(shape, c)].tokens_per_s_full is not None]
-        if not allowed:
-            return
-        if self.mode == "energy" and self.max_slowdown is not None:
-            fastest = max(self.model.stats[(shape, c)].tokens_per_s_full for c in allowed)
-            allowed = [c for c in allowed
-                       if self.model.stats[(shape, c)].tokens_per_s_full >= (1 - self.max_slowdown) * fastest]
-        # Power is attributable only where a tick ran this shape alone; rank every candidate
-        # by the same yardstick, so use it only if all of them have it.
-        key = "j_samples" if self.mode == "energy" else "eta_samples"
-        use_eta = all(getattr(self.model.stats[(shape, c)], key) > 0 for c in allowed)
-        scores = {c: self._score(shape, c, use_eta) for c in allowed}
-        best = max(allowed, key=lambda c: scores[c])
-        current = state.config
-        if best == current:
-            return
-        if not force:
-            if now - state.since < self.dwell_s and not skip_dwell:
-                return
-            cur = scores.get(current)
-            if cur is not None and scores[best] <= cur * (1 + self.hysteresis):
-                return
-        state.config, state.since = best, now
-        self._duty_for_switch(best)
-        unit = "J/token" if self.mode == "energy" and use_eta else "tokens/s"
-        ranked = sorted(allowed, key=lambda c: scores[c], reverse=True)[:3]
-        self._events.append(f"choose {best.label} (" + ", ".join(
-            f"{c.label} {abs(scores[c]):.4g}" for c in ranked) + f" {unit})")
+            state.phase = EXPLOIT
+            if state.choice == config:
+                self._choose(shape, state, now, force=True)
+            state.run(state.choice, now, self._samples(shape, state.choice))
 
     # ---- per tick ----------------------------------------------------------------------
     def tick(self, reading: Reading, work: Work) -> dict:
@@ -294,30 +261,12 @@ class Governor:
         self._adapt_margin(now, reading.energy_mj)
         if power is not None:
             self.last_valid_t = now
+            if self.power_filtered is not None:  # the readings' noise, as a mean absolute deviation
+                # (clipped: a step of the load is not noise)
+                self._noise_w += 0.05 * (min(abs(power - self.power_filtered), NOISE_CLIP_W) - self._noise_w)
             self.power_filtered = power if self.power_filtered is None else 0.3 * self.power_filtered + 0.7 * power
         tokens_per_s = work.tokens / dt
-        single = next(iter(work.by_key)) if len(work.by_key) == 1 else None
-
-        # The model learns only from ticks whose power belongs to one (shape, config) and
-        # that follow a tick of the same, so a switch's transient is not attributed.
-        steady_duty = abs(self.loop.duty - self._last_duty) < 0.03
-        if (power is not None and single is not None and single == self._last_single and steady_duty
-                and self.idle_w is not None and self.mode != "static"):
-            shape, config = single
-            # Watts the model cannot explain at a duty it knows belong to something else on
-            # the board (another tenant, warming up): tracked as an offset common to every
-            # configuration, so that a disturbance is neither learned as this configuration's
-            # cost nor makes another one look cheaper.
-            table = self.model.power.get(config)
-            expected = table.power_at(self.loop.duty, self.idle_w) if table is not None else None
-            if expected is not None:
-                self.offset_w += 0.3 * ((power - expected) - self.offset_w)
-            near_setpoint = self.setpoint_w is not None and abs(power - self.setpoint_w) <= 0.1 * self.setpoint_w
-            self.model.add_tick(shape, config, tokens_per_s, power - self.offset_w, self.idle_w, self.loop.duty,
-                                comparable=near_setpoint or self.loop.duty >= 0.98)
-        self._last_single = single
-        self._last_duty = self.loop.duty
-
+        self._learn(work, power, tokens_per_s)
         stale = self.last_valid_t is None or now - self.last_valid_t > self.stale_s
         phase = "static"
         if self.mode != "static":
@@ -328,50 +277,134 @@ class Governor:
                 phase = "fallback"
             else:
                 if self.fallback_reason is not None:
-                    self._events.append("telemetry back: control resumed")
-                    self.fallback_reason = None
-                    self.loop.reset()
-                phase = "explore" if any(s.exploring for s in list(self.shapes.values())) else "exploit"
-                # Configurations are compared only once the loop has settled: in a transient
-                # the model's latest samples are the least trustworthy.
-                if self._settled(now):
-                    for shape, state in list(self.shapes.items()):
-                        if not state.exploring:
-                            self._choose(shape, state, now)
-                if self.mode == "budget" and self.power_filtered is not None:
-                    config = self._dominant(work)
-                    table = self.model.power.get(config) if config else None
-                    # The feed-forward reads the table of our own watts at the set point; the
-                    # integral carries the rest (other tenants), so nothing is counted twice.
-                    ff = table.duty_for(self.setpoint_w, self.idle_w) if table and self.idle_w is not None else None
-                    self.loop.update(self.setpoint_w, self.power_filtered, dt, ff)
+                    self._resume(now)
+                self._decide(now)
+                phase = self._phase()
+                if self.mode == "budget" and self.power_filtered is not None and power is not None:
+                    table = self._running_table()  # what runs from now, not what ran before
+                    # The feed-forward reads the table of our own watts at the set point less the
+                    # watts of others (offset_w); the integral carries only what both got wrong.
+                    # A tick without a reading leaves the duty alone: no integration of an old error.
+                    ff = self._feed_forward(table)
+                    self.loop.update(self._aim_w(), self.power_filtered, dt, ff)
+                    if self._tenant_step and ff is not None:
+                        self.loop.reset(ff)  # the others' watts are in the feed-forward now
+                        self.loop.hold(1)
+                        self._events.append(f"others' watts now {self.offset_w:.0f} W")
+                    self._cut_overshoot(power, table)
+                self._tenant_step = False
         dominant = self._dominant(work)
         row = {
-            "t": now,
-            "mode": self.mode,
-            "phase": phase,
-            "budget_w": self.budget_w,
-            "setpoint_w": self.setpoint_w,
-            "margin": self.margin,
-            "power_w": power,
-            "power_filtered_w": self.power_filtered,
-            "energy_mj": reading.energy_mj,
-            "temp_c": reading.temp_c,
-            "sm_clock_mhz": reading.sm_clock_mhz,
-            "clock_reasons": reading.clock_reasons,
-            "duty": self.loop.duty,
-            "offset_w": self.offset_w,
-            "config": dominant.label if dominant else None,
+            "t": now, "mode": self.mode, "phase": phase, "budget_w": self.budget_w, "setpoint_w": self.setpoint_w,
+            "margin": self.margin, "power_w": power, "power_filtered_w": self.power_filtered,
+            "energy_mj": reading.energy_mj, "temp_c": reading.temp_c, "sm_clock_mhz": reading.sm_clock_mhz,
+            "clock_reasons": reading.clock_reasons, "duty": self.loop.duty, "offset_w": self.offset_w,
+            "config": dominant.label if dominant else None, "choice": self._choice_label(),
             "configs": len(work.by_key),
-            "calls": sum(c for c, _ in work.by_key.values()),
-            "tokens": work.tokens,
-            "tokens_per_s": tokens_per_s,
-            "telemetry_ok": not stale,
-            "telemetry_error": reading.error,
-            "event": "; ".join(self._events) or None,
+            "calls": sum(c for c, _ in work.by_key.values()), "tokens": work.tokens, "tokens_per_s": tokens_per_s,
+            "telemetry_ok": not stale, "telemetry_error": reading.error, "event": "; ".join(self._events) or None,
         }
         self._events = []
         return row
+
+    def _choice_label(self) -> str | None:
+        """The one shape's choice (a re-check runs another configuration without changing it)."""
+        states = list(self.shapes.values())
+        return states[0].choice.label if len(states) == 1 else None
+
+    def _phase(self) -> str:
+        phases = {s.phase for s in list(self.shapes.values())}
+        if phases & {PROBE, EXPLORE}:
+            return "explore"
+        return "recheck" if RECHECK in phases else "exploit"
+
+    def _learn(self, work: Work, power: float | None, tokens_per_s: float) -> None:
+        """Fold one tick into the model: only ticks whose power belongs to one (shape,
+        configuration), following a tick of the same, so a switch's transient is not learned;
+        ticks of several shapes teach the table of the mix (the feed-forward while they share
+        the GPU)."""
+        single = next(iter(work.by_key)) if len(work.by_key) == 1 else None
+        shapes = {shape for shape, _ in work.by_key}
+        if shapes:
+            self._several_shapes = len(shapes) > 1
+        for shape in shapes:
+            state = self.shapes.get(shape)
+            if state is not None:
+                state.seen_ticks += 1
+                state.alone_ticks += single is not None
+        # The reading of this tick may have been sampled up to a tick ago: it shows the duty
+        # set two ticks back as much as the last one, so both must agree.
+        steady_duty = abs(self.loop.duty - self._last_duty) < 0.03 and abs(self._last_duty - self._prev_duty) < 0.03
+        same = single is not None and single == self._last_single
+        self._last_single, self._prev_duty, self._last_duty = single, self._last_duty, self.loop.duty
+        if power is None or self.idle_w is None or self.mode == "static":
+            return
+        if same:
+            table = self.model.power.get(single)
+        elif len(shapes) > 1:
+            table = self.model.mix_power
+        else:
+            return
+        # While the duty moves, the reading lags it: only a step too large for that (a tenant
+        # that left while the loop climbed) is taken, and nothing is learned.
+        if not self._track_others(power, table, steps_only=not steady_duty) or not steady_duty:
+            return
+        if self._others_present():
+            return
+        if single is None:
+            table.add(self.loop.duty, power - self.offset_w)
+            return
+        near_setpoint = self.setpoint_w is not None and abs(power - self.setpoint_w) <= 0.1 * self.setpoint_w
+        self.model.add_tick(*single, tokens_per_s, power - self.offset_w, self.idle_w, self.loop.duty,
+                            comparable=near_setpoint or self.loop.duty >= 0.98)
+
+    def _track_others(self, power: float, table, steps_only: bool = False) -> bool:
+        """Update the estimate of watts on the board that our table does not explain (another
+        tenant, warming up): an offset common to every configuration, so that a disturbance
+        is neither learned as one configuration's cost nor makes another look cheaper.
+        Whether the tick may be learned from: only once the offset has settled (while it is
+        still catching up with a tenant that came or went, power less the offset is not
+        ours, and would be written into our table, and a warm start would keep it)."""
+        expected = table.power_at(self.loop.duty, self.idle_w) if table is not None else None
+        if expected is None:
+            return True
+        if self._quiet_since is not None and self.clock() - self._quiet_since < TABLE_FIRST_S:
+            # Just after a switch (or a warm start), a difference is first the table's error
+            # (a warm start's older table, a configuration's table read at a new duty): the
+            # table learns it, the others' watts stay as they were.
+            return True
+        innovation = (power - expected) - self.offset_w
+        # (while the duty moves the reading lags it; a mix of shapes, which takes no step
+        # whole, follows the others' watts anyway, smoothed)
+        moved = 0.0 if steps_only and not self._several_shapes else 0.3 * innovation
+        # (a mix of shapes changes its watts whenever one shape changes its configuration:
+        # only a step three times as large is surely another tenant's there)
+        threshold = max(TENANT_STEP_W, 4.0 * self._noise_w) * (2.0 if steps_only else 1.0) * (
+            3.0 if self._several_shapes else 1.0)
+        if abs(innovation) > threshold and not self._just_changed():
+            # A step in watts we did not make: a tenant came or went. Take it whole now, and
+            # move the duty to meet the set point with it, instead of over several ticks.
+            moved = innovation
+            self._tenant_step = True
+        self.offset_w += moved
+        settled = abs(moved) <= max(OFFSET_SETTLED_W, 2.0 * self._noise_w)
+        if not settled:
+            self._offset_moved_t = self.clock()
+        return settled
+
+    def _decide(self, now: float) -> None:
+        """Per tick: advance re-checks, start one when due, and compare configurations once
+        the loop has settled (in a transient the model's latest samples are the least
+        trustworthy)."""
+        settled = self._settled(now)
+        for shape, state in list(self.shapes.items()):
+            if state.phase == RECHECK:
+                self._advance_recheck(shape, state, now)
+            elif state.phase == EXPLOIT and settled:
+                if now >= state.next_recheck_t:
+                    self._maybe_recheck(shape, state, now)
+                else:
+                    self._choose(shape, state, now)
 
     def _adapt_margin(self, now: float, energy_mj: float | None) -> None:
         """Widen the set point's margin under the budget while the 1 s averages of power (the
@@ -381,54 +414,29 @@ class Governor:
         Windows that hold a budget step or a switch of ours are left out."""
         if energy_mj is None or self.mode != "budget" or self.budget_w is None:
             return
-        self._energy.append((now, energy_mj / 1e3))
-        older = [(t, j) for t, j in self._energy if t <= now - 1.0]
+        self._energy.append((now, energy_mj / 1e3, self.setpoint_w, self.budget_w))
+        self._update_debt(now)
+        older = [(t, j) for t, j, _, _ in self._energy if t <= now - 1.0]
         if not older:
             return
         t0, j0 = older[-1]
         quiet = self._quiet_since is None or t0 >= self._quiet_since
         if quiet and now > t0:
-            self._window_w.append((energy_mj / 1e3 - j0) / (now - t0))
+            # the window's power about the set point it was aiming at (a ramp moves both)
+            aimed = statistics.fmean(sp for t, _, sp, _ in self._energy if t > t0)
+            self._window_w.append((energy_mj / 1e3 - j0) / (now - t0) - aimed)
         if len(self._window_w) >= 10:
             spread = statistics.pstdev(self._window_w)
             self.margin = min(self.max_margin, max(self.base_margin, 1.645 * spread / self.budget_w))
 
-    def _start_duty(self) -> float:
-        """Half the duty a linear power curve would give for the set point: measured curves
-        are concave (more watts per unit of duty at low duty), so this starts under budget."""
-        share = (self.setpoint_w - (self.idle_w or 0.0)) / self.loop.plant_gain_w
-        return min(self.loop.d_max, max(self.loop.d_min, 0.5 * share))
-
-    def _duty_for_switch(self, config: Configuration) -> None:
-        """Bumpless for power: a configuration starts at the duty its own table gives for the
-        set point, or, never seen, at the cautious start duty if that is lower than now."""
-        if self.mode != "budget":
-            return
-        table = self.model.power.get(config)
-        if table is not None and self.idle_w is not None:
-            # The table holds our own watts; the loop's integral has been carrying the rest
-            # (another tenant, the table's error: offset_w). Start where our watts plus those
-            # meet the set point, and keep the integral at that difference, so neither the
-            # switch nor the end of the hold drops the compensation.
-            self._quiet_since = self.clock()
-            duty = table.duty_for(self.setpoint_w - max(0.0, self.offset_w), self.idle_w)
-            ff = table.duty_for(self.setpoint_w, self.idle_w)
-            if duty is not None:
-                self.loop.reset(duty)
-                self.loop.integral = self.loop.duty - ff if ff is not None else 0.0
-                self.loop.hold()
-                return
-        self._quiet_since = self.clock()
-        self.loop.reset(min(self.loop.duty, self._start_duty()))
-        self.loop.hold()
-
     def _settled(self, now: float) -> bool:
-        """Power within 5% of the set point for the last second, and no unexplained watts on
-        the board (another tenant makes the model's attribution uncertain); energy mode:
-        always."""
+        """Power within 5% of the set point for the last second, and the unexplained watts on
+        the board steady for as long (while another tenant comes or goes, the model's
+        attribution is uncertain; a steady offset is taken out of every prediction alike);
+        energy mode: always."""
         if self.mode != "budget":
             return True
-        if abs(self.offset_w) > 0.05 * self.setpoint_w:
+        if now - self._offset_moved_t < 1.0:  # the others' watts moved: attribution is uncertain
             self._settled_since = None
             return False
         if self.power_filtered is None or abs(self.power_filtered - self.setpoint_w) > 0.05 * self.setpoint_w:
@@ -445,18 +453,43 @@ class Governor:
         (shape, config), _ = max(work.by_key.items(), key=lambda kv: kv[1][1])
         return config
 
+    def _resume(self, now: float) -> None:
+        """Readings are back: each shape returns to its choice from before the fallback, at
+        the duty its table gives (bounded), and the loop takes over."""
+        self._events.append("telemetry back: control resumed")
+        self.fallback_reason = None
+        self.loop.reset()
+        for shape, state in list(self.shapes.items()):
+            if state.before_fallback is not None and state.before_fallback not in state.forbidden:
+                state.choice = state.before_fallback
+                state.run(state.choice, now, self._samples(shape, state.choice))
+                if not self._several_shapes:
+                    self._duty_for_switch(shape, state.choice)
+            state.before_fallback = None
+
     def _enter_fallback(self) -> None:
-        """The most frugal operating point known: lowest power seen, else the lowest duty."""
+        """The most frugal operating point known: lowest power seen, else the lowest duty; and
+        never above the duty at which the power prior, with the others' watts last seen, is
+        within the set point (the lowest power seen may be over the budget now)."""
         best = None
-        for config, table in list(self.model.power.items()):
+        for (_, config), table in list(self.model.power.items()):
             for b, p in list(table.bins.items()):
                 if best is None or p < best[0]:
                     best = (p, config, (b - 0.5) / DUTY_BINS)  # the low edge of the bin
+        now = self.clock()
         if best is not None:
             _, config, duty = best
             for state in list(self.shapes.values()):
                 if config not in state.forbidden:
-                    state.config, state.exploring, state.to_explore = config, False, []
+                    if not state.exploring:
+                        state.before_fallback = state.choice
+                    state.phase, state.choice, state.to_probe, state.to_explore = EXPLOIT, config, [], []
+                    state.recheck_every_s = self.recheck_after_s
+                    state.next_recheck_t = now + self.recheck_after_s
+                    state.run(config, now, 0)
+            if self.idle_w is not None and self.setpoint_w is not None:
+                duty = min(duty, prior_duty(self.setpoint_w - max(0.0, self.offset_w), self.idle_w, self.limit_w,
+                                            self.loop.d_min, self.loop.d_max))
             self.loop.reset(max(self.loop.d_min, duty))
         else:
             self.loop.reset(self.loop.d_min)

@@ -6,6 +6,11 @@ check against float64), incorrect (it did not), skipped (no CUDA device; a contr
 without NVML; a budget this GPU cannot hold, with the device's idle power and limit in
 the reason), oom, or error with the traceback.
 
+A run starts from what earlier runs on the same GPU and build learned (the warm-start
+cache, flashwatt.control.warm_start; its place is $FLASHWATT_CONTROL_CACHE, default
+results/control-cache) unless the suite's `warm_start` is false; `merit.warm_start` in
+the record says what it started from.
+
 Before anything is measured the job calls every configuration it may use once (our
 kernel's build loads, cuDNN makes its plans), so the first calls of a run do not carry
 one-off costs into the controller's model or the oracle's rows; then the GPU rests and
@@ -19,29 +24,42 @@ from flashwatt.control.cell import ControlCell
 from flashwatt.job_frame import CellOutcome, CellSkipped, Job, run_in_frame
 
 KIND = "control"
-WARM_UP_S = 0.3
+WARM_UP_S = 0.15  # each configuration's calls for this long: its one-off costs paid (cuDNN plans, loads)
 REST_BEFORE_IDLE_S = 2.0
 IDLE_WINDOW_S = 1.0
 
 
 def scenario_of(cell: ControlCell, spec: dict):
-    """The run a cell names, with the lengths and loads its spec gives."""
-    from flashwatt.control.workloads import ColocatedLoad, Scenario, Workload
+    """The run a cell names, with the lengths, loads and (for a generated scenario) the
+    schedule, tenants, failures and mix change its spec gives."""
+    from flashwatt.control.tenants import Tenant
+    from flashwatt.control.workloads import Scenario, Workload
 
-    workload = Workload(cell.workload, dtype=cell.precision, causal=cell.causal, seed=int(spec.get("seed", 0)))
-    colocated = None
+    seed = int(spec.get("seed", 0))
+    workload = Workload(cell.workload, dtype=cell.precision, causal=cell.causal, seed=seed)
+    if cell.mode == "random":
+        generated = spec["scenario"]
+        change = generated.get("mix_change")
+        mix = (float(change["at_s"]), Workload(change["to"], dtype=cell.precision, causal=cell.causal, seed=seed)) \
+            if change else None
+        return Scenario(cell.scenario, workload, "budget", schedule=tuple(tuple(c) for c in generated["schedule"]),
+                        seconds=float(generated["seconds"]),
+                        tenants=tuple(Tenant.from_spec(t) for t in generated.get("tenants", [])),
+                        nvml_failures=tuple((float(a), float(b)) for a, b in generated.get("nvml_failures", [])),
+                        mix_change=mix)
+    tenants = ()
     if cell.disturbance == "colocated":
         load = spec.get("colocated", {})
-        colocated = ColocatedLoad(start_s=float(cell.disturbance_at_s), duty=float(load.get("duty", 0.3)),
-                                  seconds=float(load.get("seconds", 7.0)))
+        tenants = (Tenant("gemm", float(load.get("duty", 0.3)), float(cell.disturbance_at_s),
+                          float(load.get("seconds", 7.0))),)
     return Scenario(
         cell.scenario, workload, cell.mode,
         budget_w=float(cell.budget_w) if len(cell.budgets) == 1 else None,
         schedule=tuple((float(t), float(w)) for t, w in cell.budgets) if len(cell.budgets) > 1 else (),
         seconds=float(spec.get("seconds", 14.0)),
         max_slowdown=cell.max_slowdown_pct / 100 if cell.max_slowdown_pct is not None else None,
-        colocated=colocated,
-        fail_telemetry_after_s=float(cell.disturbance_at_s) if cell.disturbance == "nvml_failure" else None,
+        tenants=tenants,
+        nvml_failures=((float(cell.disturbance_at_s), float("inf")),) if cell.disturbance == "nvml_failure" else (),
     )
 
 
@@ -59,15 +77,17 @@ def _warm_up(cell: ControlCell, spec: dict, device) -> list[dict]:
 
     from flashwatt.control.study import run_scenario
 
-    base = scenario_of(cell, {**spec, "seconds": WARM_UP_S})
+    scenario = scenario_of(cell, spec)
     refused = []
-    for label in _configurations_used(cell, spec):
-        warm = replace(base, name=f"warm-up {label}", mode="static", configuration=label, duty=1.0,
-                       budget_w=None, schedule=(), colocated=None, fail_telemetry_after_s=None)
-        try:
-            run_scenario(warm, None, device)
-        except Exception as err:  # noqa: BLE001 - the run itself will meet (and record) it too
-            refused.append({"config": label, "error": f"{type(err).__name__}: {err}"})
+    for _, workload in scenario.phases():  # a generated scenario may change its workload mid-run
+        for label in _configurations_used(cell, spec):
+            warm = replace(scenario, name=f"warm-up {label}", workload=workload, mode="static", configuration=label,
+                           duty=1.0, budget_w=None, schedule=(), seconds=WARM_UP_S, tenants=(), nvml_failures=(),
+                           mix_change=None)
+            try:
+                run_scenario(warm, None, device)
+            except Exception as err:  # noqa: BLE001 - the run itself will meet (and record) it too
+                refused.append({"config": label, "workload": workload.group, "error": f"{type(err).__name__}: {err}"})
     return refused
 
 
@@ -89,10 +109,11 @@ def _oracle(cell: ControlCell, spec: dict, telemetry, device, idle_w, record: di
         record["status"] = "ok"
 
 
-def _controlled(cell: ControlCell, spec: dict, telemetry, device, idle_w, record: dict) -> list[dict]:
+def _controlled(cell: ControlCell, spec: dict, telemetry, device, idle_w, record: dict, tenants: list) -> list[dict]:
     from flashwatt.control.study import run_scenario
 
-    merit, trace = run_scenario(scenario_of(cell, spec), telemetry, device, idle_w)
+    merit, trace = run_scenario(scenario_of(cell, spec), telemetry, device, idle_w,
+                                cache="default" if spec.get("warm_start", True) else None, started=tenants)
     record["merit"] = merit
     if merit["check_passed"]:
         record["status"] = "ok"
@@ -110,10 +131,14 @@ def run_control_cell(cell: ControlCell, spec: dict) -> CellOutcome:
         from flashwatt.control.configuration import ControlError
         from flashwatt.control.sensor import idle_power
 
+        from flashwatt.control.tenants import TenantProcess
+
         device = job.open_device(cuda_only="control cells drive a CUDA GPU; none is visible")
         telemetry, record = job.telemetry, job.record
         if cell.mode != "oracle" and not telemetry.available:
             job.skip(f"mode {cell.mode} needs live power readings from NVML: {telemetry.reason}")
+        # Tenants' processes start first: they import torch while this job warms up.
+        tenants = [TenantProcess(t, str(device)) for t in scenario_of(cell, spec).tenants] if cell.mode != "oracle" else []
         try:
             record["warm_up_refused"] = _warm_up(cell, spec, device)
             idle_w = None
@@ -124,8 +149,11 @@ def run_control_cell(cell: ControlCell, spec: dict) -> CellOutcome:
             if cell.mode == "oracle":
                 _oracle(cell, spec, telemetry if telemetry.available else None, device, idle_w, record)
                 return []
-            return _controlled(cell, spec, telemetry, device, idle_w, record)
+            return _controlled(cell, spec, telemetry, device, idle_w, record, tenants)
         except ControlError as err:  # a budget or setting this GPU cannot hold
             raise CellSkipped(str(err)) from None
+        finally:
+            for process in tenants:
+                process.finish(timeout=5.0)  # normally done already; a run that failed leaves them waiting
 
     return run_in_frame(KIND, cell, spec, body)

@@ -10,10 +10,27 @@ from flashwatt.kind import Kind, TableFile
 
 def fill_schema(section: dict) -> None:
     run = section["properties"]["runs"]["items"]["properties"]
-    for key, names in (("mode", [m for m in control.CONTROL_MODES if m != "oracle"]), ("workload", control.WORKLOADS),
+    modes = [m for m in control.CONTROL_MODES if m not in ("oracle", "random")]
+    for key, names in (("mode", modes), ("workload", control.WORKLOADS),
                        ("precision", control.CONTROL_PRECISIONS), ("disturbance", control.DISTURBANCES)):
         run[key] = {"enum": list(names)}
+    generated = section["properties"]["random"]["properties"]
+    generated["workloads"]["items"] = {"enum": list(control.WORKLOADS)}
+    generated["precision"] = {"enum": list(control.CONTROL_PRECISIONS)}
 
+
+def report_values(suite: str) -> dict:
+    """The pooled figures in words (results/<suite>/control_pooled.parquet), for the report."""
+    from pathlib import Path
+
+    path = Path(f"results/{suite}/control_pooled.parquet")
+    if not path.exists():
+        return {"pooled": "The pooled figures are in control_pooled.csv once the suite's tables are made."}
+    import pandas as pd
+
+    from flashwatt.control.pooled import report_sentences
+
+    return {"pooled": report_sentences(pd.read_parquet(path))}
 
 
 KIND = Kind(
@@ -29,12 +46,15 @@ KIND = Kind(
         TableFile("csv", "control.csv", "control_table.rst", "control runs",
                   about="controlled runs against their oracle"),
         TableFile("oracle_csv", "control_oracle.csv", "control_oracle.rst", "control oracle"),
+        TableFile("pooled", "control_pooled.parquet"),
+        TableFile("pooled_csv", "control_pooled.csv", about="controlled runs pooled, against the scheduler's targets"),
     ),
     write_tables="flashwatt.control.summary:write_tables",
     figures=CONTROL_FIGURES,
     schema="schema.yaml",
     fill_schema=fill_schema,
     report="report.rst",
+    report_values="flashwatt.control.kind:report_values",
     rule_prefix="control_",
     figure_caption="control_figure.rst",
 )

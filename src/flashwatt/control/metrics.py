@@ -11,28 +11,62 @@
   that budget's segment (at least 1 s of it). A budget above what the workload can draw
   settles when power reaches the most the run drew at full duty.
 - Throughput and joules per token over the run.
+
+For scenarios (flashwatt.control.scenario_generator) it adds, per run:
+- the sliding 1 s windows (one starting at each tick) and, after each budget step, how long
+  until every sliding window starting from then to the next step is within budget + 3%
+  (`step_settle_s`; None: not before the next step or the end);
+- windows where a co-located tenant alone (its power measured alone before the run) draws
+  more than the budget: infeasible, left out of every within-budget figure and counted
+  apart (`infeasible_windows`, with the tenants' watts);
+- windows above budget + 10% (disjoint and sliding);
+- the basis of the throughput comparison with the static Pareto front
+  (flashwatt.control.summary): per workload phase, the seconds, tokens and time-averaged
+  budget of the ticks with no tenant on the board and the telemetry answering;
+- joules per token from 5 s on (the energy mode's target).
+Where the trace has `board_energy_mj` (an independent reader of the energy counter, while
+the controller's own readings failed), windows are judged by it.
 """
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 
+from flashwatt.control.budget_schedule import STEP_MIN_W
+
 TOLERANCE = 0.03  # budget + 3%
+OVER = 0.10  # budget + 10%: never, except where a tenant alone is over budget
 SETTLE_LOW = 0.90
+ENERGY_AFTER_S = 5.0  # the energy mode is judged from here on
 
 
-def window_power(trace: pd.DataFrame, window_s: float = 1.0) -> pd.DataFrame:
+def energy_column(trace: pd.DataFrame) -> str | None:
+    """The energy counter the windows are judged by: the board's (read independently) where
+    the trace has it, else the controller's own readings; None without two readings."""
+    for column in ("board_energy_mj", "energy_mj"):
+        values = trace.get(column)
+        if values is not None and pd.to_numeric(values, errors="coerce").notna().sum() >= 2:
+            return column
+    return None
+
+
+def energy_series(trace: pd.DataFrame, column: str) -> tuple[np.ndarray, np.ndarray]:
+    values = pd.to_numeric(trace[column], errors="coerce")
+    ok = values.notna().to_numpy()
+    return trace["t"].to_numpy(dtype=float)[ok], values.to_numpy(dtype=float)[ok] / 1e3
+
+
+def window_power(trace: pd.DataFrame, window_s: float = 1.0, budget_at=None) -> pd.DataFrame:
     """Average power per consecutive window of `window_s`, with the budget at its start."""
     t = trace["t"].to_numpy(dtype=float)
     if len(t) < 2:
         return pd.DataFrame(columns=["start", "power_w", "budget_w", "source"])
     starts = np.arange(t[0], t[-1] - window_s + 1e-9, window_s)
-    energy = trace.get("energy_mj")
-    use_counter = energy is not None and energy.notna().sum() >= 2
+    column = energy_column(trace)
+    use_counter = column is not None
     rows = []
     if use_counter:
-        ok = energy.notna().to_numpy()
-        te, e = t[ok], energy.to_numpy(dtype=float)[ok] / 1e3
+        te, e = energy_series(trace, column)
         for s in starts:
             if s < te[0] or s + window_s > te[-1]:  # the counter was not read across it (NVML down)
                 rows.append((s, np.nan))
@@ -45,15 +79,20 @@ def window_power(trace: pd.DataFrame, window_s: float = 1.0) -> pd.DataFrame:
             sel = (t >= s) & (t < s + window_s) & np.isfinite(p)
             rows.append((s, float(np.mean(p[sel])) if sel.any() else np.nan))
     out = pd.DataFrame(rows, columns=["start", "power_w"])
-    out["budget_w"] = [window_budget(trace, s, window_s) for s in out["start"]]
+    out["budget_w"] = [window_budget(trace, s, window_s, budget_at) for s in out["start"]]
     out["source"] = "energy counter" if use_counter else "instant power"
     return out
 
 
-def window_budget(trace: pd.DataFrame, start: float, window_s: float = 1.0) -> float:
+def window_budget(trace: pd.DataFrame, start: float, window_s: float = 1.0, budget_at=None) -> float:
     """The budget over a window: the time average of the budget in force, so a window that
-    a budget step cuts is allowed the energy of each part (each tick's budget holds until
-    the next tick)."""
+    a budget step cuts is allowed the energy of each part. From `budget_at(t)` where the
+    run's schedule is known (flashwatt.control.budget_schedule.BudgetSchedule.at: the
+    moment of each change), else from the trace (each tick's budget holds until the next
+    tick: a change between two ticks counts from the later one)."""
+    if budget_at is not None:
+        grid = np.linspace(start, start + window_s, 201)[:-1] + window_s / 400
+        return float(np.mean([budget_at(x) for x in grid]))
     t = trace["t"].to_numpy(dtype=float)
     b = trace["budget_w"].to_numpy(dtype=float)
     grid = np.linspace(start, start + window_s, 201)[:-1] + window_s / 400  # midpoints of 200 slices
@@ -65,35 +104,43 @@ def recovery_time(trace: pd.DataFrame, start_t: float, window_s: float = 1.0) ->
     the first tick from which every sliding window of `window_s` (one per tick, average power
     from the energy counter where the trace has it) is within budget + 3% to the end of the
     run. None if that never happens."""
-    t = trace["t"].to_numpy(dtype=float)
-    energy = trace.get("energy_mj")
-    use_counter = energy is not None and energy.notna().sum() >= 2
-    power = trace["power_w"].to_numpy(dtype=float)
-    starts = [i for i in np.flatnonzero(t >= start_t) if t[i] + window_s <= t[-1]]
-    if not starts:
+    windows = sliding_windows(trace, window_s)
+    after = windows[windows["start"] >= start_t]
+    if after.empty:
         return None
-    if use_counter:
-        ok = energy.notna().to_numpy()
-        e = np.interp(t, t[ok], energy.to_numpy(dtype=float)[ok]) / 1e3
-    inside = []
-    for i in starts:
-        if use_counter:
-            watts = (np.interp(t[i] + window_s, t, e) - e[i]) / window_s
-        else:
-            sel = (t >= t[i]) & (t < t[i] + window_s)
-            watts = float(np.nanmean(power[sel]))
-        inside.append(watts <= window_budget(trace, t[i], window_s) * (1 + TOLERANCE))
-    for j in range(len(starts)):
-        if all(inside[j:]):
-            return float(t[starts[j]] - start_t)
+    inside = (after["power_w"] <= after["budget_w"] * (1 + TOLERANCE)).to_numpy()
+    for j in range(len(inside)):
+        if inside[j:].all():
+            return float(after["start"].iloc[j] - start_t)
     return None
 
 
+def sliding_windows(trace: pd.DataFrame, window_s: float = 1.0, budget_at=None) -> pd.DataFrame:
+    """One window starting at each tick that has `window_s` of trace after it: its average
+    power (energy counter where the trace has it, else the instant readings) and budget."""
+    t = trace["t"].to_numpy(dtype=float)
+    starts = t[t + window_s <= t[-1] + 1e-9] if len(t) else t
+    column = energy_column(trace)
+    if column is not None:
+        te, e = energy_series(trace, column)
+        covered = (starts >= te[0]) & (starts + window_s <= te[-1] + 1e-9)
+        watts = (np.interp(starts + window_s, te, e) - np.interp(starts, te, e)) / window_s
+        watts = np.where(covered, watts, np.nan)
+    else:
+        power = pd.to_numeric(trace["power_w"], errors="coerce").to_numpy(dtype=float)
+        watts = np.array([np.nanmean(power[(t >= s) & (t < s + window_s)]) if np.isfinite(
+            power[(t >= s) & (t < s + window_s)]).any() else np.nan for s in starts])
+    budgets = ([window_budget(trace, s, window_s, budget_at) for s in starts]
+               if trace["budget_w"].notna().any() else np.nan)
+    return pd.DataFrame({"start": starts, "power_w": watts, "budget_w": budgets})
+
+
 def budget_steps(trace: pd.DataFrame) -> list[tuple[float, float, float]]:
-    """(time, new budget, end of its segment) for each change of budget after the first tick."""
+    """(time, new budget, end of its segment) for each step of the budget after the first
+    tick (a change of STEP_MIN_W or more; the small changes of a ramp are not steps)."""
     t = trace["t"].to_numpy(dtype=float)
     b = trace["budget_w"].to_numpy(dtype=float)
-    changes = [i for i in range(1, len(b)) if b[i] != b[i - 1]]
+    changes = [i for i in range(1, len(b)) if abs(b[i] - b[i - 1]) >= STEP_MIN_W]
     steps = []
     for j, i in enumerate(changes):
         end = t[changes[j + 1]] if j + 1 < len(changes) else t[-1]
@@ -130,10 +177,10 @@ def summarize(trace: pd.DataFrame, calls: int | None = None, tokens: int | None 
     out["wall_s"] = wall
     out["tokens"] = tok
     out["tokens_per_s"] = tok / wall if wall else None
-    energy = trace.get("energy_mj")
-    if energy is not None and energy.notna().sum() >= 2:
-        joules = (energy.dropna().iloc[-1] - energy.dropna().iloc[0]) / 1e3
-        span = float(t[energy.notna().to_numpy()][-1] - t[energy.notna().to_numpy()][0])
+    column = energy_column(trace)
+    if column is not None:
+        te, e = energy_series(trace, column)
+        joules, span = float(e[-1] - e[0]), float(te[-1] - te[0])
         out["avg_power_w"] = joules / span if span > 0 else None
         out["j_per_token"] = (out["avg_power_w"] / out["tokens_per_s"]) if out["tokens_per_s"] and out["avg_power_w"] else None
     else:

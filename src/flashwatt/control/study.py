@@ -1,39 +1,55 @@
 """Runs control scenarios on a GPU and measures them: the controller's side of the control suite.
 
-`run_scenario` drives a workload through a `Controller` for the scenario's time and returns
-its figures of merit (flashwatt.control.metrics) and its trace; `oracle` runs every static
+`run_scenario` drives a workload through a `Controller` for the scenario's time (its budget
+schedule, tenants started alongside and measured alone first, NVML failing in spans, the
+workload changing) and returns its figures of merit (flashwatt.control.metrics and
+flashwatt.control.scenario_merit) and its trace; `oracle` runs every static
 configuration at a grid of duties, the side-by-side baseline a controlled run is judged
 against. Every run ends with the controller's output checked against float64.
 """
 from __future__ import annotations
 
-import subprocess
 import time
 
+import numpy as np
 import pandas as pd
 import torch
 
 from flashwatt.control.configuration import Configuration
 from flashwatt.control.controller import Controller
 from flashwatt.control.metrics import run_merit
+from flashwatt.control.scenario_merit import ScenarioFacts, scenario_merit
 from flashwatt.control.sensor import SensorThread
+from flashwatt.control.tenants import TenantProcess
 from flashwatt.control.workloads import Scenario, Workload
 from flashwatt.kernels import get_kernel
 from flashwatt.measure import check_rows, reference_attention, relative_error
 from flashwatt.vocabulary import TOLERANCE
 
+# After the tenants' power is measured alone, the board rests this long before the run.
+REST_AFTER_TENANTS_S = 1.0
+
 
 class FailingTelemetry:
-    """Real telemetry that stops answering after `after_s`, as a hung NVML would."""
+    """Real telemetry whose readings fail in given spans of a run, as a hung NVML would."""
 
-    def __init__(self, inner, after_s: float):
-        self._inner, self._until = inner, time.monotonic() + after_s
+    def __init__(self, inner, spans: tuple[tuple[float, float], ...]):
+        self._inner, self._spans, self._t0 = inner, tuple(spans), None
         self.available, self.reason, self.devices = inner.available, inner.reason, inner.devices
 
+    def start(self, t0: float) -> None:
+        """The run starts now (monotonic `t0`): spans count from here."""
+        self._t0 = t0
+
     def sample(self):
-        if time.monotonic() > self._until:
-            raise RuntimeError("NVMLError_Unknown: injected failure (NVML stopped answering)")
+        if self._t0 is not None:
+            t = time.monotonic() - self._t0
+            if any(start <= t < start + seconds for start, seconds in self._spans):
+                raise RuntimeError("NVMLError_Unknown: injected failure (NVML stopped answering)")
         return self._inner.sample()
+
+    def energy_mj(self):
+        return self._inner.energy_mj()
 
     def close(self):
         self._inner.close()
@@ -53,74 +69,158 @@ def check_output(ctl: Controller, inputs: dict, workload: Workload) -> dict:
     return {"rel_err": worst, "tol": tol, "passed": bool(worst <= tol)}
 
 
-def run_scenario(scenario: Scenario, telemetry, device: torch.device, idle_w: float | None = None) -> tuple[dict, pd.DataFrame]:
-    workload = scenario.workload
-    inputs = workload.inputs(device)
+def _start_tenants(scenario: Scenario, telemetry, device: torch.device,
+                   started: list[TenantProcess] | None = None) -> tuple[list[TenantProcess], list[dict]]:
+    """Start every tenant's process (or take those `started` earlier), wait until each is
+    ready, and measure each one's power alone (one after another, the GPU otherwise idle)."""
+    processes = list(started) if started else [TenantProcess(tenant, str(device)) for tenant in scenario.tenants]
+    facts = []
+    try:
+        for process in processes:
+            process.wait_ready()
+        for process in processes:
+            alone = process.calibrate(telemetry)
+            facts.append({**process.tenant.as_spec(), "alone_w": alone})
+    except BaseException:
+        for process in processes:
+            process.finish(timeout=5.0)
+        raise
+    if processes:
+        time.sleep(REST_AFTER_TENANTS_S)  # the board's power falls back before the run
+    return processes, facts
+
+
+def _drive(ctl: Controller, scenario: Scenario, inputs: dict, t0: float) -> None:
+    """Call the controller with the scenario's workloads until its time is up, setting the
+    budget as the schedule says."""
+    budget = scenario.budget()
+    timeline = budget.timeline() if budget is not None else []
+    phases = [(at, workload, workload.order()) for at, workload in scenario.phases()]
+    with torch.no_grad():
+        while True:
+            now = time.monotonic() - t0
+            if now >= scenario.seconds:
+                break
+            while timeline and now >= timeline[0][0]:
+                ctl.set_budget(timeline.pop(0)[1])
+            while len(phases) > 1 and now >= phases[1][0]:
+                phases.pop(0)
+            _, workload, order = phases[0]
+            shape = next(order)
+            q, k, v = inputs[workload][shape]
+            ctl.attention(q, k, v, causal=workload.causal)
+
+
+def run_scenario(scenario: Scenario, telemetry, device: torch.device, idle_w: float | None = None,
+                 cache="default", started: list[TenantProcess] | None = None) -> tuple[dict, pd.DataFrame]:
+    """Run a scenario; its figures of merit and trace. `cache`: the warm-start cache's root
+    (flashwatt.control.warm_start; "default" its usual place, None off). `started`: the
+    scenario's tenants' processes, started earlier by the caller (they import torch while
+    it warms up)."""
+    inputs = {workload: workload.inputs(device) for _, workload in scenario.phases()}
+    tenants, tenant_facts = _start_tenants(scenario, telemetry, device, started) if scenario.tenants else ([], [])
     observed: list = []
     observer = None
-    if scenario.fail_telemetry_after_s is not None:
+    controller_telemetry = telemetry
+    if scenario.nvml_failures:
         # The controller's NVML fails; an independent reader of the same (working) NVML
-        # records what the board draws meanwhile, so the fallback is judged on measured watts.
+        # records what the board draws meanwhile, so windows are judged on measured watts.
         observer = SensorThread(telemetry, observed.append).start()
-        telemetry = FailingTelemetry(telemetry, scenario.fail_telemetry_after_s)
-    budget = scenario.budget_w if scenario.budget_w is not None else (scenario.schedule[0][1] if scenario.schedule else None)
-    ctl = Controller(scenario.mode, budget, device, telemetry=telemetry, idle_w=idle_w,
-                     configuration=scenario.configuration, duty=scenario.duty, max_slowdown=scenario.max_slowdown)
-    schedule = [s for s in scenario.schedule if s[0] > 0]
-    load = None
-    order = workload.order()
-    torch.cuda.synchronize(device)
-    t0 = time.monotonic()
-    if scenario.colocated:
-        load = scenario.colocated.start(device.index or 0, t0)
+        controller_telemetry = FailingTelemetry(telemetry, scenario.nvml_failures)
+    budget = scenario.budget()
+    ctl = None
     try:
-        with torch.no_grad():
-            while True:
-                now = time.monotonic() - t0
-                if now >= scenario.seconds:
-                    break
-                if schedule and now >= schedule[0][0]:
-                    ctl.set_budget(schedule.pop(0)[1])
-                shape = next(order)
-                q, k, v = inputs[shape]
-                ctl.attention(q, k, v, causal=workload.causal)
+        ctl = Controller(scenario.mode, budget.first_w if budget is not None else None, device,
+                         telemetry=controller_telemetry, idle_w=idle_w, configuration=scenario.configuration,
+                         duty=scenario.duty, max_slowdown=scenario.max_slowdown, cache=cache)
+        torch.cuda.synchronize(device)
+        t0 = time.monotonic()
+        if isinstance(controller_telemetry, FailingTelemetry):
+            controller_telemetry.start(t0)
+        for process in tenants:
+            process.schedule(t0)
+        _drive(ctl, scenario, inputs, t0)
         torch.cuda.synchronize(device)
         wall = time.monotonic() - t0
-        check = check_output(ctl, inputs, workload)
+        checks = [check_output(ctl, inputs[workload], workload) for _, workload in scenario.phases()]
     finally:
         if observer is not None:
             observer.stop()
-        ctl.close()
-        if load is not None:
-            try:
-                load.wait(timeout=scenario.colocated.start_s + scenario.colocated.seconds + 30)
-            except subprocess.TimeoutExpired:
-                load.kill()
+        if ctl is not None:
+            ctl.close()
+        for process in tenants:
+            process.finish(timeout=max(t.start_s + t.seconds for t in scenario.tenants) + 30.0)
     trace = ctl.trace()
     if len(trace):
         trace["t"] = trace["t"] - t0
-    merit = run_merit(trace, tokens=ctl.tokens, wall_s=wall,
-                      disturbance_at_s=scenario.colocated.start_s if scenario.colocated else None)
-    merit.update(scenario=scenario.name, mode=scenario.mode, budget_w=budget, calls=ctl.calls, slept_s=ctl.slept_s,
-                 check_rel_err=check["rel_err"], check_tol=check["tol"], check_passed=check["passed"],
-                 idle_w=ctl.idle_w, limit_w=ctl.limit_w)
     if observed:
-        seen = pd.DataFrame([{"t": r.t - t0, "observed_power_w": r.power_w, "observed_energy_mj": r.energy_mj}
-                             for r in observed]).sort_values("t")
-        trace = pd.merge_asof(trace.sort_values("t"), seen, on="t", direction="nearest")
-        merit["fallback_observed_w"] = observed_power(seen, scenario.fail_telemetry_after_s + 1.0)
+        trace = _with_observer(trace, observed, t0)  # windows are judged by the board's counter
+    merit = _merit(scenario, ctl, trace, wall, tenant_facts, idle_w)
+    worst = max((c["rel_err"] for c in checks), key=lambda e: float("inf") if e != e else e)
+    merit.update(check_rel_err=worst, check_tol=min(c["tol"] for c in checks),
+                 check_passed=all(c["passed"] for c in checks))
+    if observed:
+        merit["fallback_observed_w"] = fallback_power(trace)
     trace["scenario"] = scenario.name
     merit["model"] = ctl.model_table().to_dict("records")
     return merit, trace
 
 
-def observed_power(seen: pd.DataFrame, since_s: float) -> float | None:
-    """Average power from the independent reader's energy counter from `since_s` to its end."""
-    rows = seen[seen["t"] >= since_s].dropna(subset=["observed_energy_mj"])
-    if len(rows) < 2 or rows["t"].iloc[-1] <= rows["t"].iloc[0]:
+def _merit(scenario: Scenario, ctl: Controller, trace: pd.DataFrame, wall: float, tenant_facts: list[dict],
+           idle_w: float | None) -> dict:
+    budget = scenario.budget()
+    first_tenant = min(t.start_s for t in scenario.tenants) if scenario.tenants else None
+    merit = run_merit(trace, tokens=ctl.tokens, wall_s=wall, disturbance_at_s=first_tenant)
+    merit.update(scenario_merit(trace, _facts(scenario, ctl, tenant_facts, idle_w)))
+    merit.update(scenario=scenario.name, mode=scenario.mode, budget_w=budget.first_w if budget else None,
+                 calls=ctl.calls, slept_s=ctl.slept_s, idle_w=ctl.idle_w, limit_w=ctl.limit_w,
+                 warm_start=ctl.warm_start())
+    return merit
+
+
+def _facts(scenario: Scenario, ctl: Controller, tenant_facts: list[dict], idle_w: float | None) -> ScenarioFacts:
+    return ScenarioFacts(schedule=scenario.budget(), tenants=tenant_facts, idle_w=ctl.idle_w if idle_w is None else idle_w,
+                         phases=[(at, workload.group) for at, workload in scenario.phases()],
+                         nvml_failures=list(scenario.nvml_failures))
+
+
+def fallback_power(trace: pd.DataFrame, settle_s: float = 0.5) -> float | None:
+    """Average power the board drew, by the independent reader's counter, while the
+    controller held its fallback (each stretch from `settle_s` after it began)."""
+    if "board_energy_mj" not in trace or "phase" not in trace:
         return None
-    joules = (rows["observed_energy_mj"].iloc[-1] - rows["observed_energy_mj"].iloc[0]) / 1e3
-    return float(joules / (rows["t"].iloc[-1] - rows["t"].iloc[0]))
+    fallback = (trace["phase"] == "fallback").to_numpy()
+    t, energy = trace["t"].to_numpy(dtype=float), trace["board_energy_mj"].to_numpy(dtype=float)
+    joules = seconds = 0.0
+    i = 0
+    while i < len(t):
+        if not fallback[i]:
+            i += 1
+            continue
+        j = i
+        while j + 1 < len(t) and fallback[j + 1]:
+            j += 1
+        begin = np.searchsorted(t, t[i] + settle_s)
+        if begin < j and np.isfinite(energy[begin]) and np.isfinite(energy[j]):
+            joules += (energy[j] - energy[begin]) / 1e3
+            seconds += t[j] - t[begin]
+        i = j + 1
+    return joules / seconds if seconds > 0 else None
+
+
+def _with_observer(trace: pd.DataFrame, observed: list, t0: float) -> pd.DataFrame:
+    """The independent reader's readings beside each tick: its power (nearest reading) and the
+    board's energy counter at the tick's time (interpolated: readings are 0.1 s apart, and a
+    nearest one would put up to 50 ms of energy in the wrong window)."""
+    seen = pd.DataFrame([{"t": r.t - t0, "observed_power_w": r.power_w, "observed_energy_mj": r.energy_mj}
+                         for r in observed]).sort_values("t")
+    out = pd.merge_asof(trace.sort_values("t"), seen[["t", "observed_power_w"]], on="t", direction="nearest")
+    counter = seen.dropna(subset=["observed_energy_mj"])
+    if len(counter) >= 2:
+        t = out["t"].to_numpy(dtype=float)
+        inside = (t >= counter["t"].iloc[0]) & (t <= counter["t"].iloc[-1])
+        out["board_energy_mj"] = np.where(inside, np.interp(t, counter["t"], counter["observed_energy_mj"]), np.nan)
+    return out
 
 
 def oracle(workload: Workload, telemetry, device: torch.device, configs: list[str], duties: dict[str, list[float]],

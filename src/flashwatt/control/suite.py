@@ -4,16 +4,25 @@
       seconds: 14                    # length of a controlled run (a run may set its own)
       oracle: {configurations: [...], paced: [...], duties: [...], seconds: 2}
       colocated: {duty: 0.3, seconds: 7}
+      warm_start: true               # runs start from what earlier runs learned (flashwatt.control.warm_start)
       runs:
         - {mode: budget, budgets_w: [300, 450, 600]}           # one cell per budget
         - {mode: budget, schedule: [[0, 600], [6, 400], [11, 550]], seconds: 16}
         - {mode: budget, budgets_w: [500], disturbance: colocated, disturbance_at_s: 8}
         - {mode: energy, workload: steady, precision: bf16}
+      random:                        # generated scenarios (flashwatt.control.scenario_generator)
+        seeds: [41]
+        count: 20                    # per seed and workload: cells random-41-0 ... random-41-19
+        workloads: [steady, stream]
+        seconds: 10
+        budget_range_w: [250, 650]
 
 Every workload a run drives gets its oracle cell (every static configuration, in one job,
-so the runs are judged against static runs on the same kind of GPU in the same suite).
-The name of a cell says what it does; the rest (lengths, the load's duty, the oracle's
-configurations) is the cell's `spec`, recorded with it.
+so the runs are judged against static runs on the same kind of GPU in the same suite); a
+generated scenario whose shape mix changes needs the oracle of the workload it changes to
+as well. The name of a cell says what it does; the rest (lengths, the load's duty, the
+oracle's configurations, a generated scenario's whole schedule, tenants and failures) is
+the cell's `spec`, recorded with it, so `snakemake -f <record>` reruns exactly that run.
 """
 from __future__ import annotations
 
@@ -31,6 +40,34 @@ DEFAULT_ORACLE = {
     "seconds": 2.0,
 }
 DEFAULT_COLOCATED = {"duty": 0.3, "seconds": 7.0}
+DEFAULT_RANDOM = {"seeds": [41], "count": 20, "workloads": ["steady"], "precision": "bf16", "causal": False,
+                  "seconds": 10.0, "budget_range_w": [250, 650], "step_w": [50, 300]}
+
+
+def _random_cells(name: str, section: dict, seed: int, add) -> None:
+    """The generated scenarios of `section["random"]`, each with its oracle (and the oracle
+    of the workload its shape mix changes to)."""
+    from flashwatt.control.scenario_generator import GeneratorSettings, generate
+
+    where = f"suites.{name}.control.random"
+    settings = {**DEFAULT_RANDOM, **section["random"]}
+    try:
+        generator = GeneratorSettings(seconds=float(settings["seconds"]),
+                                      budget_range_w=tuple(float(w) for w in settings["budget_range_w"]),
+                                      step_w=tuple(float(w) for w in settings["step_w"]))
+    except ValueError as err:
+        raise ConfigError(f"config key {where}: {err}") from None
+    warm = bool(section.get("warm_start", True))
+    for workload in settings["workloads"]:
+        for generator_seed in settings["seeds"]:
+            for index in range(int(settings["count"])):
+                cell = ControlCell(name, workload, settings["precision"], bool(settings["causal"]), "random",
+                                   seed=int(generator_seed), index=index)
+                scenario = generate(int(generator_seed), index, workload, generator)
+                add(cell, {"seconds": scenario["seconds"], "seed": seed, "warm_start": warm, "scenario": scenario},
+                    where)
+                for group_workload in {workload, *([scenario["mix_change"]["to"]] if scenario["mix_change"] else [])}:
+                    yield ControlCell(name, group_workload, cell.precision, cell.causal, "oracle")
 
 
 def _runs_cells(name: str, section: dict, seed: int) -> dict[ControlCell, dict]:
@@ -89,11 +126,14 @@ def _runs_cells(name: str, section: dict, seed: int) -> dict[ControlCell, dict]:
                                    run.get("max_slowdown_pct"))
             except ValueError as err:
                 raise ConfigError(f"config key {key}: {err}") from None
-            spec: dict[str, Any] = {"seconds": seconds, "seed": seed}
+            spec: dict[str, Any] = {"seconds": seconds, "seed": seed, "warm_start": bool(section.get("warm_start", True))}
             if disturbance == "colocated":
                 spec["colocated"] = colocated
             add(cell, spec, key)
             oracle_cell = ControlCell(name, cell.workload, cell.precision, cell.causal, "oracle")
+            add(oracle_cell, {"seed": seed, "oracle": oracle}, f"{where}.oracle")
+    if section.get("random"):
+        for oracle_cell in list(_random_cells(name, section, seed, add)):
             add(oracle_cell, {"seed": seed, "oracle": oracle}, f"{where}.oracle")
     return cells
 

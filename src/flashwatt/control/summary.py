@@ -14,9 +14,20 @@ every run's trace, with each run judged against its workload's oracle.
   its power says how much the card drifted (warmed) over the oracle.
 - `oracle_same_device` says whether the oracle ran on the same GPU (by UUID) as the run: on
   a cluster, cells may land on different cards, and a comparison across cards is weaker.
+- `vs_front`: a budget run's (or a generated scenario's) whole-run throughput, exploration
+  included, over what the static Pareto front gives at each workload phase's time-averaged
+  budget for as long (flashwatt.control.scenario_merit: the ticks with no tenant on the
+  board and the telemetry answering; `front_excluded_s` the rest). Below the front's lowest
+  point the bar is the line to idle (time-sharing the lowest static run with idling).
+- `energy_gap_pct`: the energy mode's joules per token from 5 s on over the least-energy
+  static configuration's, less one, in %.
+
+Each run's scenario is in its row: the budget schedule (steps and ramps), the tenants with
+their power alone, the NVML failure spans, the mix change, and the scenario's classes.
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -31,13 +42,18 @@ MERIT_COLUMNS = [
     "worst_overshoot_pct", "window_source", "settling_max_s", "disturbance_recovery_s", "fallback_observed_w", "switches", "explore_s", "steady_tokens_per_s",
     "steady_avg_power_w", "steady_windows_within_pct", "steady_j_per_token", "final_config", "calls", "slept_s",
     "check_rel_err", "check_tol", "check_passed", "idle_w", "limit_w",
+    "windows_over_10pct", "sliding_over_10pct", "worst_sliding_overshoot_pct", "infeasible_windows",
+    "step_settle_p50_s", "step_settle_p95_s", "front_excluded_s", "after_5s_j_per_token",
 ]
+# What a run's scenario was (flashwatt.control.summary._scenario_columns), and its lists as text.
+SCENARIO_COLUMNS = ["schedule", "tenants", "nvml_failures", "mix_change", "scenario_classes", "tenant_spans",
+                    "failure_spans", "warm_shapes", "step_settle_s", "front_basis"]
 COMPARISON_COLUMNS = [
     "best_static", "best_static_tokens_per_s", "best_static_power_w", "vs_best_static", "steady_vs_best_static",
     "front_tokens_per_s", "steady_vs_front",
     "best_static_j", "best_static_j_per_token", "vs_best_static_j", "steady_vs_best_static_j",
     "static_default_tokens_per_s", "static_default_power_w", "static_default_j_per_token", "vs_static_default_j",
-    "oracle_same_device", "oracle_drift_pct",
+    "oracle_same_device", "oracle_drift_pct", "front_tokens", "vs_front", "energy_gap_pct",
 ]
 DEVICE_COLUMNS = ["device", "device_type", "device_uuid"]
 
@@ -65,17 +81,56 @@ def runs_table(paths: list[str | Path]) -> tuple[pd.DataFrame, pd.DataFrame]:
                                                for k, v in row.items()}})
             continue
         merit = record.get("merit") or {}
-        row = {**base, **{k: merit.get(k) for k in MERIT_COLUMNS}}
-        settles = merit.get("settling_s")
-        row["settling_s"] = " ".join("never" if s is None else f"{s:.2f}" for s in settles) if settles else None
+        row = {**base, **{k: merit.get(k) for k in MERIT_COLUMNS}, **_scenario_columns(cell, record.get("spec") or {}, merit)}
+        if cell.mode == "random" and row["schedule"]:
+            row["budget_w"] = record["spec"]["scenario"]["schedule"][0][1]
+        row["settling_s"] = _seconds_text(merit.get("settling_s"))
         runs.append(row)
     columns = [*ControlCell("x", budgets=((0, 1),)).as_row(), "status", "reason", *DEVICE_COLUMNS, "duration_s"]
-    run_frame = pd.DataFrame(runs).reindex(columns=[*columns, *MERIT_COLUMNS, "settling_s"])
+    run_frame = pd.DataFrame(runs).reindex(columns=[*columns, *MERIT_COLUMNS, "settling_s", *SCENARIO_COLUMNS])
     oracle_frame = pd.DataFrame(oracle_rows)
     if oracle_frame.empty:
         oracle_frame = pd.DataFrame(columns=[*columns, "config", "duty", "tokens_per_s", "avg_power_w",
                                              "j_per_token", "check_passed"])
     return compare_with_oracle(run_frame, oracle_frame), oracle_frame
+
+
+def _seconds_text(values) -> str | None:
+    return " ".join("never" if v is None else f"{v:.2f}" for v in values) if values else None
+
+
+def _scenario_columns(cell: ControlCell, spec: dict, merit: dict) -> dict:
+    """A run's scenario as text columns (and its spans as JSON for the figures)."""
+    from flashwatt.control.budget_schedule import BudgetSchedule
+    from flashwatt.control.scenario_generator import classes, describe_tenants
+
+    generated = spec.get("scenario") if cell.mode == "random" else None
+    if generated is not None:
+        schedule, failures, change = generated["schedule"], generated.get("nvml_failures", []), generated.get("mix_change")
+        tenants = merit.get("tenants") or generated.get("tenants", [])
+        scenario_classes = ",".join(classes(generated))
+    else:
+        schedule = [[t, w] for t, w in cell.budgets]
+        failures = [[cell.disturbance_at_s, None]] if cell.disturbance == "nvml_failure" else []
+        change = None
+        tenants = merit.get("tenants") or []
+        scenario_classes = cell.disturbance or ("steps" if len(cell.budgets) > 1 else "")
+    alone = [t.get("alone_w") for t in tenants]
+    text = describe_tenants(tenants)
+    if any(w is not None for w in alone):
+        text += " (alone: " + ", ".join("?" if w is None else f"{w:.0f} W" for w in alone) + ")"
+    return {
+        "schedule": BudgetSchedule.parse(schedule).describe() if schedule else None,
+        "tenants": text or None,
+        "nvml_failures": "; ".join(f"{s:g}s-" + ("end" if d is None else f"{s + d:g}s") for s, d in failures) or None,
+        "mix_change": f"{change['to']} from {change['at_s']:g}s" if change else None,
+        "scenario_classes": scenario_classes or None,
+        "tenant_spans": json.dumps([[t["start_s"], t["start_s"] + t["seconds"], t.get("alone_w")] for t in tenants]),
+        "failure_spans": json.dumps([[s, None if d is None else s + d] for s, d in failures]),
+        "warm_shapes": (merit.get("warm_start") or {}).get("warm_shapes"),
+        "step_settle_s": _seconds_text(merit.get("step_settle_s")),
+        "front_basis": json.dumps(merit.get("front_basis")) if merit.get("front_basis") is not None else None,
+    }
 
 
 def usable_static(oracle: pd.DataFrame) -> pd.DataFrame:
@@ -101,13 +156,37 @@ def least_energy_static(oracle: pd.DataFrame, budget_w: float | None = None) -> 
     return None if rows.empty else rows.loc[rows["j_per_token"].idxmin()]
 
 
-def front_at(oracle: pd.DataFrame, power_w: float) -> float | None:
+def front_at(oracle: pd.DataFrame, power_w: float, idle_w: float | None = None) -> float | None:
     """Throughput of the static Pareto front at `power_w`, linear between the front's points
-    (None below its lowest point); past its highest point, the highest."""
+    (time-sharing two static runs); past its highest point, the highest. Below its lowest
+    point: None, or, given the idle power, the line from (idle, nothing) to that point
+    (time-sharing the lowest static run with idling)."""
     front = pareto_front(usable_static(oracle))
-    if front.empty or power_w < front["avg_power_w"].iloc[0]:
+    if front.empty:
         return None
-    return float(np.interp(power_w, front["avg_power_w"], front["tokens_per_s"]))
+    powers, tokens = list(front["avg_power_w"]), list(front["tokens_per_s"])
+    if power_w < powers[0]:
+        if idle_w is None or not idle_w < powers[0]:
+            return None
+        powers, tokens = [idle_w, *powers], [0.0, *tokens]
+    return float(np.interp(power_w, powers, tokens))
+
+
+def vs_front(basis: list[dict] | None, oracle: pd.DataFrame, idle_w: float | None) -> tuple[float | None, float | None]:
+    """A run's tokens over what the static front gives at each workload phase's time-averaged
+    budget for as long (flashwatt.control.scenario_merit.front_basis): (ratio, front tokens).
+    None where a phase's workload has no oracle or its budget is not known."""
+    if not basis:
+        return None, None
+    tokens = bar = 0.0
+    for phase in basis:
+        rows = oracle[oracle["group"] == phase["group"]] if "group" in oracle else oracle
+        front = front_at(rows, phase["avg_budget_w"], idle_w) if phase.get("avg_budget_w") is not None else None
+        if front is None:
+            return None, None
+        tokens += phase["tokens"]
+        bar += front * phase["seconds"]
+    return (tokens / bar if bar > 0 else None), bar
 
 
 def pareto_front(rows: pd.DataFrame) -> pd.DataFrame:
@@ -157,7 +236,8 @@ def compare_with_oracle(runs: pd.DataFrame, oracle: pd.DataFrame) -> pd.DataFram
     for column in COMPARISON_COLUMNS:
         out[column] = None
     for i, run in out.iterrows():
-        rows = oracle[(oracle["suite"] == run["suite"]) & (oracle["group"] == run["group"])]
+        suite_rows = oracle[oracle["suite"] == run["suite"]]
+        rows = suite_rows[suite_rows["group"] == run["group"]]
         if rows.empty or run["status"] != "ok":
             continue
         values: dict = {"oracle_same_device": bool(run["device_uuid"] is not None
@@ -169,7 +249,7 @@ def compare_with_oracle(runs: pd.DataFrame, oracle: pd.DataFrame) -> pd.DataFram
                           static_default_power_w=default["avg_power_w"],
                           static_default_j_per_token=default["j_per_token"],
                           vs_static_default_j=_ratio(run["j_per_token"], default["j_per_token"]))
-        if run["mode"] == "budget" and pd.notna(run["budget_w"]):
+        if run["mode"] == "budget" and pd.notna(run["budget_w"]):  # a generated scenario's budget moves: front only
             best = best_static_under(rows, float(run["budget_w"]))
             if best is not None:
                 values.update(best_static=_label(best), best_static_tokens_per_s=best["tokens_per_s"],
@@ -179,11 +259,18 @@ def compare_with_oracle(runs: pd.DataFrame, oracle: pd.DataFrame) -> pd.DataFram
             front = front_at(rows, float(run["budget_w"]))
             if front is not None:
                 values.update(front_tokens_per_s=front, steady_vs_front=_ratio(run["steady_tokens_per_s"], front))
-        frugal = least_energy_static(rows, float(run["budget_w"]) if pd.notna(run["budget_w"]) else None)
+        if run["mode"] in ("budget", "random") and isinstance(run["front_basis"], str):
+            idle = float(run["idle_w"]) if pd.notna(run["idle_w"]) else None
+            ratio, bar = vs_front(json.loads(run["front_basis"]), suite_rows, idle)
+            values.update(vs_front=ratio, front_tokens=bar)
+        frugal = least_energy_static(rows, float(run["budget_w"]) if pd.notna(run["budget_w"]) and run["mode"] == "budget"
+                                     else None)
         if frugal is not None:
             values.update(best_static_j=_label(frugal), best_static_j_per_token=frugal["j_per_token"],
                           vs_best_static_j=_ratio(run["j_per_token"], frugal["j_per_token"]),
                           steady_vs_best_static_j=_ratio(run["steady_j_per_token"], frugal["j_per_token"]))
+            if run["mode"] == "energy" and pd.notna(run["after_5s_j_per_token"]):
+                values["energy_gap_pct"] = (run["after_5s_j_per_token"] / frugal["j_per_token"] - 1) * 100
         for column, value in values.items():
             out.at[i, column] = value
     return out
@@ -202,11 +289,16 @@ def traces_table(paths: list[str | Path]) -> pd.DataFrame:
 
 
 def write_tables(records: list[str], out: dict[str, str]) -> str:
-    """The suite's control runs, their oracle and their power traces; the status counts."""
+    """The suite's control runs, their oracle, their power traces and the pooled figures
+    (flashwatt.control.pooled); the status counts."""
+    from flashwatt.control.pooled import pooled_table
     from flashwatt.records import atomic_write
 
     runs, oracle = runs_table(records)
     traces = traces_table(records)
+    pooled = pooled_table(runs)
+    atomic_write(out["pooled"], lambda tmp: pooled.to_parquet(tmp, index=False))
+    atomic_write(out["pooled_csv"], lambda tmp: pooled.to_csv(tmp, index=False, float_format="%.6g"))
     atomic_write(out["runs"], lambda tmp: runs.to_parquet(tmp, index=False))
     atomic_write(out["oracle"], lambda tmp: oracle.to_parquet(tmp, index=False))
     atomic_write(out["traces"], lambda tmp: traces.to_parquet(tmp, index=False))

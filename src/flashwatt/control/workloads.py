@@ -4,18 +4,21 @@
   the shape of the measurements in docs/measurement.md);
 - stream: the seed study's shapes mixed call by call (H8 D64, L 128-2048, batch 32/64/128),
   in a seeded random order;
-plus, for any workload, a budget schedule (time -> watts) and a co-located load: another
-process on the same GPU, started mid-run, that the controller does not control.
+plus, for any workload, a budget schedule (steps and ramps), co-located tenants (other
+processes on the same GPU, flashwatt.control.tenants), spans in which the controller's NVML
+readings fail, and a change of the workload mid-run.
 """
 from __future__ import annotations
 
 import itertools
 import random
-import subprocess
-import sys
 from dataclasses import dataclass, field
 
 import torch
+
+from flashwatt.control.budget_schedule import BudgetSchedule
+from flashwatt.control.cell import group_name
+from flashwatt.control.tenants import Tenant
 
 STEADY_SHAPE = (4, 16, 4096, 128)
 STREAM_SEQ_LENS = (128, 256, 512, 1024, 2048)
@@ -30,6 +33,11 @@ class Workload:
     causal: bool = False
     shape: tuple[int, int, int, int] = STEADY_SHAPE
     seed: int = 0
+
+    @property
+    def group(self) -> str:
+        """The name of the workload's cells and oracle (flashwatt.control.cell)."""
+        return group_name(self.kind, self.dtype, self.causal)
 
     def shapes(self) -> list[tuple[int, int, int, int]]:
         if self.kind == "steady":
@@ -58,45 +66,29 @@ class Workload:
 
 
 @dataclass(frozen=True)
-class ColocatedLoad:
-    """Another process's matmuls on the same GPU from `start_s`, at `duty` of the time."""
-
-    start_s: float
-    duty: float = 0.3
-    seconds: float = 8.0
-    size: int = 8192
-
-    def start(self, device_index: int, run_start: float) -> subprocess.Popen:
-        """Start the process now; its load begins at `run_start + start_s` on the monotonic
-        clock (system-wide on Linux), so the seconds it spends importing torch and warming
-        up do not delay the disturbance."""
-        code = (
-            "import sys, time, torch\n"
-            f"torch.cuda.set_device({device_index})\n"
-            f"a = torch.randn({self.size}, {self.size}, device='cuda', dtype=torch.bfloat16)\n"
-            "(a @ a); torch.cuda.synchronize()\n"
-            f"begin = {run_start + self.start_s!r}\n"
-            "time.sleep(max(0.0, begin - time.monotonic()))\n"
-            f"end = begin + {self.seconds}\n"
-            "while time.monotonic() < end:\n"
-            "    t0 = time.perf_counter(); a @ a; torch.cuda.synchronize(); busy = time.perf_counter() - t0\n"
-            f"    time.sleep(busy * (1 - {self.duty}) / {self.duty})\n"
-        )
-        return subprocess.Popen([sys.executable, "-c", code])
-
-
-@dataclass(frozen=True)
 class Scenario:
-    """One controlled (or static) run: a workload under a mode for `seconds`."""
+    """One controlled (or static) run: a workload under a mode for `seconds`, and what
+    happens around it (flashwatt.control.scenario_generator makes random ones)."""
 
     name: str
     workload: Workload = field(default_factory=Workload)
     mode: str = "budget"
     budget_w: float | None = None
-    schedule: tuple[tuple[float, float], ...] = ()  # (seconds from start, watts)
+    # (seconds from start, watts[, ramp seconds]), the first at 0 s; empty: `budget_w` throughout
+    schedule: tuple[tuple[float, ...], ...] = ()
     seconds: float = 10.0
     configuration: str | None = None  # static mode
     duty: float = 1.0  # static mode
     max_slowdown: float | None = None
-    colocated: ColocatedLoad | None = None
-    fail_telemetry_after_s: float | None = None
+    tenants: tuple[Tenant, ...] = ()  # other processes on the same GPU
+    nvml_failures: tuple[tuple[float, float], ...] = ()  # (from s, for s): the controller's readings fail
+    mix_change: tuple[float, Workload] | None = None  # (at s, the workload from then on)
+
+    def budget(self) -> BudgetSchedule | None:
+        if self.schedule:
+            return BudgetSchedule.parse(self.schedule)
+        return BudgetSchedule.constant(self.budget_w) if self.budget_w is not None else None
+
+    def phases(self) -> list[tuple[float, Workload]]:
+        """(from s, workload) in order."""
+        return [(0.0, self.workload)] + ([self.mix_change] if self.mix_change else [])

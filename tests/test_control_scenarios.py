@@ -1,0 +1,253 @@
+"""Generated control scenarios (flashwatt.control.scenario_generator): what the generator
+makes, the cells that run them, and the scheduler held to its targets on every scenario of
+the control suite, on the simulated GPU of tests/control_plant.py, in simulated time.
+
+The suite's scenarios run one after another with one warm-start cache, as the suite's cells
+do on a GPU: the first run of each workload starts cold and explores; the others start from
+what the runs before them learned.
+"""
+from __future__ import annotations
+
+import math
+import time
+
+import pandas as pd
+import pytest
+
+from control_plant import (CUDNN, CUSTOM, PROFILES, SHAPE, SIM_WORKLOADS, STEADY, Plant, SimTenant, oracle_rows, run,
+                           simulate)
+from flashwatt.config import load_config, validate_config
+from flashwatt.control.budget_schedule import STEP_MIN_W, BudgetSchedule
+from flashwatt.control.cell import ControlCell
+from flashwatt.control.governor import Governor
+from flashwatt.control.metrics import run_merit
+from flashwatt.control.pooled import TARGETS
+from flashwatt.control.scenario_generator import SCENARIO_CLASSES, GeneratorSettings, classes, generate
+from flashwatt.control.scenario_merit import scenario_merit
+from flashwatt.control.suite import control_runs
+from flashwatt.control.summary import vs_front
+from flashwatt.control.warm_start import WarmStartCache
+
+
+# ---- the generator --------------------------------------------------------------------
+def test_a_scenario_is_a_function_of_its_seed_and_index():
+    settings = GeneratorSettings(seconds=10)
+    assert generate(41, 7, "steady", settings) == generate(41, 7, "steady", settings)
+    assert generate(41, 7, "steady", settings) != generate(42, 7, "steady", settings)
+    assert generate(41, 7, "steady", settings)["schedule"] == generate(41, 7, "stream", settings)["schedule"]
+
+
+@pytest.mark.parametrize("seed, seconds", [(41, 10.0), (4141, 5.0), (7, 6.0)])
+def test_twenty_scenarios_hold_every_class_within_the_stated_ranges(seed, seconds):
+    settings = GeneratorSettings(seconds=seconds)
+    scenarios = [generate(seed, i, "steady", settings) for i in range(20)]
+    assert {c for s in scenarios for c in classes(s)} == set(SCENARIO_CLASSES)
+    early = 0
+    for scenario in scenarios:
+        schedule = BudgetSchedule.parse(scenario["schedule"])
+        steps = schedule.steps()
+        assert 2 <= len(steps) <= 5, schedule.describe()
+        watts = [schedule.at(0.0)] + [w for _, w in steps]
+        before = schedule.entries[0].watts
+        for change in schedule.entries[1:]:
+            if not change.ramp_s:
+                assert 50 <= abs(change.watts - before) <= 300, schedule.describe()
+            else:  # a ramp moves less than a step's worth in each 0.1 s: it is tracked, not re-decided
+                assert abs(change.watts - before) / change.ramp_s * 0.1 < STEP_MIN_W
+            before = change.watts
+        assert all(250 <= w <= 650 for w in watts)
+        assert all(0 < t < seconds for t, _ in steps)
+        early += steps[0][0] < 2.0
+        for tenant in scenario["tenants"]:
+            assert tenant["kind"] in ("gemm", "copy") and 0.1 <= tenant["intensity"] <= 1.0
+            assert 0 < tenant["start_s"] < seconds and tenant["seconds"] >= 1.0
+        for start, length in scenario["nvml_failures"]:
+            assert 0 < start < seconds and 0.2 <= length <= 2.5
+        if scenario["mix_change"]:
+            assert scenario["mix_change"]["to"] == "stream" and 0 < scenario["mix_change"]["at_s"] < seconds
+    assert early >= 5  # steps during a cold start's exploration
+
+
+def test_scenario_cells_name_their_scenario_and_carry_it_whole():
+    config = validate_config({"suites": {"ctl": {"control": {"random": {"seeds": [41], "count": 20,
+                                                                       "workloads": ["steady", "stream"]}}}}})
+    cells = control_runs(config, "ctl")
+    generated = [c for c in cells if c.mode == "random"]
+    assert len(generated) == 40
+    for cell in generated:
+        assert cell.path == f"results/cells/ctl/control/{cell.group}/random-41-{cell.index}.json"
+        assert ControlCell.from_path(cell.path) == cell
+        assert cells[cell]["scenario"] == generate(41, cell.index, cell.workload, GeneratorSettings())
+    assert {c.group for c in cells if c.mode == "oracle"} == {"steady-bf16-full", "stream-bf16-full"}
+
+
+def test_the_heldout_suite_is_generated_from_a_seed_the_control_suite_does_not_use():
+    config = load_config("config/config.yaml")
+    heldout = [c for c in control_runs(config, "control_heldout") if c.mode == "random"]
+    tuned = [c for c in control_runs(config, "control") if c.mode == "random"]
+    assert len(heldout) >= 20 and {c.seed for c in heldout}.isdisjoint({c.seed for c in tuned})
+    assert sum(spec["seconds"] for c, spec in control_runs(config, "control_heldout").items() if c.mode != "oracle") <= 120
+
+
+# ---- the suite's scenarios on the simulated GPU -----------------------------------------
+def _oracle() -> pd.DataFrame:
+    plant = Plant(PROFILES)
+    return pd.DataFrame([dict(row, group=name) for name, workload in SIM_WORKLOADS.items()
+                         for row in oracle_rows(plant, workload)])
+
+
+def run_suite(seed: int, seconds: float, workloads=("steady", "stream"), cache_root=None) -> pd.DataFrame:
+    """Every generated scenario of a suite, in order, on the simulated GPU: one row each."""
+    oracle, rows = _oracle(), []
+    for workload in workloads:
+        for index in range(20):
+            scenario = generate(seed, index, workload, GeneratorSettings(seconds=seconds))
+            cache = WarmStartCache(cache_root, {"gpu": "sim"}) if cache_root else None  # one GPU, one build
+            gov = Governor("budget", list(PROFILES), budget_w=scenario["schedule"][0][1], idle_w=120.0,
+                           limit_w=700.0, warm_start=cache)
+            trace, facts = simulate(scenario, gov, workload, Plant(PROFILES, seed=index))
+            if cache is not None:
+                cache.save(gov.learned())
+            merit = {**run_merit(trace), **scenario_merit(trace, facts)}
+            ratio, _ = vs_front(merit["front_basis"], oracle, 120.0)
+            rows.append({"workload": workload, "index": index, "classes": classes(scenario), "vs_front": ratio,
+                         "trace": trace, **{k: merit.get(k) for k in (
+                             "windows", "windows_within_pct", "infeasible_windows", "windows_over_10pct",
+                             "sliding_over_10pct", "step_settle_s", "front_basis", "tenants")}})
+    return pd.DataFrame(rows)
+
+
+@pytest.fixture(scope="module")
+def suite(tmp_path_factory) -> pd.DataFrame:
+    config = load_config("config/config.yaml")
+    section = config["suites"]["control"]["control"]["random"]
+    return run_suite(section["seeds"][0], float(section["seconds"]), tuple(section["workloads"]),
+                     tmp_path_factory.mktemp("control-cache"))
+
+
+@pytest.mark.parametrize("scenario_class", SCENARIO_CLASSES)
+def test_every_scenario_of_each_class_holds_its_budget(suite, scenario_class):
+    mine = suite[suite["classes"].apply(lambda c: scenario_class in c)]
+    assert len(mine) >= 4, f"too few {scenario_class} scenarios to judge"
+    worst = mine.sort_values("windows_within_pct").iloc[0]
+    assert worst["windows_within_pct"] >= TARGETS["windows_each_pct"], worst[["workload", "index", "classes"]]
+    assert (mine["windows_over_10pct"] + mine["sliding_over_10pct"]).sum() == 0
+
+
+def test_pooled_windows_are_within_budget(suite):
+    within = (suite["windows_within_pct"] * suite["windows"]).sum() / suite["windows"].sum()
+    assert within >= TARGETS["windows_pooled_pct"]
+
+
+def test_every_budget_step_settles_within_a_second(suite):
+    settles = [math.inf if s is None else s for steps in suite["step_settle_s"] for s in steps]
+    assert len(settles) >= 100
+    assert pd.Series(settles).quantile(0.95, interpolation="higher") <= TARGETS["settle_p95_s"]
+    assert pd.Series(settles).quantile(0.5, interpolation="higher") <= TARGETS["settle_p50_s"]
+
+
+def test_throughput_is_near_the_static_front_at_the_time_averaged_budget(suite):
+    ratios = suite["vs_front"].dropna()
+    assert len(ratios) >= 0.9 * len(suite)
+    tokens = sum(sum(p["tokens"] for p in basis) for basis in suite["front_basis"] if basis)
+    bars = sum(tokens_ / ratio for tokens_, ratio in
+               ((sum(p["tokens"] for p in basis), r) for basis, r in zip(suite["front_basis"], suite["vs_front"]))
+               if ratio)
+    assert tokens / bars >= TARGETS["front_pooled"], suite.groupby("workload")["vs_front"].mean()
+    quiet = suite[suite["tenants"].apply(lambda t: not t)]
+    assert quiet["vs_front"].min() >= TARGETS["front_each"], quiet.loc[quiet["vs_front"].idxmin(), ["workload", "index"]]
+    # Where a tenant came and went, the seconds around it (the climb back once it left) are
+    # a large share of the little time it left free: not yet 0.90 there (docs/control.md).
+    assert ratios.min() >= 0.75, suite.loc[suite["vs_front"].idxmin(), ["workload", "index", "classes"]]
+
+
+def test_a_tenant_over_the_budget_makes_its_windows_infeasible_with_its_watts(suite):
+    infeasible = suite[suite["infeasible_windows"] > 0]
+    assert len(infeasible)
+    for row in infeasible.itertuples():
+        assert row.tenants and all(t["alone_w"] > 0 for t in row.tenants)
+
+
+# ---- what keeps exploration in bounds -------------------------------------------------
+def test_exploration_never_tries_a_configuration_predicted_over_the_budget():
+    """A tenant takes most of a 400 W budget from the start: every configuration explored
+    starts at a duty predicted within what is left, and one that would not fit even at the
+    lowest duty is deferred, not tried."""
+    plant = Plant(PROFILES, tenants=[SimTenant(0.0, 30.0, 230.0)])
+    gov = Governor("budget", list(PROFILES), budget_w=400.0, idle_w=120.0, limit_w=700.0)
+    gov.offset_w = 230.0  # the watts of the tenant, seen before our first call
+    trace = run(gov, plant, 8.0)
+    trace["energy_mj"] = trace["true_energy_mj"]
+    from flashwatt.control.metrics import sliding_windows
+
+    windows = sliding_windows(trace)
+    assert (windows["power_w"] <= 400 * 1.03).all(), windows.sort_values("power_w").tail()
+    crowded = Governor("budget", list(PROFILES), budget_w=300.0, idle_w=120.0, limit_w=700.0)
+    crowded.offset_w = 165.0  # the tenant alone draws 285 W of 300: ours is predicted over even at the lowest duty
+    trace = run(crowded, Plant(PROFILES, tenants=[SimTenant(0.0, 30.0, 165.0)]), 3.0)
+    events = " ".join(trace["event"].dropna())
+    assert "defer" in events and "over the set point" in events
+    # nothing fits: it runs the fastest configuration at the lowest duty, and waits
+    assert crowded.shapes[SHAPE].deferred and crowded.shapes[SHAPE].choice == CUDNN
+    assert trace[trace["t"] > 1.0]["duty"].max() <= 0.05
+
+
+def test_the_runner_up_is_rechecked_and_a_wrong_ranking_corrected(tmp_path):
+    """A warm start whose knowledge is wrong (our kernel credited with cuDNN's figures and
+    more): the controller starts on our kernel, re-checks the runner-up, and moves to cuDNN."""
+    wrong = Governor("budget", list(PROFILES), budget_w=450.0, idle_w=120.0, limit_w=700.0)
+    run(wrong, Plant(PROFILES), 6.0)
+    learned = wrong.learned()
+    stats = learned[SHAPE]["stats"]
+    stats[CUSTOM.label], stats[CUDNN.label] = stats[CUDNN.label], stats[CUSTOM.label]
+    power = learned[SHAPE]["power"]
+    power[CUSTOM.label], power[CUDNN.label] = power[CUDNN.label], power[CUSTOM.label]
+    cache = WarmStartCache(tmp_path, {"gpu": "sim"})
+    cache.save(learned)
+    gov = Governor("budget", list(PROFILES), budget_w=450.0, idle_w=120.0, limit_w=700.0,
+                   warm_start=WarmStartCache(tmp_path, {"gpu": "sim"}))
+    trace = run(gov, Plant(PROFILES), 20.0)
+    assert trace["choice"].iloc[0] == CUSTOM.label  # it believed the cache
+    assert trace["choice"].iloc[-1] == CUDNN.label  # and the re-check corrected it
+    corrected = trace.loc[trace["choice"] == CUDNN.label, "t"].min()
+    assert corrected <= 10.0, corrected
+
+
+def test_a_budget_step_moves_the_duty_at_once():
+    gov = Governor("budget", list(PROFILES), budget_w=600.0, idle_w=120.0, limit_w=700.0)
+    run(gov, Plant(PROFILES), 8.0)
+    before = gov.duty
+    gov.set_budget(350.0)
+    assert gov.duty < 0.7 * before  # not a tick later: calls from now on are paced for 350 W
+    small = gov.duty
+    gov.set_budget(360.0)  # a ramp's step: left to the loop
+    assert gov.duty == small
+
+
+def test_energy_mode_is_within_three_percent_of_the_least_energy_static_after_five_seconds():
+    plant = Plant(PROFILES)
+    trace = run(Governor("energy", list(PROFILES), idle_w=120.0, limit_w=700.0), plant, 12.0)
+    late = trace[trace["t"] >= 5.0]
+    joules = (late["true_energy_mj"].iloc[-1] - late["true_energy_mj"].iloc[0]) / 1e3
+    j_per_token = joules / late["tokens"].iloc[1:].sum()
+    best = min(r["j_per_token"] for r in oracle_rows(plant, STEADY))
+    assert j_per_token <= best * (1 + TARGETS["energy_gap_pct"] / 100), (j_per_token, best)
+
+
+# ---- tenants' processes ---------------------------------------------------------------
+def test_a_tenant_process_starts_waits_and_runs_when_told():
+    from flashwatt.control.tenants import Tenant, TenantProcess
+
+    process = TenantProcess(Tenant("gemm", 0.5, start_s=0.3, seconds=0.5, size=64), "cpu")
+    try:
+        process.wait_ready(timeout=300)
+        assert process.calibrate(None, seconds=0.2) is None  # no energy counter on this host
+        t0 = time.monotonic()
+        process.schedule(t0)
+        process._expect("done", 30)
+        assert time.monotonic() - t0 >= 0.8  # it waited for its start, then loaded for its length
+    finally:
+        process.finish()
+    assert process.proc.returncode == 0
+    with pytest.raises(ValueError, match="tenant kind 'sleep'"):
+        Tenant("sleep")
