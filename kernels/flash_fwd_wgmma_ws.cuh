@@ -481,9 +481,10 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) flash_fwd_wgmma_ws_kernel(
       // own tiles"). Its rows see keys below kv_end, up to 128 fewer than the item's last
       // row, so of the item's tiles it computes the first nw, the last of them at half width
       // where at most BN / 2 of its keys are visible; rows wholly outside [0, len_q), or
-      // (bottom-right alignment) that see no key, compute none: kv_end <= 0 gives nw <= 0,
-      // which every test below reads as none (clamping it at 0 serialised the wgmma). It
-      // still takes a turn for every tile, so the consumers' turns stay in step.
+      // (bottom-right alignment) that see no key, compute none: kv_end <= 0 gives nw <= 0
+      // (below 0 where kv_end <= -BN), which every test below reads as none (clamping kv_end
+      // at 0 serialised the wgmma). It still takes a turn for every tile, so the consumers'
+      // turns stay in step.
       const int wg_row0 = m0 + cw * 64;
       const int kv_end = wg_row0 >= p.len_q || wg_row0 + 64 <= 0
                              ? 0
@@ -520,7 +521,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) flash_fwd_wgmma_ws_kernel(
           wait_full(k_full, k);
           release(k_empty, k);
         }
-        if (k > nw) {
+        if (k > 0) {  // V_{k-1}, past the warpgroup's own tiles as every k here (none before K_0)
           wait_full(v_full, k - 1);
           release(v_empty, k - 1);
         }

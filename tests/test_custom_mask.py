@@ -246,3 +246,64 @@ def test_the_alignment_reaches_both_launches(fake_extension, align):
     flash_backward(q, q, k, k, q, lse, True, 0.125, backward_plan("bf16", 64), causal_align=align)
     _, bwd = fake_extension.calls[-1]
     assert bwd[11] is True and bwd[12] == code[align] and bwd[13] == 0.125
+
+
+# ---------------------------------------------------------------- the three consumers' turns
+
+def c_div(a: int, b: int) -> int:
+    """C's integer division (toward zero), as the kernels divide."""
+    q = abs(a) // b
+    return q if a >= 0 else -q
+
+
+def three_consumer_protocol(n_tiles: int, nw: int, half_last: bool):
+    """The K and V slots a consumer warpgroup of kernels/flash_fwd_wgmma_ws.cuh releases for
+    one work item, and how many turns it takes, written out from its code: its own nw tiles
+    (first, the steps, the last P V), then the tiles it does not read."""
+    k_released, v_released, turns = [], [], 0
+    if nw > 0:
+        k_released.append(0)  # first
+        turns += 1
+        for j in range(1, nw):  # the steps, the last maybe at half width
+            k_released.append(j)
+            v_released.append(j - 1)
+            turns += 1
+        v_released.append(nw - 1)  # last_pv
+        turns += 1
+    if nw > 0 and nw < n_tiles:
+        k_released.append(nw)
+    for k in range(nw + 1 if nw > 0 else 0, n_tiles + 1):
+        if k < n_tiles:
+            k_released.append(k)
+        if k > 0:
+            v_released.append(k - 1)
+        turns += 1
+    return k_released, v_released, turns
+
+
+@pytest.mark.parametrize("align", CAUSAL_ALIGNS)
+def test_three_consumers_release_every_slot_once(align):
+    """Whatever a warpgroup's share of an item (all, some, none: rows before 0 or, bottom-right,
+    rows that see no key, where its key end and nw go below 0), it releases each K and V slot
+    of the item exactly once and takes n_tiles + 1 turns, as the producer and the other
+    consumers count (a slot released twice or a turn missing deadlocks the CTA)."""
+    tiles = [t for t in TILES.values() if t.schedule in WS_SCHEDULES and t.block_m == 192]
+    assert tiles
+    for t in tiles:
+        BM, BN = t.block_m, t.block_n
+        for Lq, Lk in LENGTHS + [(1500, 700), (700, 1500), (2000, 100)]:
+            offset = causal_offset(align, Lq, Lk)
+            num_mb = -(-Lq // BM)
+            for mb in range(num_mb):
+                m0 = Lq - (num_mb - mb) * BM  # end-aligned blocks (causal)
+                kv_end = min(Lk, m0 + BM + offset)
+                n_tiles = c_div(kv_end - 1, BN) + 1 if kv_end > 0 else 1  # TileGrid, END_ALIGNED
+                for cw in range(3):
+                    wg_row0 = m0 + cw * 64
+                    end = 0 if wg_row0 >= Lq or wg_row0 + 64 <= 0 else min(Lk, wg_row0 + 64 + offset)
+                    nw = c_div(end + BN - 1, BN)
+                    half_last = nw > 0 and end - (nw - 1) * BN <= BN // 2
+                    k_rel, v_rel, turns = three_consumer_protocol(n_tiles, nw, half_last)
+                    case = (Lq, Lk, mb, cw, n_tiles, nw)
+                    assert sorted(k_rel) == list(range(n_tiles)) == sorted(v_rel), case
+                    assert turns == n_tiles + 1 and nw <= n_tiles, case

@@ -343,24 +343,31 @@ def test_three_consumers_own_tiles(tile):
     the blocks end at len_q, so the first starts above row 0. Lengths on and off the 64-
     and 192-row grids, unequal lengths, GQA: out and LSE against float64, and no row
     written outside the output (a guard of 8 rows before and after every head's rows keeps
-    its value)."""
+    its value); and bottom-right alignment, with rows (whole warpgroups of them) that see no
+    key."""
     if not HOPPER:
         pytest.skip("the warp-specialised tiles run only on compute capability 9.0")
     guard = 8
     for lq, lk in ((1, 1), (63, 63), (64, 64), (65, 65), (128, 128), (191, 191), (192, 192), (193, 193),
-                   (1000, 1000), (1024, 1024), (300, 1000), (1000, 300), (1, 300)):
-        for causal in (True, False):
-            seed = zlib.crc32(f"own-{tile}-{lq}-{lk}-{causal}".encode()) % 100_000
+                   (1000, 1000), (1024, 1024), (300, 1000), (1000, 300), (1, 300), (2000, 100)):
+        # Bottom-right with lq > lk: warpgroups whose rows see no key (key end below 0).
+        for causal, align in ((True, "top_left"), (False, "top_left"), (True, "bottom_right")):
+            if align == "bottom_right" and lq == lk:
+                continue
+            seed = zlib.crc32(f"own-{tile}-{lq}-{lk}-{causal}-{align}".encode()) % 100_000
             q, k, v = qkv(2, 6, lq, 64, torch.bfloat16, seed, Hkv=2, Lk=lk)
             buf = torch.full((2, 6, lq + 2 * guard, 64), 7.0, device="cuda", dtype=torch.bfloat16)
             out = buf[:, :, guard:guard + lq]
-            ref, ref_lse = reference(q, k, v, causal)
+            ref, ref_lse = reference(q, k, v, causal, causal_align=align)
+            seen = torch.isfinite(ref_lse)  # rows that see a key (all but bottom-right's first lq - lk)
             for tma in (True, False):
                 out.fill_(float("nan"))
-                got, lse = flash_forward(q, k, v, causal, tile, out=out, tma=tma)
+                got, lse = flash_forward(q, k, v, causal, tile, out=out, tma=tma, causal_align=align)
                 assert got.data_ptr() == out.data_ptr(), "the output view was copied, not written in place"
-                case = (lq, lk, causal, tma)
-                assert rel_err(got, ref) <= TOL["bf16"] and rel_err(lse, ref_lse) <= TOL["bf16"], case
+                case = (lq, lk, causal, align, tma)
+                assert rel_err(got[seen], ref[seen]) <= TOL["bf16"], case
+                assert rel_err(lse[seen], ref_lse[seen]) <= TOL["bf16"], case
+                assert torch.count_nonzero(got[~seen]) == 0 and torch.isneginf(lse[~seen]).all(), case
                 assert (buf[:, :, :guard] == 7.0).all() and (buf[:, :, guard + lq:] == 7.0).all(), case
 
 
