@@ -67,11 +67,17 @@ void check_operand(const at::Tensor& t, const char* name, const at::Tensor& q, b
               " rows of one head span more than 2^31 elements");
 }
 
+// The causal mask's alignment (flashwatt::CausalAlign), checked before any launch.
+void check_causal_align(int64_t causal_align) {
+  TORCH_CHECK(causal_align == flashwatt::kCausalTopLeft || causal_align == flashwatt::kCausalBottomRight,
+              "flashwatt custom: causal_align ", causal_align, " not one of 0 (top-left), 1 (bottom-right)");
+}
+
 // Runs configuration (math, block_m, block_n, warps, stages) on (B, H, L, D)-shaped views
 // with any strides; writes out (same shape as q) and lse (B, H, Lq) float32 contiguous.
 void forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out, at::Tensor& lse,
-             bool causal, double scale, int64_t math, int64_t block_m, int64_t block_n, int64_t warps,
-             int64_t stages, int64_t schedule, int64_t grid_cap, int64_t section, bool tile_counter,
+             bool causal, int64_t causal_align, double scale, int64_t math, int64_t block_m, int64_t block_n,
+             int64_t warps, int64_t stages, int64_t schedule, int64_t grid_cap, int64_t section, bool tile_counter,
              int64_t copies) {
   const bool align16 = math != flashwatt::kFfma;
   check_operand(q, "q", q, align16);
@@ -93,6 +99,7 @@ void forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::
                   lse.size(2) == Lq,
               "flashwatt custom: lse must be a contiguous float32 (B, H, Lq) tensor on q's device");
   TORCH_CHECK(Lq >= 1 && Lk >= 1 && B >= 1 && H >= 1, "flashwatt custom: empty input");
+  check_causal_align(causal_align);
   TORCH_CHECK(B * H * ((Lq + 15) / 16) < std::numeric_limits<int32_t>::max(), "flashwatt custom: too many tiles");
   const int index = flashwatt::fwd_find_config(static_cast<int>(math), dt, static_cast<int>(D),
                                                static_cast<int>(block_m), static_cast<int>(block_n),
@@ -120,6 +127,7 @@ void forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::
   p.head_dim = static_cast<int>(D);
   p.scale = static_cast<float>(scale);
   p.causal = causal ? 1 : 0;
+  p.causal_offset = causal ? flashwatt::causal_offset(static_cast<int>(causal_align), p.len_q, p.len_k) : 0;
   p.grid_cap = grid_cap > 0 ? static_cast<int>(std::min<int64_t>(grid_cap, std::numeric_limits<int32_t>::max())) : 0;
   p.section = section > 0 ? static_cast<int>(std::min<int64_t>(section, B * H)) : 0;
   TORCH_CHECK(copies == flashwatt::kCopiesAuto || copies == flashwatt::kCopiesThreads ||
@@ -177,7 +185,8 @@ std::map<std::string, int64_t> kernel_info(int64_t math, int64_t dtype, int64_t 
 // tensor, e.g. empty). fp16/bf16 only (the configuration table).
 void backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
               const at::Tensor& dout, const at::Tensor& lse, at::Tensor& dq, at::Tensor& dk, at::Tensor& dv,
-              at::Tensor& delta, at::Tensor& dq_accum, bool causal, double scale, int64_t block_n, int64_t block_m,
+              at::Tensor& delta, at::Tensor& dq_accum, bool causal, int64_t causal_align, double scale,
+              int64_t block_n, int64_t block_m,
               int64_t warps, int64_t math, int64_t section, bool deterministic) {
   for (const auto& [t, name] : {std::pair<const at::Tensor*, const char*>{&q, "q"}, {&k, "k"}, {&v, "v"},
                                 {&out, "out"}, {&dout, "dout"}, {&dq, "dq"}, {&dk, "dk"}, {&dv, "dv"}})
@@ -198,6 +207,7 @@ void backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, con
   TORCH_CHECK(dk.sizes() == k.sizes() && dv.sizes() == k.sizes(),
               "flashwatt custom backward: dk and dv must have k's shape ", k.sizes());
   TORCH_CHECK(Lq >= 1 && Lk >= 1 && B >= 1 && H >= 1, "flashwatt custom backward: empty input");
+  check_causal_align(causal_align);
   auto check_f32 = [&](const at::Tensor& t, const char* name, std::vector<int64_t> shape) {
     TORCH_CHECK(t.is_cuda() && t.device() == q.device() && t.scalar_type() == at::kFloat && t.is_contiguous() &&
                     t.sizes() == at::IntArrayRef(shape) && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0,
@@ -244,6 +254,7 @@ void backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, con
   p.head_dim = static_cast<int>(D);
   p.scale = static_cast<float>(scale);
   p.causal = causal ? 1 : 0;
+  p.causal_offset = causal ? flashwatt::causal_offset(static_cast<int>(causal_align), p.len_q, p.len_k) : 0;
   p.section = section > 0 ? static_cast<int>(std::min<int64_t>(section, B * Hkv)) : 0;
 
   const c10::cuda::CUDAGuard guard(q.device());
@@ -282,13 +293,13 @@ std::map<std::string, int64_t> backward_kernel_info(int64_t dtype, int64_t head_
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "flashwatt attention forward and backward kernels";
   m.def("forward", &forward,
-        "attention forward (q, k, v, out, lse, causal, scale, math, block_m, block_n, warps, stages, schedule, grid_cap, "
-        "section, tile_counter, copies)");
+        "attention forward (q, k, v, out, lse, causal, causal_align, scale, math, block_m, block_n, warps, stages, "
+        "schedule, grid_cap, section, tile_counter, copies)");
   m.def("configs", &configs, "compiled configurations: [math, dtype, head_dim, block_m, block_n, warps, stages, schedule]");
   m.def("kernel_info", &kernel_info, "registers, local bytes, shared memory and occupancy of one configuration");
   m.def("backward", &backward,
-        "attention backward (q, k, v, out, dout, lse, dq, dk, dv, delta, dq_accum, causal, scale, block_n, block_m, "
-        "warps, math, section, deterministic)");
+        "attention backward (q, k, v, out, dout, lse, dq, dk, dv, delta, dq_accum, causal, causal_align, scale, "
+        "block_n, block_m, warps, math, section, deterministic)");
   m.def("backward_configs", &backward_configs,
         "compiled backward configurations: [dtype, head_dim, block_n, block_m, warps, math]");
   m.def("backward_kernel_info", &backward_kernel_info,
@@ -300,6 +311,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("MATH_WGMMA") = static_cast<int>(flashwatt::kWgmma);
   m.attr("MATH_FFMA") = static_cast<int>(flashwatt::kFfma);
   m.attr("MATH_MMA_TF32") = static_cast<int>(flashwatt::kMmaTf32);
+  m.attr("CAUSAL_TOP_LEFT") = static_cast<int>(flashwatt::kCausalTopLeft);
+  m.attr("CAUSAL_BOTTOM_RIGHT") = static_cast<int>(flashwatt::kCausalBottomRight);
   m.attr("SCHEDULE_LOCKSTEP") = static_cast<int>(flashwatt::kLockstep);
   m.attr("SCHEDULE_PING_PONG") = static_cast<int>(flashwatt::kPingPong);
   m.attr("SCHEDULE_WARP_SPECIALIZED") = static_cast<int>(flashwatt::kWarpSpecialized);

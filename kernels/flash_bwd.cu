@@ -20,9 +20,10 @@
 // columns: BwdShape::KS): S^T, dP^T, dK and dV are accumulators with keys as rows, so
 // P^T and dS^T are repacked in registers as the A operand of dV and dK exactly as the
 // forward repacks P, and only dS^T goes through shared memory (for dQ, whose rows are
-// queries). Causal masking is top-left aligned as in the forward: query blocks wholly
-// above the diagonal of a key block are never visited, and only blocks that cross the
-// diagonal or a ragged end (keys or queries) take the mask branch.
+// queries). Causal masking is aligned as in the forward (top-left or bottom-right:
+// causal_mask.cuh): query blocks wholly before the first query that sees a key block are
+// never visited, and only blocks that cross the diagonal or a ragged end (keys or queries)
+// take the mask branch. Rows that see no key (LSE -inf) get P = 0, hence zero gradients.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -32,6 +33,7 @@
 #include <cstdint>
 #include <cstdio>
 
+#include "causal_mask.cuh"
 #include "flash_bwd.cuh"
 #include "flash_bwd_dq.cuh"
 #include "flash_fwd.cuh"
@@ -227,9 +229,9 @@ __global__ void __launch_bounds__(NW * 32, 1) flash_bwd_kernel(const BwdParams p
   const int group = p.heads / p.kv_heads;
   const int n0 = nb * BN;
   const int num_mb = (p.len_q + BM - 1) / BM;
-  // Causal: query i sees key j iff j <= i, so the first query block with a visible row is
-  // the one holding query n0.
-  const int mb_first = p.causal ? min(n0 / BM, num_mb) : 0;
+  // Causal: the first query block with a visible row is the one holding the first query
+  // that sees key n0 (causal_mask.cuh).
+  const int mb_first = p.causal ? min(causal_first_query(p, n0) / BM, num_mb) : 0;
   const int mb_count = num_mb - mb_first;
   const int iters = group * mb_count;  // (query head of the group, query block) pairs
   const float scale_log2 = p.scale * kLog2e;
@@ -348,18 +350,18 @@ __global__ void __launch_bounds__(NW * 32, 1) flash_bwd_kernel(const BwdParams p
 
     // ---- P^T = exp(scale * S^T - LSE): element e of tile nt is key
     // warp_key0 + g + 8 * (e >> 1), query nt * 8 + 2t + (e & 1) of the block.
-    const bool masked = n0 + BN > p.len_k || m0 + BM > p.len_q || (p.causal && n0 + BN - 1 > m0);
+    const bool masked = n0 + BN > p.len_k || m0 + BM > p.len_q || (p.causal && n0 + BN - 1 - p.causal_offset > m0);
 #pragma unroll
     for (int nt = 0; nt < NTQ; ++nt) {
       const float2 lse = *reinterpret_cast<const float2*>(lse_s + nt * 8 + 2 * t);
-      const float lse_log2[2] = {lse.x * kLog2e, lse.y * kLog2e};
+      const float lse_log2[2] = {lse_log2_for_p(lse.x), lse_log2_for_p(lse.y)};
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         float x = s[nt][e];
         if (masked) {
           const int key = n0 + warp_key0 + g + 8 * (e >> 1);
           const int query = m0 + nt * 8 + 2 * t + (e & 1);
-          if (key >= p.len_k || query >= p.len_q || (p.causal && key > query)) x = -INFINITY;
+          if (key >= p.len_k || query >= p.len_q || (p.causal && key - p.causal_offset > query)) x = -INFINITY;
         }
         s[nt][e] = exp2_ftz(fmaf(x, scale_log2, -lse_log2[e & 1]));
       }

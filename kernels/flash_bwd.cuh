@@ -35,7 +35,8 @@ struct BwdParams {
   int64_t dv_sb, dv_sh, dv_sl;
   int batch, heads, kv_heads, len_q, len_k, head_dim;
   float scale;  // the forward's softmax scale
-  int causal;   // top-left aligned, as the forward: key j is visible to query i iff j <= i
+  int causal;         // as the forward: key j is visible to query i iff j <= i + causal_offset
+  int causal_offset;  // 0 (top-left) or len_k - len_q (bottom-right): causal_offset() of flash_fwd.cuh
   int section;  // (batch, k/v head) pairs per L2 section of the CTA order (tile_schedule.cuh); 0: one section
   // The wgmma kernel's dQ reductions: a tensor map (CUtensorMap, 128 opaque bytes) of dq_accum,
   // written by bwd_launch.

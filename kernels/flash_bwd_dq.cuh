@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "causal_mask.cuh"
 #include "flash_bwd.cuh"
 #include "ptx.cuh"
 #include "smem_tile.cuh"
@@ -79,8 +80,9 @@ __global__ void __launch_bounds__(NW * 32, 2) flash_bwd_dq_kernel(const BwdParam
   const int hk = h / group;
   const int m0 = mb * BM;
   const int num_nb = (p.len_k + BN - 1) / BN;
-  // Causal: query i sees key j iff j <= i, so keys past the block's last row are never read.
-  const int n_tiles = p.causal ? min(num_nb, (m0 + BM - 1) / BN + 1) : num_nb;
+  // Causal: keys past the diagonal of the block's last row are never read (none where that
+  // row sees no key: causal_mask.cuh); dQ of such a block is 0.
+  const int n_tiles = p.causal ? (causal_kv_end(p, m0 + BM) + BN - 1) / BN : num_nb;
   const float scale_log2 = p.scale * kLog2e;
 
   const T* gQ = static_cast<const T*>(p.q) + b * p.q_sb + h * p.q_sh;
@@ -97,15 +99,15 @@ __global__ void __launch_bounds__(NW * 32, 2) flash_bwd_dq_kernel(const BwdParam
   if (n_tiles > 0) load_kv(0);
   cp_async_commit();
 
-  // LSE (in base-2 units) and delta of this thread's two rows; rows past len_q read 0 and
-  // are never stored.
+  // LSE (in base-2 units, a row that sees no key's as +inf: causal_mask.cuh) and delta of
+  // this thread's two rows; rows past len_q read 0 and are never stored.
   const int warp_q0 = warp * 16;
   const int64_t rows = static_cast<int64_t>(b * p.heads + h) * p.len_q;
   float lse_log2[2], delta[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int row = m0 + warp_q0 + g + 8 * r;
-    lse_log2[r] = row < p.len_q ? p.lse[rows + row] * kLog2e : 0.f;
+    lse_log2[r] = row < p.len_q ? lse_log2_for_p(p.lse[rows + row]) : 0.f;
     delta[r] = row < p.len_q ? p.delta[rows + row] : 0.f;
   }
 
@@ -152,7 +154,7 @@ __global__ void __launch_bounds__(NW * 32, 2) flash_bwd_dq_kernel(const BwdParam
 
     // ---- P, then dS = P (dP - delta) in place of dP: element e of tile nt is query
     // m0 + warp_q0 + g + 8 * (e >> 1), key n0 + nt * 8 + 2t + (e & 1). Masked: P = 0, dS = 0.
-    const bool masked = n0 + BN > p.len_k || (p.causal && n0 + BN - 1 > m0 + warp_q0);
+    const bool masked = n0 + BN > p.len_k || (p.causal && n0 + BN - 1 > m0 + p.causal_offset + warp_q0);
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
@@ -161,7 +163,7 @@ __global__ void __launch_bounds__(NW * 32, 2) flash_bwd_dq_kernel(const BwdParam
         if (masked) {
           const int query = m0 + warp_q0 + g + 8 * (e >> 1);
           const int key = n0 + nt * 8 + 2 * t + (e & 1);
-          if (key >= p.len_k || (p.causal && key > query)) x = -INFINITY;
+          if (key >= p.len_k || (p.causal && key > query + p.causal_offset)) x = -INFINITY;
         }
         const float pr = exp2_ftz(fmaf(x, scale_log2, -lse_log2[e >> 1]));
         dp[nt][e] = pr * (dp[nt][e] - delta[e >> 1]);

@@ -11,6 +11,7 @@
 //                       both K-major (head dim contiguous), as the forward's Q K^T.
 //   dP^T = V_w dO^T     the same with V and dO.
 //   P^T  = exp2(scale*log2e*S^T - log2e*LSE), dS^T = P^T (dP^T - delta) in registers.
+//                       (A row that sees no key: LSE -inf read as +inf, so P = 0: causal_mask.cuh.)
 //   dV  += P^T dO       wgmma RS, m64 nD k16 (queries): A = P^T from the accumulators (the
 //                       m64nN accumulator layout is the A-fragment layout, as the forward's
 //                       P), B = dO [query][d]: N-major, as the forward's V in P V.
@@ -35,6 +36,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "causal_mask.cuh"
 #include "flash_bwd.cuh"
 #include "ptx.cuh"
 #include "tile_schedule.cuh"
@@ -177,7 +179,7 @@ __global__ void __launch_bounds__(NWG * 128, 1) flash_bwd_wgmma_kernel(const __g
   const int group = p.heads / p.kv_heads;
   const int n0 = nb * BN;
   const int num_mb = (p.len_q + BM - 1) / BM;
-  const int mb_first = p.causal ? min(n0 / BM, num_mb) : 0;
+  const int mb_first = p.causal ? min(causal_first_query(p, n0) / BM, num_mb) : 0;
   const int mb_count = num_mb - mb_first;
   const int iters = group * mb_count;
   const float scale_log2 = p.scale * kLog2e;
@@ -259,7 +261,7 @@ __global__ void __launch_bounds__(NWG * 128, 1) flash_bwd_wgmma_kernel(const __g
 
     // ---- P^T: element i is key warp_key0 + g + 8*((i>>1)&1), query (i>>2)*8 + 2t + (i&1)
     const bool masked = n0 + warp_key0 + 16 > p.len_k || m0 + BM > p.len_q ||
-                        (p.causal && n0 + warp_key0 + 15 > m0);
+                        (p.causal && n0 + warp_key0 + 15 > m0 + p.causal_offset);
 #pragma unroll
     for (int i = 0; i < BM / 2; ++i) {
       const int q = (i >> 2) * 8 + 2 * t + (i & 1);
@@ -267,9 +269,9 @@ __global__ void __launch_bounds__(NWG * 128, 1) flash_bwd_wgmma_kernel(const __g
       if (masked) {
         const int key = n0 + warp_key0 + g + 8 * ((i >> 1) & 1);
         const int query = m0 + q;
-        if (key >= p.len_k || query >= p.len_q || (p.causal && key > query)) x = -INFINITY;
+        if (key >= p.len_k || query >= p.len_q || (p.causal && key > query + p.causal_offset)) x = -INFINITY;
       }
-      s[i] = exp2_ftz(fmaf(x, scale_log2, -lse_s[q] * kLog2e));
+      s[i] = exp2_ftz(fmaf(x, scale_log2, -lse_log2_for_p(lse_s[q])));
     }
 #pragma unroll
     for (int kk = 0; kk < KQ; ++kk) {

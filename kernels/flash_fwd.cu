@@ -12,9 +12,9 @@
 // fp32: a plain FFMA kernel with the same online softmax (exact fp32 path); the
 // opt-in tf32 precision runs fp32 inputs on tensor cores (flash_fwd_tf32.cuh).
 //
-// Causal masking is top-left aligned (key j visible to query i iff j <= i),
-// tiles above the diagonal are skipped and only tiles that cross the diagonal
-// or the ragged end of the keys are masked.
+// Causal masking is top-left or bottom-right aligned (key j visible to query i iff
+// j <= i + causal_offset: causal_mask.cuh), tiles past the diagonal are skipped and
+// only tiles that cross the diagonal or the ragged end of the keys are masked.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -191,7 +191,10 @@ __global__ void __launch_bounds__(NW * 32, 1) flash_fwd_tc_kernel(const FwdParam
 
       // ---- mask the ragged end of the keys and the diagonal
       const int n0 = j * BN;
-      if (n0 + BN > p.len_k || (p.causal && n0 + BN - 1 > m0)) {
+      // (Key col is visible to row iff col - causal_offset <= row: the offset goes with the
+      // keys, counted afresh each step, rather than with the rows, whose loop-long sum with it
+      // cost a register: kernels/NOTES.md, "Bottom-right causal alignment".)
+      if (n0 + BN > p.len_k || (p.causal && n0 + BN - 1 - p.causal_offset > m0)) {
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
@@ -200,7 +203,7 @@ __global__ void __launch_bounds__(NW * 32, 1) flash_fwd_tc_kernel(const FwdParam
             for (int e = 0; e < 4; ++e) {
               const int row = m0 + warp_row0 + mt * 16 + g + (e >> 1) * 8;
               const int col = n0 + nt * 8 + 2 * t + (e & 1);
-              if (col >= p.len_k || (p.causal && col > row)) s[mt][nt][e] = -INFINITY;
+              if (col >= p.len_k || (p.causal && col - p.causal_offset > row)) s[mt][nt][e] = -INFINITY;
             }
           }
         }
@@ -312,8 +315,10 @@ struct F32Shape {
   static constexpr int kSmemBytes = kSmemFloats * 4;
 };
 
+// Two CTAs per SM up to head dim 128 (128 registers a thread), as it ran before the causal
+// offset, with which ptxas took up to 155 registers (one CTA) for the same code, unasked.
 template <int D>
-__global__ void __launch_bounds__(kF32Threads, 1) flash_fwd_f32_kernel(const FwdParams p) {
+__global__ void __launch_bounds__(kF32Threads, D <= 128 ? 2 : 1) flash_fwd_f32_kernel(const FwdParams p) {
   constexpr int BM = kF32BM, BN = kF32BN, DP = D + 1, PP = BN + 1;
   constexpr int NC = BN / 4;  // score columns per thread
   constexpr int OC = D / 4;   // output columns per thread
@@ -375,7 +380,7 @@ __global__ void __launch_bounds__(kF32Threads, 1) flash_fwd_f32_kernel(const Fwd
 #pragma unroll
       for (int i = 0; i < NC; ++i) {
         const int col = n0 + c + 4 * i;
-        if (col >= p.len_k || (p.causal && col > row)) s[i] = -INFINITY;
+        if (col >= p.len_k || (p.causal && col - p.causal_offset > row)) s[i] = -INFINITY;
         cur = fmaxf(cur, s[i]);
       }
       cur = quad_max(cur);

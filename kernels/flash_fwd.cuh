@@ -19,6 +19,15 @@ enum FwdCopies : int {
   kCopiesTma = 2,      // the tensor memory accelerator, from one thread; an error where it cannot
 };
 
+// How the causal mask is aligned where len_q != len_k (kernels/causal_mask.cuh).
+enum CausalAlign : int {
+  kCausalTopLeft = 0,      // key j visible to query i iff j <= i, as torch's is_causal
+  kCausalBottomRight = 1,  // iff j <= i + len_k - len_q, as FlashAttention >= 2.1
+};
+
+// The causal_offset of FwdParams and BwdParams for an alignment.
+inline int causal_offset(int align, int len_q, int len_k) { return align == kCausalBottomRight ? len_k - len_q : 0; }
+
 // Tensor maps (CUtensorMap: 128 opaque bytes, 128-byte aligned as cuda.h declares it) of q, k and v for the TMA
 // copies, encoded by fwd_launch; the kernel reads them from its parameters.
 struct alignas(128) FwdTensorMaps {
@@ -38,7 +47,8 @@ struct FwdParams {
   int64_t o_sb, o_sh, o_sl;
   int batch, heads, kv_heads, len_q, len_k, head_dim;
   float scale;  // softmax scale applied to q.k
-  int causal;   // top-left aligned: key j is visible to query i iff j <= i
+  int causal;         // 1: key j is visible to query i iff j <= i + causal_offset
+  int causal_offset;  // 0 (top-left) or len_k - len_q (bottom-right): causal_offset(), causal_mask.cuh
   int grid_cap; // 0: one CTA per (q tile, batch, head), or one per SM for the persistent (warp-specialised)
                 // kernels; > 0: persistent grid of at most this many CTAs
   int section;  // (batch, head) pairs per L2 section of the work order (tile_schedule.cuh); 0: one section

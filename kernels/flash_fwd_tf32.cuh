@@ -135,14 +135,14 @@ __global__ void __launch_bounds__(kT32Threads, 1) flash_fwd_tf32_kernel(const Fw
 
       // ---- mask the ragged end of the keys and the diagonal
       const int n0 = j * BN;
-      if (n0 + BN > p.len_k || (p.causal && n0 + BN - 1 > m0 + warp_row0)) {
+      if (n0 + BN > p.len_k || (p.causal && n0 + BN - 1 - p.causal_offset > m0 + warp_row0)) {
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int row = m0 + warp_row0 + g + (e >> 1) * 8;
             const int col = n0 + nt * 8 + 2 * t + (e & 1);
-            if (col >= p.len_k || (p.causal && col > row)) s[nt][e] = -INFINITY;
+            if (col >= p.len_k || (p.causal && col - p.causal_offset > row)) s[nt][e] = -INFINITY;
           }
         }
       }

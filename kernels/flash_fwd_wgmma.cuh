@@ -234,12 +234,12 @@ __global__ void __launch_bounds__(NWG * 128, 1) flash_fwd_wgmma_kernel(const Fwd
     auto softmax = [&](int j, float (&alpha)[2], auto mask) {
       constexpr bool kMask = decltype(mask)::value;
       const int n0 = j * BN;
-      if (kMask && (n0 + BN > p.len_k || (p.causal && n0 + BN - 1 > m0 + warp_row0))) {
+      if (kMask && (n0 + BN > p.len_k || (p.causal && n0 + BN - 1 - p.causal_offset > m0 + warp_row0))) {
 #pragma unroll
         for (int i = 0; i < SN; ++i) {
           const int row = m0 + warp_row0 + g + ((i >> 1) & 1) * 8;
           const int col = n0 + (i >> 2) * 8 + 2 * t + (i & 1);
-          if (col >= p.len_k || (p.causal && col > row)) s[i] = -INFINITY;
+          if (col >= p.len_k || (p.causal && col - p.causal_offset > row)) s[i] = -INFINITY;
         }
       }
 #pragma unroll
@@ -294,7 +294,8 @@ __global__ void __launch_bounds__(NWG * 128, 1) flash_fwd_wgmma_kernel(const Fwd
       for (int i = 0; i < ON; ++i) o[i] *= alpha[(i >> 1) & 1];
       pack_p();
     };
-    const int n_clean = min(n_tiles, p.causal ? min(p.len_k, m0 + 1) / BN : p.len_k / BN);
+    // Tiles whose every key the CTA's first row sees (<= 0 where it sees no whole tile).
+    const int n_clean = min(n_tiles, p.causal ? min(p.len_k, m0 + 1 + p.causal_offset) / BN : p.len_k / BN);
     // Each role runs its own copy of the loops (role is warpgroup-uniform and constant, so
     // no branch lies inside a loop). Both pass B_0 .. B_n: n_tiles + 1 barriers.
     auto tiles = [&](auto lag_tag) {

@@ -19,8 +19,8 @@
 //     a CTA's first item is blockIdx.x, the next ones strided by gridDim.x or, with a
 //     tile counter (FwdParams::tile_counter: causal items of unequal length), the next one
 //     no CTA has taken, fetched by the producer as it frees up. The producer publishes each
-//     item's index beside its Q buffer with that buffer's q_full mbarrier, and an index
-//     past the end stops the consumers. K and V slots form one ring across work items
+//     item's index beside its Q buffer with that buffer's q_full mbarrier, and an index of
+//     -1 stops the consumers. K and V slots form one ring across work items
 //     and Q is double-buffered, so the producer loads the next item's Q and first K/V
 //     tiles while the consumers finish the current one and store its O.
 //   * ping-pong (PP): the consumers take turns to issue their wgmma, ordered by one named
@@ -176,8 +176,9 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) flash_fwd_wgmma_ws_kernel(
 
   extern __shared__ unsigned char smem[];
   __shared__ __align__(8) uint64_t bars[S::kBarriers];
-  // The work item whose Q is in buffer qb (grid.total: none left), published with q_full;
-  // and the producer's next item under a tile counter.
+  // The work item whose Q is in buffer qb (-1: none left, which keeps the item count out of
+  // the consumers' registers), published with q_full; and the producer's next item under a
+  // tile counter.
   __shared__ int item_of_q[2];
   __shared__ int next_item[2];
   const uint32_t sQ = (smem_addr(smem) + 1023u) & ~1023u;  // Q buffers 0 and 1
@@ -255,7 +256,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) flash_fwd_wgmma_ws_kernel(
       mbar_wait(q_empty + 8 * qb, ((li >> 1) & 1) ^ 1);
       if (tile >= grid.total) {  // tell the consumers there is nothing left
         if (ptid == 0) {
-          item_of_q[qb] = grid.total;
+          item_of_q[qb] = -1;
           mbar_arrive(q_full + 8 * qb);
         }
         if constexpr (!TMA) mbar_arrive(q_full + 8 * qb);
@@ -330,7 +331,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) flash_fwd_wgmma_ws_kernel(
     const int qb = li & 1;
     mbar_wait(q_full + 8 * qb, (li >> 1) & 1);
     const int tile = *static_cast<volatile int*>(&item_of_q[qb]);
-    if (tile >= grid.total) break;
+    if (tile < 0) break;
     const TileWork<T> w = grid.template work<T>(p, tile);
     const int b = w.b, h = w.h, m0 = w.m0, n_tiles = w.n_tiles;
     const uint32_t sQb = sQ + qb * S::kQBytes;
@@ -390,12 +391,15 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) flash_fwd_wgmma_ws_kernel(
       constexpr bool kMask = decltype(mask)::value;
       constexpr int W = decltype(width)::value;
       const int n0 = j * BN;
-      if (kMask && (n0 + W > p.len_k || (p.causal && n0 + W - 1 > m0 + warp_row0))) {
+      // The offset goes with this warp's rows here (with the keys, as in flash_fwd.cu,
+      // ptxas 13.0 serialised the three consumers' wgmma: kernels/NOTES.md, "Bottom-right
+      // causal alignment").
+      if (kMask && (n0 + W > p.len_k || (p.causal && n0 + W - 1 > m0 + p.causal_offset + warp_row0))) {
 #pragma unroll
         for (int i = 0; i < W / 2; ++i) {
-          const int row = m0 + warp_row0 + g + ((i >> 1) & 1) * 8;
+          const int last_key = m0 + p.causal_offset + warp_row0 + g + ((i >> 1) & 1) * 8;  // this row sees
           const int col = n0 + (i >> 2) * 8 + 2 * t + (i & 1);
-          if (col >= p.len_k || (p.causal && col > row)) s[i] = -INFINITY;
+          if (col >= p.len_k || (p.causal && col > last_key)) s[i] = -INFINITY;
         }
       }
 #pragma unroll
@@ -466,7 +470,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) flash_fwd_wgmma_ws_kernel(
       // half a tile; skipping that half measured slower: kernels/NOTES.md, "Each
       // warpgroup's own tiles").
       first(Full{});
-      const int n_clean = min(n_tiles, p.causal ? min(p.len_k, m0 + 1) / BN : p.len_k / BN);
+      const int n_clean = min(n_tiles, p.causal ? min(p.len_k, m0 + 1 + p.causal_offset) / BN : p.len_k / BN);
 #pragma unroll 1
       for (int j = 1; j < n_clean; ++j) step(j, std::false_type{}, Full{});
 #pragma unroll 1
@@ -476,13 +480,18 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) flash_fwd_wgmma_ws_kernel(
       // Three consumers: this warpgroup's own tiles (kernels/NOTES.md, "Each warpgroup's
       // own tiles"). Its rows see keys below kv_end, up to 128 fewer than the item's last
       // row, so of the item's tiles it computes the first nw, the last of them at half width
-      // where at most BN / 2 of its keys are visible; rows wholly outside [0, len_q) compute
-      // none. It still takes a turn for every tile, so the consumers' turns stay in step.
+      // where at most BN / 2 of its keys are visible; rows wholly outside [0, len_q), or
+      // (bottom-right alignment) that see no key, compute none: kv_end <= 0 gives nw <= 0
+      // (below 0 where kv_end <= -BN), which every test below reads as none (clamping kv_end
+      // at 0 serialised the wgmma). It still takes a turn for every tile, so the consumers'
+      // turns stay in step.
       const int wg_row0 = m0 + cw * 64;
-      const int kv_end = wg_row0 >= p.len_q || wg_row0 + 64 <= 0 ? 0 : (p.causal ? min(p.len_k, wg_row0 + 64) : p.len_k);
+      const int kv_end = wg_row0 >= p.len_q || wg_row0 + 64 <= 0
+                             ? 0
+                             : (p.causal ? min(p.len_k, wg_row0 + 64 + p.causal_offset) : p.len_k);
       const int nw = (kv_end + BN - 1) / BN;
       const bool half_last = nw > 0 && kv_end - (nw - 1) * BN <= BN / 2;
-      const int n_clean = min(nw, p.causal ? min(p.len_k, m0 + 1) / BN : p.len_k / BN);
+      const int n_clean = min(nw, p.causal ? min(p.len_k, m0 + 1 + p.causal_offset) / BN : p.len_k / BN);
       if (nw > 0) {
         if (nw == 1 && half_last) {
           first(Half{});
@@ -512,7 +521,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) flash_fwd_wgmma_ws_kernel(
           wait_full(k_full, k);
           release(k_empty, k);
         }
-        if (k > nw) {
+        if (k > 0) {  // V_{k-1}, past the warpgroup's own tiles as every k here (none before K_0)
           wait_full(v_full, k - 1);
           release(v_empty, k - 1);
         }

@@ -16,6 +16,7 @@
 
 #include <cuda_runtime.h>
 
+#include "causal_mask.cuh"
 #include "flash_fwd.cuh"
 
 namespace flashwatt {
@@ -40,7 +41,11 @@ __device__ __forceinline__ SectionItem section_item(int item, int blocks, int pa
 }
 
 // One work item: its batch and head, first query row, number of K/V tiles to visit
-// (causal: none above the diagonal) and where its Q, K and V rows start.
+// (causal: none past the diagonal of its last row) and where its Q, K and V rows start.
+// n_tiles is at least 1: a block whose rows see no key (bottom-right alignment with
+// len_q > len_k, causal_mask.cuh) visits tile 0 with every score masked, which writes O = 0
+// and LSE = -inf, so that no kernel needs a path (or, warp-specialised, a producer/consumer
+// protocol) for an item without tiles.
 template <typename T>
 struct TileWork {
   int b, h, m0, n_tiles;
@@ -77,8 +82,12 @@ struct TileGrid {
     w.q = static_cast<const T*>(p.q) + w.b * p.q_sb + w.h * p.q_sh;
     w.k = static_cast<const T*>(p.k) + w.b * p.k_sb + hk * p.k_sh;
     w.v = static_cast<const T*>(p.v) + w.b * p.v_sb + hk * p.v_sh;
-    const int kv_end = p.causal ? min(p.len_k, w.m0 + BM) : p.len_k;
-    w.n_tiles = (kv_end + BN - 1) / BN;
+    // Keys below kv_end; <= 0 where no row of the block sees a key: one tile, all masked.
+    // Two spellings of the same count: with any one of them ptxas 13.0 either spilled in a
+    // warp-specialised producer (24 registers) or serialised the three-consumer kernel's
+    // wgmma (kernels/NOTES.md, "Bottom-right causal alignment").
+    const int kv_end = p.causal ? min(p.len_k, w.m0 + BM + p.causal_offset) : p.len_k;
+    w.n_tiles = END_ALIGNED ? (kv_end > 0 ? (kv_end - 1) / BN + 1 : 1) : max(1, (kv_end + BN - 1) / BN);
     return w;
   }
 };

@@ -4,8 +4,10 @@ autograd wiring, and the CUDA kernel's tiled algorithm emulated in float64.
 `tiled_backward` below follows kernels/flash_bwd.cu loop for loop (key blocks per CTA,
 the first query block under the causal mask, the query heads of a GQA group, which
 blocks take the mask branch, P from the natural-log LSE in base 2, dQ accumulated across
-key blocks, the scale applied at the end), so a wrong bound or convention in that design
-shows here, against autograd through float64 attention.
+key blocks, the scale applied at the end), and `tiled_dq_pass` the deterministic dQ pass
+(kernels/flash_bwd_dq.cuh), so a wrong bound or convention in that design shows here,
+against autograd through float64 attention, under both alignments of the causal mask
+(kernels/causal_mask.cuh), rows that see no key included.
 """
 from __future__ import annotations
 
@@ -26,16 +28,32 @@ from flashwatt.kernels.custom_backward import (
 
 KERNELS = Path(__file__).resolve().parents[1] / "kernels"
 LOG2E = 1.4426950408889634
+# (causal, causal_align) of the masks the tests run: none, and causal in either alignment.
+MASKS = {"full": (False, "top_left"), "causal": (True, "top_left"), "causal_br": (True, "bottom_right")}
 
 
-def attention64(q, k, v, causal, scale):
-    """float64 attention and its natural-log LSE on (B, H, L, D), k/v heads repeated for groups."""
+def diagonal_offset(causal_align, Lq, Lk):
+    """Key j visible to query i iff j <= i + this; written out here rather than taken from
+    flashwatt.kernels.custom_mask, so that the references check it."""
+    return Lk - Lq if causal_align == "bottom_right" else 0
+
+
+def attention64(q, k, v, causal, scale, causal_align="top_left"):
+    """float64 attention and its natural-log LSE on (B, H, L, D), k/v heads repeated for
+    groups, masked by an explicit boolean mask; a query that sees no key gets an output of 0
+    (and no gradient) and an LSE of -inf."""
     group = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
     s = torch.matmul(q, k.transpose(-2, -1)) * scale
     if causal:
-        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), -math.inf)
-    return torch.matmul(torch.softmax(s, -1), v), torch.logsumexp(s, -1)
+        Lq, Lk = s.shape[-2:]
+        visible = torch.arange(Lk)[None, :] <= torch.arange(Lq)[:, None] + diagonal_offset(causal_align, Lq, Lk)
+        s = s.masked_fill(~visible, -math.inf)
+    lse = torch.logsumexp(s, -1)
+    # Placeholder scores in rows without a key keep the softmax (and its gradient) finite.
+    empty = torch.isneginf(lse)[..., None]
+    p = torch.softmax(s.masked_fill(empty, 0.0), -1).masked_fill(empty, 0.0)
+    return torch.matmul(p, v), lse
 
 
 def inputs(B, H, Hkv, Lq, Lk, D, seed, dtype=torch.float64):
@@ -47,10 +65,15 @@ def inputs(B, H, Hkv, Lq, Lk, D, seed, dtype=torch.float64):
     return q, k, v, dout
 
 
-def autograd_reference(q, k, v, dout, causal, scale):
+def autograd_reference(q, k, v, dout, causal, scale, causal_align="top_left"):
     q, k, v = (t.detach().double().requires_grad_(True) for t in (q, k, v))
-    out, _ = attention64(q, k, v, causal, scale)
+    out, _ = attention64(q, k, v, causal, scale, causal_align)
     return torch.autograd.grad(out, (q, k, v), dout.double())
+
+
+def lse_log2_for_p(lse):
+    """kernels/causal_mask.cuh: a row that sees no key (LSE -inf) as +inf, so its P is 0."""
+    return torch.where(torch.isneginf(lse), math.inf, lse * LOG2E)
 
 
 def rel(x, ref):
@@ -60,23 +83,26 @@ def rel(x, ref):
     return (err / ref.norm() if ref.norm() > 0 else err).item()
 
 
-def tiled_backward(dout, q, k, v, out, lse, causal, scale, block_n, block_m, warps_per_keys=1):
+def tile_rows(t, r0, n, end):
+    """Rows r0 .. r0 + n - 1 of t, zero past `end` (the kernels' cp.async zero fill)."""
+    tile = torch.zeros((n,) + tuple(t.shape[1:]), dtype=t.dtype)
+    valid = max(0, min(n, end - r0))
+    tile[:valid] = t[r0:r0 + valid]
+    return tile
+
+
+def tiled_backward(dout, q, k, v, out, lse, causal, scale, block_n, block_m, warps_per_keys=1, offset=0):
     """kernels/flash_bwd.cu in float64: preprocess, one 'CTA' per (key block, batch, k/v
     head) walking (query head, query block) steps, then the dQ conversion. warps_per_keys
     (KS): S^T and dP^T as the sum of KS partial products over slices of the head dim, dK
-    and dV accumulated slice by slice, as the warps sharing 16 keys compute them."""
+    and dV accumulated slice by slice, as the warps sharing 16 keys compute them. offset:
+    BwdParams::causal_offset (key j visible to query i iff j <= i + offset)."""
     B, H, Lq, D = q.shape
     slices = [slice(c * D // warps_per_keys, (c + 1) * D // warps_per_keys) for c in range(warps_per_keys)]
     Hkv, Lk = k.shape[1], k.shape[2]
     group = H // Hkv
     BN, BM = block_n, block_m
-
-    def rows(t, r0, n, end):  # rows r0 .. r0 + n - 1 of t, zero past `end` (cp.async zero fill)
-        tile = torch.zeros((n,) + tuple(t.shape[1:]), dtype=t.dtype)
-        valid = max(0, min(n, end - r0))
-        tile[:valid] = t[r0:r0 + valid]
-        return tile
-
+    rows = tile_rows
     delta = (dout * out).sum(-1)  # preprocess
     dq_accum = torch.zeros(B, H, Lq, D, dtype=torch.float64)
     dk, dv = torch.full_like(k, math.nan), torch.full_like(v, math.nan)
@@ -85,7 +111,7 @@ def tiled_backward(dout, q, k, v, out, lse, causal, scale, block_n, block_m, war
         for b in range(B):
             for hk in range(Hkv):
                 n0 = nb * BN
-                mb_first = min(n0 // BM, num_mb) if causal else 0
+                mb_first = min(max(0, n0 - offset) // BM, num_mb) if causal else 0
                 mb_count = num_mb - mb_first
                 Kt, Vt = rows(k[b, hk], n0, BN, Lk), rows(v[b, hk], n0, BN, Lk)
                 dk_acc = torch.zeros(BN, D, dtype=torch.float64)
@@ -96,12 +122,12 @@ def tiled_backward(dout, q, k, v, out, lse, causal, scale, block_n, block_m, war
                     Qt, dOt = rows(q[b, h], m0, BM, Lq), rows(dout[b, h], m0, BM, Lq)
                     lse_t, delta_t = rows(lse[b, h], m0, BM, Lq), rows(delta[b, h], m0, BM, Lq)
                     sT = sum(Kt[:, c] @ Qt[:, c].T for c in slices)  # keys x queries
-                    if n0 + BN > Lk or m0 + BM > Lq or (causal and n0 + BN - 1 > m0):
+                    if n0 + BN > Lk or m0 + BM > Lq or (causal and n0 + BN - 1 > m0 + offset):
                         key = n0 + torch.arange(BN)[:, None]
                         query = m0 + torch.arange(BM)[None, :]
-                        hidden = (key >= Lk) | (query >= Lq) | ((key > query) & causal)
+                        hidden = (key >= Lk) | (query >= Lq) | ((key > query + offset) & causal)
                         sT = sT.masked_fill(hidden, -math.inf)
-                    pT = torch.exp2(sT * (scale * LOG2E) - (lse_t * LOG2E)[None, :])
+                    pT = torch.exp2(sT * (scale * LOG2E) - lse_log2_for_p(lse_t)[None, :])
                     dpT = sum(Vt[:, c] @ dOt[:, c].T for c in slices)
                     dsT = pT * (dpT - delta_t[None, :])
                     for c in slices:
@@ -115,6 +141,40 @@ def tiled_backward(dout, q, k, v, out, lse, causal, scale, block_n, block_m, war
     return dq_accum * scale, dk, dv
 
 
+def tiled_dq_pass(dout, q, k, v, out, lse, causal, scale, block_n, offset=0, block_m=64):
+    """kernels/flash_bwd_dq.cuh in float64: one 'CTA' per (query block, batch, query head)
+    walking the key blocks its rows see, in order (none where its last row sees no key); each
+    warp's 16 rows take the mask branch on their own bound; dQ = scale * the sum of dS K."""
+    B, H, Lq, D = q.shape
+    Hkv, Lk = k.shape[1], k.shape[2]
+    group = H // Hkv
+    BN, BM = block_n, block_m
+    delta = (dout * out).sum(-1)
+    dq = torch.full_like(q, math.nan)
+    for b in range(B):
+        for h in range(H):
+            for m0 in range(0, Lq, BM):
+                kv_end = max(0, min(Lk, m0 + BM + offset)) if causal else Lk
+                acc = torch.zeros(BM, D, dtype=torch.float64)
+                for n0 in range(0, -(-kv_end // BN) * BN, BN):
+                    Kt, Vt = tile_rows(k[b, h // group], n0, BN, Lk), tile_rows(v[b, h // group], n0, BN, Lk)
+                    for w0 in range(0, BM, 16):  # one warp's rows
+                        Qt, dOt = tile_rows(q[b, h], m0 + w0, 16, Lq), tile_rows(dout[b, h], m0 + w0, 16, Lq)
+                        row = m0 + w0 + torch.arange(16)
+                        inside = row < Lq
+                        lse_log2 = torch.where(inside, lse_log2_for_p(lse[b, h, row.clamp(max=Lq - 1)]), 0.0)
+                        delta_r = torch.where(inside, delta[b, h, row.clamp(max=Lq - 1)], 0.0)
+                        s = Qt @ Kt.T
+                        if n0 + BN > Lk or (causal and n0 + BN - 1 > m0 + offset + w0):
+                            key = n0 + torch.arange(BN)[None, :]
+                            s = s.masked_fill((key >= Lk) | ((key > row[:, None] + offset) & causal), -math.inf)
+                        p = torch.exp2(s * (scale * LOG2E) - lse_log2[:, None])
+                        acc[w0:w0 + 16] += (p * (dOt @ Vt.T - delta_r[:, None])) @ Kt
+                valid = min(BM, Lq - m0)
+                dq[b, h, m0:m0 + valid] = (acc * scale)[:valid]
+    return dq
+
+
 # ---------------------------------------------------------------- the tiled algorithm
 
 TILED_CASES = [
@@ -123,46 +183,88 @@ TILED_CASES = [
     (2, 2, 2, 17, 17, 16),
     (1, 4, 2, 100, 100, 8),   # GQA
     (1, 4, 1, 130, 130, 8),   # MQA, ragged last blocks of both
-    (1, 2, 1, 70, 200, 8),    # more keys than queries: key blocks no query sees
-    (1, 2, 2, 200, 70, 8),    # more queries than keys
+    (1, 2, 1, 70, 200, 8),    # more keys than queries: top-left, key blocks no query sees
+    (1, 2, 2, 200, 70, 8),    # more queries than keys: bottom-right, 130 rows that see no key
+    (1, 2, 1, 1, 300, 8),     # one query (decoding): bottom-right, it sees every key
+    (1, 2, 2, 300, 1, 8),     # one key: bottom-right, only the last query sees it
 ]
 
 
+def assert_zero_where_no_key(dq, Lq, Lk, causal, causal_align):
+    """Bottom-right with Lq > Lk: the first Lq - Lk queries see no key, their dQ is exactly 0."""
+    if causal and causal_align == "bottom_right" and Lq > Lk:
+        assert torch.count_nonzero(dq[:, :, :Lq - Lk]) == 0
+
+
 @pytest.mark.parametrize("tile", sorted(BWD_TILES))
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("mask", sorted(MASKS))
 @pytest.mark.parametrize("B,H,Hkv,Lq,Lk,D", TILED_CASES)
-def test_tiled_algorithm_matches_autograd(B, H, Hkv, Lq, Lk, D, causal, tile):
+def test_tiled_algorithm_matches_autograd(B, H, Hkv, Lq, Lk, D, mask, tile):
+    causal, align = MASKS[mask]
     t = BWD_TILES[tile]
     q, k, v, dout = inputs(B, H, Hkv, Lq, Lk, D, seed=Lq * 31 + Lk + H)
     scale = 1 / math.sqrt(D)
-    out, lse = attention64(q, k, v, causal, scale)
-    got = tiled_backward(dout, q, k, v, out, lse, causal, scale, t.block_n, t.block_m, t.warps_per_keys)
-    for name, g, r in zip(("dq", "dk", "dv"), got, autograd_reference(q, k, v, dout, causal, scale)):
+    out, lse = attention64(q, k, v, causal, scale, align)
+    got = tiled_backward(dout, q, k, v, out, lse, causal, scale, t.block_n, t.block_m, t.warps_per_keys,
+                         diagonal_offset(align, Lq, Lk))
+    for name, g, r in zip(("dq", "dk", "dv"), got, autograd_reference(q, k, v, dout, causal, scale, align)):
         assert torch.isfinite(g).all(), f"{name}: unwritten or non-finite rows"
         assert rel(g, r) < 1e-12, f"{name}: rel err {rel(g, r):.2e}"
+    assert_zero_where_no_key(got[0], Lq, Lk, causal, align)
 
 
-def test_tiled_algorithm_small_blocks_walk_many_steps():
+@pytest.mark.parametrize("block_n", [64, 32], ids=["d64-d128", "d256"])
+@pytest.mark.parametrize("mask", sorted(MASKS))
+@pytest.mark.parametrize("B,H,Hkv,Lq,Lk,D", TILED_CASES)
+def test_tiled_dq_pass_matches_autograd(B, H, Hkv, Lq, Lk, D, mask, block_n):
+    """The deterministic dQ pass: its key blocks per query block (none for a block whose
+    rows see no key) and each warp's mask bound, under both alignments."""
+    causal, align = MASKS[mask]
+    q, k, v, dout = inputs(B, H, Hkv, Lq, Lk, D, seed=Lq * 17 + Lk + H)
+    scale = 1 / math.sqrt(D)
+    out, lse = attention64(q, k, v, causal, scale, align)
+    dq = tiled_dq_pass(dout, q, k, v, out, lse, causal, scale, block_n, diagonal_offset(align, Lq, Lk))
+    ref = autograd_reference(q, k, v, dout, causal, scale, align)[0]
+    assert torch.isfinite(dq).all() and rel(dq, ref) < 1e-12, rel(dq, ref)
+    assert_zero_where_no_key(dq, Lq, Lk, causal, align)
+
+
+@pytest.mark.parametrize("align", ["top_left", "bottom_right"])
+@pytest.mark.parametrize("Lq,Lk", [(45, 45), (45, 20), (20, 45)])
+def test_tiled_algorithm_small_blocks_walk_many_steps(Lq, Lk, align):
     """Blocks smaller than the sequences (many key blocks, many query steps, BN != BM)."""
-    q, k, v, dout = inputs(1, 4, 2, 45, 45, 8, seed=5)
-    out, lse = attention64(q, k, v, True, 0.3)
+    q, k, v, dout = inputs(1, 4, 2, Lq, Lk, 8, seed=5)
+    out, lse = attention64(q, k, v, True, 0.3, align)
     for bn, bm in ((16, 8), (8, 16), (16, 16)):
-        got = tiled_backward(dout, q, k, v, out, lse, True, 0.3, bn, bm)
-        for g, r in zip(got, autograd_reference(q, k, v, dout, True, 0.3)):
+        got = tiled_backward(dout, q, k, v, out, lse, True, 0.3, bn, bm, offset=diagonal_offset(align, Lq, Lk))
+        for g, r in zip(got, autograd_reference(q, k, v, dout, True, 0.3, align)):
             assert rel(g, r) < 1e-12
+        dq = tiled_dq_pass(dout, q, k, v, out, lse, True, 0.3, bn, diagonal_offset(align, Lq, Lk), block_m=16)
+        assert rel(dq, autograd_reference(q, k, v, dout, True, 0.3, align)[0]) < 1e-12
 
 
 # ---------------------------------------------------------------- the PyTorch path
 
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("mask", sorted(MASKS))
 @pytest.mark.parametrize("B,H,Hkv,Lq,Lk,D", TILED_CASES)
-def test_math_backward_from_lse_matches_autograd(B, H, Hkv, Lq, Lk, D, causal):
+def test_math_backward_from_lse_matches_autograd(B, H, Hkv, Lq, Lk, D, mask):
+    causal, align = MASKS[mask]
     q, k, v, dout = inputs(B, H, Hkv, Lq, Lk, D, seed=7 + Lq)
-    out, lse = attention64(q, k, v, causal, 0.25)
+    out, lse = attention64(q, k, v, causal, 0.25, align)
     # Chunks of a few rows, so the chunk loop and its masks are exercised too.
-    got = math_backward_from_lse(dout, q, k, v, out, lse, causal, 0.25, chunk_elements=B * H * Lk * 7)
-    for g, r in zip(got, autograd_reference(q, k, v, dout, causal, 0.25)):
-        assert g.dtype == torch.float64 and rel(g, r) < 1e-12
+    got = math_backward_from_lse(dout, q, k, v, out, lse, causal, 0.25, chunk_elements=B * H * Lk * 7,
+                                 causal_align=align)
+    for g, r in zip(got, autograd_reference(q, k, v, dout, causal, 0.25, align)):
+        assert g.dtype == torch.float64 and torch.isfinite(g).all() and rel(g, r) < 1e-12
+    assert_zero_where_no_key(got[0], Lq, Lk, causal, align)
+
+
+def test_math_backward_from_lse_refuses_an_unknown_alignment():
+    q, k, v, dout = inputs(1, 1, 1, 4, 4, 8, seed=1)
+    out, lse = attention64(q, k, v, True, 0.25)
+    for bad in ("lower_right", "bottom-right", None):
+        with pytest.raises(ValueError, match="causal_align must be one of 'top_left', 'bottom_right'"):
+            math_backward_from_lse(dout, q, k, v, out, lse, True, 0.25, causal_align=bad)
 
 
 def test_math_backward_from_lse_in_float32():
@@ -251,40 +353,62 @@ def test_custom_is_differentiable_wherever_its_forward_runs(monkeypatch):
 
 def _cpu_forward(calls):
     """Stands in for the CUDA forward: float64 attention on CPU, returning (out, lse)."""
-    def forward(q, k, v, causal, variant="", layout="bhld", *, out=None, scale=None, precision=None, l2_section=None):
+    def forward(q, k, v, causal, variant="", layout="bhld", *, out=None, scale=None, precision=None, l2_section=None,
+                causal_align="top_left"):
         calls.append(dict(causal=causal, variant=variant, layout=layout, scale=scale, precision=precision,
-                          l2_section=l2_section))
+                          l2_section=l2_section, causal_align=causal_align))
         if layout == "blhd":
             q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         scale = scale if scale is not None else 1 / math.sqrt(q.shape[-1])
-        o, lse = attention64(q.double(), k.double(), v.double(), causal, scale)
+        o, lse = attention64(q.double(), k.double(), v.double(), causal, scale, causal_align)
         o = o.to(q.dtype)
         return (o.transpose(1, 2) if layout == "blhd" else o), lse.float()
     return forward
 
 
+@pytest.mark.parametrize("Lq,Lk", [(37, 37), (50, 23), (23, 50)])
 @pytest.mark.parametrize("layout", ["bhld", "blhd"])
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_autograd_function_wiring(monkeypatch, layout, causal):
+@pytest.mark.parametrize("mask", sorted(MASKS))
+def test_autograd_function_wiring(monkeypatch, layout, mask, Lq, Lk):
     """flash_attention through autograd on CPU (the forward replaced by float64 attention;
-    float32 inputs take the PyTorch backward): grads, GQA sums and layouts as autograd's."""
+    float32 inputs take the PyTorch backward): grads, GQA sums, layouts and the causal
+    alignment as autograd's; rows that see no key get zero gradients, not NaN."""
+    causal, align = MASKS[mask]
     calls = []
     monkeypatch.setattr(custom_autograd, "flash_forward", _cpu_forward(calls))
     monkeypatch.setattr(custom_autograd, "check_inputs", lambda q, k, v: None)
-    q, k, v, dout = (t.float() for t in inputs(2, 4, 2, 37, 37, 16, seed=11))
+    g = torch.Generator().manual_seed(11)
+    q = torch.randn(2, 4, Lq, 16, generator=g)
+    k, v = torch.randn(2, 2, Lk, 16, generator=g), torch.randn(2, 2, Lk, 16, generator=g)
+    dout = torch.randn(2, 4, Lq, 16, generator=g)
     if layout == "blhd":
         q, k, v, dout = (t.transpose(1, 2).contiguous() for t in (q, k, v, dout))
     leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
-    out = custom_autograd.flash_attention(*leaves, causal, "m64_n64_w4_s2", layout, l2_section=3)
+    out = custom_autograd.flash_attention(*leaves, causal, "m64_n64_w4_s2", layout, l2_section=3, causal_align=align)
     dq, dk, dv = torch.autograd.grad(out, leaves, dout)
     assert calls == [dict(causal=causal, variant="m64_n64_w4_s2", layout="bhld", scale=0.25, precision=None,
-                          l2_section=3)]
+                          l2_section=3, causal_align=align)]
     ref_args = [t.transpose(1, 2) if layout == "blhd" else t for t in (q, k, v, dout)]
-    ref = autograd_reference(*ref_args, causal, 0.25)
+    ref = autograd_reference(*ref_args, causal, 0.25, align)
     for g, r, leaf in zip((dq, dk, dv), ref, leaves):
-        assert g.shape == leaf.shape
+        assert g.shape == leaf.shape and torch.isfinite(g).all()
         g = g.transpose(1, 2) if layout == "blhd" else g
         assert rel(g, r) < 1e-5
+    assert_zero_where_no_key(dq.transpose(1, 2) if layout == "blhd" else dq, Lq, Lk, causal, align)
+
+
+def test_unknown_alignment_fails_before_the_forward(monkeypatch):
+    calls = []
+    monkeypatch.setattr(custom_autograd, "flash_forward", _cpu_forward(calls))
+    monkeypatch.setattr(custom_autograd, "check_inputs", lambda q, k, v: None)
+    q, k, v, dout = (t.float().requires_grad_(True) for t in inputs(1, 2, 2, 8, 8, 16, seed=2))
+    for bad in ("lower_right", "BOTTOM_RIGHT", 1):
+        with pytest.raises(ValueError, match=r"causal_align must be one of 'top_left', 'bottom_right', got"):
+            custom_autograd.flash_attention(q, k, v, True, causal_align=bad)
+    assert calls == []
+    with pytest.raises(ValueError, match="causal_align"):  # the backward's own check
+        custom_backward.flash_backward(dout, q, k, v, q, q[..., 0], True, 0.25, backward_plan("fp32", 16),
+                                       causal_align="upper_left")
 
 
 def test_no_grad_calls_the_plain_forward_and_saves_nothing(monkeypatch):
@@ -292,8 +416,8 @@ def test_no_grad_calls_the_plain_forward_and_saves_nothing(monkeypatch):
     monkeypatch.setattr(custom_autograd, "flash_forward", _cpu_forward(calls))
     monkeypatch.setattr(custom_autograd, "FlashAttentionFunction", None)  # would fail if used
     q, k, v, _ = (t.float() for t in inputs(1, 2, 2, 8, 8, 16, seed=1))
-    out = custom_autograd.flash_attention(q, k, v, True)  # no input requires grad
-    assert out.grad_fn is None and len(calls) == 1
+    out = custom_autograd.flash_attention(q, k, v, True, causal_align="bottom_right")  # no input requires grad
+    assert out.grad_fn is None and len(calls) == 1 and calls[0]["causal_align"] == "bottom_right"
     leaves = [t.requires_grad_(True) for t in (q, k, v)]
     with torch.no_grad():
         out = custom_autograd.flash_attention(*leaves, True)
@@ -346,7 +470,7 @@ def test_deterministic_plan_follows_torch_and_says_how_dq_is_made(monkeypatch):
 
     plans = []
 
-    def backward(dout, q, k, v, out, lse, causal, scale, plan, l2_section=None):
+    def backward(dout, q, k, v, out, lse, causal, scale, plan, l2_section=None, causal_align="top_left"):
         plans.append(plan)
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
 

@@ -12,6 +12,12 @@ dk/dv over the query heads of a GQA group), same measure, bounds TOLERANCE[...][
 of flashwatt.vocabulary (the bounds of a fwd_bwd cell's check); where the reference is
 exactly zero (one key per query: dq and dk vanish) the norm of the kernel's value must
 stay under 1e-3. Gradient buffers are NaN-filled too.
+
+The causal mask's alignment (flashwatt.kernels.custom_mask): the reference builds an
+explicit boolean mask, top-left (key j visible to query i iff j <= i) or bottom-right (iff
+j <= i + Lk - Lq). A query that sees no key (bottom-right, Lq > Lk) must give an output row
+of exactly 0, an LSE of -inf and a dQ row of exactly 0; the relative errors are then taken
+over the other rows.
 """
 from __future__ import annotations
 
@@ -21,11 +27,13 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import warnings
 import zlib
 from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from flashwatt.attention.cell import Cell
 from flashwatt.kernels import custom_backward
@@ -53,8 +61,15 @@ def make(shape, dtype, seed):
     return torch.randn(shape, generator=g, device="cuda", dtype=torch.float32).to(dtype)
 
 
-def reference(q, k, v, causal, scale=None):
-    """float64 attention on (B, H, L, D) views, k/v heads repeated for grouped queries."""
+def visible_keys(lq, lk, causal_align, device="cuda"):
+    """(lq, lk) bool: key j visible to query i, written out from the alignment's definition."""
+    offset = lk - lq if causal_align == "bottom_right" else 0
+    return torch.arange(lk, device=device)[None, :] <= torch.arange(lq, device=device)[:, None] + offset
+
+
+def reference(q, k, v, causal, scale=None, causal_align="top_left"):
+    """float64 attention on (B, H, L, D) views, k/v heads repeated for grouped queries; a
+    query that sees no key gives 0 (and no gradient) and an LSE of -inf."""
     q64, k64, v64 = q.double(), k.double(), v.double()
     group = q.shape[1] // k.shape[1]
     if group > 1:
@@ -64,10 +79,11 @@ def reference(q, k, v, causal, scale=None):
     s = torch.matmul(q64, k64.transpose(-2, -1)) * scale
     if causal:
         lq, lk = s.shape[-2], s.shape[-1]
-        mask = torch.ones(lq, lk, dtype=torch.bool, device=s.device).triu_(1)
-        s = s.masked_fill(mask, float("-inf"))
+        s = s.masked_fill(~visible_keys(lq, lk, causal_align, s.device), float("-inf"))
     lse = torch.logsumexp(s, dim=-1)
-    return torch.matmul(torch.softmax(s, dim=-1), v64), lse
+    empty = torch.isneginf(lse)[..., None]  # placeholder scores keep softmax and its gradient finite
+    p = torch.softmax(s.masked_fill(empty, 0.0), dim=-1).masked_fill(empty, 0.0)
+    return torch.matmul(p, v64), lse
 
 
 def rel_err(x, ref):
@@ -75,17 +91,27 @@ def rel_err(x, ref):
     return ((x.double() - ref).norm() / ref.norm().clamp_min(1e-300)).item()
 
 
-def check(q, k, v, causal, precision, variant="", layout="bhld", l2_section=None, tma=None):
-    """Runs the kernel on NaN-poisoned output and compares out and lse with float64."""
+def check(q, k, v, causal, precision, variant="", layout="bhld", l2_section=None, tma=None, causal_align="top_left",
+          tile_counter=None):
+    """Runs the kernel on NaN-poisoned output and compares out and lse with float64; rows
+    that see no key must be exactly 0 with an LSE of -inf."""
     out = torch.full_like(q, float("nan"))
     got, lse = flash_forward(q, k, v, causal, variant, layout=layout, out=out, precision=precision,
-                             l2_section=l2_section, tma=tma)
+                             l2_section=l2_section, tma=tma, causal_align=causal_align, tile_counter=tile_counter)
     assert got.data_ptr() == out.data_ptr()
     if layout == "blhd":
-        ref, ref_lse = reference(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal)
+        ref, ref_lse = reference(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal,
+                                 causal_align=causal_align)
         ref = ref.transpose(1, 2)
     else:
-        ref, ref_lse = reference(q, k, v, causal)
+        ref, ref_lse = reference(q, k, v, causal, causal_align=causal_align)
+    empty = torch.isneginf(ref_lse)  # (B, H, Lq): queries that see no key
+    if empty.any():
+        rows = empty.transpose(1, 2) if layout == "blhd" else empty
+        assert torch.equal(torch.isneginf(lse), empty), "LSE of rows that see no key must be -inf, and only theirs"
+        assert torch.count_nonzero(got[rows]) == 0 and not got[rows].isnan().any(), "rows that see no key must be 0"
+        lse, ref_lse = lse[~empty], ref_lse[~empty]
+        got, ref = got[~rows], ref[~rows]
     e_out = rel_err(got, ref)
     e_lse = rel_err(lse, ref_lse)
     tol = TOL[precision]
@@ -317,24 +343,31 @@ def test_three_consumers_own_tiles(tile):
     the blocks end at len_q, so the first starts above row 0. Lengths on and off the 64-
     and 192-row grids, unequal lengths, GQA: out and LSE against float64, and no row
     written outside the output (a guard of 8 rows before and after every head's rows keeps
-    its value)."""
+    its value); and bottom-right alignment, with rows (whole warpgroups of them) that see no
+    key."""
     if not HOPPER:
         pytest.skip("the warp-specialised tiles run only on compute capability 9.0")
     guard = 8
     for lq, lk in ((1, 1), (63, 63), (64, 64), (65, 65), (128, 128), (191, 191), (192, 192), (193, 193),
-                   (1000, 1000), (1024, 1024), (300, 1000), (1000, 300), (1, 300)):
-        for causal in (True, False):
-            seed = zlib.crc32(f"own-{tile}-{lq}-{lk}-{causal}".encode()) % 100_000
+                   (1000, 1000), (1024, 1024), (300, 1000), (1000, 300), (1, 300), (2000, 100)):
+        # Bottom-right with lq > lk: warpgroups whose rows see no key (key end below 0).
+        for causal, align in ((True, "top_left"), (False, "top_left"), (True, "bottom_right")):
+            if align == "bottom_right" and lq == lk:
+                continue
+            seed = zlib.crc32(f"own-{tile}-{lq}-{lk}-{causal}-{align}".encode()) % 100_000
             q, k, v = qkv(2, 6, lq, 64, torch.bfloat16, seed, Hkv=2, Lk=lk)
             buf = torch.full((2, 6, lq + 2 * guard, 64), 7.0, device="cuda", dtype=torch.bfloat16)
             out = buf[:, :, guard:guard + lq]
-            ref, ref_lse = reference(q, k, v, causal)
+            ref, ref_lse = reference(q, k, v, causal, causal_align=align)
+            seen = torch.isfinite(ref_lse)  # rows that see a key (all but bottom-right's first lq - lk)
             for tma in (True, False):
                 out.fill_(float("nan"))
-                got, lse = flash_forward(q, k, v, causal, tile, out=out, tma=tma)
+                got, lse = flash_forward(q, k, v, causal, tile, out=out, tma=tma, causal_align=align)
                 assert got.data_ptr() == out.data_ptr(), "the output view was copied, not written in place"
-                case = (lq, lk, causal, tma)
-                assert rel_err(got, ref) <= TOL["bf16"] and rel_err(lse, ref_lse) <= TOL["bf16"], case
+                case = (lq, lk, causal, align, tma)
+                assert rel_err(got[seen], ref[seen]) <= TOL["bf16"], case
+                assert rel_err(lse[seen], ref_lse[seen]) <= TOL["bf16"], case
+                assert torch.count_nonzero(got[~seen]) == 0 and torch.isneginf(lse[~seen]).all(), case
                 assert (buf[:, :, :guard] == 7.0).all() and (buf[:, :, guard + lq:] == 7.0).all(), case
 
 
@@ -457,10 +490,10 @@ def poisoned_grads(monkeypatch):
     monkeypatch.setattr(custom_backward, "grad_buffer", lambda t: allocate(t).fill_(float("nan")))
 
 
-def reference_grads(q, k, v, dout, causal, scale=None):
+def reference_grads(q, k, v, dout, causal, scale=None, causal_align="top_left"):
     """(dq, dk, dv) of the float64 reference on (B, H, L, D) views, by autograd."""
     q64, k64, v64 = (t.detach().double().requires_grad_(True) for t in (q, k, v))
-    out, _ = reference(q64, k64, v64, causal, scale)
+    out, _ = reference(q64, k64, v64, causal, scale, causal_align)
     return torch.autograd.grad(out, (q64, k64, v64), dout.double())
 
 
@@ -473,18 +506,24 @@ def grad_err(g, ref):
 
 
 def check_backward(q, k, v, causal, precision, layout="bhld", variant="", backward_tile=None, seed=0,
-                   l2_section=None, deterministic=None):
-    """Gradients of flash_attention on q, k, v (leaves made here) against float64."""
+                   l2_section=None, deterministic=None, causal_align="top_left"):
+    """Gradients of flash_attention on q, k, v (leaves made here) against float64; the dQ
+    rows of queries that see no key exactly 0."""
     dout = make(q.shape, q.dtype, seed + 1000)
     leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
     out = flash_attention(*leaves, causal, variant, layout, precision=precision if precision == "tf32" else None,
-                          backward_tile=backward_tile, l2_section=l2_section, deterministic=deterministic)
+                          backward_tile=backward_tile, l2_section=l2_section, deterministic=deterministic,
+                          causal_align=causal_align)
     grads = torch.autograd.grad(out, leaves, dout)
     if layout == "blhd":
-        refs = reference_grads(*(t.transpose(1, 2) for t in (q, k, v, dout)), causal)
+        refs = reference_grads(*(t.transpose(1, 2) for t in (q, k, v, dout)), causal, causal_align=causal_align)
         refs = [r.transpose(1, 2) for r in refs]
     else:
-        refs = reference_grads(q, k, v, dout, causal)
+        refs = reference_grads(q, k, v, dout, causal, causal_align=causal_align)
+    lq, lk = q.shape[1 if layout == "blhd" else 2], k.shape[1 if layout == "blhd" else 2]
+    if causal and causal_align == "bottom_right" and lq > lk:  # queries 0 .. lq - lk - 1 see no key
+        no_key = grads[0][:, :lq - lk] if layout == "blhd" else grads[0][:, :, :lq - lk]
+        assert torch.count_nonzero(no_key) == 0 and not no_key.isnan().any(), "dq of rows that see no key must be 0"
     tol = GRAD_TOL[precision]
     errs = {}
     for name, g, r, leaf in zip(("dq", "dk", "dv"), grads, refs, leaves):
@@ -745,6 +784,191 @@ def test_fwd_bwd_cell_runs_ok(precision, D, path):
     assert rec["timing"]["method"] == "cuda_graph", rec["timing"]
 
 
+# ---------------------------------------------------------------- causal alignment
+
+ALIGNS = ["top_left", "bottom_right"]
+# (Lq, Lk): fewer queries than keys (chunked prefill, decoding: one query), more queries than
+# keys (bottom-right: the first Lq - Lk see no key, whole query blocks of them included),
+# lengths off every tile grid, and past 1024 keys (the persistent tiles' tile counter).
+ALIGN_LENGTHS = [(1, 300), (100, 333), (333, 100), (300, 1), (64, 192), (200, 64), (130, 257), (700, 1500),
+                 (1500, 700)]
+
+
+@pytest.mark.parametrize("align", ALIGNS)
+@pytest.mark.parametrize("D", [64, 128, 256])
+@pytest.mark.parametrize("precision", ["fp16", "bf16", "fp32", "tf32"])
+def test_alignment_forward(precision, D, align):
+    """The default launch of each precision and head dim (tf32: d64 and d128) under both
+    alignments: against float64 with an explicit mask, rows that see no key exactly 0 and
+    their LSE -inf."""
+    if precision == "tf32" and D == 256:
+        pytest.skip("tf32 runs head dims 64 and 128")
+    for lq, lk in ALIGN_LENGTHS:
+        seed = zlib.crc32(f"align-{precision}-{D}-{align}-{lq}-{lk}".encode()) % 100_000
+        check(*qkv(2, 3, lq, D, DTYPES[precision], seed, Lk=lk), True, precision, causal_align=align)
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16", "fp32", "tf32"])
+def test_alignments_agree_on_equal_lengths(precision):
+    """With Lq == Lk both alignments are one mask: bit-identical outputs and LSE."""
+    for L in (1, 77, 128, 1000):
+        q, k, v = qkv(2, 4, L, 64, DTYPES[precision], 7 + L, Hkv=2)
+        tl = flash_forward(q, k, v, True, precision=precision, causal_align="top_left")
+        br = flash_forward(q, k, v, True, precision=precision, causal_align="bottom_right")
+        assert torch.equal(tl[0], br[0]) and torch.equal(tl[1], br[1]), L
+        leaves = [[t.detach().clone().requires_grad_(True) for t in (q, k, v)] for _ in range(2)]
+        dout = make(q.shape, q.dtype, 99)
+        p = precision if precision == "tf32" else None
+        grads = [torch.autograd.grad(flash_attention(*lv, True, precision=p, causal_align=a, deterministic=True),
+                                     lv, dout) for lv, a in zip(leaves, ALIGNS)]
+        for a, b in zip(*grads):
+            assert torch.equal(a, b), L
+
+
+def _align_tile_cases():
+    return [(name, D, precision) for name, tile in TILES.items() for D in tile.head_dims
+            for precision in tile.precisions[:1]]
+
+
+@pytest.mark.parametrize("align", ALIGNS)
+@pytest.mark.parametrize("tile,D,precision", _align_tile_cases())
+def test_alignment_every_tile(tile, D, precision, align):
+    """Every tile under both alignments (Hopper's wgmma tiles of every schedule: lockstep,
+    ping-pong, warp-specialised with two and three consumers, TMA and thread copies, the tile
+    counter and a fixed stride, a persistent grid of 3 CTAs), GQA, the blhd layout."""
+    dt = DTYPES[precision]
+    if TILES[tile].mma == WGMMA and not HOPPER:
+        with pytest.raises(ValueError, match="wgmma"):
+            flash_forward(*qkv(1, 1, 64, D, dt, 1), True, tile, causal_align=align)
+        return
+    persistent = TILES[tile].schedule in WS_SCHEDULES
+    for lq, lk in ALIGN_LENGTHS:
+        seed = zlib.crc32(f"align-tile-{tile}-{D}-{align}-{lq}-{lk}".encode()) % 100_000
+        args = qkv(2, 4, lq, D, dt, seed, Hkv=2, Lk=lk)
+        check(*args, True, precision, variant=tile, causal_align=align)
+        if persistent:
+            check(*args, True, precision, variant=f"{tile}_ctas3", causal_align=align, tma=False, tile_counter=True)
+            check(*args, True, precision, variant=tile, causal_align=align, tile_counter=False)
+    q, k, v = make((2, 333, 4, D), dt, 5), make((2, 100, 2, D), dt, 6), make((2, 100, 2, D), dt, 7)
+    check(q, k, v, True, precision, variant=tile, layout="blhd", causal_align=align)
+    check(q[:, :100], k, v, True, precision, variant=tile, layout="blhd", causal_align=align)
+
+
+@pytest.mark.parametrize("align", ALIGNS)
+@pytest.mark.parametrize("Hkv", [1, 2])
+@pytest.mark.parametrize("precision", ["fp16", "bf16", "fp32", "tf32"])
+def test_alignment_gqa(precision, Hkv, align):
+    for lq, lk in ((777, 300), (300, 777)):
+        check(*qkv(2, 8, lq, 128, DTYPES[precision], 31 + Hkv + lq, Hkv=Hkv, Lk=lk), True, precision,
+              causal_align=align)
+
+
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomics", "dq-pass"])
+@pytest.mark.parametrize("align", ALIGNS)
+@pytest.mark.parametrize("D", [64, 128, 256])
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_alignment_backward(poisoned_grads, precision, D, align, deterministic):
+    """The CUDA backward (the device's default tile) under both alignments, with dQ by atomics
+    and by the deterministic pass: MHA, GQA and MQA, both layouts, dQ of rows that see no
+    key exactly 0."""
+    dt = DTYPES[precision]
+    for lq, lk in ALIGN_LENGTHS:
+        for H, Hkv in ((4, 4), (8, 2), (8, 1)):
+            seed = zlib.crc32(f"align-bwd-{precision}-{D}-{align}-{lq}-{lk}-{Hkv}".encode()) % 100_000
+            check_backward(*qkv(1, H, lq, D, dt, seed, Hkv=Hkv, Lk=lk), True, precision, seed=seed,
+                           deterministic=deterministic, causal_align=align)
+    q, k, v = make((2, 333, 4, D), dt, 97), make((2, 100, 2, D), dt, 98), make((2, 100, 2, D), dt, 99)
+    check_backward(q, k, v, True, precision, "blhd", seed=97, deterministic=deterministic, causal_align=align)
+
+
+@pytest.mark.parametrize("align", ALIGNS)
+@pytest.mark.parametrize("tile,D", [(name, D) for name, t in BWD_TILES.items() for D in t.head_dims])
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_alignment_backward_every_tile(poisoned_grads, precision, tile, D, align):
+    """Each backward tile (wgmma on Hopper) under both alignments, after the mma.sync and the
+    default forward, with atomics and with the deterministic dQ pass (bit-identical twice)."""
+    if BWD_TILES[tile].math == BWD_WGMMA and not HOPPER:
+        pytest.skip("wgmma tiles run only on compute capability 9.0")
+    dt = DTYPES[precision]
+    for lq, lk in ALIGN_LENGTHS:
+        seed = zlib.crc32(f"align-bwdtile-{tile}-{D}-{align}-{lq}-{lk}".encode()) % 100_000
+        args = qkv(1, 4, lq, D, dt, seed, Hkv=2, Lk=lk)
+        for deterministic in (False, True):
+            check_backward(*args, True, precision, backward_tile=tile, seed=seed, deterministic=deterministic,
+                           causal_align=align)
+        check_backward(*args, True, precision, variant=DEFAULT_TILE[(precision, D)], backward_tile=tile, seed=seed,
+                       causal_align=align)
+    q, k, v = qkv(2, 8, 1500, D, dt, 3, Hkv=2, Lk=700)
+    dout = make(q.shape, dt, 4)
+    runs = []
+    for _ in range(2):
+        leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+        out = flash_attention(*leaves, True, backward_tile=tile, deterministic=True, causal_align=align)
+        runs.append(torch.autograd.grad(out, leaves, dout))
+    for name, a, b in zip(("dq", "dk", "dv"), *runs):
+        assert torch.equal(a, b), f"{name} differs between two runs of the deterministic backward"
+
+
+@pytest.mark.parametrize("align", ALIGNS)
+@pytest.mark.parametrize("D", [64, 128, 256])
+@pytest.mark.parametrize("precision", ["fp32", "tf32"])
+def test_alignment_backward_pytorch_path(poisoned_grads, precision, D, align):
+    """fp32 and tf32: the PyTorch backward from the saved LSE, whose -inf rows give P = 0."""
+    if precision == "tf32" and D == 256:
+        pytest.skip("tf32 runs head dims 64 and 128")
+    for lq, lk in ((100, 333), (333, 100), (300, 1), (1, 300)):
+        seed = zlib.crc32(f"align-math-{precision}-{D}-{align}-{lq}-{lk}".encode()) % 100_000
+        check_backward(*qkv(2, 4, lq, D, torch.float32, seed, Hkv=2, Lk=lk), True, precision, seed=seed,
+                       causal_align=align)
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_bottom_right_matches_sdpa_causal_lower_right(precision):
+    """Against torch's own bottom-right mask (causal_lower_right) where a backend of SDPA runs
+    it, on the rows that see a key (torch may give NaN on the others), forward and backward."""
+    from torch.nn.attention.bias import causal_lower_right
+
+    dt = DTYPES[precision]
+    compared = 0
+    for lq, lk in ((100, 333), (1, 300), (64, 192), (333, 100), (700, 1500)):
+        q, k, v = qkv(2, 4, lq, 64, dt, lq + lk)
+        dout = make(q.shape, dt, 5)
+        leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+        ours = flash_attention(*leaves, True, causal_align="bottom_right")
+        ours_grads = torch.autograd.grad(ours, leaves, dout)
+        sdpa_leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # torch warns of NaN rows where Lq > Lk
+                theirs = F.scaled_dot_product_attention(*sdpa_leaves, attn_mask=causal_lower_right(lq, lk))
+                theirs_grads = torch.autograd.grad(theirs, sdpa_leaves, dout)
+        except RuntimeError:
+            continue  # no SDPA backend for this case
+        seen = visible_keys(lq, lk, "bottom_right").any(-1)  # rows that see a key
+        if not all(torch.isfinite(t).all() for t in (theirs[:, :, seen], *theirs_grads[1:])):
+            continue  # this backend's NaN rows reached its dK and dV
+        tol = TOL[precision]
+        assert ((ours - theirs)[:, :, seen].norm() / theirs[:, :, seen].norm()).item() <= tol, (lq, lk)
+        for name, a, b in zip(("dq", "dk", "dv"), ours_grads, theirs_grads):
+            a, b = (a[:, :, seen], b[:, :, seen]) if name == "dq" else (a, b)
+            assert ((a - b).float().norm() / b.float().norm()).item() <= 2 * GRAD_TOL[precision], (name, lq, lk)
+        compared += 1
+    assert compared, "SDPA ran none of the cases"
+
+
+def test_alignment_refusals():
+    """An unknown alignment is refused before any launch, with or without a mask and a gradient."""
+    q, k, v = qkv(1, 2, 64, 64, torch.bfloat16, 5, Lk=32)
+    for bad in ("lower_right", "bottom-right", None):
+        for causal in (True, False):
+            with pytest.raises(ValueError, match=r"causal_align must be one of 'top_left', 'bottom_right'"):
+                flash_forward(q, k, v, causal, causal_align=bad)
+            leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+            with pytest.raises(ValueError, match="causal_align"):
+                flash_attention(*leaves, causal, causal_align=bad)
+    torch.cuda.synchronize()
+
+
 # ---------------------------------------------------------------- memory checker (last: slowest)
 
 _SANITIZER_SCRIPT = textwrap.dedent(
@@ -767,6 +991,15 @@ _SANITIZER_SCRIPT = textwrap.dedent(
                 v = torch.randn(1, 1, 77, D, device="cuda", dtype=dtype)
                 out, lse = flash_forward(q, k, v, causal, variant, precision=precision, tma=tma)
                 torch.cuda.synchronize()
+        # Bottom-right alignment: query blocks whose rows see no key (130 queries, 40 keys) and
+        # more keys than queries.
+        for lq, lk in ((130, 40), (40, 130)):
+            for tma in ((True, False) if "_ws_" in variant else (None,)):
+                q = torch.randn(1, 2, lq, D, device="cuda", dtype=dtype)
+                k = torch.randn(1, 1, lk, D, device="cuda", dtype=dtype)
+                v = torch.randn(1, 1, lk, D, device="cuda", dtype=dtype)
+                flash_forward(q, k, v, True, variant, precision=precision, tma=tma, causal_align="bottom_right")
+                torch.cuda.synchronize()
     # L2 sections of 2 of 5 (batch, head) pairs (the last narrower), the defaults and a persistent grid of 3.
     for variant in ("", "ctas3"):
         for causal in (False, True):
@@ -783,13 +1016,14 @@ _SANITIZER_SCRIPT = textwrap.dedent(
         for causal in (False, True):
             for lq, lk in ((77, 77), (40, 130), (130, 40)):
                 for deterministic in (False, True):  # the dQ atomics, or the dQ pass
-                    q = torch.randn(1, 4, lq, D, device="cuda", dtype=dtype, requires_grad=True)
-                    k = torch.randn(1, 2, lk, D, device="cuda", dtype=dtype, requires_grad=True)
-                    v = torch.randn(1, 2, lk, D, device="cuda", dtype=dtype, requires_grad=True)
-                    out = flash_attention(q, k, v, causal, backward_tile=tile, l2_section=1,
-                                          deterministic=deterministic)
-                    torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
-                    torch.cuda.synchronize()
+                    for align in (("top_left", "bottom_right") if causal and lq != lk else ("top_left",)):
+                        q = torch.randn(1, 4, lq, D, device="cuda", dtype=dtype, requires_grad=True)
+                        k = torch.randn(1, 2, lk, D, device="cuda", dtype=dtype, requires_grad=True)
+                        v = torch.randn(1, 2, lk, D, device="cuda", dtype=dtype, requires_grad=True)
+                        out = flash_attention(q, k, v, causal, backward_tile=tile, l2_section=1,
+                                              deterministic=deterministic, causal_align=align)
+                        torch.autograd.grad(out, (q, k, v), torch.randn_like(out))
+                        torch.cuda.synchronize()
     print("SANITIZER_SCRIPT_DONE")
     """
 )

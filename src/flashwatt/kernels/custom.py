@@ -9,7 +9,10 @@ that copies with TMA, mbarriers; kernels/flash_fwd_wgmma_ws.cuh), and a wgmma ti
 fp16/bf16 default there (by head dim and key length).
 fp32 runs an exact FFMA path; the opt-in tf32 precision runs fp32 inputs on tensor cores,
 rounded to tf32 (kernels/flash_fwd_tf32.cuh, d64/d128). Head dims 64, 128 and 256; causal
-(top-left aligned, as torch's is_causal) and full masks; any sequence length; (B, H, L, D)
+and full masks, a causal mask aligned top-left (the default, as torch's is_causal: query i
+sees keys 0 .. i) or bottom-right (causal_align="bottom_right", as FlashAttention >= 2.1 and
+torch's causal_lower_right: query i sees keys 0 .. i + Lk - Lq; a query that sees no key gets
+an output of 0, zero gradients and an LSE of -inf: custom_mask); any sequence length; (B, H, L, D)
 and (B, L, H, D) layouts through strides; grouped-query attention (q heads a multiple of
 k/v heads). The backward (flashwatt.kernels.custom_backward: CUDA kernels for fp16/bf16 at
 head dims 64, 128 and 256, wgmma ones on Hopper at 64 and 128, an exact PyTorch path from the
@@ -18,6 +21,7 @@ flashwatt.kernels.custom_autograd.
 
 The modules, bottom up (each imports only those before it):
     custom_inputs     what the kernels accept: input checks, precision, device properties
+    custom_mask       the causal mask's alignment (top-left, bottom-right)
     custom_variants   tiles and named launch variants (pure Python)
     custom_forward    flash_forward, kernel_info
     custom_backward   backward plans and tiles, flash_backward, the PyTorch path from the LSE
@@ -33,6 +37,9 @@ from flashwatt.kernels.custom_forward import flash_forward, kernel_info
 from flashwatt.kernels.custom_inputs import (
     HEAD_DIMS, PRECISIONS, capability, check_inputs, device_properties, kernel_ready, precision_of,
 )
+from flashwatt.kernels.custom_mask import (
+    CAUSAL_ALIGNS, CAUSAL_BOTTOM_RIGHT, CAUSAL_TOP_LEFT, causal_offset, causal_visible, check_causal_align,
+)
 from flashwatt.kernels.custom_variants import (
     DEFAULT_TILE, FFMA, LOCKSTEP, MMA_SYNC, MMA_TF32, PING_PONG, TILE_COUNTER_MIN_KEYS, TILES, VARIANTS,
     WARP_SPECIALIZED, WARP_SPECIALIZED_PING_PONG, WGMMA, WGMMA_CAPABILITY, WGMMA_DEFAULT_TILE, WORK_FIXED_STRIDE,
@@ -44,6 +51,8 @@ __all__ = [
     "Custom",
     # custom_inputs
     "HEAD_DIMS", "PRECISIONS", "capability", "check_inputs", "device_properties", "kernel_ready", "precision_of",
+    # custom_mask
+    "CAUSAL_ALIGNS", "CAUSAL_BOTTOM_RIGHT", "CAUSAL_TOP_LEFT", "causal_offset", "causal_visible", "check_causal_align",
     # custom_variants
     "DEFAULT_TILE", "FFMA", "LOCKSTEP", "MMA_SYNC", "MMA_TF32", "PING_PONG", "TILE_COUNTER_MIN_KEYS", "TILES",
     "VARIANTS", "WARP_SPECIALIZED", "WARP_SPECIALIZED_PING_PONG", "WGMMA", "WGMMA_CAPABILITY", "WGMMA_DEFAULT_TILE",

@@ -27,8 +27,10 @@ of dK and dV and adding the other's partial S^T and dP^T (`n64_m32_w8`; kernels/
 "Head dim 256").
 
 Conventions shared with the forward (kernels/flash_fwd.cuh): lse is float32 (B, H, Lq),
-the natural log of sum_j exp(scale * q_i . k_j) over the visible keys; causal is
-top-left aligned (key j visible to query i iff j <= i); query head h reads k/v head
+the natural log of sum_j exp(scale * q_i . k_j) over the visible keys, -inf for a query
+that sees none (its P is taken as 0: zero gradients); the causal mask is aligned top-left
+(key j visible to query i iff j <= i) or bottom-right (iff j <= i + Lk - Lq), as the
+forward's causal_align (flashwatt.kernels.custom_mask); query head h reads k/v head
 h // (H // Hkv).
 """
 from __future__ import annotations
@@ -38,6 +40,7 @@ from dataclasses import dataclass
 
 from flashwatt.kernels import l2_sections
 from flashwatt.kernels.custom_inputs import capability, device_properties, kernel_ready
+from flashwatt.kernels.custom_mask import CAUSAL_TOP_LEFT, causal_offset, check_causal_align, extension_code
 
 # The backward paths (recorded in a fwd_bwd cell's record).
 BWD_MMA_SYNC = "mma.sync"
@@ -169,13 +172,15 @@ def grad_buffer(t):
 
 
 def flash_backward(dout, q, k, v, out, lse, causal: bool, scale: float, plan: BackwardPlan,
-                   l2_section: int | None = None):
+                   l2_section: int | None = None, causal_align: str = CAUSAL_TOP_LEFT):
     """(dq, dk, dv) of attention on (B, H, L, D) views, from the forward's out and lse,
     by `plan` (see backward_plan). dq has q's shape, dk and dv k's. l2_section: (batch, k/v
     head) pairs per L2 section of the CUDA kernels' CTA order (flashwatt.kernels.l2_sections;
-    None: sized for the device's L2, 0: one section)."""
+    None: sized for the device's L2, 0: one section). causal_align: the forward's
+    (flashwatt.kernels.custom_mask)."""
+    check_causal_align(causal_align)
     if plan.path == BWD_TORCH_MATH:
-        return math_backward_from_lse(dout, q, k, v, out, lse, causal, scale)
+        return math_backward_from_lse(dout, q, k, v, out, lse, causal, scale, causal_align=causal_align)
     import torch
 
     from flashwatt.build import load_extension
@@ -192,19 +197,21 @@ def flash_backward(dout, q, k, v, out, lse, causal: bool, scale: float, plan: Ba
     accum_shape = (0,) if plan.deterministic else (B, H, Lq, D)
     dq_accum = torch.empty(accum_shape, dtype=torch.float32, device=q.device)
     tile = plan.tile
-    load_extension().backward(q_k, k_k, v_k, o_k, do_k, lse.contiguous(), dq, dk, dv, delta, dq_accum, bool(causal),
-                              float(scale), tile.block_n, tile.block_m, tile.warps, _BWD_MATH_CODE[tile.math],
-                              int(l2_section), bool(plan.deterministic))
+    ext = load_extension()
+    ext.backward(q_k, k_k, v_k, o_k, do_k, lse.contiguous(), dq, dk, dv, delta, dq_accum, bool(causal),
+                 extension_code(ext, causal_align), float(scale), tile.block_n, tile.block_m, tile.warps,
+                 _BWD_MATH_CODE[tile.math], int(l2_section), bool(plan.deterministic))
     return dq, dk, dv
 
 
 def math_backward_from_lse(dout, q, k, v, out, lse, causal: bool, scale: float,
-                           chunk_elements: int = MATH_CHUNK_ELEMENTS):
+                           chunk_elements: int = MATH_CHUNK_ELEMENTS, *, causal_align: str = CAUSAL_TOP_LEFT):
     """The backward equations in PyTorch (float32, or float64 for float64 inputs), from
     the forward's LSE, chunked over query rows:
         P = exp(scale * q k^T - lse), delta = rowsum(dout * out),
         dV = P^T dout, dS = P * (dout v^T - delta), dQ = scale * dS k, dK = scale * dS^T q,
-    dK and dV summed over the query heads of each k/v head. Any device."""
+    dK and dV summed over the query heads of each k/v head; a query that sees no key (lse
+    -inf) has P = 0. Any device."""
     import torch
 
     B, H, Lq, D = q.shape
@@ -215,19 +222,22 @@ def math_backward_from_lse(dout, q, k, v, out, lse, causal: bool, scale: float,
     if group > 1:
         kf = kf.repeat_interleave(group, dim=1)
         vf = vf.repeat_interleave(group, dim=1)
-    lse = lse.to(work)
+    # A query that sees no key (bottom-right alignment, Lq > Lk) has lse -inf and every score
+    # -inf: read as +inf, its P is exp(-inf) = 0 instead of exp(-inf + inf) = NaN.
+    lse = lse.to(work).masked_fill(lse == -math.inf, math.inf)
     delta = (dof * of).sum(-1)
     dq = torch.empty((B, H, Lq, D), dtype=work, device=q.device)
     dk = torch.zeros((B, H, Lk, D), dtype=work, device=q.device)
     dv = torch.zeros((B, H, Lk, D), dtype=work, device=q.device)
     rows = max(1, min(Lq, chunk_elements // max(1, B * H * Lk)))
     keys = torch.arange(Lk, device=q.device)
+    offset = causal_offset(causal_align, Lq, Lk)  # key j visible to query i iff j <= i + offset
     for r0 in range(0, Lq, rows):
         r1 = min(Lq, r0 + rows)
         s = torch.matmul(qf[:, :, r0:r1], kf.transpose(-2, -1)) * scale
         if causal:
             queries = torch.arange(r0, r1, device=q.device)
-            s = s.masked_fill(keys[None, :] > queries[:, None], -math.inf)
+            s = s.masked_fill(keys[None, :] > queries[:, None] + offset, -math.inf)
         p = torch.exp(s - lse[:, :, r0:r1, None])
         do_rows = dof[:, :, r0:r1]
         dv += torch.matmul(p.transpose(-2, -1), do_rows)

@@ -8,7 +8,8 @@ wgmma kernel (kernels/flash_fwd_wgmma.cuh), the `wgmma_pp_` ones with the warpgr
 ping-pong, the `wgmma_ws_` ones a warp-specialised persistent kernel (a producer warpgroup
 that copies with TMA, mbarriers; kernels/flash_fwd_wgmma_ws.cuh). fp32 runs an exact FFMA
 path; the opt-in tf32 precision runs fp32 inputs on tensor cores, rounded to tf32
-(kernels/flash_fwd_tf32.cuh).
+(kernels/flash_fwd_tf32.cuh). A causal mask is aligned top-left (the default) or
+bottom-right where the lengths differ (flashwatt.kernels.custom_mask).
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import math
 
 from flashwatt.kernels import l2_sections
 from flashwatt.kernels.custom_inputs import capability, check_inputs, device_properties, kernel_ready, precision_of
+from flashwatt.kernels.custom_mask import CAUSAL_TOP_LEFT, check_causal_align, extension_code
 from flashwatt.kernels.custom_variants import (
     FFMA, LOCKSTEP, MMA_SYNC, MMA_TF32, PING_PONG, WARP_SPECIALIZED, WARP_SPECIALIZED_PING_PONG, WGMMA,
     WORK_TILE_COUNTER, WS_SCHEDULES, Tile, parse_variant, work_order,
@@ -24,14 +26,17 @@ from flashwatt.kernels.custom_variants import (
 
 def flash_forward(q, k, v, causal: bool, variant: str = "", layout: str = "bhld", *, out=None, scale: float | None = None,
                   precision: str | None = None, l2_section: int | None = None, tile_counter: bool | None = None,
-                  tma: bool | None = None):
+                  tma: bool | None = None, causal_align: str = CAUSAL_TOP_LEFT):
     """Attention forward; returns (out, lse).
 
     precision: None runs the inputs' own (fp16, bf16, exact fp32); "tf32" runs float32
     inputs on tensor cores, rounded to tf32.
     layout "bhld": q (B, H, Lq, D), k/v (B, Hkv, Lk, D); "blhd": q (B, Lq, H, D), k/v
     (B, Lk, Hkv, D). Any strides with a contiguous head_dim. out (optional) must have q's
-    shape and dtype; it is written in place. lse is float32 (B, H, Lq), natural log.
+    shape and dtype; it is written in place. lse is float32 (B, H, Lq), natural log; -inf
+    (and a row of zeros in out) for a query that sees no key.
+    causal_align: "top_left" or "bottom_right", where a causal mask's diagonal lies when
+    Lq != Lk (flashwatt.kernels.custom_mask); checked even without a mask.
     l2_section: (batch, head) pairs per L2 section of the work order
     (flashwatt.kernels.l2_sections; None: sized for the device's L2, 0: one section).
     tile_counter: whether a persistent (warp-specialised) tile's CTAs take their work items
@@ -55,6 +60,7 @@ def flash_forward(q, k, v, causal: bool, variant: str = "", layout: str = "bhld"
         if out is not None:
             out = out.transpose(1, 2)
     check_inputs(q, k, v)
+    check_causal_align(causal_align)
     l2_sections.check(l2_section)
     B, H, L, D = q.shape
     launch = parse_variant(variant, precision_of(q.dtype, precision), D, capability(q.device), k.shape[2],
@@ -89,8 +95,9 @@ def flash_forward(q, k, v, causal: bool, variant: str = "", layout: str = "bhld"
         raise ValueError(f"custom kernel: tile {launch.tile_name} copies with its compute threads; only the "
                          f"persistent (warp-specialised) tiles copy with TMA")
     ext = load_extension()
+    scale = float(scale if scale is not None else 1.0 / math.sqrt(D))
     ext.forward(
-        q_k, k_k, v_k, out_k, lse, bool(causal), float(scale if scale is not None else 1.0 / math.sqrt(D)),
+        q_k, k_k, v_k, out_k, lse, bool(causal), extension_code(ext, causal_align), scale,
         _mma_code(ext, t), t.block_m, t.block_n, t.warps, t.stages, _schedule_code(ext, t), int(grid_cap),
         int(l2_section), bool(tile_counter), _COPIES[tma],
     )
