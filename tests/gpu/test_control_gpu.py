@@ -20,7 +20,8 @@ def board():
     device = torch.device("cuda", torch.cuda.current_device())
     telemetry = open_telemetry([str(torch.cuda.get_device_properties(device).uuid)])
     assert telemetry.available, telemetry.reason
-    run_scenario(Scenario("warm-up", Workload(), "static", configuration="custom", seconds=1.0), telemetry, device)
+    run_scenario(Scenario("warm-up", Workload(), "static", configuration="custom", seconds=1.0), telemetry, device,
+                 cache=None)
     idle = idle_power(telemetry, seconds=1.0)
     yield device, telemetry, idle
     telemetry.close()
@@ -30,7 +31,7 @@ def board():
 def test_budget_is_held_after_exploration(board, budget):
     device, telemetry, idle = board
     merit, trace = run_scenario(Scenario("budget", Workload(), "budget", budget_w=budget, seconds=20.0),
-                                telemetry, device, idle)
+                                telemetry, device, idle, cache=None)  # cold: each budget explores
     assert merit["check_passed"], merit
     after = trace[trace["t"] > merit["explore_s"] + 1.0].reset_index(drop=True)
     windows = window_power(after)
@@ -42,7 +43,8 @@ def test_budget_is_held_after_exploration(board, budget):
 
 def test_energy_mode_settles_on_the_cheapest_configuration_it_measured(board):
     device, telemetry, idle = board
-    merit, trace = run_scenario(Scenario("energy", Workload(), "energy", seconds=9.0), telemetry, device, idle)
+    merit, trace = run_scenario(Scenario("energy", Workload(), "energy", seconds=9.0), telemetry, device, idle,
+                                cache=None)
     assert merit["check_passed"], merit
     assert (trace["duty"] == 1.0).all()
     assert merit["explore_s"] <= 10.0
@@ -52,7 +54,8 @@ def test_energy_mode_settles_on_the_cheapest_configuration_it_measured(board):
 def test_nvml_failure_falls_back_and_output_stays_correct(board):
     device, telemetry, idle = board
     merit, trace = run_scenario(Scenario("failure", Workload(), "budget", budget_w=450.0, seconds=7.0,
-                                         nvml_failures=((4.0, float("inf")),)), telemetry, device, idle)
+                                         nvml_failures=((4.0, float("inf")),)), telemetry, device, idle,
+                                cache=None)
     assert merit["check_passed"], merit
     late = trace[trace["t"] > 5.0]
     assert len(late) and (late["phase"] == "fallback").all()

@@ -505,6 +505,23 @@ def grad_err(g, ref):
     return (err / ref.norm()).item() if ref.norm() > 0 else (err / ZERO_REF_BOUND).item()
 
 
+def cancelling_terms(q, k, v, dout, causal, causal_align="top_left"):
+    """||scale (P o dP) K|| and ||scale (P o dP)^T Q|| in float64, (B, H, L, D) views: the
+    terms whose difference with the D = rowsum(dO o O) terms is dQ and dK. Where every query
+    sees one key, P = 1 and the two cancel exactly (dQ = dK = 0); a computed gradient is then
+    only the rounding of that difference, and its error is measured against these terms."""
+    q64, k64, v64, do64 = (t.detach().double() for t in (q, k, v, dout))
+    group = q.shape[1] // k.shape[1]
+    k64, v64 = k64.repeat_interleave(group, dim=1), v64.repeat_interleave(group, dim=1)
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    s = torch.matmul(q64, k64.transpose(-2, -1)) * scale
+    if causal:
+        s = s.masked_fill(~visible_keys(s.shape[-2], s.shape[-1], causal_align, s.device), float("-inf"))
+    p = torch.softmax(s, dim=-1).nan_to_num(0.0)
+    pdp = p * torch.matmul(do64, v64.transpose(-2, -1))
+    return (scale * torch.matmul(pdp, k64)).norm().item(), (scale * torch.matmul(pdp.transpose(-2, -1), q64)).norm().item()
+
+
 def check_backward(q, k, v, causal, precision, layout="bhld", variant="", backward_tile=None, seed=0,
                    l2_section=None, deterministic=None, causal_align="top_left"):
     """Gradients of flash_attention on q, k, v (leaves made here) against float64; the dQ
@@ -526,10 +543,17 @@ def check_backward(q, k, v, causal, precision, layout="bhld", variant="", backwa
         assert torch.count_nonzero(no_key) == 0 and not no_key.isnan().any(), "dq of rows that see no key must be 0"
     tol = GRAD_TOL[precision]
     errs = {}
+    terms = None
     for name, g, r, leaf in zip(("dq", "dk", "dv"), grads, refs, leaves):
         assert g.shape == leaf.shape and g.dtype == leaf.dtype, (name, g.shape, g.dtype)
         errs[name] = grad_err(g, r)
         bound = 1.0 if r.norm() == 0 else tol
+        if r.norm() == 0 and name != "dv":  # zero by cancellation: against the terms that cancel
+            if terms is None:
+                views = (q, k, v, dout) if layout == "bhld" else (t.transpose(1, 2) for t in (q, k, v, dout))
+                terms = dict(zip(("dq", "dk"), cancelling_terms(*views, causal, causal_align)))
+            if terms[name] > 0:
+                errs[name], bound = (g.double() - r).norm().item() / terms[name], tol
         assert errs[name] <= bound, f"{name}: error {errs[name]:.3e} > {bound:.0e} ({errs})"
     return errs
 
@@ -949,9 +973,13 @@ def test_bottom_right_matches_sdpa_causal_lower_right(precision):
             continue  # this backend's NaN rows reached its dK and dV
         tol = TOL[precision]
         assert ((ours - theirs)[:, :, seen].norm() / theirs[:, :, seen].norm()).item() <= tol, (lq, lk)
-        for name, a, b in zip(("dq", "dk", "dv"), ours_grads, theirs_grads):
-            a, b = (a[:, :, seen], b[:, :, seen]) if name == "dq" else (a, b)
-            assert ((a - b).float().norm() / b.float().norm()).item() <= 2 * GRAD_TOL[precision], (name, lq, lk)
+        # Each against float64: gradients this small (one row over 300 keys) sit in fp16's
+        # subnormals, where ours and torch's differ from each other more than from the truth.
+        refs = reference_grads(q, k, v, dout, True, causal_align="bottom_right")
+        for name, a, b, r in zip(("dq", "dk", "dv"), ours_grads, theirs_grads, refs):
+            a, b, r = (a[:, :, seen], b[:, :, seen], r[:, :, seen]) if name == "dq" else (a, b, r)
+            ours_err, theirs_err = grad_err(a, r), grad_err(b, r)
+            assert ours_err <= max(2 * GRAD_TOL[precision], 1.5 * theirs_err), (name, lq, lk, ours_err, theirs_err)
         compared += 1
     assert compared, "SDPA ran none of the cases"
 

@@ -216,7 +216,9 @@ def run_merit(trace: pd.DataFrame, tokens: int | None = None, wall_s: float | No
     if disturbance_at_s is not None and trace["budget_w"].notna().any():
         merit["disturbance_recovery_s"] = recovery_time(trace, disturbance_at_s)
     explore_end = trace.loc[trace["phase"] == "explore", "t"].max() if "phase" in trace else None
-    if explore_end is not None and explore_end == explore_end:
+    if "phase" in trace and explore_end != explore_end:
+        explore_end = 0.0  # a warm start, or a static run: no exploration at all
+    if explore_end is not None:
         merit["explore_s"] = float(explore_end)  # the trace's clock starts with the run
         after = trace[trace["t"] > explore_end]
         if len(after) >= 10:

@@ -200,10 +200,13 @@ def fallback_power(trace: pd.DataFrame, settle_s: float = 0.5) -> float | None:
         j = i
         while j + 1 < len(t) and fallback[j + 1]:
             j += 1
-        begin = np.searchsorted(t, t[i] + settle_s)
-        if begin < j and np.isfinite(energy[begin]) and np.isfinite(energy[j]):
-            joules += (energy[j] - energy[begin]) / 1e3
-            seconds += t[j] - t[begin]
+        # The counter's readings inside the stretch: the reader runs every 0.1 s, so the
+        # stretch's last ticks can fall after its last reading (no value there).
+        inside = [n for n in range(np.searchsorted(t, t[i] + settle_s), j + 1) if np.isfinite(energy[n])]
+        if len(inside) >= 2:
+            begin, end = inside[0], inside[-1]
+            joules += (energy[end] - energy[begin]) / 1e3
+            seconds += t[end] - t[begin]
         i = j + 1
     return joules / seconds if seconds > 0 else None
 
