@@ -54,6 +54,7 @@ class CompareMetric:
     # "module:function": samples(record) -> the cell's own repeats of the value (a timed
     # step's latency, say), which the interval is drawn from when a side has one run
     samples: str | None = None
+    heat_map: bool = True  # drawn as a ratio heat map by shape (every metric is in the tables and bars)
 
     def __post_init__(self):
         if self.better not in ("lower", "higher"):

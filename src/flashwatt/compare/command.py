@@ -29,6 +29,8 @@ def add_parser(sub) -> None:
     p.add_argument("--fail-if", nargs="+", default=[], metavar="METRIC:+PCT%",
                    help="exit 1 naming the cells whose METRIC got worse by more than PCT beyond its interval, "
                         "e.g. latency:+5%% energy:+3%% tflops:-5%%")
+    p.add_argument("--no-figures", action="store_true",
+                   help="write the tables and the page without figures (a quicker check in CI)")
     p.add_argument("--confidence", type=float, default=CONFIDENCE, help=f"the intervals' level ({CONFIDENCE})")
     p.add_argument("--resamples", type=int, default=RESAMPLES, help=f"bootstrap resamples ({RESAMPLES})")
 

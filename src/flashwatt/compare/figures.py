@@ -147,7 +147,7 @@ def figure_specs(pair: Pair, kind_name: str, metrics: list[CompareMetric]) -> di
     """The figures of one pair and kind, by file stem."""
     source = Source(("comparison",), _comparison(pair, kind_name), both_sides)
     specs = {}
-    for metric in metrics:
+    for metric in (m for m in metrics if m.heat_map):
         name = f"{pair.number}-{kind_name}-{metric.name}"
         specs[name] = FigureSpec(
             name, "png", pair.title(f"{metric.label}, {kind_name} cells"),

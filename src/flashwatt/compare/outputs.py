@@ -46,10 +46,11 @@ def _write(frame: pd.DataFrame, folder: Path, stem: str, parquet: bool = True) -
     return paths
 
 
-def _section(pair, kind_name: str, cells: pd.DataFrame, by_kernel, by_family, tables, folder: Path) -> dict:
+def _section(pair, kind_name: str, cells: pd.DataFrame, by_kernel, by_family, tables, folder: Path,
+             figures: bool) -> dict:
     """One pair and kind of the page: counts, summaries, figures, cells."""
     metrics = metrics_with_ratios(cells, kind_name)
-    written = compare_figures.write_figures(pair, kind_name, metrics, tables, folder / "figures")
+    written = compare_figures.write_figures(pair, kind_name, metrics, tables, folder / "figures") if figures else {}
     both = cells[cells["presence"] == BOTH]
     pick = lambda s: s[(s["other"] == pair.other) & (s["kind"] == kind_name)] if not s.empty else s  # noqa: E731
     return {
@@ -102,7 +103,8 @@ def write_comparison(args) -> int:
     for number, other in enumerate(sides[1:], start=1):
         pair = compare_figures.Pair(number, sides[0].label, other.label)
         for kind_name, cells in frame[frame["other"] == other.label].groupby("kind", sort=True):
-            sections.append(_section(pair, kind_name, cells, by_kernel, by_family, tables, folder))
+            sections.append(_section(pair, kind_name, cells, by_kernel, by_family, tables, folder,
+                                     not args.no_figures))
     headers = [side_header(s) for s in sides]
     title = f"flashwatt comparison: {', '.join(s.label for s in sides[1:])} against {sides[0].label}"
     page.render(title, METHOD.format(level=args.confidence, resamples=args.resamples),

@@ -60,6 +60,6 @@ KIND = Kind(
     compare_metrics=(
         CompareMetric("throughput", "tokens_per_s", "higher", "tokens per second"),
         CompareMetric("energy", "j_per_token", "lower", "energy per token (J)"),
-        CompareMetric("power", "avg_power_w", "lower", "average power (W)"),
+        CompareMetric("power", "avg_power_w", "lower", "average power (W)", heat_map=False),
     ),
 )

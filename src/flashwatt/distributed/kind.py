@@ -36,10 +36,10 @@ KIND = Kind(
     figure_caption="distributed_figure.rst",
     compare_metrics=(
         CompareMetric("latency", "total_ms", "lower", "time per call (ms)"),
-        CompareMetric("tflops", "tflops_total", "higher", "TFLOP/s over the job's GPUs"),
+        CompareMetric("tflops", "tflops_total", "higher", "TFLOP/s over the job's GPUs", heat_map=False),
         CompareMetric("energy", "energy_per_call_j", "lower", "energy per call (J)"),
-        CompareMetric("power", "avg_power_w", "lower", "average power (W)"),
-        CompareMetric("error", "error_out", "lower", "output's relative error against float64"),
+        CompareMetric("power", "avg_power_w", "lower", "average power (W)", heat_map=False),
+        CompareMetric("error", "error_out", "lower", "output's relative error against float64", heat_map=False),
     ),
     compare_group=("strategy", "block"),
     compare_family=("precision", "gpus", "heads", "kv_heads", "head_dim", "causal", "pass"),

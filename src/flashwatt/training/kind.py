@@ -43,10 +43,10 @@ KIND = Kind(
     compare_metrics=(
         CompareMetric("throughput", "tokens_per_s", "higher", "tokens per second"),
         CompareMetric("energy", "j_per_token", "lower", "energy per token (J)"),
-        CompareMetric("power", "mean_power_w", "lower", "mean power (W)"),
+        CompareMetric("power", "mean_power_w", "lower", "mean power (W)", heat_map=False),
         CompareMetric("loss", "final_val_loss", "lower", "final validation loss"),
-        CompareMetric("time_to_target", "wall_s_to_target", "lower", "seconds to the target loss"),
-        CompareMetric("energy_to_target", "energy_j_to_target", "lower", "joules to the target loss"),
+        CompareMetric("time_to_target", "wall_s_to_target", "lower", "seconds to the target loss", heat_map=False),
+        CompareMetric("energy_to_target", "energy_j_to_target", "lower", "joules to the target loss", heat_map=False),
     ),
     compare_group=("backend",),
     compare_family=("model", "precision", "optimizer", "schedule"),
