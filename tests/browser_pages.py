@@ -57,7 +57,8 @@ def broken_text(where: str, text: str) -> list[str]:
 
 def _image_problem(driver, image, what: str) -> str | None:
     shown = driver.execute_script("return arguments[0].complete && arguments[0].naturalWidth > 0", image)
-    return None if shown else f"{what}: figure not shown ({(image.get_attribute('src') or '')[:80]})"
+    src = image.get_attribute("src") or ""
+    return None if shown else f"{what}: figure not shown ({src if len(src) < 200 else src[:80] + '...'})"
 
 
 def _table_problems(table, what: str) -> list[str]:
@@ -120,14 +121,13 @@ def _open_category(driver, name: str) -> list:
     return _wait(driver, "#app nav table tbody tr")
 
 
-def _shown_file_problems(driver, name: str) -> list[str]:
+def _shown_file_problems(driver, name: str, file_stem: str) -> list[str]:
     """What the report shows for one result: an image drawn, a PDF that is a PDF."""
-    from selenium.webdriver.common.by import By
-
-    content = driver.find_elements(By.CSS_SELECTOR, "#app nav + div img, #app nav + div iframe")
-    if not content:
+    shown = f"#app nav + div img[src*='filename={file_stem}.'], #app nav + div iframe[src*='filename={file_stem}.']"
+    try:
+        element = _wait(driver, shown)[0]
+    except AssertionError:
         return [f"report: result {name} shows nothing"]
-    element = content[0]
     if element.tag_name == "img":
         problem = _image_problem(driver, element, f"report result {name}")
         return [problem] if problem else []
@@ -151,14 +151,14 @@ def _result_problems(driver, category: str, index: int) -> list[str]:
     from selenium.webdriver.common.by import By
 
     row = _open_category(driver, category)[index]
-    name = " ".join(td.text for td in row.find_elements(By.TAG_NAME, "td") if td.text)
+    labels = [td.text for td in row.find_elements(By.TAG_NAME, "td") if td.text]
+    name = " ".join(labels)
     eye = row.find_element(By.CSS_SELECTOR, "a[iconname=eye]")
     href = eye.get_attribute("href") or ""
     problems = _csv_problems(eye, name) if href.startswith("data:text/csv") else []
     if not href.startswith("data:text/csv"):
         eye.click()
-        time.sleep(0.3)
-        problems += _shown_file_problems(driver, name)
+        problems += _shown_file_problems(driver, name, labels[-1])
     row.find_element(By.CSS_SELECTOR, "a[iconname=information-circle]").click()
     items = [li.text.strip() for li in _wait(driver, "#app nav ul li")]
     caption = items[items.index("DESCRIPTION") + 1] if "DESCRIPTION" in items else ""
