@@ -27,10 +27,11 @@ def base_latency_ms(cell: Cell) -> float:
 
 
 def record_of(cell: Cell, rng: np.random.Generator, latency_factor: float = 1.0, energy_factor: float = 1.0,
-              status: str = "ok", device: str = H100, commit: str = "a" * 40, seed: int = 0) -> dict:
+              status: str = "ok", device: str = H100, commit: str = "a" * 40, seed: int = 0,
+              energy_noise: float = RUN_NOISE) -> dict:
     steps = base_latency_ms(cell) * latency_factor * rng.lognormal(0, STEP_NOISE, STEPS)
     median = float(np.median(steps))
-    energy_j = base_latency_ms(cell) * 0.7 * energy_factor * (1 + rng.normal(0, RUN_NOISE))
+    energy_j = base_latency_ms(cell) * 0.7 * energy_factor * (1 + rng.normal(0, energy_noise))
     record = {
         "schema_version": 2, "kind": "attention", "cell": cell.as_row(), "status": status,
         "reason": None if status == "ok" else f"synthetic {status}",

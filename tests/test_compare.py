@@ -81,6 +81,35 @@ def test_repeated_runs_give_energy_its_interval(tmp_path, capsys):
     assert "no interval" in (tmp_path / "out2" / "report.html").read_text()
 
 
+def test_a_change_within_its_noise_is_not_a_regression_however_large_its_ratio(tmp_path, capsys):
+    """Energy 8% up on runs whose energy moves by 10%: above a 5% threshold, within the noise."""
+    base = suite_run(tmp_path / "a", seed=1, runs=3, energy_noise=0.1)
+    other = suite_run(tmp_path / "b", seed=2, runs=3, energy_noise=0.1, energy_factor=1.08)
+    status, _, _ = compare(capsys, base, other, "-o", tmp_path / "out", "--fail-if", "energy:+5%")
+    table = pd.read_parquet(tmp_path / "out" / "comparison.parquet")
+    assert (table["energy_ratio"] > 1.05).sum() >= 3  # ratios beyond the threshold ...
+    assert status == 0 and (table["energy_low"] < 1.05).all()  # ... whose intervals are not
+    # the same change on runs that hold within 0.3% is found in every cell
+    quiet = suite_run(tmp_path / "c", seed=3, runs=3, energy_factor=1.08)
+    status, _, _ = compare(capsys, suite_run(tmp_path / "d", seed=4, runs=3), quiet, "-o", tmp_path / "out2",
+                           "--fail-if", "energy:+5%")
+    assert status == 1 and len(pd.read_csv(tmp_path / "out2" / "regressions.csv")) == len(CELLS)
+
+
+def test_the_rule_reads_the_interval_end_and_the_ratio_only_without_one():
+    from flashwatt.compare.regression import regressions
+
+    rows = pd.DataFrame([
+        {"other": "b", "kind": "attention", "cell": cell, "status_base": "ok", "status_other": "ok",
+         "energy_base": 1.0, "energy_other": ratio, "energy_ratio": ratio, "energy_low": low, "energy_high": high,
+         "energy_from": "runs/runs"}
+        for cell, ratio, low, high in (("noisy", 1.10, 1.01, 1.20), ("clear", 1.10, 1.06, 1.14),
+                                       ("single", 1.06, np.nan, np.nan), ("small", 1.04, np.nan, np.nan))])
+    failed = regressions(rows, [parse_rule("energy:+5%")])
+    assert list(failed["cell"]) == ["clear", "single"]
+    assert "no interval" in failed.set_index("cell").loc["single", "why"]
+
+
 def test_comma_joined_folders_are_repeated_runs_of_one_side(tmp_path, capsys):
     runs = [suite_run(tmp_path / f"r{i}", seed=i) for i in range(3)]
     other = suite_run(tmp_path / "o", seed=9)
