@@ -260,7 +260,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("run", help="run the workflow with these Snakemake options, then write the report",
                    description="Everything after `run` goes to Snakemake (see `snakemake --help`), except "
-                               "--accept-failed-cells, which makes failed cells exit 0.", add_help=False)
+                               "--accept-failed-cells, which makes failed cells exit 0, and --repeat N, which "
+                               "runs the suite N times and keeps each run (docs/compare.md).", add_help=False)
     helps = {"suite": "print the suite that the config resolves to",
              "failed": "print the record paths of cells whose status is not ok"}
     for name, text in helps.items():

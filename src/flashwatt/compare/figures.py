@@ -74,7 +74,7 @@ def draw_heat_map(frame: pd.DataFrame, metric: CompareMetric) -> plt.Figure:
     widths = max(len(set(cells.loc[cells["compare_family"] == f, "_column"])) for f in families)
     heights = [cells.loc[cells["compare_family"] == f, "compare_group"].nunique() for f in families]
     fig, axes = plt.subplots(len(families), 1, squeeze=False, height_ratios=heights, layout="constrained",
-                             figsize=(max(5.0, 1.1 * widths + 2.5), 1.2 + sum(0.45 * h + 1.2 for h in heights)))
+                             figsize=(max(7.5, 1.1 * widths + 3.0), 1.2 + sum(0.45 * h + 1.2 for h in heights)))
     for ax, family in zip(axes[:, 0], families):
         _heat_panel(ax, cells[cells["compare_family"] == family], metric, limit)
         ax.set_title(family, fontsize=8)
