@@ -1,6 +1,6 @@
 # flashwatt: the two commands of the README.
 #   make run    set up .venv, run the default suite locally, print the report's path
-#   make test   set up .venv, bring up a local Slurm (root, Debian), run every test
+#   make test   set up .venv, bring up a local Slurm and Chromium (root, Debian), run every test
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -24,8 +24,10 @@ run: setup
 
 # Slurm tests need the single-node Slurm that .ci/slurm/up.sh starts (and stops afterwards).
 # Tests marked nvcc (the kernels compiled for sm_80/sm_90/sm_90a) run too and fail without
-# the CUDA compiler; CI has it.
+# the CUDA compiler; CI has it. Tests marked browser open the reports in headless Chromium,
+# which .ci/chromium.sh installs from the distribution's packages (root, like Slurm).
 test: setup lint
+	bash .ci/chromium.sh
 	bash .ci/slurm/up.sh
 	status=0; $(BIN)/python -m pytest $(PYTEST_ARGS) -m "not gpu" || status=$$?; \
 	bash .ci/slurm/down.sh; exit $$status

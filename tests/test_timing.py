@@ -1,6 +1,8 @@
 """flashwatt.timing on the CPU: step sizing, statistics per call, the fallback path."""
 from __future__ import annotations
 
+import statistics
+
 import pytest
 import torch
 
@@ -42,6 +44,9 @@ def test_cpu_workload_times_batches_of_calls():
     assert 0 < timing["min_ms"] <= timing["median_ms"] <= timing["p90_ms"]
     assert calls[:20] == list(range(20))  # each step walks the input sets from 0
     assert "eager_ms" not in timing  # launch overhead is a GPU figure
+    # every timed step's time per call is kept: the cell's repeats a comparison bootstraps
+    assert len(timing["per_call_ms"]) == timing["steps"]
+    assert statistics.median(timing["per_call_ms"]) == pytest.approx(timing["median_ms"])
 
 
 def refuses_capture(i: int) -> None:

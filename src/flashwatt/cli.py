@@ -9,6 +9,12 @@
         which suite `auto` (or the config) resolves to
     flashwatt failed [--configfile F ...] [--config k=v ...]
         record paths of cells whose status is not ok, for `snakemake --forcerun $(flashwatt failed)`
+    flashwatt run --repeat N [snakemake options...]
+        the suite N times, every cell measured again each time, each run kept under
+        results/<suite>/runs/<i>/ (flashwatt.compare.repeat)
+    flashwatt compare BASELINE OTHER [...] [--fail-if METRIC:+PCT% ...] [-o DIR]
+        the cells of runs side by side, each ratio with its interval; exits 1 when a
+        --fail-if rule finds a cell worse beyond its noise (docs/compare.md)
     flashwatt control-cache [--clear]
         where the power-aware controller keeps what it learned (its warm starts), and what is
         there; --clear removes it (flashwatt.control.warm_start)
@@ -25,6 +31,7 @@ from pathlib import Path
 
 import yaml
 
+from flashwatt.compare import command as compare_parser
 from flashwatt.config import ConfigError, load_config, resolve_suite
 from flashwatt.job_frame import EXPECTED_STATUSES
 from flashwatt.kinds import all_kinds, every_cell
@@ -253,7 +260,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("run", help="run the workflow with these Snakemake options, then write the report",
                    description="Everything after `run` goes to Snakemake (see `snakemake --help`), except "
-                               "--accept-failed-cells, which makes failed cells exit 0.", add_help=False)
+                               "--accept-failed-cells, which makes failed cells exit 0, and --repeat N, which "
+                               "runs the suite N times and keeps each run (docs/compare.md).", add_help=False)
     helps = {"suite": "print the suite that the config resolves to",
              "failed": "print the record paths of cells whose status is not ok"}
     for name, text in helps.items():
@@ -263,14 +271,20 @@ def main(argv: list[str] | None = None) -> int:
     cache = sub.add_parser("control-cache", help="show (or --clear) the power-aware controller's warm-start cache",
                            description="show (or --clear) the power-aware controller's warm-start cache")
     cache.add_argument("--clear", action="store_true", help="remove every cache file")
+    compare_parser.add_parser(sub)
     try:
         if argv[:1] == ["run"]:  # everything after `run` belongs to Snakemake
             if argv[1:] in (["-h"], ["--help"]):
                 print(sub.choices["run"].description)
                 return _snakemake(["--help"])
+            if any(a == "--repeat" or a.startswith("--repeat=") for a in argv[1:]):
+                from flashwatt.compare.repeat import run_repeated  # the suite N times, each run kept
+
+                return run_repeated(argv[1:], cmd_run, config_as_snakemake_sees_it)
             return cmd_run(argv[1:])
         args = parser.parse_args(argv)
-        return {"suite": cmd_suite, "failed": cmd_failed, "control-cache": cmd_control_cache}[args.command](args)
+        return {"suite": cmd_suite, "failed": cmd_failed, "control-cache": cmd_control_cache,
+                "compare": compare_parser.compare}[args.command](args)
     except ConfigError as err:
         print(f"flashwatt: {err}", file=sys.stderr)
         return 2

@@ -44,6 +44,24 @@ class TableFile:
 
 
 @dataclass(frozen=True)
+class CompareMetric:
+    """A quantity `flashwatt compare` takes the ratio of, between two runs of the same cells."""
+
+    name: str     # what a user calls it (`--fail-if latency:+5%`); shared by kinds where it means the same
+    column: str   # its column in the kind's compared table
+    better: str   # "lower" or "higher"
+    label: str    # what the report calls it, with its unit
+    # "module:function": samples(record) -> the cell's own repeats of the value (a timed
+    # step's latency, say), which the interval is drawn from when a side has one run
+    samples: str | None = None
+    heat_map: bool = True  # drawn as a ratio heat map by shape (every metric is in the tables and bars)
+
+    def __post_init__(self):
+        if self.better not in ("lower", "higher"):
+            raise ValueError(f"metric {self.name}: better must be 'lower' or 'higher', not {self.better!r}")
+
+
+@dataclass(frozen=True)
 class Kind:
     """Everything flashwatt needs to plan, run, table, draw and report one kind of cell."""
 
@@ -73,6 +91,16 @@ class Kind:
     cell_inputs: Mapping[str, str] = field(default_factory=dict)  # more inputs of the cell rule (patterns)
     rules: str | None = None   # a Snakemake file of the kind's other rules (those making cell_inputs),
                                # relative to workflow/rules/ or absolute
+    # What `flashwatt compare` (flashwatt.compare) reads and joins: the table (a key of
+    # `tables`; default its first Parquet table, one row per cell), the metrics, and which
+    # of a cell's row (`as_row`) say what it measures (default: all but its suite and id).
+    # A cell's group ("per kernel") defaults to its first key, its family ("per shape
+    # family") to its other keys that are not numbers.
+    compare_table: str | None = None
+    compare_metrics: tuple[CompareMetric, ...] = ()
+    compare_keys: tuple[str, ...] | None = None
+    compare_group: tuple[str, ...] | None = None
+    compare_family: tuple[str, ...] | None = None
 
     # ---- derived, never written twice ----------------------------------------------
     def envelope(self, cell: Any, spec: dict) -> dict:
@@ -123,6 +151,35 @@ class Kind:
             return ""
         text = (resources.files(self.package) / self.report).read_text()
         return text.format_map(resolve(self.report_values)(suite)) if self.report_values else text
+
+    # ---- comparison (flashwatt.compare) ---------------------------------------------
+    def compared_table(self) -> TableFile:
+        """The table a comparison reads: `compare_table`, or the first Parquet one."""
+        for table in self.tables:
+            if table.key == self.compare_table or (self.compare_table is None and table.name.endswith(".parquet")):
+                return table
+        raise ValueError(f"kind {self.name}: no table {self.compare_table or 'in Parquet'} to compare "
+                         f"(tables: {', '.join(t.key for t in self.tables)})")
+
+    def measures(self, cell: Any) -> dict:
+        """What a cell measures, whatever suite, device or commit measured it: its row
+        (`as_row`) less its suite and id, or the declared `compare_keys` of it."""
+        row = cell.as_row()
+        keys = self.compare_keys or [k for k in row if k not in ("suite", "cell_id")]
+        return {key: row[key] for key in keys}
+
+    def group_keys(self, measures: Mapping[str, Any]) -> list[str]:
+        return list(self.compare_group or list(measures)[:1])
+
+    def family_keys(self, measures: Mapping[str, Any]) -> list[str]:
+        if self.compare_family is not None:
+            return list(self.compare_family)
+        group = self.group_keys(measures)
+        return [k for k, v in measures.items()
+                if k not in group and (isinstance(v, bool) or not isinstance(v, (int, float)))]
+
+    def compare_metric(self, name: str) -> CompareMetric | None:
+        return next((m for m in self.compare_metrics if m.name == name), None)
 
     @property
     def package(self) -> str:

@@ -164,6 +164,9 @@ def time_workload(workload: Workload, settings: MeasureSettings) -> dict:
         "steps": len(steps),
         "repeats": len(steps) * workload.k,
         **per_call_stats(steps, workload.k),
+        # Each timed step's time per call: the cell's own repeats, from which a comparison
+        # of two runs draws its interval (flashwatt.compare.intervals).
+        "per_call_ms": [s * 1e3 / workload.k for s in steps],
     }
     if workload.fallback_reason:
         timing["fallback_reason"] = workload.fallback_reason

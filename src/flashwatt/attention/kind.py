@@ -4,7 +4,7 @@ from __future__ import annotations
 from flashwatt.attention.cell import Cell
 from flashwatt.attention.figures import FIGURES
 from flashwatt.attention.suite import attention_cells, filter_cells
-from flashwatt.kind import Kind, TableFile
+from flashwatt.kind import CompareMetric, Kind, TableFile
 from flashwatt.vocabulary import SCHEMA_ENUMS
 
 
@@ -43,4 +43,15 @@ KIND = Kind(
     report_values="flashwatt.attention.kind:report_values",
     spec_field="settings",
     figure_caption="figure.rst",
+    compare_metrics=(
+        CompareMetric("latency", "median_ms", "lower", "median latency per call (ms)",
+                      "flashwatt.attention.repeats:latency_samples"),
+        CompareMetric("tflops", "tflops", "higher", "TFLOP/s", "flashwatt.attention.repeats:tflops_samples", heat_map=False),
+        CompareMetric("energy", "energy_per_call_j", "lower", "energy per call (J)"),
+        CompareMetric("power", "avg_power_w", "lower", "average power (W)", heat_map=False),
+        CompareMetric("efficiency", "gflops_per_w", "higher", "GFLOP/s per watt", heat_map=False),
+        CompareMetric("error", "rel_err", "lower", "relative error against float64", heat_map=False),
+    ),
+    compare_group=("kernel", "variant"),
+    compare_family=("precision", "head_dim", "heads", "causal", "pass"),
 )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from flashwatt.control import cell as control
 from flashwatt.control.figures import CONTROL_FIGURES
 from flashwatt.control.suite import control_runs
-from flashwatt.kind import Kind, TableFile
+from flashwatt.kind import CompareMetric, Kind, TableFile
 
 
 def fill_schema(section: dict) -> None:
@@ -57,4 +57,9 @@ KIND = Kind(
     report_values="flashwatt.control.kind:report_values",
     rule_prefix="control_",
     figure_caption="control_figure.rst",
+    compare_metrics=(
+        CompareMetric("throughput", "tokens_per_s", "higher", "tokens per second"),
+        CompareMetric("energy", "j_per_token", "lower", "energy per token (J)"),
+        CompareMetric("power", "avg_power_w", "lower", "average power (W)", heat_map=False),
+    ),
 )

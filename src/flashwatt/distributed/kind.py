@@ -5,7 +5,7 @@ from __future__ import annotations
 from flashwatt.distributed import cell as distributed
 from flashwatt.distributed.figures import DISTRIBUTED_FIGURES
 from flashwatt.distributed.suite import distributed_runs
-from flashwatt.kind import Kind, TableFile
+from flashwatt.kind import CompareMetric, Kind, TableFile
 
 
 def fill_schema(section: dict) -> None:
@@ -34,4 +34,13 @@ KIND = Kind(
     rule_prefix="distributed_",
     runtime_min=60,
     figure_caption="distributed_figure.rst",
+    compare_metrics=(
+        CompareMetric("latency", "total_ms", "lower", "time per call (ms)"),
+        CompareMetric("tflops", "tflops_total", "higher", "TFLOP/s over the job's GPUs", heat_map=False),
+        CompareMetric("energy", "energy_per_call_j", "lower", "energy per call (J)"),
+        CompareMetric("power", "avg_power_w", "lower", "average power (W)", heat_map=False),
+        CompareMetric("error", "error_out", "lower", "output's relative error against float64", heat_map=False),
+    ),
+    compare_group=("strategy", "block"),
+    compare_family=("precision", "gpus", "heads", "kv_heads", "head_dim", "causal", "pass"),
 )

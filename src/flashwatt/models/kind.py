@@ -2,7 +2,7 @@
 (flashwatt.kind says what a kind is)."""
 from __future__ import annotations
 
-from flashwatt.kind import Kind, TableFile
+from flashwatt.kind import CompareMetric, Kind, TableFile
 from flashwatt.models import cell as models
 from flashwatt.models.figures import MODEL_FIGURES
 from flashwatt.models.suite import model_runs
@@ -49,4 +49,14 @@ KIND = _ModelKind(
     report="report.rst",
     rule_prefix="model_",
     figure_caption="models_figure.rst",
+    compare_metrics=(
+        CompareMetric("latency", "step_ms", "lower", "time per step (ms)"),
+        CompareMetric("throughput", "tokens_per_s", "higher", "tokens per second", heat_map=False),
+        CompareMetric("tflops", "achieved_tflops", "higher", "achieved TFLOP/s", heat_map=False),
+        CompareMetric("energy", "j_per_token", "lower", "energy per token (J)"),
+        CompareMetric("power", "avg_power_w", "lower", "average power (W)", heat_map=False),
+        CompareMetric("error", "logits_error", "lower", "logits' relative error", heat_map=False),
+    ),
+    compare_group=("backend",),
+    compare_family=("model", "precision", "phase", "recompute", "compiled", "gpus", "strategy"),
 )

@@ -3,7 +3,7 @@
 workflow/rules/training_data.smk, an input of every cell."""
 from __future__ import annotations
 
-from flashwatt.kind import Kind, TableFile
+from flashwatt.kind import CompareMetric, Kind, TableFile
 from flashwatt.training.cell import TrainCell
 from flashwatt.training.figures import TRAINING_FIGURES
 from flashwatt.training.suite import DATA_MANIFEST, training_runs
@@ -40,4 +40,14 @@ KIND = Kind(
     cell_inputs={"data": DATA_MANIFEST},
     rules="training_data.smk",
     figure_caption="training_figure.rst",
+    compare_metrics=(
+        CompareMetric("throughput", "tokens_per_s", "higher", "tokens per second"),
+        CompareMetric("energy", "j_per_token", "lower", "energy per token (J)"),
+        CompareMetric("power", "mean_power_w", "lower", "mean power (W)", heat_map=False),
+        CompareMetric("loss", "final_val_loss", "lower", "final validation loss"),
+        CompareMetric("time_to_target", "wall_s_to_target", "lower", "seconds to the target loss", heat_map=False),
+        CompareMetric("energy_to_target", "energy_j_to_target", "lower", "joules to the target loss", heat_map=False),
+    ),
+    compare_group=("backend",),
+    compare_family=("model", "precision", "optimizer", "schedule"),
 )
