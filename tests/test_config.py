@@ -24,7 +24,7 @@ def grid(config, suite="smoke"):
      r"suites\.smoke\.grids\[0\]\.kernels\[2\]: 'flashy' is not allowed; allowed: naive, sdpa_math"),
     (lambda c: grid(c).__setitem__("seq_lens", [0]), r"suites\.smoke\.grids\[0\]\.seq_lens\[0\]: 0 is less than the minimum of 1"),
     (lambda c: grid(c).__setitem__("head_dims", [48]), r"head_dims\[0\]: 48 is not allowed; allowed: 16, 32, 64, 128, 256"),
-    (lambda c: grid(c).__setitem__("precisions", ["fp8"]), r"precisions\[0\]: 'fp8' is not allowed; allowed: fp32, tf32, fp16, bf16"),
+    (lambda c: grid(c).__setitem__("precisions", ["fp4"]), r"precisions\[0\]: 'fp4' is not allowed; allowed: fp32, tf32, fp16, bf16, fp8"),
     (lambda c: c["measure"].__setitem__("warmup", 5), r"config key measure: unknown key\(s\) 'warmup'; allowed: .*warmup_ms"),
     (lambda c: c.__setitem__("suit", "seed"), r"config key \(top level\): unknown key\(s\) 'suit'"),
     (lambda c: grid(c).__setitem__("tokens_per_batch", 1024), r"give exactly one of batches or tokens_per_batch"),

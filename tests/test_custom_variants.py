@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 
 from flashwatt.kernels.custom_variants import (
-    DEFAULT_TILE, LOCKSTEP, PING_PONG, TILES, VARIANTS, WARP_SPECIALIZED, WARP_SPECIALIZED_PING_PONG, WGMMA,
-    WGMMA_DEFAULT_TILE, WS_SCHEDULES, default_tile, parse_variant,
+    DEFAULT_TILE, HOPPER_MATH, LOCKSTEP, PING_PONG, TILES, VARIANTS, WARP_SPECIALIZED, WARP_SPECIALIZED_PING_PONG,
+    WGMMA, WGMMA_DEFAULT_TILE, WS_SCHEDULES, default_tile, parse_variant,
 )
 
 HOPPER, AMPERE, ADA = (9, 0), (8, 0), (8, 9)
@@ -99,13 +99,13 @@ def test_refusals_name_the_problem():
 
 
 def test_ping_pong_tiles_have_what_the_lagging_warpgroup_needs():
-    """kernels/flash_fwd_wgmma.cuh: a second warpgroup to lag, and a K/V stage more than
-    lockstep needs (the static_assert in WgShape)."""
+    """kernels/flash_fwd_wgmma.cuh and flash_fwd_fp8.cuh: a second warpgroup to lag, and a K/V
+    stage more than lockstep needs (the static_asserts in WgShape and Fp8Shape)."""
     schedules = {tile.schedule for tile in TILES.values()}
     assert schedules == {LOCKSTEP, PING_PONG, WARP_SPECIALIZED, WARP_SPECIALIZED_PING_PONG}
     for name, tile in TILES.items():
         if tile.schedule == PING_PONG:
-            assert tile.mma == WGMMA and tile.block_m // 64 >= 2 and tile.stages >= 3, name
+            assert tile.mma in HOPPER_MATH and tile.block_m // 64 >= 2 and tile.stages >= 3, name
             assert VARIANTS[name]["schedule"] == PING_PONG
 
 
