@@ -384,7 +384,7 @@ void fp8_transpose_v(const at::Tensor& v8, at::Tensor& vt8) {
 void fp8_forward(const at::Tensor& q8, const at::Tensor& k8, const at::Tensor& vt8, const at::Tensor& descale_q,
                  const at::Tensor& descale_k, const at::Tensor& descale_v, at::Tensor& out, at::Tensor& lse,
                  bool causal, int64_t causal_align, double scale, int64_t block_m, int64_t block_n, int64_t warps,
-                 int64_t stages, int64_t schedule, int64_t grid_cap, int64_t section) {
+                 int64_t stages, int64_t schedule, int64_t grid_cap, int64_t section, bool tile_counter) {
   check_fp8_operand(q8, "q", q8);
   check_fp8_operand(k8, "k", q8);
   const int64_t B = q8.size(0), H = q8.size(1), Lq = q8.size(2), D = q8.size(3), Hkv = k8.size(1), Lk = k8.size(2);
@@ -442,6 +442,14 @@ void fp8_forward(const at::Tensor& q8, const at::Tensor& k8, const at::Tensor& v
   f.descale_v = descale_v.data_ptr<float>();
   f.vt_cols = static_cast<int>(vt8.size(3));
   const c10::cuda::CUDAGuard guard(q8.device());
+  // The persistent kernels' work items from a counter: one zeroed int per call (as forward's).
+  at::Tensor counter;
+  if (tile_counter) {
+    TORCH_CHECK(schedule == flashwatt::kWarpSpecialized || schedule == flashwatt::kWarpSpecializedPingPong,
+                "flashwatt fp8: a tile counter needs a persistent (warp-specialised) schedule, not ", schedule);
+    counter = at::zeros({1}, q8.options().dtype(at::kInt));
+    p.tile_counter = counter.data_ptr<int>();
+  }
   char err[512] = {0};
   const int rc = flashwatt::fp8_fwd_launch(index, f, at::cuda::getCurrentCUDAStream().stream(), err, sizeof(err));
   TORCH_CHECK(rc == 0, "flashwatt fp8: ", err);
@@ -520,7 +528,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("fp8_transpose_v", &fp8_transpose_v, "a pre-quantised e4m3 v into the kernels' V^T: (v8, vt8)");
   m.def("fp8_forward", &fp8_forward,
         "fp8 attention forward (q8, k8, vt8, descale_q, descale_k, descale_v, out, lse, causal, causal_align, scale, "
-        "block_m, block_n, warps, stages, schedule, grid_cap, section)");
+        "block_m, block_n, warps, stages, schedule, grid_cap, section, tile_counter)");
   m.def("fp8_configs", &fp8_configs,
         "compiled fp8 configurations: [math, out dtype, head_dim, block_m, block_n, warps, stages, schedule]");
   m.def("fp8_kernel_info", &fp8_kernel_info, "registers, local bytes, shared memory and occupancy of one fp8 configuration");

@@ -15,7 +15,9 @@
 #include "flash_fwd.cuh"
 #if defined(FLASHWATT_WGMMA)
 #include "flash_fwd_fp8.cuh"
+#include "flash_fwd_fp8_ws.cuh"
 #include "fp8_quantize.cuh"
+#include "tensor_map.cuh"
 #endif
 
 namespace flashwatt {
@@ -28,6 +30,7 @@ struct Fp8Entry {
   Fp8KernelFn fn;
   int smem;
   int threads;
+  bool persistent = false;  // warp-specialised: one CTA per SM without a cap, TMA copies from tensor maps
 };
 
 int fp8_report(char* err, size_t errlen, const char* what, cudaError_t code) {
@@ -48,10 +51,20 @@ constexpr Fp8Entry fp8_entry(int out_dtype) {
                   &flash_fwd_fp8_kernel<T, D, BN, NWG, ST, PP>, S::kSmemBytes, S::kThreads};
 }
 
+template <typename T, int D, int BN, int ST, bool PP>
+constexpr Fp8Entry fp8_ws_entry(int out_dtype) {
+  using S = Fp8WsShape<D, BN, ST, PP>;
+  return Fp8Entry{FwdConfig{kWgmmaFp8, out_dtype, D, S::BM, BN, S::kThreads / 32, ST,
+                            PP ? kWarpSpecializedPingPong : kWarpSpecialized},
+                  &flash_fwd_fp8_ws_kernel<T, D, BN, ST, PP>, S::kSmemBytes, S::kThreads, true};
+}
+
 // The named fp8 tiles of src/flashwatt/kernels/custom_variants.py map onto these rows.
 #define FLASHWATT_FP8_CONFIGS(T, DT)                                                                  \
   fp8_entry<T, 64, 128, 2, 2, false>(DT), fp8_entry<T, 128, 128, 2, 2, false>(DT),                    \
-      fp8_entry<T, 64, 128, 2, 3, true>(DT), fp8_entry<T, 128, 128, 2, 3, true>(DT)
+      fp8_entry<T, 64, 128, 2, 3, true>(DT), fp8_entry<T, 128, 128, 2, 3, true>(DT),                  \
+      fp8_ws_entry<T, 64, 128, 2, true>(DT), fp8_ws_entry<T, 128, 128, 2, true>(DT),                  \
+      fp8_ws_entry<T, 64, 128, 3, true>(DT), fp8_ws_entry<T, 128, 128, 3, true>(DT)
 
 const Fp8Entry kFp8Entries[] = {
     FLASHWATT_FP8_CONFIGS(__nv_bfloat16, kBf16),
@@ -64,6 +77,20 @@ template <typename T, int D>
 void quantize_kernels(const Fp8QuantParams& p, dim3 grid, cudaStream_t stream) {
   if constexpr (sizeof(T) != 1) fp8_amax_kernel<T, D><<<grid, kQuantThreads, 0, stream>>>(p);
   fp8_cast_kernel<T, D><<<grid, kQuantThreads, 0, stream>>>(p);
+}
+// The tensor maps of the persistent kernels' TMA copies: q and k rows of head_dim bytes in the
+// swizzle of that width, V^T rows of block_n keys in the 128-byte one.
+bool encode_fp8_maps(const Fp8Entry& e, Fp8FwdParams& f, char* why, size_t whylen) {
+  FwdParams& p = f.p;
+  const int d = e.cfg.head_dim;
+  const CUtensorMapSwizzle rows = d == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
+  const CUtensorMapDataType u8 = CU_TENSOR_MAP_DATA_TYPE_UINT8;
+  return encode_map_4d(p.maps.q, "q", u8, 1, p.q, d, p.len_q, p.heads, p.batch, p.q_sl, p.q_sh, p.q_sb, d,
+                       e.cfg.block_m, why, whylen, rows) &&
+         encode_map_4d(p.maps.k, "k", u8, 1, p.k, d, p.len_k, p.kv_heads, p.batch, p.k_sl, p.k_sh, p.k_sb, d,
+                       e.cfg.block_n, why, whylen, rows) &&
+         encode_map_4d(p.maps.v, "vt", u8, 1, p.v, f.vt_cols, d, p.kv_heads, p.batch, p.v_sl, p.v_sh, p.v_sb,
+                       e.cfg.block_n, d, why, whylen, CU_TENSOR_MAP_SWIZZLE_128B);
 }
 #else
 const Fp8Entry* const kFp8Entries = nullptr;
@@ -97,6 +124,19 @@ int fp8_fwd_launch(int index, const Fp8FwdParams& params, void* stream, char* er
     return 1;
   }
   const Fp8Entry& e = kFp8Entries[index];
+  const Fp8FwdParams* args = &params;
+#if defined(FLASHWATT_WGMMA)
+  Fp8FwdParams with_maps;
+  if (e.persistent) {
+    with_maps = params;
+    char why[256] = {0};
+    if (!encode_fp8_maps(e, with_maps, why, sizeof(why))) {
+      if (err && errlen) snprintf(err, errlen, "fp8 TMA copies: %s", why);
+      return 1;
+    }
+    args = &with_maps;
+  }
+#endif
   int device = 0;
   cudaError_t st = cudaGetDevice(&device);
   if (st != cudaSuccess) return fp8_report(err, errlen, "cudaGetDevice", st);
@@ -110,9 +150,20 @@ int fp8_fwd_launch(int index, const Fp8FwdParams& params, void* stream, char* er
   const FwdParams& p = params.p;
   long long grid = static_cast<long long>((p.len_q + e.cfg.block_m - 1) / e.cfg.block_m) * p.batch * p.heads;
   if (p.grid_cap > 0 && grid > p.grid_cap) grid = p.grid_cap;
+  if (p.grid_cap <= 0 && e.persistent) {  // one CTA per SM
+    static int sm_count[64] = {};
+    int& sms = sm_count[device & 63];
+    if (sms == 0) {
+      st = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+      if (st != cudaSuccess) return fp8_report(err, errlen, "cudaDeviceGetAttribute(multiprocessor count)", st);
+    }
+    if (grid > sms) grid = sms;
+  }
+  if (p.tile_counter != nullptr && !e.persistent)
+    return fp8_refuse(err, errlen, "a tile counter needs a persistent (warp-specialised) fp8 configuration");
   if (grid > 0x7fffffffLL) grid = 0x7fffffffLL;
   if (grid <= 0) return 0;
-  e.fn<<<static_cast<unsigned>(grid), e.threads, e.smem, static_cast<cudaStream_t>(stream)>>>(params);
+  e.fn<<<static_cast<unsigned>(grid), e.threads, e.smem, static_cast<cudaStream_t>(stream)>>>(*args);
   st = cudaGetLastError();
   if (st != cudaSuccess) return fp8_report(err, errlen, "fp8 kernel launch", st);
   return 0;

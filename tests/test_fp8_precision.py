@@ -46,17 +46,25 @@ def test_fp8_runs_on_hopper_at_head_dims_64_and_128_only():
         parse_variant("wgmma_m128_n128_s2", "fp8", 128, (9, 0))
 
 
-def test_fp8_tiles_fit_the_kernel():
+def test_fp8_tiles_fit_the_kernels():
     """kernels/flash_fwd_fp8.cuh (Fp8Shape): 128-key tiles (V^T rows of 128 bytes), 64 q rows per
-    warpgroup, O staged through the K/V rings, shared memory within 227 KB."""
+    warpgroup, O staged through the K/V rings; flash_fwd_fp8_ws.cuh (Fp8WsShape): a producer
+    warpgroup beside two consumers, two Q buffers, O staged in a buffer of its own; shared
+    memory within 227 KB."""
+    from flashwatt.kernels.custom_variants import WS_SCHEDULES
+
     fp8 = {name: t for name, t in TILES.items() if "fp8" in t.precisions}
     assert fp8 and all(t.precisions == ("fp8",) and t.mma in HOPPER_MATH for t in fp8.values())
+    assert any(t.schedule in WS_SCHEDULES for t in fp8.values())
     for name, t in fp8.items():
-        assert t.block_n == 128 and t.block_m % 64 == 0 and t.warps == 4 * t.block_m // 64, name
+        persistent = t.schedule in WS_SCHEDULES
+        assert t.block_n == 128 and t.block_m % 64 == 0, name
+        assert t.warps == 4 * (t.block_m // 64 + persistent), name
         for D in t.head_dims:
             assert D in (64, 128)
-            rings = 2 * t.stages * t.block_n * D
-            assert rings >= t.block_m * D * 2 and t.block_m * D + rings + 1024 <= 227 * 1024, (name, D)
+            rings, o = 2 * t.stages * t.block_n * D, t.block_m * D * 2
+            smem = (2 * t.block_m * D + rings + o if persistent else t.block_m * D + rings) + 1024
+            assert (persistent or rings >= o) and smem <= 227 * 1024, (name, D)
 
 
 # ---------------------------------------------------------------- registry and vocabulary

@@ -32,7 +32,7 @@ from flashwatt.attention.cell import Cell
 from flashwatt.kernels import fp8_numerics as fn
 from flashwatt.kernels.custom import Custom, flash_forward
 from flashwatt.kernels.custom_fp8 import FP8_CAPABILITY, flash_forward_fp8, fp8_kernel_info, quantize
-from flashwatt.kernels.custom_variants import TILES
+from flashwatt.kernels.custom_variants import TILES, WS_SCHEDULES
 from flashwatt.vocabulary import TOLERANCE
 
 pytestmark = [pytest.mark.gpu, pytest.mark.nvcc]  # builds the custom kernels
@@ -74,11 +74,11 @@ def rel(x, ref):
     return ((x.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-300)).item()
 
 
-def check(q, k, v, causal, variant="", causal_align="top_left"):
+def check(q, k, v, causal, variant="", causal_align="top_left", **launch):
     """The call on 16-bit inputs against float64 (<= TOL) and against the emulation on the
     kernel's own operands (<= EMULATION_TOL); rows that see no key exactly 0 with LSE -inf."""
     out = torch.full_like(q, float("nan"))
-    got, lse = flash_forward_fp8(q, k, v, causal, variant, out=out, causal_align=causal_align)
+    got, lse = flash_forward_fp8(q, k, v, causal, variant, out=out, causal_align=causal_align, **launch)
     assert got.data_ptr() == out.data_ptr() and got.dtype == q.dtype
     ops = quantize(q, k, v)  # the kernel's own operands, V read back from its V^T
     emu, emu_lse = fn.emulate_attention(ops.q, ops.k, _v_from_vt(ops.vt, k.shape[2]), ops.descale_q, ops.descale_k,
@@ -160,13 +160,21 @@ def test_matrix(tile, D, causal, L):
 @pytest.mark.parametrize("tile", FP8_TILES)
 def test_capped_grids_visit_every_item(tile):
     """A persistent grid of 3 CTAs, and of one per SM: each CTA takes item after item, the
-    shared memory of one reused for the next (its O staged through the K/V rings)."""
+    shared memory of one reused for the next (its O staged through the K/V rings, or the
+    persistent kernels' O buffer); the persistent tiles with and without a tile counter."""
     args = qkv(2, 4, 1000, 128, 21, Hkv=2)
     if not HOPPER:
         return refused(lambda: flash_forward_fp8(*args, True, f"{tile}_ctas3"))
     for causal in (False, True):
         check(*args, causal, f"{tile}_ctas3")
         check(*args, causal, f"{tile}_sm1")
+    if TILES[tile].schedule in WS_SCHEDULES:  # items from a counter, or by a fixed stride
+        for counter in (True, False):
+            check(*args, True, tile, tile_counter=counter)
+            check(*args, True, f"{tile}_ctas3", tile_counter=counter)
+    else:
+        with pytest.raises(RuntimeError, match="tile counter needs a persistent"):
+            flash_forward_fp8(*args, True, tile, tile_counter=True)
 
 
 # (Lq, Lk): fewer queries than keys, more (bottom-right: the first Lq - Lk see no key), off the grid

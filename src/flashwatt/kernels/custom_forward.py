@@ -55,11 +55,11 @@ def flash_forward(q, k, v, causal: bool, variant: str = "", layout: str = "bhld"
     if precision == "fp8":
         from flashwatt.kernels.custom_fp8 import flash_forward_fp8
 
-        if tile_counter or tma:
-            raise ValueError("custom kernel: fp8 tiles run one CTA per query tile, copying with their compute "
-                             "threads (no tile counter, no TMA)")
+        if tma is False:
+            raise ValueError("custom kernel: the fp8 tiles copy with TMA (persistent ones) or with their compute "
+                             "threads (the others); tma=False does not choose between them")
         return flash_forward_fp8(q, k, v, causal, variant, layout, out=out, scale=scale, causal_align=causal_align,
-                                 l2_section=l2_section)
+                                 l2_section=l2_section, tile_counter=tile_counter)
     if layout not in ("bhld", "blhd"):
         raise ValueError(f"custom kernel: layout {layout!r} not in ('bhld', 'blhd')")
     if layout == "blhd":

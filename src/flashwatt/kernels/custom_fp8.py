@@ -25,7 +25,9 @@ from dataclasses import dataclass
 from flashwatt.kernels import l2_sections
 from flashwatt.kernels.custom_inputs import capability, device_properties, kernel_ready
 from flashwatt.kernels.custom_mask import CAUSAL_TOP_LEFT, check_causal_align, extension_code
-from flashwatt.kernels.custom_variants import LOCKSTEP, PING_PONG, Tile, parse_variant
+from flashwatt.kernels.custom_variants import (
+    LOCKSTEP, PING_PONG, WARP_SPECIALIZED, WARP_SPECIALIZED_PING_PONG, WORK_TILE_COUNTER, Tile, parse_variant, work_order,
+)
 
 FP8_CAPABILITY = (9, 0)
 FP8_HEAD_DIMS = (64, 128)
@@ -144,10 +146,12 @@ def prepare(q8, k8, v8, descale_q, descale_k, descale_v) -> Fp8Operands:
 
 
 def fp8_forward(ops: Fp8Operands, causal: bool, variant: str = "", *, out=None, out_dtype=None,
-                scale: float | None = None, causal_align: str = CAUSAL_TOP_LEFT, l2_section: int | None = None):
+                scale: float | None = None, causal_align: str = CAUSAL_TOP_LEFT, l2_section: int | None = None,
+                tile_counter: bool | None = None):
     """The e4m3 kernel on prepared operands; returns (out, lse) as flash_forward does. out
     (optional, (B, H, Lq, D) views of float16 or bfloat16) is written in place; else a new
-    tensor of out_dtype (default bfloat16)."""
+    tensor of out_dtype (default bfloat16). tile_counter: whether a persistent tile's CTAs take
+    their work items from a counter (None: work_order's choice, as for 16-bit inputs)."""
     import torch
 
     from flashwatt.build import load_extension
@@ -174,9 +178,12 @@ def fp8_forward(ops: Fp8Operands, causal: bool, variant: str = "", *, out=None, 
                                                  bool(causal))
     ext = load_extension()
     t = launch.tile
+    if tile_counter is None:
+        tile_counter = work_order(t, bool(causal), ops.len_k) == WORK_TILE_COUNTER
     ext.fp8_forward(ops.q, ops.k, ops.vt, ops.descale_q, ops.descale_k, ops.descale_v, out_k, lse, bool(causal),
                     extension_code(ext, causal_align), float(scale if scale is not None else 1.0 / math.sqrt(D)),
-                    t.block_m, t.block_n, t.warps, t.stages, schedule_code(ext, t), int(grid_cap), int(l2_section))
+                    t.block_m, t.block_n, t.warps, t.stages, schedule_code(ext, t), int(grid_cap), int(l2_section),
+                    bool(tile_counter))
     if out_k is not target:
         target.copy_(out_k)
     return target, lse
@@ -184,12 +191,14 @@ def fp8_forward(ops: Fp8Operands, causal: bool, variant: str = "", *, out=None, 
 
 def schedule_code(ext, tile: Tile) -> int:
     """The extension's FwdSchedule of an fp8 tile."""
-    return {LOCKSTEP: ext.SCHEDULE_LOCKSTEP, PING_PONG: ext.SCHEDULE_PING_PONG}[tile.schedule]
+    return {LOCKSTEP: ext.SCHEDULE_LOCKSTEP, PING_PONG: ext.SCHEDULE_PING_PONG,
+            WARP_SPECIALIZED: ext.SCHEDULE_WARP_SPECIALIZED,
+            WARP_SPECIALIZED_PING_PONG: ext.SCHEDULE_WARP_SPECIALIZED_PING_PONG}[tile.schedule]
 
 
 def flash_forward_fp8(q, k, v, causal: bool, variant: str = "", layout: str = "bhld", *, descales=None, out=None,
                       out_dtype=None, scale: float | None = None, causal_align: str = CAUSAL_TOP_LEFT,
-                      l2_section: int | None = None):
+                      l2_section: int | None = None, tile_counter: bool | None = None):
     """Attention forward in fp8; returns (out, lse) (module docstring).
 
     q, k, v: float16/bfloat16 (quantised in the call; out in their dtype unless out_dtype
@@ -221,7 +230,7 @@ def flash_forward_fp8(q, k, v, causal: bool, variant: str = "", layout: str = "b
         B, H, Lq, D = q.shape
         out = torch.empty((B, Lq, H, D), dtype=dtype, device=q.device).transpose(1, 2)
     got, lse = fp8_forward(ops, causal, variant, out=out, out_dtype=dtype, scale=scale, causal_align=causal_align,
-                           l2_section=l2_section)
+                           l2_section=l2_section, tile_counter=tile_counter)
     return (got.transpose(1, 2) if layout == "blhd" else got), lse
 
 
@@ -244,6 +253,8 @@ def fp8_kernel_info(head_dim: int, variant: str = "", len_k: int | None = None, 
     code = {"fp16": ext.DTYPE_FP16, "bf16": ext.DTYPE_BF16}[out_dtype]
     info = dict(ext.fp8_kernel_info(code, head_dim, t.block_m, t.block_n, t.warps, t.stages, schedule_code(ext, t)))
     info.update(tile=launch.tile_name, mma=t.mma, schedule=t.schedule, ctas_per_sm_cap=launch.ctas_per_sm,
-                max_ctas=launch.max_ctas, copies="threads", quantization="per (batch, head): descale = amax / 448",
+                max_ctas=launch.max_ctas, work_order=work_order(t, bool(causal), len_k),
+                copies="tma" if t.schedule in (WARP_SPECIALIZED, WARP_SPECIALIZED_PING_PONG) else "threads",
+                quantization="per (batch, head): descale = amax / 448",
                 p_scale=f"2^{P_SHIFT}")
     return info
