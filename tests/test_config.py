@@ -65,15 +65,23 @@ def test_defaults_are_filled(tmp_path):
 
 
 def test_seed_suite_is_the_seed_study():
+    """The seed study (B16 H8 D64, L 512 and 1024, every kernel), and the fp8 rung beside our bf16
+    forward: at the seed shapes, and at D128 with 4096 keys (tests/test_fp8_precision.py)."""
     cells = suite_cells(load_config(), "seed")
-    assert {(c.batch, c.heads, c.head_dim) for c in cells} == {(16, 8, 64)}
-    assert {c.seq_len for c in cells} == {512, 1024}
-    assert {c.precision for c in cells} == {"fp32", "fp16", "bf16"}
-    forward = [c for c in cells if c.pass_ == "fwd"]
+    ladder = [c for c in cells if c.head_dim == 128]
+    study = [c for c in cells if c.head_dim != 128 and c.precision != "fp8"]
+    assert {(c.batch, c.heads, c.head_dim) for c in study} == {(16, 8, 64)}
+    assert {c.seq_len for c in study} == {512, 1024}
+    assert {c.precision for c in study} == {"fp32", "fp16", "bf16"}
+    forward = [c for c in study if c.pass_ == "fwd"]
     assert len(forward) == 6 * 3 * 2
-    backward = [c for c in cells if c.pass_ == "fwd_bwd"]
+    backward = [c for c in study if c.pass_ == "fwd_bwd"]
     assert {c.kernel for c in backward} == {"sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "custom"}
     assert len(backward) == 4 * 2 * 2
+    assert {(c.kernel, c.precision, c.batch, c.heads, c.seq_len) for c in ladder} == {
+        ("custom", "bf16", 4, 16, 4096), ("custom", "fp8", 4, 16, 4096)}
+    assert {(c.batch, c.heads, c.seq_len) for c in cells if c.precision == "fp8" and c.head_dim == 64} == {
+        (16, 8, 512), (16, 8, 1024)}
 
 
 def test_sweep_follows_flash_attention_convention():
