@@ -325,3 +325,30 @@ def test_the_scheduler_runs_fp8_only_within_the_tolerance():
         assert out.dtype == torch.bfloat16 and rel(out[0, :2], reference(q[0, :2], k[0, :2], v[0, :2], True)) <= TOL
     finally:
         ctl.close()
+
+
+# ---------------------------------------------------------------- the benchmark
+
+def test_the_benchmark_times_fp8_beside_our_bf16_forward(tmp_path):
+    """`python -m flashwatt.bench --dtypes fp8`: the call, its kernel and its quantisation apart,
+    our bf16 forward, in the same rounds; fp8 outputs checked against FlashAttention-2's."""
+    import csv
+
+    from flashwatt import bench
+
+    out = tmp_path / "bench.csv"
+    rc = bench.main(["--dtypes", "fp8", "--shapes", "2x8x1024x128", "--masks", "causal", "--min-time-ms", "20",
+                     "--rounds", "2", "--out", str(out)])
+    assert rc == 0
+    rows = {(r["kernel"], r["variant"], r["part"], r["dtype"]): r for r in csv.DictReader(out.open())}
+    fp8, bf16 = rows[("custom", "", "", "fp8")], rows[("custom", "", "", "bf16")]
+    parts = [rows[("custom", "", part, "fp8")] for part in ("attention", "quantize")]
+    if not HOPPER:
+        assert math.isnan(float(fp8["tflops"])) and float(bf16["tflops"]) > 1.0
+        return
+    assert float(fp8["rel_err_vs_flash"]) <= TOL and float(bf16["rel_err_vs_flash"]) <= TOLERANCE["bf16"]["fwd"]
+    for r in (fp8, bf16, *parts):
+        assert float(r["tflops"]) > 1.0 and r["rounds"] == "2", r
+    # the parts are each shorter than the whole call
+    assert all(float(p["ms"]) < float(fp8["ms"]) for p in parts)
+    assert ("cudnn_fp8", "", "", "fp8") in rows  # a peer: timed where its frontend is installed
