@@ -215,7 +215,7 @@ int fp8_quantize_launch(const Fp8QuantParams& params, int in_dtype, void* stream
       if (st != cudaSuccess) return fp8_report(err, errlen, "fp8 quantisation: cudaMemsetAsync(amax)", st);
     }
   }
-  const dim3 grid((rows + kQuantRows - 1) / kQuantRows, params.batch * heads, params.tensors);
+  const dim3 grid(params.batch * heads, (rows + kQuantRows - 1) / kQuantRows, params.tensors);
   const bool d64 = params.head_dim == 64;
   switch (in_dtype) {
     case kBf16:

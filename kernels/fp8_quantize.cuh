@@ -52,9 +52,9 @@ __device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 x) { retu
 template <typename T, int D>
 __global__ void __launch_bounds__(kQuantThreads) fp8_amax_kernel(const Fp8QuantParams p) {
   const Fp8Tensor& t = p.t[blockIdx.z];
-  const int bh = blockIdx.y;
+  const int bh = blockIdx.x;  // (batch, head) in x: B * H may pass y's 65535
   if (bh >= p.batch * t.heads) return;
-  const int row0 = blockIdx.x * kQuantRows;
+  const int row0 = blockIdx.y * kQuantRows;
   if (row0 >= t.len) return;
   const int b = bh / t.heads, h = bh % t.heads;
   const T* x = static_cast<const T*>(t.x) + b * t.sb + h * t.sh;
@@ -107,9 +107,9 @@ __device__ __forceinline__ uint2 to_e4m3x8(const uint4& raw, float inv) {
 template <typename T, int D>
 __global__ void __launch_bounds__(kQuantThreads) fp8_cast_kernel(const Fp8QuantParams p) {
   const Fp8Tensor& t = p.t[blockIdx.z];
-  const int bh = blockIdx.y;
+  const int bh = blockIdx.x;  // (batch, head) in x: B * H may pass y's 65535
   if (bh >= p.batch * t.heads) return;
-  const int row0 = blockIdx.x * kQuantRows;
+  const int row0 = blockIdx.y * kQuantRows;
   const int rows_out = t.transposed ? t.vt_cols : t.len;
   if (row0 >= rows_out) return;
   const int b = bh / t.heads, h = bh % t.heads;
@@ -118,7 +118,7 @@ __global__ void __launch_bounds__(kQuantThreads) fp8_cast_kernel(const Fp8QuantP
   if constexpr (sizeof(T) != 1) {
     const float amax = t.amax[bh];
     inv = amax > 0.f ? kE4m3Max / amax : 1.f;
-    if (blockIdx.x == 0 && threadIdx.x == 0) t.descale[bh] = amax > 0.f ? amax / kE4m3Max : 1.f;
+    if (blockIdx.y == 0 && threadIdx.x == 0) t.descale[bh] = amax > 0.f ? amax / kE4m3Max : 1.f;
   }
   constexpr int V = 8;  // elements per conversion
   constexpr int PER_ROW = D / V;
