@@ -1,5 +1,5 @@
-// torch binding of the flashwatt attention kernels: the forward (flash_fwd.cu) and the
-// backward (flash_bwd.cu).
+// torch binding of the flashwatt attention kernels: the forward (flash_fwd.cu), the
+// backward (flash_bwd.cu) and the fp8 forward with its quantisation step (flash_fp8.cu).
 //
 // Every check runs before the launch, so a refused input never reaches the GPU.
 #include <ATen/cuda/CUDAContext.h>
@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "flash_bwd.cuh"
+#include "flash_fp8.cuh"
 #include "flash_fwd.cuh"
 
 namespace {
@@ -263,6 +264,223 @@ void backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, con
   TORCH_CHECK(rc == 0, "flashwatt custom backward: ", err);
 }
 
+// ------------------------------------------------------------------ fp8 (flash_fp8.cu)
+
+// An e4m3 operand: a CUDA tensor on q's device, 4-d, rows of 16-byte multiples at 16-byte
+// aligned addresses (the kernels copy 16 bytes at a time).
+void check_fp8_operand(const at::Tensor& t, const char* name, const at::Tensor& like) {
+  TORCH_CHECK(t.is_cuda() && t.device() == like.device(), "flashwatt fp8: ", name, " must be a CUDA tensor on ",
+              like.device(), " (got ", t.device(), ")");
+  TORCH_CHECK(t.scalar_type() == at::kFloat8_e4m3fn, "flashwatt fp8: ", name, " must be float8_e4m3fn, got ",
+              t.scalar_type());
+  TORCH_CHECK(t.dim() == 4 && t.stride(3) == 1, "flashwatt fp8: ", name,
+              " must be 4-d with a contiguous last dimension, got sizes ", t.sizes(), " strides ", t.strides());
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 && t.stride(0) % 16 == 0 && t.stride(1) % 16 == 0 &&
+                  t.stride(2) % 16 == 0,
+              "flashwatt fp8: ", name, " must start 16-byte aligned with strides that are multiples of 16, got ",
+              t.strides());
+}
+
+// Descales of (batch, heads): float32, contiguous, on `like`'s device.
+void check_descale(const at::Tensor& d, const char* name, int64_t batch, int64_t heads, const at::Tensor& like) {
+  TORCH_CHECK(d.is_cuda() && d.device() == like.device() && d.scalar_type() == at::kFloat && d.is_contiguous() &&
+                  d.dim() == 2 && d.size(0) == batch && d.size(1) == heads,
+              "flashwatt fp8: ", name, " must be a contiguous float32 (", batch, ", ", heads, ") tensor on ",
+              like.device(), ", got ", d.scalar_type(), " ", d.sizes(), " on ", d.device());
+}
+
+void check_fp8_head_dim(int64_t head_dim) {
+  TORCH_CHECK(head_dim == 64 || head_dim == 128, "flashwatt fp8: head_dim ", head_dim, " not supported (64, 128)");
+}
+
+int64_t fp8_vt_cols(int64_t len_k) { return (len_k + flashwatt::kFp8KeyPad - 1) / flashwatt::kFp8KeyPad * flashwatt::kFp8KeyPad; }
+
+// V^T of (batch, kv_heads, len_k, head_dim): (batch, kv_heads, head_dim, fp8_vt_cols(len_k)) e4m3, contiguous.
+void check_vt(const at::Tensor& vt, int64_t batch, int64_t kv_heads, int64_t len_k, int64_t head_dim,
+              const at::Tensor& like) {
+  check_fp8_operand(vt, "vt", like);
+  const std::vector<int64_t> shape{batch, kv_heads, head_dim, fp8_vt_cols(len_k)};
+  TORCH_CHECK(vt.is_contiguous() && vt.sizes() == at::IntArrayRef(shape), "flashwatt fp8: vt must be a contiguous ",
+              shape, " tensor (V transposed, keys padded to a multiple of ", flashwatt::kFp8KeyPad, "), got ",
+              vt.sizes());
+}
+
+flashwatt::Fp8Tensor fp8_tensor(const at::Tensor& x, at::Tensor& out, float* amax, float* descale, bool transposed) {
+  flashwatt::Fp8Tensor t{};
+  t.x = x.data_ptr();
+  t.sb = x.stride(0), t.sh = x.stride(1), t.sl = x.stride(2);
+  t.out = out.data_ptr();
+  t.amax = amax;
+  t.descale = descale;
+  t.heads = static_cast<int>(x.size(1));
+  t.len = static_cast<int>(x.size(2));
+  t.transposed = transposed ? 1 : 0;
+  t.vt_cols = transposed ? static_cast<int>(fp8_vt_cols(x.size(2))) : 0;
+  return t;
+}
+
+void run_quantize(const flashwatt::Fp8QuantParams& p, int in_dtype, const at::Tensor& like) {
+  const c10::cuda::CUDAGuard guard(like.device());
+  char err[512] = {0};
+  const int rc = flashwatt::fp8_quantize_launch(p, in_dtype, at::cuda::getCurrentCUDAStream().stream(), err, sizeof(err));
+  TORCH_CHECK(rc == 0, "flashwatt fp8: ", err);
+}
+
+// q, k, v (fp16 or bf16, (B, H, L, D) views, 16-byte loads) to q8, k8 (contiguous e4m3 of
+// their shapes), vt8 (V^T: check_vt) and per-(batch, head) descales (float32 (B, H) and
+// (B, Hkv)); amax: a float32 workspace of B * H + 2 * B * Hkv values.
+void fp8_quantize(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& q8, at::Tensor& k8,
+                  at::Tensor& vt8, at::Tensor& descale_q, at::Tensor& descale_k, at::Tensor& descale_v,
+                  at::Tensor& amax) {
+  for (const auto& [t, name] : {std::pair<const at::Tensor*, const char*>{&q, "q"}, {&k, "k"}, {&v, "v"}})
+    check_operand(*t, name, q, true);
+  const int dt = dtype_code(q);
+  TORCH_CHECK(dt == flashwatt::kFp16 || dt == flashwatt::kBf16, "flashwatt fp8: quantises float16 or bfloat16, not ",
+              q.scalar_type());
+  const int64_t B = q.size(0), H = q.size(1), Lq = q.size(2), D = q.size(3), Hkv = k.size(1), Lk = k.size(2);
+  check_fp8_head_dim(D);
+  TORCH_CHECK(k.sizes() == v.sizes() && k.size(0) == B && k.size(3) == D && Hkv >= 1 && H % Hkv == 0,
+              "flashwatt fp8: k ", k.sizes(), " and v ", v.sizes(), " do not fit q ", q.sizes());
+  TORCH_CHECK(Lq >= 1 && Lk >= 1 && B >= 1, "flashwatt fp8: empty input");
+  check_fp8_operand(q8, "q8", q);
+  check_fp8_operand(k8, "k8", q);
+  TORCH_CHECK(q8.is_contiguous() && q8.sizes() == q.sizes() && k8.is_contiguous() && k8.sizes() == k.sizes(),
+              "flashwatt fp8: q8 and k8 must be contiguous with the shapes of q and k");
+  check_vt(vt8, B, Hkv, Lk, D, q);
+  check_descale(descale_q, "descale_q", B, H, q);
+  check_descale(descale_k, "descale_k", B, Hkv, q);
+  check_descale(descale_v, "descale_v", B, Hkv, q);
+  TORCH_CHECK(amax.is_cuda() && amax.device() == q.device() && amax.scalar_type() == at::kFloat &&
+                  amax.is_contiguous() && amax.numel() == B * H + 2 * B * Hkv,
+              "flashwatt fp8: amax must be a contiguous float32 workspace of ", B * H + 2 * B * Hkv, " values");
+  float* a = amax.data_ptr<float>();
+  flashwatt::Fp8QuantParams p{};
+  p.t[0] = fp8_tensor(q, q8, a, descale_q.data_ptr<float>(), false);
+  p.t[1] = fp8_tensor(k, k8, a + B * H, descale_k.data_ptr<float>(), false);
+  p.t[2] = fp8_tensor(v, vt8, a + B * H + B * Hkv, descale_v.data_ptr<float>(), true);
+  p.tensors = 3;
+  p.batch = static_cast<int>(B);
+  p.head_dim = static_cast<int>(D);
+  run_quantize(p, dt, q);
+}
+
+// A pre-quantised e4m3 V (B, Hkv, Lk, D) into V^T (check_vt), keys in the kernels' order.
+void fp8_transpose_v(const at::Tensor& v8, at::Tensor& vt8) {
+  check_fp8_operand(v8, "v", v8);
+  const int64_t B = v8.size(0), Hkv = v8.size(1), Lk = v8.size(2), D = v8.size(3);
+  check_fp8_head_dim(D);
+  TORCH_CHECK(Lk >= 1 && B >= 1 && Hkv >= 1, "flashwatt fp8: empty v");
+  check_vt(vt8, B, Hkv, Lk, D, v8);
+  flashwatt::Fp8QuantParams p{};
+  p.t[0] = fp8_tensor(v8, vt8, nullptr, nullptr, true);
+  p.tensors = 1;
+  p.batch = static_cast<int>(B);
+  p.head_dim = static_cast<int>(D);
+  run_quantize(p, flashwatt::kFp8Input, v8);
+}
+
+// The fp8 forward on q8 (B, H, Lq, D), k8 (B, Hkv, Lk, D), vt8 (check_vt) with their
+// descales; out (q8's shape, fp16 or bf16, any 16-byte strides) and lse (B, H, Lq) float32.
+void fp8_forward(const at::Tensor& q8, const at::Tensor& k8, const at::Tensor& vt8, const at::Tensor& descale_q,
+                 const at::Tensor& descale_k, const at::Tensor& descale_v, at::Tensor& out, at::Tensor& lse,
+                 bool causal, int64_t causal_align, double scale, int64_t block_m, int64_t block_n, int64_t warps,
+                 int64_t stages, int64_t schedule, int64_t grid_cap, int64_t section, bool tile_counter) {
+  check_fp8_operand(q8, "q", q8);
+  check_fp8_operand(k8, "k", q8);
+  const int64_t B = q8.size(0), H = q8.size(1), Lq = q8.size(2), D = q8.size(3), Hkv = k8.size(1), Lk = k8.size(2);
+  check_fp8_head_dim(D);
+  TORCH_CHECK(k8.size(0) == B && k8.size(3) == D && Hkv >= 1 && H % Hkv == 0, "flashwatt fp8: k ", k8.sizes(),
+              " does not fit q ", q8.sizes());
+  TORCH_CHECK(Lq >= 1 && Lk >= 1 && B >= 1, "flashwatt fp8: empty input");
+  check_vt(vt8, B, Hkv, Lk, D, q8);
+  check_descale(descale_q, "descale_q", B, H, q8);
+  check_descale(descale_k, "descale_k", B, Hkv, q8);
+  check_descale(descale_v, "descale_v", B, Hkv, q8);
+  TORCH_CHECK(out.is_cuda() && out.device() == q8.device() && out.sizes() == q8.sizes(), "flashwatt fp8: out ",
+              out.sizes(), " must be a CUDA tensor of q's shape ", q8.sizes(), " on its device");
+  const int out_dtype = dtype_code(out);
+  TORCH_CHECK(out_dtype == flashwatt::kFp16 || out_dtype == flashwatt::kBf16, "flashwatt fp8: out must be float16 "
+              "or bfloat16, not ", out.scalar_type());
+  check_operand(out, "out", out, true);
+  TORCH_CHECK(lse.is_cuda() && lse.device() == q8.device() && lse.scalar_type() == at::kFloat && lse.is_contiguous() &&
+                  lse.dim() == 3 && lse.size(0) == B && lse.size(1) == H && lse.size(2) == Lq,
+              "flashwatt fp8: lse must be a contiguous float32 (B, H, Lq) tensor on q's device");
+  check_causal_align(causal_align);
+  TORCH_CHECK(B * H * ((Lq + 15) / 16) < std::numeric_limits<int32_t>::max(), "flashwatt fp8: too many tiles");
+  TORCH_CHECK(flashwatt::fp8_fwd_num_configs() > 0, "flashwatt fp8: this build has no fp8 kernels (they are built "
+              "for compute capability 9.0, sm_90a, only)");
+  const int index = flashwatt::fp8_fwd_find_config(out_dtype, static_cast<int>(D), static_cast<int>(block_m),
+                                                   static_cast<int>(block_n), static_cast<int>(warps),
+                                                   static_cast<int>(stages), static_cast<int>(schedule));
+  TORCH_CHECK(index >= 0, "flashwatt fp8: no compiled kernel for out dtype ", out.scalar_type(), ", head_dim ", D,
+              ", block_m ", block_m, ", block_n ", block_n, ", warps ", warps, ", stages ", stages, ", schedule ",
+              schedule);
+  flashwatt::Fp8FwdParams f{};
+  flashwatt::FwdParams& p = f.p;
+  p.q = q8.data_ptr();
+  p.k = k8.data_ptr();
+  p.v = vt8.data_ptr();
+  p.o = out.data_ptr();
+  p.lse = lse.data_ptr<float>();
+  p.q_sb = q8.stride(0), p.q_sh = q8.stride(1), p.q_sl = q8.stride(2);
+  p.k_sb = k8.stride(0), p.k_sh = k8.stride(1), p.k_sl = k8.stride(2);
+  p.v_sb = vt8.stride(0), p.v_sh = vt8.stride(1), p.v_sl = vt8.stride(2);
+  p.o_sb = out.stride(0), p.o_sh = out.stride(1), p.o_sl = out.stride(2);
+  p.batch = static_cast<int>(B);
+  p.heads = static_cast<int>(H);
+  p.kv_heads = static_cast<int>(Hkv);
+  p.len_q = static_cast<int>(Lq);
+  p.len_k = static_cast<int>(Lk);
+  p.head_dim = static_cast<int>(D);
+  p.scale = static_cast<float>(scale);
+  p.causal = causal ? 1 : 0;
+  p.causal_offset = causal ? flashwatt::causal_offset(static_cast<int>(causal_align), p.len_q, p.len_k) : 0;
+  p.grid_cap = grid_cap > 0 ? static_cast<int>(std::min<int64_t>(grid_cap, std::numeric_limits<int32_t>::max())) : 0;
+  p.section = section > 0 ? static_cast<int>(std::min<int64_t>(section, B * H)) : 0;
+  f.descale_q = descale_q.data_ptr<float>();
+  f.descale_k = descale_k.data_ptr<float>();
+  f.descale_v = descale_v.data_ptr<float>();
+  f.vt_cols = static_cast<int>(vt8.size(3));
+  const c10::cuda::CUDAGuard guard(q8.device());
+  // The persistent kernels' work items from a counter: one zeroed int per call (as forward's).
+  at::Tensor counter;
+  if (tile_counter) {
+    TORCH_CHECK(schedule == flashwatt::kWarpSpecialized || schedule == flashwatt::kWarpSpecializedPingPong,
+                "flashwatt fp8: a tile counter needs a persistent (warp-specialised) schedule, not ", schedule);
+    counter = at::zeros({1}, q8.options().dtype(at::kInt));
+    p.tile_counter = counter.data_ptr<int>();
+  }
+  char err[512] = {0};
+  const int rc = flashwatt::fp8_fwd_launch(index, f, at::cuda::getCurrentCUDAStream().stream(), err, sizeof(err));
+  TORCH_CHECK(rc == 0, "flashwatt fp8: ", err);
+}
+
+std::vector<std::vector<int64_t>> fp8_configs() {
+  std::vector<std::vector<int64_t>> rows;
+  for (int i = 0; i < flashwatt::fp8_fwd_num_configs(); ++i) {
+    const flashwatt::FwdConfig c = flashwatt::fp8_fwd_config(i);
+    rows.push_back({c.math, c.dtype, c.head_dim, c.block_m, c.block_n, c.warps, c.stages, c.schedule});
+  }
+  return rows;
+}
+
+std::map<std::string, int64_t> fp8_kernel_info(int64_t out_dtype, int64_t head_dim, int64_t block_m, int64_t block_n,
+                                               int64_t warps, int64_t stages, int64_t schedule) {
+  const int index = flashwatt::fp8_fwd_find_config(static_cast<int>(out_dtype), static_cast<int>(head_dim),
+                                                   static_cast<int>(block_m), static_cast<int>(block_n),
+                                                   static_cast<int>(warps), static_cast<int>(stages),
+                                                   static_cast<int>(schedule));
+  TORCH_CHECK(index >= 0, "flashwatt fp8: no such compiled configuration");
+  flashwatt::FwdKernelInfo info{};
+  char err[512] = {0};
+  TORCH_CHECK(flashwatt::fp8_fwd_kernel_info(index, &info, err, sizeof(err)) == 0, "flashwatt fp8: ", err);
+  return {{"num_regs", info.num_regs},
+          {"local_bytes", info.local_bytes},
+          {"smem_bytes", info.smem_bytes},
+          {"max_ctas_per_sm", info.max_ctas_per_sm},
+          {"threads", info.threads}};
+}
+
 std::vector<std::vector<int64_t>> backward_configs() {
   std::vector<std::vector<int64_t>> rows;
   for (int i = 0; i < flashwatt::bwd_num_configs(); ++i) {
@@ -304,6 +522,18 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "compiled backward configurations: [dtype, head_dim, block_n, block_m, warps, math]");
   m.def("backward_kernel_info", &backward_kernel_info,
         "registers, local bytes, shared memory and occupancy of one backward configuration's main kernel");
+  m.def("fp8_quantize", &fp8_quantize,
+        "q, k, v (fp16/bf16) to e4m3 with per-(batch, head) descales: (q, k, v, q8, k8, vt8, descale_q, descale_k, "
+        "descale_v, amax_workspace)");
+  m.def("fp8_transpose_v", &fp8_transpose_v, "a pre-quantised e4m3 v into the kernels' V^T: (v8, vt8)");
+  m.def("fp8_forward", &fp8_forward,
+        "fp8 attention forward (q8, k8, vt8, descale_q, descale_k, descale_v, out, lse, causal, causal_align, scale, "
+        "block_m, block_n, warps, stages, schedule, grid_cap, section, tile_counter)");
+  m.def("fp8_configs", &fp8_configs,
+        "compiled fp8 configurations: [math, out dtype, head_dim, block_m, block_n, warps, stages, schedule]");
+  m.def("fp8_kernel_info", &fp8_kernel_info, "registers, local bytes, shared memory and occupancy of one fp8 configuration");
+  m.attr("FP8_KEY_PAD") = flashwatt::kFp8KeyPad;
+  m.attr("MATH_WGMMA_FP8") = flashwatt::kWgmmaFp8;
   m.attr("DTYPE_FP16") = static_cast<int>(flashwatt::kFp16);
   m.attr("DTYPE_BF16") = static_cast<int>(flashwatt::kBf16);
   m.attr("DTYPE_FP32") = static_cast<int>(flashwatt::kFp32);

@@ -31,12 +31,14 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 }
 
 // A map of `name` over dims (head_dim, rows, heads, batch) with strides in elements of
-// element_bytes (of dims 1 .. 3), boxes of [box_rows, box_cols] in the 128-byte swizzle
-// (box_cols * element_bytes == 128: the wgmma layout for 16-bit types), elements outside
-// the dims read as zeros and are not written. Returns false with the reason in why.
+// element_bytes (of dims 1 .. 3), boxes of [box_rows, box_cols] in the given swizzle (128-byte
+// by default: box_cols * element_bytes == 128, the wgmma layout for 16-bit types; the fp8
+// forward's rows of 64 bytes take the 64-byte one), elements outside the dims read as zeros
+// and are not written. Returns false with the reason in why.
 inline bool encode_map_4d(unsigned char* map, const char* name, CUtensorMapDataType type, int element_bytes,
                           const void* base, int head_dim, int rows, int heads, int batch, int64_t sl, int64_t sh,
-                          int64_t sb, int box_cols, int box_rows, char* why, size_t whylen) {
+                          int64_t sb, int box_cols, int box_rows, char* why, size_t whylen,
+                          CUtensorMapSwizzle swizzle = CU_TENSOR_MAP_SWIZZLE_128B) {
   static_assert(sizeof(CUtensorMap) == 128, "a tensor map is 128 bytes");
   const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
   if (encode == nullptr) {
@@ -51,7 +53,7 @@ inline bool encode_map_4d(unsigned char* map, const char* name, CUtensorMapDataT
   const cuuint32_t box[4] = {static_cast<cuuint32_t>(box_cols), static_cast<cuuint32_t>(box_rows), 1, 1};
   const cuuint32_t element_strides[4] = {1, 1, 1, 1};
   const CUresult rc = encode(reinterpret_cast<CUtensorMap*>(map), type, 4, const_cast<void*>(base), dims, strides,
-                             box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                             box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
                              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (rc != CUDA_SUCCESS) {
     snprintf(why, whylen,

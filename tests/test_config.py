@@ -24,7 +24,7 @@ def grid(config, suite="smoke"):
      r"suites\.smoke\.grids\[0\]\.kernels\[2\]: 'flashy' is not allowed; allowed: naive, sdpa_math"),
     (lambda c: grid(c).__setitem__("seq_lens", [0]), r"suites\.smoke\.grids\[0\]\.seq_lens\[0\]: 0 is less than the minimum of 1"),
     (lambda c: grid(c).__setitem__("head_dims", [48]), r"head_dims\[0\]: 48 is not allowed; allowed: 16, 32, 64, 128, 256"),
-    (lambda c: grid(c).__setitem__("precisions", ["fp8"]), r"precisions\[0\]: 'fp8' is not allowed; allowed: fp32, tf32, fp16, bf16"),
+    (lambda c: grid(c).__setitem__("precisions", ["fp4"]), r"precisions\[0\]: 'fp4' is not allowed; allowed: fp32, tf32, fp16, bf16, fp8"),
     (lambda c: c["measure"].__setitem__("warmup", 5), r"config key measure: unknown key\(s\) 'warmup'; allowed: .*warmup_ms"),
     (lambda c: c.__setitem__("suit", "seed"), r"config key \(top level\): unknown key\(s\) 'suit'"),
     (lambda c: grid(c).__setitem__("tokens_per_batch", 1024), r"give exactly one of batches or tokens_per_batch"),
@@ -65,15 +65,23 @@ def test_defaults_are_filled(tmp_path):
 
 
 def test_seed_suite_is_the_seed_study():
+    """The seed study (B16 H8 D64, L 512 and 1024, every kernel), and the fp8 rung beside our bf16
+    forward: at the seed shapes, and at D128 with 4096 keys (tests/test_fp8_precision.py)."""
     cells = suite_cells(load_config(), "seed")
-    assert {(c.batch, c.heads, c.head_dim) for c in cells} == {(16, 8, 64)}
-    assert {c.seq_len for c in cells} == {512, 1024}
-    assert {c.precision for c in cells} == {"fp32", "fp16", "bf16"}
-    forward = [c for c in cells if c.pass_ == "fwd"]
+    ladder = [c for c in cells if c.head_dim == 128]
+    study = [c for c in cells if c.head_dim != 128 and c.precision != "fp8"]
+    assert {(c.batch, c.heads, c.head_dim) for c in study} == {(16, 8, 64)}
+    assert {c.seq_len for c in study} == {512, 1024}
+    assert {c.precision for c in study} == {"fp32", "fp16", "bf16"}
+    forward = [c for c in study if c.pass_ == "fwd"]
     assert len(forward) == 6 * 3 * 2
-    backward = [c for c in cells if c.pass_ == "fwd_bwd"]
+    backward = [c for c in study if c.pass_ == "fwd_bwd"]
     assert {c.kernel for c in backward} == {"sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "custom"}
     assert len(backward) == 4 * 2 * 2
+    assert {(c.kernel, c.precision, c.batch, c.heads, c.seq_len) for c in ladder} == {
+        ("custom", "bf16", 4, 16, 4096), ("custom", "fp8", 4, 16, 4096)}
+    assert {(c.batch, c.heads, c.seq_len) for c in cells if c.precision == "fp8" and c.head_dim == 64} == {
+        (16, 8, 512), (16, 8, 1024)}
 
 
 def test_sweep_follows_flash_attention_convention():

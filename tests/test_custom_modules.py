@@ -10,8 +10,8 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src"
 KERNELS = SRC / "flashwatt" / "kernels"
 # Bottom up: each module may import only those before it (flashwatt.kernels.custom's docstring).
-LAYERS = ("custom_inputs", "custom_mask", "custom_variants", "custom_forward", "custom_backward", "custom_autograd",
-          "custom")
+LAYERS = ("custom_inputs", "custom_mask", "custom_variants", "custom_fp8", "custom_forward", "custom_backward",
+          "custom_autograd", "custom")
 
 
 def _imports(path: Path) -> list[tuple[str, list[str], int]]:

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 
 from flashwatt.kernels.custom_variants import (
-    DEFAULT_TILE, LOCKSTEP, PING_PONG, TILES, VARIANTS, WARP_SPECIALIZED, WARP_SPECIALIZED_PING_PONG, WGMMA,
-    WGMMA_DEFAULT_TILE, WS_SCHEDULES, default_tile, parse_variant,
+    DEFAULT_TILE, HOPPER_MATH, LOCKSTEP, PING_PONG, TILES, VARIANTS, WARP_SPECIALIZED, WARP_SPECIALIZED_PING_PONG,
+    WGMMA, WGMMA_DEFAULT_TILE, WS_SCHEDULES, default_tile, parse_variant,
 )
 
 HOPPER, AMPERE, ADA = (9, 0), (8, 0), (8, 9)
@@ -99,21 +99,22 @@ def test_refusals_name_the_problem():
 
 
 def test_ping_pong_tiles_have_what_the_lagging_warpgroup_needs():
-    """kernels/flash_fwd_wgmma.cuh: a second warpgroup to lag, and a K/V stage more than
-    lockstep needs (the static_assert in WgShape)."""
+    """kernels/flash_fwd_wgmma.cuh and flash_fwd_fp8.cuh: a second warpgroup to lag, and a K/V
+    stage more than lockstep needs (the static_asserts in WgShape and Fp8Shape)."""
     schedules = {tile.schedule for tile in TILES.values()}
     assert schedules == {LOCKSTEP, PING_PONG, WARP_SPECIALIZED, WARP_SPECIALIZED_PING_PONG}
     for name, tile in TILES.items():
         if tile.schedule == PING_PONG:
-            assert tile.mma == WGMMA and tile.block_m // 64 >= 2 and tile.stages >= 3, name
+            assert tile.mma in HOPPER_MATH and tile.block_m // 64 >= 2 and tile.stages >= 3, name
             assert VARIANTS[name]["schedule"] == PING_PONG
 
 
 def test_warp_specialized_tiles_match_the_kernel():
     """kernels/flash_fwd_wgmma_ws.cuh (WsShape): 2 consumer warpgroups (128 q rows), or 3
     (192 rows, 160 registers each: D * block_n at most 64 * 128), + a producer warpgroup, Q double-buffered plus K and V rings of <stages> slots in at most
-    227 KB of shared memory, and the Hopper defaults that use them."""
-    ws = {name: tile for name, tile in TILES.items() if tile.schedule in WS_SCHEDULES}
+    227 KB of shared memory, and the Hopper defaults that use them. (The fp8 ones:
+    tests/test_fp8_precision.py.)"""
+    ws = {name: tile for name, tile in TILES.items() if tile.schedule in WS_SCHEDULES and "fp8" not in tile.precisions}
     assert len(ws) >= 2 and {t.schedule for t in ws.values()} == set(WS_SCHEDULES)
     for name, tile in ws.items():
         assert name.startswith("wgmma_ws_") and tile.mma == WGMMA, name

@@ -1,7 +1,8 @@
-"""Compiles kernels/flash_fwd.cu and kernels/flash_bwd.cu with nvcc for sm_80, sm_90 and sm_90a
-with the wgmma kernels (no GPU, no torch needed) and checks ptxas's resource report: no register
-spills and no stack frame in any kernel, and no wgmma that ptxas had to serialise; and in the
-PTX, that 16-byte rows leave in one store."""
+"""Compiles kernels/flash_fwd.cu, kernels/flash_bwd.cu and kernels/flash_fp8.cu with nvcc for
+sm_80, sm_90 and sm_90a with the wgmma kernels (no GPU, no torch needed) and checks ptxas's
+resource report: no register spills and no stack frame in any kernel, registers reported for
+each, and no wgmma that ptxas had to serialise; and in the PTX, that 16-byte rows leave in one
+store."""
 from __future__ import annotations
 
 import re
@@ -72,6 +73,11 @@ def ptxas_report(request, tmp_path_factory):
 @pytest.fixture(scope="module", params=sorted(ARCH_FLAGS))
 def bwd_ptxas_report(request, tmp_path_factory):
     return _compile("flash_bwd.cu", request.param, tmp_path_factory)
+
+
+@pytest.fixture(scope="module", params=sorted(ARCH_FLAGS))
+def fp8_ptxas_report(request, tmp_path_factory):
+    return _compile("flash_fp8.cu", request.param, tmp_path_factory)
 
 
 def test_all_kernels_compiled(ptxas_report):
@@ -212,3 +218,42 @@ def test_sixteen_byte_rows_leave_in_one_store(tmp_path):
     assert len(convert) >= 2, sorted(bwd)
     for name, body in convert.items():
         assert "st.global.v4.b32" in body and "st.global.u32" not in body, name
+
+
+# ---------------------------------------------------------------- fp8 (kernels/flash_fp8.cu)
+
+def test_fp8_kernels_compiled_for_sm90a_only(fp8_ptxas_report):
+    """Every fp8 tile of custom_variants.TILES at each of its head dims, for a bf16 and an fp16
+    output; the quantisation's amax (bf16, fp16 inputs) and cast (bf16, fp16, e4m3 V) at head
+    dims 64 and 128. Elsewhere the translation unit compiles with none (the launches refuse)."""
+    from flashwatt.kernels.custom_variants import TILES
+
+    from flashwatt.kernels.custom_variants import WS_SCHEDULES
+
+    arch, kernels, _ = fp8_ptxas_report
+    fwd = [k for k in kernels if "flash_fwd_fp8_kernel" in k]
+    ws = [k for k in kernels if "flash_fwd_fp8_ws_kernel" in k]
+    amax = [k for k in kernels if "fp8_amax_kernel" in k]
+    cast = [k for k in kernels if "fp8_cast_kernel" in k]
+    fp8 = [t for t in TILES.values() if "fp8" in t.precisions]
+    tiles = sum(len(t.head_dims) for t in fp8 if t.schedule not in WS_SCHEDULES)
+    ws_tiles = sum(len(t.head_dims) for t in fp8 if t.schedule in WS_SCHEDULES)
+    hopper = arch == "90a"
+    assert len(fwd) == (2 * tiles if hopper else 0), f"sm_{arch}: fp8 kernels {fwd}"
+    assert len(ws) == (2 * ws_tiles if hopper else 0), f"sm_{arch}: warp-specialised fp8 kernels {ws}"
+    assert (len(amax), len(cast)) == ((4, 6) if hopper else (0, 0)), f"sm_{arch}: {amax} {cast}"
+    assert all("regs" in kernels[k] for k in fwd + ws + amax + cast), "ptxas reported no register count"
+    # setmaxnreg moves registers inside the CTA's allocation: 384 threads x 168 at launch =
+    # 128 x 24 (producer) + 256 x 240 (consumers); fewer at launch and the consumers' inc waits forever
+    assert all(kernels[k]["regs"] == 168 for k in ws), {k: kernels[k]["regs"] for k in ws}
+
+
+def test_fp8_no_spills_no_stack_no_serialised_wgmma(fp8_ptxas_report):
+    arch, kernels, report = fp8_ptxas_report
+    bad = {name: info for name, info in kernels.items()
+           if info.get("stack", -1) != 0 or info.get("spill_stores", -1) != 0 or info.get("spill_loads", -1) != 0}
+    assert not bad, f"sm_{arch}: fp8 kernels with spills or a stack frame: {bad}"
+    found = [m.group(0) for m in _WGMMA_SERIALISED.finditer(report)]
+    assert not found, f"sm_{arch}: ptxas serialised the fp8 wgmma:\n" + "\n".join(found[:4])
+    # one CTA of 2 warpgroups per SM: 65536 registers over 256 threads at most
+    assert all(info["regs"] <= 255 for name, info in kernels.items() if "flash_fwd_fp8_kernel" in name)

@@ -20,6 +20,12 @@ a forward run outside a graph cannot be captured).
 section (flashwatt.kernels.l2_sections: the work order before sections), as `custom:l2=0`.
 `--deterministic` (fwd_bwd, bwd) also times the custom kernel with its deterministic
 backward (dQ in a pass of its own, no atomics), as `custom:det`.
+`--dtypes fp8` times our fp8 forward against our bf16 forward on the same bf16 inputs, in the
+same rotated rounds (flashwatt.bench_fp8): the whole call with its quantisation (`custom`), the
+kernel alone on inputs quantised beforehand (`custom:attention`), the quantisation alone
+(`custom:quantize`), every fp8 tile, our bf16 forward (`custom@bf16`), FlashAttention-2 and
+cuDNN at bf16, and the fp8 peers that are installed; fp8 outputs are checked against
+FlashAttention-2's bf16 output within fp8's tolerance.
 
 Shapes: the flash-attention convention (16k tokens per batch, H*D = 2048, (B, L) from
 (32, 512) to (1, 16384), D in {64, 128}) plus the seed shape (B=16, H=8, L=1024, D=64),
@@ -117,6 +123,22 @@ class CustomLaunch:
                                l2_section=self.l2_section, deterministic=self.deterministic)
 
 
+def time_part(cell, kernel, part: str, device, settings, kv_heads: int | None = None) -> dict:
+    """The pipeline's timing of one part of a cell's call (kernel.parts: an fp8 call's
+    quantisation or its kernel on operands quantised beforehand), on the cell's input sets."""
+    import torch
+
+    from flashwatt import measure
+    from flashwatt.timing import Workload, time_workload
+
+    inputs = measure.make_inputs(cell, device, settings.seed, measure.input_sets_needed(cell, device, kv_heads),
+                                 kv_heads)
+    call = kernel.parts(cell, inputs)[part]
+    with torch.no_grad():
+        per_call_s = measure.warm_up(call, device, settings.warmup_ms)
+        return time_workload(Workload.build(call, device, per_call_s), settings)
+
+
 def time_cell(cell, kernel, device, settings, backward_only: bool = False, kv_heads: int | None = None) -> dict:
     """The pipeline's timing of one cell (median ms per call, eager ms beside it); with
     backward_only, of a fwd_bwd cell's backward alone (see the module docstring); k and v
@@ -199,6 +221,8 @@ def _parse_arguments(argv: list[str] | None) -> tuple[argparse.Namespace, list, 
         ap.error(f"--rounds {args.rounds}: at least 1")
     if args.deterministic and args.pass_ == "fwd":
         ap.error("--deterministic needs --pass fwd_bwd or bwd")
+    if "fp8" in args.dtypes.split(",") and args.pass_ != "fwd":
+        ap.error("--dtypes fp8 times the forward only (fp8 has no backward): use --pass fwd")
     try:
         shapes = [parse_shape(text) for text in args.shapes.split(",") if text]
     except ValueError:
@@ -233,11 +257,15 @@ def _heads(H: int, Hkv: int) -> str:
 
 
 def _runs(args: argparse.Namespace, bwd_tiles: list[str], hopper: bool, precision: str,
-          head_dim: int) -> list[tuple[str, str, str]]:
-    """(kernel, tile variant, launch) of every run of one shape, the reference first (the
-    custom runs are checked against its output)."""
+          head_dim: int) -> list[tuple[str, str, str, str]]:
+    """(kernel, tile variant, launch, precision) of every run of one shape, the reference
+    first (the custom runs are checked against its output)."""
     from flashwatt.kernels.custom import TILES, WGMMA
 
+    if precision == "fp8":
+        from flashwatt.bench_fp8 import fp8_runs
+
+        return fp8_runs(args.variants or hopper, head_dim)
     runs = [(REFERENCE, "", ""), ("custom", "", ""), ("sdpa_cudnn", "", "")]
     runs += [("custom", t, "") for t, tile in TILES.items()
              if head_dim in tile.head_dims and precision in tile.precisions
@@ -247,22 +275,34 @@ def _runs(args: argparse.Namespace, bwd_tiles: list[str], hopper: bool, precisio
         runs.append(("custom", "", ONE_SECTION))
     if args.deterministic:
         runs.append(("custom", "", DETERMINISTIC))
-    return runs
+    return [(*run, precision) for run in runs]
 
 
-def _entry(kname: str, variant: str, launch: str, cell) -> dict:
-    """One run of a shape: its label and kernel, and the slots its check and its rounds fill."""
+def _entry(kname: str, variant: str, launch: str, cell, group_precision: str) -> dict:
+    """One run of a shape: its label and kernel, and the slots its check and its rounds fill.
+    A run at another precision than its group's (our bf16 forward beside fp8) says so in its
+    label (`custom@bf16`); a part of a call (flashwatt.bench_fp8.PART) is named after it."""
+    from flashwatt.bench_fp8 import PART, peer_kernel
     from flashwatt.kernels import get_kernel
 
+    part = launch[len(PART):] if launch.startswith(PART) else ""
+    if part:
+        return dict(kname=kname, variant=variant, launch=launch, bwd_tile="", part=part, cell=cell,
+                    label=f"{kname}:{part}", kernel=get_kernel(kname), err=math.nan, ms=[], timing={}, failed=None)
+    peer = peer_kernel(kname)
+    if peer is not None:
+        return dict(kname=kname, variant=variant, launch=launch, bwd_tile="", part="", cell=cell, label=kname,
+                    kernel=peer, err=math.nan, ms=[], timing={}, failed=None)
     bwd_tile = launch if launch not in (ONE_SECTION, DETERMINISTIC) else ""
     label = f"{kname}:{variant}" if variant else kname
+    label = f"{label}@{cell.precision}" if cell.precision != group_precision and kname == "custom" else label
     label = f"{label}:bwd={bwd_tile}" if bwd_tile else label
     label = f"{label}:l2=0" if launch == ONE_SECTION else label
     label = f"{label}:det" if launch == DETERMINISTIC else label
     kernel = (CustomLaunch(bwd_tile or None, 0 if launch == ONE_SECTION else None,
                            True if launch == DETERMINISTIC else None) if launch
               else get_kernel(kname))
-    return dict(kname=kname, variant=variant, launch=launch, bwd_tile=bwd_tile, cell=cell,
+    return dict(kname=kname, variant=variant, launch=launch, bwd_tile=bwd_tile, part="", cell=cell,
                 label=label, kernel=kernel, err=math.nan, ms=[], timing={}, failed=None)
 
 
@@ -283,12 +323,13 @@ def _check_against_reference(entry: dict, outs: list, reference: list | None, pr
             raise RuntimeError(f"{what} differs from {REFERENCE}'s by {err:.2e} (> {tol:.0e})")
 
 
-def _checked_entries(runs: list[tuple[str, str, str]], precision: str, shape: tuple, causal: bool, cell_pass: str,
-                     device) -> list[dict]:
-    """One entry per run, each run once before anything is timed and every custom output
-    checked against the reference's; a refused shape or a failed check is kept in the
-    entry's `failed`. The reference's outputs are dropped on return: their memory is not
-    held through the timing."""
+def _checked_entries(runs: list[tuple[str, str, str, str]], precision: str, shape: tuple, causal: bool,
+                     cell_pass: str, device) -> list[dict]:
+    """One entry per run, each run once before anything is timed and every custom (and peer)
+    output checked against the reference's; a refused shape or a failed check is kept in the
+    entry's `failed`. A part of a call is not checked itself: it fails with its whole call
+    (the run of the same kernel and precision without a variant). The reference's outputs are
+    dropped on return: their memory is not held through the timing."""
     import torch
 
     from flashwatt.attention.cell import Cell
@@ -296,23 +337,38 @@ def _checked_entries(runs: list[tuple[str, str, str]], precision: str, shape: tu
     B, H, L, D, Hkv = shape
     reference = None
     entries: list[dict] = []
-    for kname, variant, launch in runs:
-        entry = _entry(kname, variant, launch, Cell("bench", kname, precision, L, B, H, D, causal, cell_pass, variant))
+    for kname, variant, launch, run_precision in runs:
+        cell = Cell("bench", "custom" if kname not in _registry_names() else kname, run_precision, L, B, H, D, causal,
+                    cell_pass, variant)
+        entry = _entry(kname, variant, launch, cell, precision)
         entries.append(entry)
         try:
             reason = entry["kernel"].supports(entry["cell"], device)
             if reason:
                 raise RuntimeError(reason)
+            if entry["part"]:
+                continue
             outs = _outputs(entry["kernel"], entry["cell"], device, Hkv)
             if kname == REFERENCE:
                 reference = outs
-            elif kname == "custom":
-                _check_against_reference(entry, outs, reference, precision)
+            elif kname != "sdpa_cudnn":
+                _check_against_reference(entry, outs, reference, run_precision)
             del outs
         except Exception as err:  # a refused shape or a failed check is a result, not a crash
             entry["failed"] = err
         torch.cuda.empty_cache()
+    for entry in entries:
+        whole = next((e for e in entries if e["kname"] == entry["kname"] and not e["part"] and not e["variant"]
+                      and e["cell"].precision == entry["cell"].precision), None)
+        if entry["part"] and entry["failed"] is None and whole is not None and whole["failed"] is not None:
+            entry["failed"] = RuntimeError(f"its whole call failed: {whole['failed']}")
     return entries
+
+
+def _registry_names() -> tuple[str, ...]:
+    from flashwatt.kernels import registry
+
+    return registry.kernel_names()
 
 
 def _time_in_rounds(entries: list[dict], rounds: int, backward_only: bool, device, settings, kv_heads: int) -> None:
@@ -323,8 +379,11 @@ def _time_in_rounds(entries: list[dict], rounds: int, backward_only: bool, devic
     for r in range(rounds):
         for entry in round_order([e for e in entries if e["failed"] is None], r, rounds):
             try:
-                timing = time_cell(entry["cell"], entry["kernel"], device, settings,
-                                   backward_only=backward_only, kv_heads=kv_heads)
+                if entry["part"]:
+                    timing = time_part(entry["cell"], entry["kernel"], entry["part"], device, settings, kv_heads)
+                else:
+                    timing = time_cell(entry["cell"], entry["kernel"], device, settings,
+                                       backward_only=backward_only, kv_heads=kv_heads)
                 entry["ms"].append(timing["median_ms"])
                 entry["timing"] = timing
             except Exception as err:
@@ -343,7 +402,7 @@ def _results(entries: list[dict], pass_: str, device_name: str, precision: str, 
     for entry in entries:
         cell, label, err = entry["cell"], entry["label"], entry["failed"]
         if err is not None:
-            failed_checks += entry["kname"] == "custom"
+            failed_checks += entry["kname"] == "custom" and "compute capability" not in str(err)
             print(f"  {label} failed on {precision} {B}x{_heads(H, Hkv)}x{L}x{D} causal={causal}: "
                   f"{str(err).splitlines()[0][:160]}", file=sys.stderr)
         rounds_ms = entry["ms"] if err is None else []  # one median per round
@@ -353,8 +412,8 @@ def _results(entries: list[dict], pass_: str, device_name: str, precision: str, 
         tflops = flops / (ms * 1e-3) / 1e12
         result[label] = tflops
         timing = entry["timing"] if err is None else {}
-        rows.append(dict(device=device_name, dtype=precision, batch=B, heads=H, kv_heads=Hkv, seq_len=L, head_dim=D,
-                         causal=causal, kernel=entry["kname"], variant=entry["variant"],
+        rows.append(dict(device=device_name, dtype=cell.precision, batch=B, heads=H, kv_heads=Hkv, seq_len=L,
+                         head_dim=D, causal=causal, kernel=entry["kname"], variant=entry["variant"], part=entry["part"],
                          backward_tile=entry["bwd_tile"],
                          l2_section="one" if entry["launch"] == ONE_SECTION else "auto",
                          deterministic=entry["launch"] == DETERMINISTIC, pass_=pass_,
@@ -411,12 +470,14 @@ def main(argv: list[str] | None = None) -> int:
     settings = MeasureSettings(min_time_ms=args.min_time_ms, warmup_ms=100)
     hopper = torch.cuda.get_device_capability(device) == WGMMA_CAPABILITY
 
+    from flashwatt.bench_fp8 import fp8_header, fp8_summary_line
+
     cell_pass = "fwd" if args.pass_ == "fwd" else "fwd_bwd"  # bwd: a fwd_bwd cell, its backward timed
     rows: list[dict] = []
     failed_checks = 0
-    header = _header(args, bwd_tiles, hopper)
-    print(header + "\n" + "-" * len(header), flush=True)
     for precision in args.dtypes.split(","):
+        header = fp8_header() if precision == "fp8" else _header(args, bwd_tiles, hopper)
+        print(header + "\n" + "-" * len(header), flush=True)
         for shape in shapes or cases([int(x) for x in args.head_dims.split(",")], args.max_seq_len):
             for causal in [m == "causal" for m in masks]:
                 runs = _runs(args, bwd_tiles, hopper, precision, shape[3])
@@ -425,7 +486,9 @@ def main(argv: list[str] | None = None) -> int:
                 result, shape_rows, failed = _results(entries, args.pass_, name, precision, shape, causal)
                 rows += shape_rows
                 failed_checks += failed
-                print(_summary_line(result, args, bwd_tiles, hopper, precision, shape, causal), flush=True)
+                line = (fp8_summary_line(result, shape, causal) if precision == "fp8"
+                        else _summary_line(result, args, bwd_tiles, hopper, precision, shape, causal))
+                print(line, flush=True)
     if args.out and rows:
         _write_csv(args.out, rows)
     if failed_checks:

@@ -36,7 +36,7 @@ from typing import Any, Callable
 
 from flashwatt.checkout import KernelSourcesNotFound, kernel_dir
 
-SOURCES = ("flash_fwd.cu", "flash_bwd.cu", "flash_binding.cpp")
+SOURCES = ("flash_fwd.cu", "flash_bwd.cu", "flash_fp8.cu", "flash_binding.cpp")
 _SOURCE_SUFFIXES = (".cu", ".cuh", ".cpp", ".h", ".hpp")
 _MARKER = "COMPLETE"
 _LOG = "build.log"

@@ -7,6 +7,7 @@ each call with the median reported; input sets rotated when one set would sit in
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import time
 from dataclasses import dataclass
@@ -15,9 +16,12 @@ from typing import Callable
 import torch
 
 from flashwatt.kernels.call import AttentionCall
-from flashwatt.vocabulary import TOLERANCE
+from flashwatt.vocabulary import STORED_AS, TOLERANCE
 
-DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+# The dtype a cell's inputs are made in: fp8 cells take bf16 inputs, as a user hands them over,
+# and quantise them in the call (flashwatt.kernels.custom_fp8).
+DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16,
+          "fp8": torch.bfloat16}
 
 # Input sets cycled during timing: enough that their bytes exceed the L2 this many times.
 L2_MULTIPLE = 4
@@ -120,6 +124,9 @@ class Check:
     rows_checked: int
     heads_checked: int
     finite: bool
+    # A precision stored as another (vocabulary.STORED_AS: fp8 from bf16 inputs): the error of
+    # that precision's run of the same kernel on the same inputs and rows, for the ladder.
+    rel_err_bf16_same_inputs: float | None = None
 
     @property
     def passed(self) -> bool:
@@ -133,7 +140,9 @@ class Check:
 
 
 def check_cell(kernel, cell: AttentionCall, q, k, v, max_rows: int, seed: int) -> Check:
-    """Run the cell once and compare against float64: batch 0, up to two heads, a spread of rows."""
+    """Run the cell once and compare against float64: batch 0, up to two heads, a spread of rows.
+    A precision stored as another (fp8: bf16 inputs) also runs the kernel at that precision on
+    the same inputs, and records its error beside its own."""
     tol = TOLERANCE[cell.precision]
     if cell.pass_ == "fwd":
         with torch.no_grad():
@@ -146,6 +155,12 @@ def check_cell(kernel, cell: AttentionCall, q, k, v, max_rows: int, seed: int) -
     with torch.no_grad():
         ref = reference_attention(q[0, :heads], k[0, :heads], v[0, :heads], cell.causal, rows)
         rel = relative_error(out[0, :heads][:, rows.to(out.device)], ref)
+        stored_rel = None
+        if cell.precision in STORED_AS:
+            stored = dataclasses.replace(cell, precision=STORED_AS[cell.precision], variant="")
+            stored_out = kernel(q, k, v, stored)
+            stored_rel = relative_error(stored_out[0, :heads][:, rows.to(out.device)], ref)
+            del stored_out
     grad_rel = grad_tol = None
     if cell.pass_ == "fwd_bwd":
         grad_tol = tol["grad"]
@@ -158,7 +173,7 @@ def check_cell(kernel, cell: AttentionCall, q, k, v, max_rows: int, seed: int) -
         ref_out = reference_attention(q64, k64, v64, cell.causal)
         ref_grads = torch.autograd.grad(ref_out, (q64, k64, v64), dout[0, 0].double())
         grad_rel = max(relative_error(g[0, 0], r) for g, r in zip(grads, ref_grads))
-    return Check(rel, tol["fwd"], grad_rel, grad_tol, int(rows.numel()), heads, finite)
+    return Check(rel, tol["fwd"], grad_rel, grad_tol, int(rows.numel()), heads, finite, stored_rel)
 
 
 # ---- timing --------------------------------------------------------------------------

@@ -95,6 +95,9 @@ def _measure(cell: Cell, settings: MeasureSettings, device, kernel, telemetry, r
             trace = [dict(row) for row in window.trace]
         else:
             record["energy"] = {"reason": telemetry.reason}
+        parts = time_parts(kernel, cell, inputs, device, settings)
+        if parts:
+            record["parts"] = parts
     record["status"] = "ok" if check.passed else "incorrect"
     if not check.passed:
         record["reason"] = (
@@ -103,6 +106,22 @@ def _measure(cell: Cell, settings: MeasureSettings, device, kernel, telemetry, r
             + ("" if check.finite else ", non-finite output")
         )
     return trace
+
+
+def time_parts(kernel, cell: Cell, inputs: list, device, settings: MeasureSettings) -> dict:
+    """Each part of the call that the kernel names (an fp8 call: quantisation and kernel) timed
+    alone by the cell's own timing method, its share of the whole call's median beside it;
+    {} where the call is one piece. The call's own time and energy include every part."""
+    from flashwatt import measure
+    from flashwatt.timing import Workload, time_workload
+
+    named = kernel.parts(cell, inputs) if getattr(kernel, "parts", None) is not None else {}
+    out = {}
+    for name, call in named.items():
+        per_call_s = measure.warm_up(call, device, settings.warmup_ms)
+        timing = time_workload(Workload.build(call, device, per_call_s, use_graph=settings.cuda_graph), settings)
+        out[name] = {key: timing.get(key) for key in ("median_ms", "p10_ms", "p90_ms", "method")}
+    return out
 
 
 def timing_vs_window(median_ms: float, window_s_per_call: float | None) -> dict:

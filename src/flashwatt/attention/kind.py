@@ -34,6 +34,8 @@ KIND = Kind(
         TableFile("summary", "summary.parquet"),
         TableFile("csv", "summary.csv", "summary.rst", "summary"),
         TableFile("flagged", "flagged.csv", "flagged.rst", "flagged", about="cells to look at"),
+        TableFile("ladder", "precision_ladder.csv", "precision_ladder.rst", "precision ladder",
+                  about="each precision's accuracy and joules beside bf16"),
     ),
     write_tables="flashwatt.attention.summary:write_tables",
     figures=FIGURES,

@@ -14,7 +14,7 @@ COLUMNS = [
     "median_ms", "p10_ms", "p90_ms", "repeats", "tflops", "timing_method", "timing_fallback_reason",
     "calls_per_step",
     "eager_ms", "launch_overhead_ms", "window_ms_per_call", "timed_vs_window_pct",
-    "rel_err", "tol", "grad_rel_err", "check_passed",
+    "rel_err", "tol", "grad_rel_err", "check_passed", "rel_err_bf16_same_inputs", "quantize_ms", "kernel_ms",
     "peak_mem_gib", "workspace_gib",
     "energy_per_call_j", "dynamic_energy_per_call_j", "avg_power_w", "peak_power_w", "idle_power_w",
     "gflops_per_w", "energy_window_s", "energy_calls", "counter_vs_integral_pct", "energy_flags",
@@ -88,6 +88,10 @@ def record_row(record: dict, path: str) -> dict:
         "tol": check.get("tol"),
         "grad_rel_err": check.get("grad_rel_err"),
         "check_passed": check.get("passed"),
+        # an fp8 cell: the bf16 run's error on the same inputs, and its call's parts timed alone
+        "rel_err_bf16_same_inputs": check.get("rel_err_bf16_same_inputs"),
+        "quantize_ms": _get(record, "parts", "quantize", "median_ms"),
+        "kernel_ms": _get(record, "parts", "attention", "median_ms"),
         "peak_mem_gib": gib(memory.get("peak_bytes")),
         "workspace_gib": gib(memory.get("workspace_bytes")),
         "energy_per_call_j": energy.get("energy_per_call_j"),
@@ -197,10 +201,13 @@ def flagged(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def write_tables(records: list[str], out: dict[str, str]) -> str:
-    """The suite's summary (Parquet and CSV) and its flagged cells; the status counts."""
+    """The suite's summary (Parquet and CSV), its flagged cells and its precision ladder; the
+    status counts."""
+    from flashwatt.attention.precision_ladder import precision_ladder
     from flashwatt.records import atomic_write
 
     frame = summarize(records)
     write_summary(frame, out["summary"], out["csv"])
     atomic_write(out["flagged"], lambda tmp: flagged(frame).to_csv(tmp, index=False, float_format="%.6g"))
+    atomic_write(out["ladder"], lambda tmp: precision_ladder(frame).to_csv(tmp, index=False, float_format="%.6g"))
     return frame["status"].value_counts().to_string()

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from flashwatt.kernels import registry
+from flashwatt.vocabulary import TOLERANCE
 
 # Backends the controller may choose among, in the order it tries them: those the backend
 # registry lets it (flashwatt.kernels.registry's `control_order`). naive and sdpa_math are
@@ -20,8 +21,14 @@ CONTROL_BACKENDS = registry.control_backend_names()
 KNOBS = ("backend", "variant", "chunks", "precision", "duty")
 
 # Precision steps the controller may take when the user opts in with a tolerance: from the
-# inputs' precision towards cheaper arithmetic, never the other way.
-PRECISION_LADDER = {"fp32": ("tf32", "bf16", "fp16"), "tf32": ("bf16", "fp16"), "fp16": (), "bf16": ()}
+# inputs' precision towards cheaper arithmetic, never the other way. fp8 quantises 16-bit
+# inputs in the call (flashwatt.kernels.custom_fp8); it is a step from nowhere else.
+PRECISION_LADDER = {"fp32": ("tf32", "bf16", "fp16"), "tf32": ("bf16", "fp16"), "fp16": ("fp8",),
+                    "bf16": ("fp8",), "fp8": ()}
+# Steps offered only where the user's tolerance reaches the bound flashwatt's own check holds
+# them to (vocabulary.TOLERANCE): fp8's error, about 5 % on N(0, 1) inputs, is an order of
+# magnitude above the other steps', so a tolerance merely present does not invite it.
+TOLERANCE_GATED = ("fp8",)
 
 # Our kernel's CTA caps the controller tries (fractions of an H100/H200's 132 SMs at 1 CTA
 # each): fewer CTAs in flight draw less power at a lower throughput.
@@ -96,13 +103,21 @@ def check_knobs(knobs: dict | None) -> dict:
     return knobs
 
 
+def step_allowed(step: str, tolerance: float | None) -> bool:
+    """Whether a precision step may join the candidates at the user's tolerance (None: no
+    tolerance given): every step but a TOLERANCE_GATED one, which needs a tolerance at least
+    its bound."""
+    return step not in TOLERANCE_GATED or (tolerance is not None and tolerance >= TOLERANCE[step]["fwd"])
+
+
 def candidates(precision: str, knobs: dict | None = None, precision_opt_in: bool = False,
-               cta_caps: tuple[int, ...] = DEFAULT_CTA_CAPS) -> list[Configuration]:
+               cta_caps: tuple[int, ...] = DEFAULT_CTA_CAPS, tolerance: float | None = None) -> list[Configuration]:
     """The configurations the controller explores for inputs of this precision.
 
     Defaults: every GPU backend (custom at its default tile and at the CTA caps), one
     chunk, the inputs' own precision; cheaper precisions join only with the user's
-    opt-in (and each must pass the sampled float64 check before it is used).
+    opt-in (and each must pass the sampled float64 check before it is used), fp8 only where
+    `tolerance` (the user's, relative to float64) allows it (step_allowed).
     `sdpa_default` is PyTorch's own choice: the baseline, not a candidate unless named.
     """
     knobs = check_knobs(knobs)
@@ -112,7 +127,7 @@ def candidates(precision: str, knobs: dict | None = None, precision_opt_in: bool
     precisions = [""]
     if precision_opt_in:
         ladder = PRECISION_LADDER.get(precision, ())
-        precisions += [p for p in knobs.get("precision", ladder) if p in ladder]
+        precisions += [p for p in knobs.get("precision", ladder) if p in ladder and step_allowed(p, tolerance)]
     out = []
     for backend in backends:
         declared = registry.backend(backend)

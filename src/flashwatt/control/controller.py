@@ -25,7 +25,9 @@ run started from.
 
 Precision, only with `precision_tolerance`: a cheaper precision is used for a shape only
 after a check against float64 on that call's own inputs stays within the tolerance; the
-check repeats every `recheck_every` calls, and every verdict is in the trace.
+check repeats every `recheck_every` calls, and every verdict is in the trace. fp8 (16-bit
+inputs quantised in the call) is a candidate only where the tolerance is at least fp8's
+bound (flashwatt.control.configuration.step_allowed).
 """
 from __future__ import annotations
 
@@ -43,6 +45,7 @@ from flashwatt.control.sensor import DEFAULT_PERIOD_S, SensorThread, idle_power
 from flashwatt.kernels import get_kernel
 from flashwatt.kernels.base import UnsupportedCell
 from flashwatt.measure import DTYPES, check_rows, reference_attention, relative_error
+from flashwatt.vocabulary import STORED_AS
 
 _PRECISION_OF = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 # Query rows of batch 0, head 0 compared with float64 by a precision check.
@@ -142,7 +145,8 @@ class Controller:
 
     def _candidates_for(self, shape: tuple) -> list[Configuration]:
         precision = shape[3]
-        return candidates(precision, self.knobs, precision_opt_in=self.precision_tolerance is not None)
+        return candidates(precision, self.knobs, precision_opt_in=self.precision_tolerance is not None,
+                          tolerance=self.precision_tolerance)
 
     # ---- the call ------------------------------------------------------------------------
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False) -> torch.Tensor:
@@ -190,7 +194,7 @@ class Controller:
     def _run(self, shape, config: Configuration, q, k, v, causal) -> torch.Tensor:
         cell = self._cell(shape, config)
         kernel = get_kernel(config.backend)
-        if config.precision:
+        if config.precision and config.precision not in STORED_AS:  # fp8 quantises the inputs it is given
             dtype = DTYPES[config.precision]
             q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
         if config.chunks == 1:

@@ -52,8 +52,10 @@ def scenario_of(cell: ControlCell, spec: dict):
         load = spec.get("colocated", {})
         tenants = (Tenant("gemm", float(load.get("duty", 0.3)), float(cell.disturbance_at_s),
                           float(load.get("seconds", 7.0))),)
+    tolerance = spec.get("precision_tolerance")
     return Scenario(
         cell.scenario, workload, cell.mode,
+        precision_tolerance=float(tolerance) if tolerance is not None else None,
         budget_w=float(cell.budget_w) if len(cell.budgets) == 1 else None,
         schedule=tuple((float(t), float(w)) for t, w in cell.budgets) if len(cell.budgets) > 1 else (),
         seconds=float(spec.get("seconds", 14.0)),
@@ -68,7 +70,9 @@ def _configurations_used(cell: ControlCell, spec: dict) -> list[str]:
 
     if cell.mode == "oracle":
         return list(spec["oracle"]["configurations"])
-    return ["sdpa_default", *(c.label for c in candidates(cell.precision))]
+    tolerance = spec.get("precision_tolerance")
+    return ["sdpa_default", *(c.label for c in candidates(cell.precision, precision_opt_in=tolerance is not None,
+                                                          tolerance=tolerance))]
 
 
 def _warm_up(cell: ControlCell, spec: dict, device) -> list[dict]:

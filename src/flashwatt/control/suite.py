@@ -10,6 +10,7 @@
         - {mode: budget, schedule: [[0, 600], [6, 400], [11, 550]], seconds: 16}
         - {mode: budget, budgets_w: [500], disturbance: colocated, disturbance_at_s: 8}
         - {mode: energy, workload: steady, precision: bf16}
+        - {mode: energy, precision_tolerance: 0.1}             # cheaper precisions (fp8 from 0.1) may join
       random:                        # generated scenarios (flashwatt.control.scenario_generator)
         seeds: [41]
         count: 20                    # per seed and workload: cells random-41-0 ... random-41-19
@@ -127,6 +128,8 @@ def _runs_cells(name: str, section: dict, seed: int) -> dict[ControlCell, dict]:
             except ValueError as err:
                 raise ConfigError(f"config key {key}: {err}") from None
             spec: dict[str, Any] = {"seconds": seconds, "seed": seed, "warm_start": bool(section.get("warm_start", True))}
+            if run.get("precision_tolerance") is not None:
+                spec["precision_tolerance"] = float(run["precision_tolerance"])
             if disturbance == "colocated":
                 spec["colocated"] = colocated
             add(cell, spec, key)

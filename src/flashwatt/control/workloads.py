@@ -83,6 +83,9 @@ class Scenario:
     tenants: tuple[Tenant, ...] = ()  # other processes on the same GPU
     nvml_failures: tuple[tuple[float, float], ...] = ()  # (from s, for s): the controller's readings fail
     mix_change: tuple[float, Workload] | None = None  # (at s, the workload from then on)
+    # The relative error against float64 the user accepts: cheaper precisions may be taken
+    # (flashwatt.control.controller), and the run's final check holds the output to it.
+    precision_tolerance: float | None = None
 
     def budget(self) -> BudgetSchedule | None:
         if self.schedule:

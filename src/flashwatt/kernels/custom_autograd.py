@@ -60,6 +60,9 @@ def flash_attention(q, k, v, causal: bool, variant: str = "", layout: str = "bhl
     any launch.
     """
     needs_grad = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v))
+    if needs_grad and precision == "fp8":
+        raise ValueError("custom fp8 is a forward only: it has no backward (run it under torch.no_grad, or on "
+                         "inputs that need no gradient)")
     if not needs_grad:
         out, _ = flash_forward(q, k, v, causal, variant, layout=layout, scale=scale, precision=precision,
                                l2_section=l2_section, causal_align=causal_align)

@@ -30,7 +30,9 @@ def flash_forward(q, k, v, causal: bool, variant: str = "", layout: str = "bhld"
     """Attention forward; returns (out, lse).
 
     precision: None runs the inputs' own (fp16, bf16, exact fp32); "tf32" runs float32
-    inputs on tensor cores, rounded to tf32.
+    inputs on tensor cores, rounded to tf32; "fp8" quantises 16-bit inputs in the call and
+    runs the e4m3 kernel on Hopper (flashwatt.kernels.custom_fp8, which also takes
+    pre-quantised inputs with their scales).
     layout "bhld": q (B, H, Lq, D), k/v (B, Hkv, Lk, D); "blhd": q (B, Lq, H, D), k/v
     (B, Lk, Hkv, D). Any strides with a contiguous head_dim. out (optional) must have q's
     shape and dtype; it is written in place. lse is float32 (B, H, Lq), natural log; -inf
@@ -50,6 +52,14 @@ def flash_forward(q, k, v, causal: bool, variant: str = "", layout: str = "bhld"
 
     from flashwatt.build import load_extension
 
+    if precision == "fp8":
+        from flashwatt.kernels.custom_fp8 import flash_forward_fp8
+
+        if tma is False:
+            raise ValueError("custom kernel: the fp8 tiles copy with TMA (persistent ones) or with their compute "
+                             "threads (the others); tma=False does not choose between them")
+        return flash_forward_fp8(q, k, v, causal, variant, layout, out=out, scale=scale, causal_align=causal_align,
+                                 l2_section=l2_section, tile_counter=tile_counter)
     if layout not in ("bhld", "blhd"):
         raise ValueError(f"custom kernel: layout {layout!r} not in ('bhld', 'blhd')")
     if layout == "blhd":
@@ -126,6 +136,11 @@ def kernel_info(precision: str, head_dim: int, variant: str = "", len_k: int | N
     import torch
 
     from flashwatt.build import load_extension
+
+    if precision == "fp8":
+        from flashwatt.kernels.custom_fp8 import fp8_kernel_info
+
+        return fp8_kernel_info(head_dim, variant, len_k, causal)
 
     launch = parse_variant(variant, precision, head_dim, capability(torch.device("cuda")), len_k, causal)
     ext = load_extension()

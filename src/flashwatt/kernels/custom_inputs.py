@@ -19,19 +19,26 @@ from __future__ import annotations
 import functools
 
 HEAD_DIMS = (64, 128, 256)
-PRECISIONS = ("fp16", "bf16", "fp32", "tf32")
+# fp8: e4m3 operands on Hopper, from 16-bit inputs quantised in the call or pre-quantised
+# float8_e4m3fn ones (flashwatt.kernels.custom_fp8).
+PRECISIONS = ("fp16", "bf16", "fp32", "tf32", "fp8")
 
 
 def precision_of(dtype, precision: str | None) -> str:
-    """The cell precision these inputs run at: their dtype's, or tf32 asked for on float32."""
+    """The cell precision these inputs run at: their dtype's, tf32 asked for on float32, or fp8
+    asked for on 16-bit inputs (float8_e4m3fn inputs are fp8 already)."""
     import torch
 
-    natural = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}.get(dtype, str(dtype))
+    natural = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32",
+               torch.float8_e4m3fn: "fp8"}.get(dtype, str(dtype))
     if precision is None or precision == natural:
         return natural
     if precision == "tf32" and dtype == torch.float32:
         return "tf32"
-    raise ValueError(f"custom kernel: precision {precision!r} does not run {dtype} inputs (tf32 takes float32)")
+    if precision == "fp8" and dtype in (torch.float16, torch.bfloat16):
+        return "fp8"
+    raise ValueError(f"custom kernel: precision {precision!r} does not run {dtype} inputs (tf32 takes float32, "
+                     f"fp8 float16, bfloat16 or float8_e4m3fn)")
 
 
 def check_inputs(q, k, v) -> None:

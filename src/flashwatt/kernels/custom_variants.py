@@ -18,8 +18,11 @@ import functools
 import re
 from dataclasses import dataclass
 
-# The instructions a tile computes with (FwdMath in kernels/flash_fwd.cuh).
-MMA_SYNC, WGMMA, FFMA, MMA_TF32 = "mma.sync", "wgmma", "ffma", "mma.sync.tf32"
+# The instructions a tile computes with (FwdMath in kernels/flash_fwd.cuh; WGMMA_FP8: the fp8
+# forward's wgmma with e4m3 operands, kernels/flash_fp8.cuh).
+MMA_SYNC, WGMMA, FFMA, MMA_TF32, WGMMA_FP8 = "mma.sync", "wgmma", "ffma", "mma.sync.tf32", "wgmma.e4m3"
+# Tiles whose instructions exist only in the sm_90a build.
+HOPPER_MATH = (WGMMA, WGMMA_FP8)
 # wgmma kernels are built only for compute capability 9.0 (sm_90a); see flashwatt.build.
 WGMMA_CAPABILITY = (9, 0)
 # How a wgmma CTA's warpgroups share the tensor cores (FwdSchedule, kernels/flash_fwd_wgmma.cuh):
@@ -92,6 +95,13 @@ TILES: dict[str, Tile] = {
     # each, head dim 64 only): each K/V tile read from shared memory serves 192 query rows.
     "wgmma_ws_m192_n128_s2": Tile(192, 128, 16, 2, (64,), _HALF, "wgmma warp-specialised, persistent: producer warpgroup + 3 free-running consumer warpgroups x 64 q rows, 128-row K/V tiles, 2 slots", WGMMA, WARP_SPECIALIZED),
     "wgmma_ws_pp_m192_n128_s2": Tile(192, 128, 16, 2, (64,), _HALF, "as wgmma_ws_m192_n128_s2 with the consumers taking turns to issue their wgmma (ping-pong)", WGMMA, WARP_SPECIALIZED_PING_PONG),
+    # fp8 (e4m3) forward on Hopper (kernels/flash_fwd_fp8.cuh): Q, K and V^T tiles in e4m3, 128 keys per tile.
+    "wgmma_fp8_m128_n128_s2": Tile(128, 128, 8, 2, (64, 128), ("fp8",), "fp8 wgmma (e4m3 operands), 2 warpgroups x 64 q rows, 128-key tiles, 2 stages", WGMMA_FP8),
+    "wgmma_fp8_pp_m128_n128_s3": Tile(128, 128, 8, 3, (64, 128), ("fp8",), "as wgmma_fp8_m128_n128_s2 with the warpgroups in ping-pong, 3 stages", WGMMA_FP8, PING_PONG),
+    # Warp-specialised, persistent (kernels/flash_fwd_fp8_ws.cuh): a producer warpgroup copying with TMA,
+    # 2 consumer warpgroups taking turns, K and V^T rings of <stages> slots, O staged in a buffer of its own.
+    "wgmma_fp8_ws_pp_m128_n128_s2": Tile(128, 128, 12, 2, (64, 128), ("fp8",), "fp8 wgmma warp-specialised ping-pong, persistent: producer warpgroup (TMA) + 2 consumer warpgroups x 64 q rows, 128-key tiles, 2 slots", WGMMA_FP8, WARP_SPECIALIZED_PING_PONG),
+    "wgmma_fp8_ws_pp_m128_n128_s3": Tile(128, 128, 12, 3, (64, 128), ("fp8",), "as wgmma_fp8_ws_pp_m128_n128_s2 with 3 K/V slots", WGMMA_FP8, WARP_SPECIALIZED_PING_PONG),
 }
 
 DEFAULT_TILE = {
@@ -106,6 +116,10 @@ DEFAULT_TILE = {
     ("fp32", 256): "f32",
     ("tf32", 64): "tf32",
     ("tf32", 128): "tf32",
+    # fp8 runs on Hopper only (custom_fp8 refuses other devices before a tile is chosen): the
+    # warp-specialised tile, as for 16-bit inputs (not measured against the others yet).
+    ("fp8", 64): "wgmma_fp8_ws_pp_m128_n128_s2",
+    ("fp8", 128): "wgmma_fp8_ws_pp_m128_n128_s2",
 }
 
 # Defaults on Hopper, where they differ from DEFAULT_TILE: per (precision, head_dim), rows
@@ -197,9 +211,10 @@ def parse_variant(variant: str, precision: str, head_dim: int, capability: tuple
     if not tile_name:
         tile_name = default_tile(precision, head_dim, wgmma, len_k, bool(causal))
     tile = TILES[tile_name]
-    if tile.mma == WGMMA and capability is not None and not wgmma:
+    if tile.mma in HOPPER_MATH and capability is not None and not wgmma:
         cap = ".".join(map(str, capability))
-        raise ValueError(f"custom variant {variant!r} uses wgmma, built only for compute capability 9.0 (device has {cap})")
+        raise ValueError(f"custom variant {variant!r} uses {tile.mma}, built only for compute capability 9.0 "
+                         f"(device has {cap})")
     if head_dim not in tile.head_dims:
         raise ValueError(f"custom variant {variant!r} is built for head_dim {tile.head_dims}, not {head_dim}")
     if precision not in tile.precisions:

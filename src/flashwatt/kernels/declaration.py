@@ -117,7 +117,7 @@ class DeclaredKernel:
     asks the declaration first, then the implementation's own `supports` where it has one
     (what only it can tell: a device's compute capability, a launch variant)."""
 
-    __slots__ = ("declaration", "implementation", "name", "differentiable", "describe")
+    __slots__ = ("declaration", "implementation", "name", "differentiable", "describe", "parts")
 
     def __init__(self, declaration: Backend, implementation: Any):
         self.declaration = declaration
@@ -126,6 +126,9 @@ class DeclaredKernel:
         self.differentiable = declaration.backward
         # The record's facts about a run (flashwatt.attention.job.kernel_details); None: none.
         self.describe = getattr(implementation, "describe", None)
+        # parts(call, inputs) -> {name: call(i)}: pieces of one call timed apart (an fp8 call's
+        # quantisation and kernel, flashwatt.attention.job); None: a call is one piece.
+        self.parts = getattr(implementation, "parts", None)
 
     def supports(self, call: "AttentionCall", device) -> str | None:
         reason = self.declaration.refusal(call, getattr(device, "type", str(device)))

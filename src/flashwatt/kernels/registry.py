@@ -50,8 +50,10 @@ _DECLARED: dict[str, Backend] = {b.name: b for b in (
     # user gets from a plain call. Its block picks as PyTorch would, by the inputs.
     Backend("sdpa_default", "flashwatt.kernels.sdpa:SDPA_DEFAULT", EVERY_PRECISION, CPU_FP32, deterministic=False,
             control_order=4, block=Block("auto", picks=("flash", "efficient", "math"))),
-    # Its backward adds dQ from a pass of its own under torch's deterministic mode.
-    Backend("custom", "flashwatt.kernels.custom:Custom", EVERY_PRECISION, head_dims=(64, 128, 256), variants=True,
+    # Its backward adds dQ from a pass of its own under torch's deterministic mode. fp8: the
+    # e4m3 forward on Hopper (flashwatt.kernels.custom_fp8), the only backend that runs it.
+    Backend("custom", "flashwatt.kernels.custom:Custom", (*EVERY_PRECISION, "fp8"), head_dims=(64, 128, 256),
+            variants=True,
             control_order=0,
             block=Block("custom", "flashwatt.kernels.blocks:CustomBlock", EVERY_PRECISION)),
 )}
