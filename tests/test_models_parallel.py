@@ -238,8 +238,14 @@ def test_a_two_process_context_parallel_cell_runs_end_to_end(tmp_path, monkeypat
     assert timing["tokens_per_s"] == pytest.approx(128 / (timing["step_ms"] / 1e3))
     comm = record["communication"]
     assert comm["method"].startswith("torch.profiler timeline") and len(comm["per_rank"]) == 2
+    assert comm["exposed_method"] == "profiler_timeline_within_step_window"
     assert comm["communication_ms"] > 0 and comm["exposed_ms"] + comm["hidden_ms"] == pytest.approx(
         comm["communication_ms"])
+    # Exposed communication is a part of the step it was measured in, on every rank.
+    for rank in comm["per_rank"]:
+        assert 0 <= rank["exposed_ms"] <= rank["communication_ms"] <= rank["step_ms"]
+        assert 0 <= rank["exposed_share_of_step"] <= 1
+    assert comm["profiled_over_timed_step"] > 0
     assert {"allreduce", "send", "recv"} <= set(comm["by_kind_ms"])  # gradient all-reduce, the ring's transfers
     assert record["energy"]["reason"].startswith("no CUDA device")
     assert [d["type"] for d in record["devices"]] == ["cpu", "cpu"]

@@ -13,7 +13,9 @@ Timing: `warmup_steps` untimed steps, then `timed_steps` steps, each started aft
 barrier, with CUDA events around forward, backward, the gradient all-reduce (context
 parallel) and the optimizer on every rank; per rank the median of each phase, and the
 record's figure the slowest rank's (every rank's kept beside it). Communication: in
-`comm_steps` profiled steps of their own (flashwatt.models.comm_timeline). Memory: each
+`comm_steps` profiled steps of their own, each after a barrier, each split inside its own
+window, so that exposed communication is a share of the step it was measured in
+(flashwatt.models.comm_timeline). Memory: each
 GPU's peak. Energy: a window of whole steps over the NVML counters of every GPU of the
 job, every rank running the same steps (flashwatt.distributed.energy_window); the energy
 is summed over the GPUs and divided by the step's tokens over all of them.
@@ -120,7 +122,7 @@ def _measure(cell: ModelCell, spec: dict, settings, device, record: dict, stage)
     communication, energy. Returns the energy window's trace (rank 0's)."""
     import torch.distributed as dist
 
-    from flashwatt.distributed.timing import gather
+    from flashwatt.distributed.timing import barrier, gather
     from flashwatt.models.comm_timeline import communication_split
     from flashwatt.models.flops import step_utilisation
     from flashwatt.models.parallel_check import check_parallel
@@ -156,7 +158,7 @@ def _measure(cell: ModelCell, spec: dict, settings, device, record: dict, stage)
         record["attention"]["kv_expanded"] = adapter.kv_expanded
 
     stage.enter("communication steps")
-    comm = gather(communication_split(step.run, device, int(steps["comm_steps"])))
+    comm = gather(communication_split(step.run, device, int(steps["comm_steps"]), before=lambda: barrier(device)))
     record["communication"] = _communication(comm, timing)
 
     stage.enter("energy window")
@@ -315,16 +317,20 @@ def _memory(device, peaks: list[dict]) -> dict:
 
 
 def _communication(per_rank: list[dict], timing: dict) -> dict:
-    """Every rank's split, and the figures of the rank with the most exposed communication."""
+    """Every rank's split, and the figures of the rank with the largest share of its own
+    profiled step exposed. Each rank's figures come from its own profiled steps, so the
+    exposed share is of the step it was measured in (at most 1); `profiled_over_timed_step`
+    says how far those steps ran from the timed ones."""
     if not per_rank[0].get("method"):
         return per_rank[0]
-    worst = max(per_rank, key=lambda r: r["exposed_ms"])
-    out = {k: worst[k] for k in ("method", "steps", "communication_ms", "exposed_ms", "hidden_ms", "hidden_fraction",
-                                 "by_kind_ms", "collective_spans")}
+    worst = max(per_rank, key=lambda r: (r["exposed_share_of_step"] or 0.0, r["exposed_ms"]))
+    out = {k: worst[k] for k in ("method", "exposed_method", "steps", "step_ms", "communication_ms", "exposed_ms",
+                                 "hidden_ms", "hidden_fraction", "exposed_share_of_step", "by_kind_ms",
+                                 "collective_spans")}
     out["rank"] = per_rank.index(worst)
-    out["per_rank"] = [{k: r[k] for k in ("communication_ms", "exposed_ms", "hidden_ms")} for r in per_rank]
+    out["per_rank"] = [{k: r[k] for k in ("step_ms", "communication_ms", "exposed_ms", "hidden_ms",
+                                          "exposed_share_of_step")} for r in per_rank]
     out["median_exposed_ms"] = statistics.median(r["exposed_ms"] for r in per_rank)
-    if timing.get("step_ms"):
-        out["exposed_share_of_step"] = out["exposed_ms"] / timing["step_ms"]
+    if timing.get("step_ms") and worst["step_ms"]:
+        out["profiled_over_timed_step"] = worst["step_ms"] / timing["step_ms"]
     return out
-
