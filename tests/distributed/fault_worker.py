@@ -88,3 +88,24 @@ def job_with_fault(spec: dict):
     torch.set_num_threads(1)
     distributed_job.median_ms = _faulty(fault["kind"], fault["rank"], fault["marks"], distributed_job.median_ms)
     return distributed_job.job(spec)
+
+
+def measure_with_fault(cell, spec: dict):
+    """A multi-GPU model cell's rank (flashwatt.models.parallel_job.measure_on_rank) whose
+    rank spec["fault"]["rank"] runs out of memory in its timed steps, while the others go on
+    to the collective after them."""
+    import flashwatt.models.step as step
+    from flashwatt.models.parallel_job import measure_on_rank
+
+    spec = dict(spec)
+    fault = spec.pop("fault")
+    rank = int(os.environ["RANK"])
+    _mark(fault["marks"], f"rank{rank}.json", {"pid": os.getpid(), "ppid": os.getppid(), "pgid": os.getpgid(0),
+                                                "time": time.time()})
+    if rank == fault["rank"]:
+        def out_of_memory(*_args, **_kwargs):
+            _mark(fault["marks"], "fault.json", {"kind": "oom", "rank": rank, "time": time.time()})
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 8.00 GiB (a test's fault)")
+
+        step.time_steps = out_of_memory
+    return measure_on_rank(cell, spec)

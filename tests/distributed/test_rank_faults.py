@@ -9,7 +9,6 @@ The policy is short here (FAILURE_TIMEOUT_S) so that the tests are; the default 
 """
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -17,9 +16,9 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 
+from cell_processes import assert_nothing_left, fault_time
 from flashwatt.distributed.cell import DistributedCell
 from flashwatt.submit.failure_policy import ENV_FAILURE_TIMEOUT, ENV_STOP_GRACE, FailurePolicy
 
@@ -57,40 +56,6 @@ def _run_cell(kind: str, rank: int, marks: Path, tmp_path: Path) -> tuple[dict, 
     return outcome.record, time.time()
 
 
-def _processes(marks: Path) -> tuple[set[int], set[int]]:
-    """The pids (ranks and their supervisor) and process groups (the ranks') the cell had."""
-    pids, groups = set(), set()
-    for path in marks.glob("rank*.json"):
-        rank = json.loads(path.read_text())
-        pids |= {rank["pid"], rank["ppid"]}
-        groups.add(rank["pgid"])
-    return pids, groups
-
-
-def assert_nothing_left(marks: Path) -> None:
-    pids, groups = _processes(marks)
-    assert len(groups) == 2, f"every rank should have written its mark: {sorted(marks.iterdir())}"
-    alive = []
-    for proc in psutil.process_iter(["pid", "status"]):
-        try:
-            if proc.info["status"] == psutil.STATUS_ZOMBIE:
-                continue
-            if proc.pid in pids or os.getpgid(proc.pid) in groups:
-                alive.append((proc.pid, " ".join(proc.cmdline())[:120]))
-        except (psutil.Error, ProcessLookupError):
-            continue
-    assert not alive, f"processes of the cell still alive: {alive}"
-
-
-def _fault_time(marks: Path) -> float:
-    """When the cell began to wait on the fault: the fault itself, or, for a rank that never
-    joins, the moment the others went into the rendezvous (just after their marks)."""
-    fault = json.loads((marks / "fault.json").read_text())
-    if fault["kind"] != "never_joins":
-        return fault["time"]
-    return max(json.loads((marks / f"rank{r}.json").read_text())["time"] for r in (0, 1) if r != fault["rank"])
-
-
 CASES = [
     # kind, faulty rank, status, how, what the reason names
     ("sigkill", 1, "job_failed", "signal", "killed by SIGKILL"),
@@ -107,7 +72,7 @@ CASES = [
 def test_a_failed_rank_ends_the_cell_in_bounded_time_and_is_recorded(kind, rank, status, how, says, cell_env,
                                                                      tmp_path):
     record, ended = _run_cell(kind, rank, cell_env, tmp_path)
-    after_fault = ended - _fault_time(cell_env)
+    after_fault = ended - fault_time(cell_env)
     assert after_fault <= POLICY.failure_timeout_s, f"{kind}: the cell ended {after_fault:.1f} s after the fault"
     assert record["status"] == status, (record["status"], record.get("reason"))
     ranks = record["ranks"]

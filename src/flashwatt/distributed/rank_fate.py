@@ -13,12 +13,15 @@ When several ranks ended badly, the cause is the first of: a rank killed by a si
 a rank that raised an exception that is not a communication error (out of memory, a bug);
 a rank with another exit status; then a communication error (a collective timing out,
 a connection closed by a peer), which is what the other ranks see once one of them is
-gone. A collective that timed out while some ranks were still running names those ranks
-as not answering: they hung, or never joined.
+gone. SIGABRT counts as a communication error: it is how PyTorch's NCCL watchdog ends a
+rank whose collective timed out or failed (TORCH_NCCL_ASYNC_ERROR_HANDLING=3). A
+collective that timed out while some ranks were still running names those ranks as not
+answering: they hung, or never joined.
 
 The record's status follows the project's meanings: `oom` for an out-of-memory error,
-`error` for any other exception (a timeout included: the waiting rank raised it), and
-`job_failed` for a rank that died without returning (a signal, an exit status).
+`error` for any other exception (a timeout included: the waiting rank raised it, or the
+watchdog ended it), and `job_failed` for a rank that died without returning (a signal,
+an exit status).
 """
 from __future__ import annotations
 
@@ -28,6 +31,7 @@ COMMUNICATION_HINTS = ("gloo/", "nccl", "timed out", "connection reset", "connec
                        "watchdog", "failed to recv", "failed to send", "broken pipe")
 COMMUNICATION_TYPES = ("DistError", "DistBackendError", "DistNetworkError", "DistStoreError", "DistQueueEmptyError")
 _MESSAGE_CHARS = 600
+WATCHDOG_SIGNAL = "SIGABRT"
 
 
 @dataclass
@@ -48,7 +52,13 @@ class RankFate:
     traceback: str | None = field(default=None, repr=False)
 
     @property
+    def watchdog_abort(self) -> bool:
+        return self.state == "signal" and self.signal == WATCHDOG_SIGNAL
+
+    @property
     def communication_error(self) -> bool:
+        if self.watchdog_abort:
+            return True
         text = (self.message or "").lower()
         return self.exception in COMMUNICATION_TYPES or any(h in text for h in COMMUNICATION_HINTS)
 
@@ -68,6 +78,9 @@ class RankFate:
     def describe(self) -> str:
         """'rank 1 (pid 42, host) killed by SIGKILL 3.1 s in' and the like."""
         when = f" {self.ended_s:.1f} s in" if self.ended_s is not None else ""
+        if self.watchdog_abort:
+            return (f"{self.where()} ended by {self.signal}{when} (PyTorch's NCCL watchdog: a collective timed out "
+                    "or failed)")
         if self.state == "signal":
             return f"{self.where()} killed by {self.signal}{when}"
         if self.state == "raised":
@@ -80,7 +93,7 @@ class RankFate:
 
 
 def _cause_order(fate: RankFate) -> tuple[int, float]:
-    if fate.state == "signal":
+    if fate.state == "signal" and not fate.watchdog_abort:
         kind = 0
     elif fate.state == "raised" and not fate.communication_error:
         kind = 1
@@ -100,12 +113,12 @@ def cause(fates: list[RankFate]) -> RankFate | None:
 def status_of(culprit: RankFate) -> str:
     if culprit.state == "raised":
         return "oom" if culprit.oom else "error"
-    return "job_failed"
+    return "error" if culprit.watchdog_abort else "job_failed"
 
 
 def how(culprit: RankFate, not_answering: list[int]) -> str:
     """One word for the record: signal, oom, exception, exit, timeout or communication."""
-    if culprit.state == "signal":
+    if culprit.state == "signal" and not culprit.watchdog_abort:
         return "signal"
     if culprit.state == "exit":
         return "exit"

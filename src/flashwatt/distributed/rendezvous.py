@@ -1,9 +1,10 @@
 """Rank, world size and rendezvous address of this process, and the process group start;
 and, for the rank supervisor, this job's place among the nodes of a cell (`node_layout`).
 
-Taken, in order, from explicit arguments, torchrun's variables (RANK, WORLD_SIZE,
-LOCAL_RANK, MASTER_ADDR, MASTER_PORT), submitit's local executor's (SUBMITIT_LOCAL_GLOBALID,
-_NTASKS, _LOCALID; host 127.0.0.1) or Slurm's (one task per GPU: SLURM_PROCID,
+A rank's place is taken, in order, from explicit arguments, torchrun's variables (RANK,
+WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT: what the rank supervisor sets, as torchrun
+does), submitit's local executor's (SUBMITIT_LOCAL_GLOBALID,
+_NTASKS, _LOCALID; host 127.0.0.1) or Slurm's (a task per GPU: SLURM_PROCID,
 SLURM_NTASKS, SLURM_LOCALID; the first host of SLURM_JOB_NODELIST). Without MASTER_PORT
 the port is drawn from the job id the way submitit's TorchDistributedEnvironment draws
 it (random.Random(job_id).randint(20000, 60000)), so every task agrees. submitit's
