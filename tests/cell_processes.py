@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 import psutil
@@ -20,9 +21,7 @@ def cell_processes(marks: Path) -> tuple[set[int], set[int]]:
     return pids, groups
 
 
-def assert_nothing_left(marks: Path, ranks: int = 2) -> None:
-    pids, groups = cell_processes(marks)
-    assert len(groups) == ranks, f"every rank should have written its mark: {sorted(marks.iterdir())}"
+def alive_processes(pids: set[int], groups: set[int]) -> list[tuple[int, str]]:
     alive = []
     for proc in psutil.process_iter(["pid", "status"]):
         try:
@@ -32,6 +31,20 @@ def assert_nothing_left(marks: Path, ranks: int = 2) -> None:
                 alive.append((proc.pid, " ".join(proc.cmdline())[:120]))
         except (psutil.Error, ProcessLookupError):
             continue
+    return alive
+
+
+def assert_nothing_left(marks: Path, ranks: int = 2, grace_s: float = 0.0) -> None:
+    """No rank, supervisor or member of a rank's process group is alive, now or, with
+    `grace_s`, within that many seconds (a Slurm job's task may still be exiting when its
+    result is read; the ranks it supervised are gone before it writes one)."""
+    pids, groups = cell_processes(marks)
+    assert len(groups) == ranks, f"every rank should have written its mark: {sorted(marks.iterdir())}"
+    deadline = time.monotonic() + grace_s
+    alive = alive_processes(pids, groups)
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.2)
+        alive = alive_processes(pids, groups)
     assert not alive, f"processes of the cell still alive: {alive}"
 
 

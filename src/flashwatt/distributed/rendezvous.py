@@ -86,7 +86,7 @@ def from_environment(rank: int | None = None, world: int | None = None, local_ra
             port = free_port()
         else:
             raise ValueError(f"rank {rank} of {world}: no rendezvous port (set MASTER_PORT or pass port=)")
-    nodes = int(env.get("SLURM_NNODES") or env.get("SUBMITIT_LOCAL_JOB_NUM_NODES") or env.get("NNODES") or 1)
+    nodes = int(env.get("NNODES") or env.get("SLURM_NNODES") or env.get("SUBMITIT_LOCAL_JOB_NUM_NODES") or 1)
     return Rendezvous(rank, world, local_rank, addr, int(port), nodes)
 
 
