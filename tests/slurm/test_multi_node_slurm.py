@@ -27,11 +27,15 @@ FAILURE_TIMEOUT_S = 20
 CELL = DistributedCell("t", "hybrid", "math", "fp64", 4, 16, 1, 4, 2, 8, True, "fwd_bwd", nodes=2)
 
 
-def _run(kind: str, tmp_path: Path, monkeypatch) -> tuple[dict, Path, float]:
-    monkeypatch.setenv(ENV_FAILURE_TIMEOUT, str(FAILURE_TIMEOUT_S))
+def _environment(monkeypatch, bound_s: float) -> None:
+    monkeypatch.setenv(ENV_FAILURE_TIMEOUT, str(bound_s))
     monkeypatch.setenv(ENV_STOP_GRACE, "2")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS.parent / "src"), str(TESTS / "distributed"),
                                                       os.environ.get("PYTHONPATH", "")]))
+
+
+def _run(kind: str, tmp_path: Path, monkeypatch) -> tuple[dict, Path, float]:
+    _environment(monkeypatch, FAILURE_TIMEOUT_S)
     marks = tmp_path / "marks"
     marks.mkdir()
     spec = CELL.spec(repeats=1, warmup=0, measure={"energy": False}, single_gpu=False,
@@ -63,3 +67,45 @@ def test_a_rank_killed_on_the_second_slurm_node_ends_the_cell_on_both(tmp_path, 
     assert record["ranks"]["failed_rank"] == 3 and record["ranks"]["how"] == "signal"
     assert next(r for r in record["ranks"]["per_rank"] if r["rank"] == 3)["node"] == 1
     assert_nothing_left(marks, ranks=4, grace_s=15)
+
+
+CANCELLED_RUN = """
+import sys
+from flashwatt.distributed.cell import DistributedCell
+from flashwatt.distributed.cell_run import run_distributed_cell
+from flashwatt.submit.jobs import run_job
+cell = DistributedCell("t", "hybrid", "math", "fp64", 4, 16, 1, 4, 2, 8, True, "fwd_bwd", nodes=2)
+spec = cell.spec(repeats=1, warmup=0, measure={"energy": False}, single_gpu=False,
+                 fault={"kind": "hang", "rank": 3, "marks": sys.argv[1]})
+run_job(run_distributed_cell, cell, spec, rank_job="fault_worker:job_with_fault", job_name="fw-test-nodes-cancel",
+        folder=sys.argv[2], executor="slurm", resources={"slurm_partition": "nodes", "nodes": 2, "tasks": 1,
+        "runtime": 5}, log_path=sys.argv[3])
+"""
+
+
+def test_ctrl_c_of_a_two_node_run_scancels_it_and_leaves_no_rank_on_either(tmp_path, monkeypatch):
+    """Ctrl-C while rank 3 hangs (a bound far beyond the test: only the interrupt ends the
+    cell): the waiting process scancels the job, Slurm sends SIGTERM to the step's tasks,
+    and each node's supervisor stops its ranks."""
+    import signal
+    import subprocess
+    import sys
+
+    _environment(monkeypatch, 600)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    run = subprocess.Popen([sys.executable, "-c", CANCELLED_RUN, str(marks), str(tmp_path / "jobs"),
+                            str(tmp_path / "cell.log")], start_new_session=True)
+    deadline = time.time() + 90
+    while not (marks / "fault.json").exists():
+        assert run.poll() is None and time.time() < deadline, "the cell never reached its fault"
+        time.sleep(0.2)
+    time.sleep(1.0)
+    os.killpg(run.pid, signal.SIGINT)
+    try:
+        assert run.wait(timeout=60) != 0
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+    assert "interrupted" in (tmp_path / "cell.log").read_text()
+    assert_nothing_left(marks, ranks=4, grace_s=20)  # Slurm's KillWait is 5 s on the CI's cluster
