@@ -12,9 +12,12 @@ short and a partial timing is worthless, so the requeued job starts the function
 again from the beginning; the result is returned exactly once, and the caller writes
 it once (atomically). Snakemake-level retries are therefore not needed (retries: 0).
 
-Several tasks or GPUs (resources tasks, gpus, gres): one job, the function runs once
-per task (SLURM_PROCID / submitit's JobEnvironment give the rank), and the rank-0
-result is returned; the other ranks' results are dropped.
+Several tasks or GPUs (resources tasks, nodes, gpus, gres): one job, the function runs
+once per task (SLURM_PROCID / submitit's JobEnvironment give the rank), and the rank-0
+result is returned; the other ranks' results are dropped. On Slurm, a task that fails or
+is killed ends the step's other tasks (`step_ending_srun_args`). flashwatt's multi-GPU
+cells run one task per node, which starts and supervises that node's ranks itself
+(flashwatt.distributed.rank_supervisor).
 
 Polling: the wait checks for the result file every `FLASHWATT_POLL_S` seconds (a
 stat, default 1) and asks Slurm through submitit's shared sacct watcher, forcing a
