@@ -55,6 +55,54 @@ def test_a_cell_a_strategy_cannot_run_is_refused_naming_why(kwargs, message):
         DistributedCell(**{**base, **kwargs})
 
 
+def test_a_cell_over_several_nodes_is_named_planned_and_placed_one_task_per_node():
+    from flashwatt.kinds import kind_named
+
+    cell = DistributedCell("s", "hybrid", "flash", "bf16", 16, 131072, 1, 32, 8, 128, True, "fwd_bwd", nodes=2)
+    assert cell.name == "G16-N2-L131072-B1-H32-K8-D128-causal-fwd_bwd"
+    assert DistributedCell.from_path(cell.path) == cell and cell.as_row()["nodes"] == 2
+    assert cell.spec()["nodes"] == 2 and "nodes" not in CELLS[0].spec()  # one-node specs (and paths) unchanged
+    assert kind_named("distributed").resources(cell) == {"gpus": 8, "tasks": 1, "nodes": 2, "runtime": 60}
+    assert kind_named("distributed").resources(CELLS[0]) == {"gpus": 4, "tasks": 1, "nodes": 1, "runtime": 60}
+    config = validate_config({"suites": {"d": {"distributed": {"grids": [
+        grid(strategies=["hybrid", "zigzag"], gpus=[4, 8], heads=[4], seq_lens=[32], nodes=[1, 2])]}}}})
+    assert sorted((c.strategy, c.gpus, c.nodes) for c in distributed_runs(config, "d")) == [
+        (s, g, n) for s in ("hybrid", "zigzag") for g in (4, 8) for n in (1, 2)]
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"gpus": 6, "nodes": 4, "seq_len": 48}, "gpus=6 cannot be split evenly over nodes=4"),
+    ({"strategy": "hybrid", "gpus": 8, "nodes": 2, "heads": 6, "kv_heads": 2, "seq_len": 64},
+     "its Ulysses all-to-all inside a node (4 GPUs) needs heads (6) divisible by it"),
+    ({"nodes": 0}, "nodes=0: must be a positive integer"),
+])
+def test_a_cell_over_nodes_it_cannot_split_is_refused(kwargs, message):
+    base = dict(suite="s", strategy="ring", block="math", precision="fp64", gpus=2, seq_len=64, batch=1, heads=4,
+                kv_heads=2, head_dim=8)
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        DistributedCell(**{**base, **kwargs})
+
+
+def test_the_local_executor_records_a_cell_over_several_nodes_skipped(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from flashwatt.cell_job import submit_and_record
+    from flashwatt.kinds import kind_named
+    from flashwatt.records import read_record
+
+    monkeypatch.setenv("FLASHWATT_SLOT_DIR", str(tmp_path / "slots"))
+    cell = DistributedCell("s", "hybrid", "math", "fp64", 4, 16, 1, 4, 2, 8, True, "fwd_bwd", nodes=2)
+    kind = kind_named("distributed")
+    rule = SimpleNamespace(log=[str(tmp_path / "cell.log")], params=SimpleNamespace(submitit_folder=str(tmp_path)),
+                           config={"executor": "local"}, resources=kind.resources(cell),
+                           output=SimpleNamespace(record=str(tmp_path / cell.path),
+                                                  trace=str(tmp_path / cell.trace_path)))
+    submit_and_record(kind, cell, cell.spec(), rule)
+    record = read_record(tmp_path / cell.path)
+    assert record["status"] == "skipped" and "spans 2 nodes (run it with executor: slurm)" in record["reason"]
+    assert not (tmp_path / "submitit").exists()
+
+
 def grid(**over):
     g = {"strategies": ["ring"], "gpus": [2], "blocks": ["math"], "precisions": ["fp64"], "seq_lens": [16],
          "batches": [1], "heads": [2], "kv_heads": [2], "head_dims": [8]}

@@ -214,7 +214,7 @@ def _run(cell, tmp_path, monkeypatch):
     spec = {"model": model_spec("llama_tiny"), "seed": 0, "measure": {"energy": False},
             "steps": {"warmup_steps": 1, "timed_steps": 2, "attention_steps": 1, "comm_steps": 1}}
     outcome = run_job(run_model_cell, cell, spec, job_name=cell.job_name, folder=tmp_path / "submitit",
-                      executor="local", resources={"gpus": cell.gpus, "tasks": cell.gpus},
+                      executor="local", resources={"gpus": cell.gpus, "tasks": 1},
                       log_path=tmp_path / "cell.log")
     return outcome.record
 
@@ -238,8 +238,14 @@ def test_a_two_process_context_parallel_cell_runs_end_to_end(tmp_path, monkeypat
     assert timing["tokens_per_s"] == pytest.approx(128 / (timing["step_ms"] / 1e3))
     comm = record["communication"]
     assert comm["method"].startswith("torch.profiler timeline") and len(comm["per_rank"]) == 2
+    assert comm["exposed_method"] == "profiler_timeline_within_step_window"
     assert comm["communication_ms"] > 0 and comm["exposed_ms"] + comm["hidden_ms"] == pytest.approx(
         comm["communication_ms"])
+    # Exposed communication is a part of the step it was measured in, on every rank.
+    for rank in comm["per_rank"]:
+        assert 0 <= rank["exposed_ms"] <= rank["communication_ms"] <= rank["step_ms"]
+        assert 0 <= rank["exposed_share_of_step"] <= 1
+    assert comm["profiled_over_timed_step"] > 0
     assert {"allreduce", "send", "recv"} <= set(comm["by_kind_ms"])  # gradient all-reduce, the ring's transfers
     assert record["energy"]["reason"].startswith("no CUDA device")
     assert [d["type"] for d in record["devices"]] == ["cpu", "cpu"]
@@ -256,6 +262,44 @@ def test_a_two_process_fsdp_cell_runs_end_to_end(tmp_path, monkeypatch):
     assert "grad_sync_ms" not in record["timing"] and record["timing"]["backward_ms"] > 0
     assert record["communication"]["communication_ms"] > 0
     assert record["flops"]["total"] == pytest.approx(record["flops"]["per_token"] * 128)  # the global batch
+
+
+def test_a_rank_out_of_memory_ends_the_cell_as_oom_naming_the_rank_and_stage(tmp_path, monkeypatch):
+    """Rank 1 runs out of memory in its timed steps while rank 0 goes on to the collective
+    after them: the cell ends within the failure policy's bound, recorded `oom` with the
+    rank and the stage, and no process of it is left."""
+    import os
+    import time
+    from pathlib import Path
+
+    from cell_processes import assert_nothing_left, fault_time
+    from flashwatt.models.parallel_job import run_parallel_cell
+    from flashwatt.submit.failure_policy import ENV_FAILURE_TIMEOUT, ENV_STOP_GRACE
+    from flashwatt.submit.jobs import run_job
+
+    tests = Path(__file__).resolve().parent
+    monkeypatch.setenv("FLASHWATT_SLOT_DIR", str(tmp_path / "slots"))
+    monkeypatch.setenv("FLASHWATT_POLL_S", "0.2")
+    monkeypatch.setenv(ENV_FAILURE_TIMEOUT, "15")
+    monkeypatch.setenv(ENV_STOP_GRACE, "2")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tests.parent / "src"), str(tests / "distributed"),
+                                                      os.environ.get("PYTHONPATH", "")]))
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    cell = ModelCell("t", "llama_tiny", "sdpa_default", "fp32", "train", 64, 2, gpus=2, strategy="zigzag")
+    spec = {"model": model_spec("llama_tiny"), "seed": 0, "measure": {"energy": False},
+            "steps": {"warmup_steps": 1, "timed_steps": 2, "attention_steps": 1, "comm_steps": 1},
+            "fault": {"rank": 1, "marks": str(marks)}}
+    outcome = run_job(run_parallel_cell, cell, spec, rank_job="fault_worker:measure_with_fault",
+                      job_name=cell.job_name, folder=tmp_path / "submitit", executor="local",
+                      resources={"gpus": 2, "tasks": 1}, log_path=tmp_path / "cell.log")
+    assert time.time() - fault_time(marks) <= 15
+    record = outcome.record
+    assert record["status"] == "oom" and record["oom_stage"] == "timed steps", record.get("reason")
+    assert record["ranks"]["failed_rank"] == 1 and record["ranks"]["how"] == "oom"
+    assert "rank 1" in record["reason"] and "during timed steps" in record["reason"]
+    assert record["cell"]["strategy"] == "zigzag" and "timing" not in record  # nothing half-measured kept
+    assert_nothing_left(marks)
 
 
 def test_a_cell_asking_for_more_gpus_than_the_machine_has_is_recorded_skipped(tmp_path, monkeypatch):

@@ -11,10 +11,10 @@ PURGE=0
 [[ ${1:-} == --purge ]] && PURGE=1
 log() { echo "[slurm-down] $*"; }
 
-alive_pid() { # alive_pid NAME: prints the pid from NAME.pid if that process still runs NAME
+alive_pid() { # alive_pid NAME: prints the pid from NAME.pid if that process still runs NAME (slurmd-<node>: slurmd)
   local pid
   pid=$(cat "$STATE/run/$1.pid" 2>/dev/null) || return 1
-  [[ -n $pid && -r /proc/$pid/comm && $(cat "/proc/$pid/comm") == "$1"* ]] && echo "$pid"
+  [[ -n $pid && -r /proc/$pid/comm && $(cat "/proc/$pid/comm") == "${1%%-*}"* ]] && echo "$pid"
 }
 
 stop() { # stop NAME: TERM, wait up to 15 s, then KILL
@@ -37,7 +37,8 @@ if alive_pid slurmctld >/dev/null; then
   fi
 fi
 
-for name in slurmd slurmctld slurmdbd mariadbd munged; do stop "$name"; done
+HOST=$(hostname -s)
+for name in slurmd "slurmd-$HOST" "slurmd-$HOST-2" slurmctld slurmdbd mariadbd munged; do stop "$name"; done
 
 if ((PURGE)); then
   for f in slurm.conf gres.conf slurmdbd.conf; do

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Bring up a real single-node Slurm from Debian's packages: munge, MariaDB + slurmdbd
-# (so sacct works), slurmctld and slurmd, with a `cpu` partition and a `gpu` partition
-# whose node shows two fake GPUs as GRES. Runs as root without systemd.
+# Bring up a real Slurm on this one host from Debian's packages: munge, MariaDB + slurmdbd
+# (so sacct works), slurmctld and two slurmd, with a `cpu` partition and a `gpu` partition
+# whose node shows two fake GPUs as GRES, and a `nodes` partition of two node names on this
+# host (the host's own and "<host>-2", a second slurmd on its own port): jobs over two nodes
+# run here as they would over two hosts. Runs as root without systemd.
 #
 # Idempotent: when the cluster is already healthy it prints so and exits 0. Every wait
 # is bounded. State, logs, pid files and the database live under $FLASHWATT_SLURM_DIR
@@ -19,12 +21,12 @@ CPUS=${FLASHWATT_SLURM_CPUS:-16}
 MEM_MB=${FLASHWATT_SLURM_MEM_MB:-64000}
 WAIT_S=${FLASHWATT_SLURM_TIMEOUT_S:-60}
 CLUSTER=flashwatt
-CTLD_PORT=6817 SLURMD_PORT=6818 DBD_PORT=6819 DB_PORT=${FLASHWATT_SLURM_DB_PORT:-3307}
+CTLD_PORT=6817 SLURMD_PORT=6818 DBD_PORT=6819 SLURMD2_PORT=6820 DB_PORT=${FLASHWATT_SLURM_DB_PORT:-3307}
 MARKER="rendered by .ci/slurm/up.sh"
 START_NS=$(date +%s%N)
 
 log() { printf '[slurm-up %5.1fs] %s\n' "$(( ($(date +%s%N) - START_NS) / 1000000 ))e-3" "$*"; }
-die() { log "ERROR: $*"; for f in slurmctld slurmd slurmdbd; do [[ -f $STATE/log/$f.log ]] && { echo "--- $f.log (tail)"; tail -n 15 "$STATE/log/$f.log"; }; done; exit 1; }
+die() { log "ERROR: $*"; for f in slurmctld "slurmd-$HOST" "slurmd-$HOST2" slurmdbd; do [[ -f $STATE/log/$f.log ]] && { echo "--- $f.log (tail)"; tail -n 15 "$STATE/log/$f.log"; }; done; exit 1; }
 
 # wait_for DESCRIPTION COMMAND...: retry COMMAND (each try bounded to 5 s) until it succeeds or WAIT_S passes.
 wait_for() {
@@ -43,11 +45,20 @@ alive() { # alive NAME: the pid in $STATE/run/NAME.pid runs a process whose name
 }
 
 HOST=$(hostname -s)
+HOST2=$HOST-2  # the second node name: a second slurmd on this host
+nodes_ready() { # every node of this cluster idle, mixed or allocated
+  local state
+  for node in "$HOST" "$HOST2"; do
+    state=$(timeout 5 sinfo -h -n "$node" -o '%t' 2>/dev/null | sort -u)
+    [[ $state =~ ^(idle|mix|alloc)$ ]] || return 1
+  done
+}
 
 healthy() {
   timeout 5 sh -c 'munge -n </dev/null | unmunge' >/dev/null 2>&1 || return 1
-  alive mariadbd && alive slurmdbd && alive slurmctld && alive slurmd || return 1
-  [[ $(timeout 5 sinfo -h -n "$HOST" -o '%t' 2>/dev/null | sort -u) =~ ^(idle|mix|alloc)$ ]] || return 1
+  alive mariadbd && alive slurmdbd && alive slurmctld && alive "slurmd-$HOST" slurmd && alive "slurmd-$HOST2" slurmd \
+    || return 1
+  nodes_ready || return 1
   timeout 5 sacct -n -X -S now >/dev/null 2>&1
 }
 
@@ -68,10 +79,12 @@ export PATH=$PATH:/usr/sbin:/sbin
 
 # ---- folders, host name, fake GPUs -------------------------------------------------------
 install -d -m 755 "$STATE" "$STATE"/{etc,run,log,dev,state,state/ctld,state/slurmd}
-if ! getent hosts "$HOST" >/dev/null; then
-  echo "127.0.0.1 $HOST" >> /etc/hosts
-  log "mapped $HOST to 127.0.0.1 in /etc/hosts"
-fi
+for name in "$HOST" "$HOST2"; do  # rank 0 of a job over two nodes listens on its node's name
+  if ! getent hosts "$name" >/dev/null; then
+    echo "127.0.0.1 $name" >> /etc/hosts
+    log "mapped $name to 127.0.0.1 in /etc/hosts"
+  fi
+done
 for i in 0 1; do
   dev=$STATE/dev/nvidia$i
   [[ -c $dev ]] && continue
@@ -85,7 +98,7 @@ DB_PASS_FILE=$STATE/etc/db.pass
 [[ -s $DB_PASS_FILE ]] || (umask 077; head -c 12 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$DB_PASS_FILE")
 CHANGED=0
 render() { # render TEMPLATE DEST MODE; sets CHANGED=1 when DEST's content changes
-  sed -e "s|@STATE@|$STATE|g" -e "s|@HOST@|$HOST|g" -e "s|@CLUSTER@|$CLUSTER|g" -e "s|@CPUS@|$CPUS|g" \
+  sed -e "s|@STATE@|$STATE|g" -e "s|@HOST@|$HOST|g" -e "s|@HOST2@|$HOST2|g" -e "s|@SLURMD2_PORT@|$SLURMD2_PORT|g" -e "s|@CLUSTER@|$CLUSTER|g" -e "s|@CPUS@|$CPUS|g" \
       -e "s|@MEM_MB@|$MEM_MB|g" -e "s|@DEF_MEM_PER_CPU@|$((MEM_MB / CPUS / 2))|g" \
       -e "s|@CTLD_PORT@|$CTLD_PORT|g" -e "s|@SLURMD_PORT@|$SLURMD_PORT|g" -e "s|@DBD_PORT@|$DBD_PORT|g" \
       -e "s|@DB_PORT@|$DB_PORT|g" -e "s|@DB_PASS@|$(cat "$DB_PASS_FILE")|g" "$HERE/$1" > "$2.tmp"
@@ -111,8 +124,8 @@ if ((CHANGED == 0)) && healthy; then
 fi
 if ((CHANGED)) && alive slurmctld; then  # node and partition changes need both daemons restarted
   log "configuration changed: restarting slurmctld and slurmd"
-  for name in slurmd slurmctld; do
-    if alive "$name"; then
+  for name in slurmd "slurmd-$HOST" "slurmd-$HOST2" slurmctld; do  # slurmd: a single-node bring-up's pid file
+    if alive "$name" "${name%%-*}"; then
       pid=$(cat "$STATE/run/$name.pid"); kill -TERM "$pid"
       for _ in $(seq 100); do [[ -d /proc/$pid ]] || break; sleep 0.1; done
       [[ -d /proc/$pid ]] && kill -KILL "$pid"
@@ -172,20 +185,23 @@ if ! alive slurmctld; then
   wait_for slurmctld scontrol ping
   log "slurmctld started (pid $(cat "$STATE/run/slurmctld.pid"))"
 fi
-if ! alive slurmd; then
-  slurmd -N "$HOST"
-  wait_for "slurmd's pid file" test -s "$STATE/run/slurmd.pid"
-  log "slurmd started (pid $(cat "$STATE/run/slurmd.pid"))"
-fi
-
-node_ready() { [[ $(sinfo -h -n "$HOST" -o '%t' | sort -u) =~ ^(idle|mix|alloc)$ ]]; }
-deadline=$((SECONDS + WAIT_S))
-until timeout 5 bash -c "$(declare -f node_ready); HOST=$HOST node_ready" 2>/dev/null; do
-  state=$(timeout 5 sinfo -h -n "$HOST" -o '%t' 2>/dev/null | sort -u | tr '\n' ' ')
-  if [[ $state == *drain* || $state == *down* ]]; then  # a drained node stays drained across restarts
-    timeout 5 scontrol update nodename="$HOST" state=resume >/dev/null 2>&1 || true
+for node in "$HOST" "$HOST2"; do  # the pid file is slurmd-<node>.pid (SlurmdPidFile has %n)
+  if ! alive "slurmd-$node" slurmd; then
+    slurmd -N "$node"
+    wait_for "slurmd $node's pid file" test -s "$STATE/run/slurmd-$node.pid"
+    log "slurmd $node started (pid $(cat "$STATE/run/slurmd-$node.pid"))"
   fi
-  (( SECONDS < deadline )) || die "node $HOST not ready after ${WAIT_S}s (state: ${state:-none}; $(timeout 5 sinfo -h -R 2>/dev/null))"
+done
+
+deadline=$((SECONDS + WAIT_S))
+until nodes_ready; do
+  state=$(timeout 5 sinfo -h -o '%n %t' 2>/dev/null | tr '\n' ' ')
+  for node in "$HOST" "$HOST2"; do  # a drained node stays drained across restarts
+    if [[ $(timeout 5 sinfo -h -n "$node" -o '%t' 2>/dev/null) =~ drain|down ]]; then
+      timeout 5 scontrol update nodename="$node" state=resume >/dev/null 2>&1 || true
+    fi
+  done
+  (( SECONDS < deadline )) || die "nodes not ready after ${WAIT_S}s (state: ${state:-none}; $(timeout 5 sinfo -h -R 2>/dev/null))"
   sleep 0.3
 done
 

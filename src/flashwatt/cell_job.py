@@ -7,12 +7,14 @@ not what it measures, so switching to Slurm must not replan measured cells.
 """
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from flashwatt.job_frame import CellOutcome, job_failed
 from flashwatt.kind import Kind, resolve
 from flashwatt.provenance import utc_now
 from flashwatt.records import write_record, write_trace
+from flashwatt.submit.failure_policy import FailurePolicy
 from flashwatt.submit.jobs import JobFailed, run_job
 from flashwatt.submit.slots import TooFewGpus
 
@@ -22,6 +24,9 @@ def submit_and_record(kind: Kind, cell: Any, spec: dict, snakemake: Any) -> dict
     died without returning one is recorded from the kind's envelope."""
     log = snakemake.log[0]
     base_record = kind.envelope
+    # How long a job of several processes waits on one that failed: the job reads it from its
+    # environment, which the executors pass on (a spec key would rerun measured cells).
+    os.environ.update(FailurePolicy.from_config(snakemake.config).submission_environment())
     try:
         outcome = run_job(
             resolve(kind.job), cell, spec,
@@ -35,8 +40,7 @@ def submit_and_record(kind: Kind, cell: Any, spec: dict, snakemake: Any) -> dict
         # A cell asking for more GPUs than this machine has (local executor) is skipped,
         # as the job itself records it where it starts on too few (a Slurm node, a CPU host).
         record = base_record(cell, spec)
-        record.update(status="skipped", reason=f"cell asks for more GPUs than this machine has ({shortage})",
-                      finished=utc_now())
+        record.update(status="skipped", reason=f"this machine cannot run the cell: {shortage}", finished=utc_now())
         outcome = CellOutcome(record)
     except JobFailed as failure:
         # The job died before returning (killed, out of host memory, node failure): the

@@ -199,8 +199,9 @@ suites:
 """
 
 
-def test_distributed_cells_run_as_one_job_with_a_task_per_gpu(tmp_path):
-    """Two-rank cells through submitit's local executor (two processes meeting over gloo),
+def test_distributed_cells_run_as_one_job_supervising_a_process_per_gpu(tmp_path):
+    """Two-rank cells through submitit's local executor (one task supervising two processes
+    that meet over gloo; each record says how every rank ended),
     checked against float64, in the suite's table, figures and report; a GPU precision on
     a host without one is recorded as skipped."""
     import pandas as pd
@@ -216,6 +217,9 @@ def test_distributed_cells_run_as_one_job_with_a_task_per_gpu(tmp_path):
         row = table.loc[strategy]
         assert row["status"] == "ok" and row["world_size"] == 2 and bool(row["check_passed"])
         assert row["error_dq"] < 1e-12 and row["total_ms"] > 0 and row["speedup"] > 0
+        record = json.loads((workdir / f"results/cells/dist/distributed/{strategy}-math/fp64/"
+                             "G2-L16-B1-H2-K2-D8-causal-fwd_bwd.json").read_text())
+        assert [r["state"] for r in record["ranks"]["per_rank"]] == ["ok", "ok"]
     assert table.loc["ring", "status"] == "skipped" and "no CUDA device" in table.loc["ring", "reason"]
     for name in ("distributed_scaling", "distributed_memory", "distributed_time", "distributed_error",
                  "distributed_energy"):

@@ -35,6 +35,7 @@ for kind in all_kinds():
         resources:
             gpus=lambda wc, kind=kind: kind.resources(cell_of(kind, wc))["gpus"],
             tasks=lambda wc, kind=kind: kind.resources(cell_of(kind, wc)).get("tasks", 1),
+            nodes=lambda wc, kind=kind: kind.resources(cell_of(kind, wc)).get("nodes", 1),
             runtime=lambda wc, kind=kind: kind.resources(cell_of(kind, wc))["runtime"],
         conda:
             "../../envs/flashwatt.yaml"

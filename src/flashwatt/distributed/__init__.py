@@ -7,6 +7,11 @@
 Layout (B, H, L, D), sequence dimension 2, over torch.distributed (NCCL on GPUs, gloo on
 CPU). Exact: partial results merge by log-sum-exp in float32 (float64 for float64
 inputs); backward recomputes blocks from the saved LSE.
+
+A cell's ranks are processes of their own, owned by a supervisor on each node
+(rank_supervisor, rank_process, rank_fate, node_watch): a rank that fails ends them all
+within the failure policy's bound (flashwatt.submit.failure_policy). parallel_tables and
+parallel_reasons write docs/parallel.md from the suites' tables.
 """
 import importlib
 

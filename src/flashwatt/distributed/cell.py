@@ -2,6 +2,7 @@
 source of its names and paths, as `flashwatt.attention.cell.Cell` is for one-GPU cells.
 
     results/cells/<suite>/distributed/<strategy>-<block>/<precision>/G<gpus>-L<L>-B<B>-H<H>-K<Hkv>-D<D>-<mask>-<pass>.json
+    ... G<gpus>-N<nodes>-L<L>-...  for a cell over several nodes (gpus in all, gpus / nodes on each)
 
 `DistributedCell.from_path(cell.path) == cell` holds, so asking for a file reruns exactly
 that cell. `spec` is what `flashwatt.distributed.job.job` runs on every rank.
@@ -25,7 +26,7 @@ _WHERE = "/{suite}/" + FOLDER + "/{method}/{dprecision}/{dname}"
 RECORD_PATTERN, TRACE_PATTERN, LOG_PATTERN = file_patterns(_WHERE)
 
 _METHOD_RE = f"(?P<strategy>{'|'.join(STRATEGIES)})-(?P<block>{'|'.join(BLOCKS)})"
-_NAME_RE = (r"G(?P<gpus>\d+)-L(?P<seq_len>\d+)-B(?P<batch>\d+)-H(?P<heads>\d+)-K(?P<kv_heads>\d+)"
+_NAME_RE = (r"G(?P<gpus>\d+)(?:-N(?P<nodes>\d+))?-L(?P<seq_len>\d+)-B(?P<batch>\d+)-H(?P<heads>\d+)-K(?P<kv_heads>\d+)"
             r"-D(?P<head_dim>\d+)-(?P<mask>full|causal)-(?P<pass_>fwd_bwd|fwd)")
 _METHOD, _NAME = re.compile(f"^{_METHOD_RE}$"), re.compile(f"^{_NAME_RE}$")
 _TOKEN = re.compile("^[a-z0-9_]+$")
@@ -53,6 +54,7 @@ class DistributedCell(CellFiles):
     head_dim: int
     causal: bool = False
     pass_: str = "fwd"
+    nodes: int = 1
 
     def __post_init__(self) -> None:
         def refuse(what: str) -> None:
@@ -64,10 +66,15 @@ class DistributedCell(CellFiles):
                              ("pass_", PASSES)):
             if getattr(self, key) not in allowed:
                 refuse(f"{key.rstrip('_')}={getattr(self, key)!r}: allowed {', '.join(allowed)}")
-        for key in ("gpus", "seq_len", "batch", "heads", "kv_heads", "head_dim"):
+        for key in ("gpus", "seq_len", "batch", "heads", "kv_heads", "head_dim", "nodes"):
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 refuse(f"{key}={value!r}: must be a positive integer")
+        if self.gpus % self.nodes:
+            refuse(f"gpus={self.gpus} cannot be split evenly over nodes={self.nodes}")
+        if self.nodes > 1 and self.strategy == "hybrid" and self.heads % (self.gpus // self.nodes):
+            refuse(f"strategy hybrid over {self.nodes} nodes: its Ulysses all-to-all inside a node "
+                   f"({self.gpus // self.nodes} GPUs) needs heads ({self.heads}) divisible by it")
         if self.heads % self.kv_heads:
             refuse(f"heads={self.heads} is not a multiple of kv_heads={self.kv_heads}")
         if self.strategy in ("ring", "zigzag", "hybrid") and self.seq_len % (2 * self.gpus):
@@ -85,7 +92,8 @@ class DistributedCell(CellFiles):
     @property
     def name(self) -> str:
         mask = "causal" if self.causal else "full"
-        return (f"G{self.gpus}-L{self.seq_len}-B{self.batch}-H{self.heads}-K{self.kv_heads}-D{self.head_dim}"
+        nodes = f"-N{self.nodes}" if self.nodes > 1 else ""
+        return (f"G{self.gpus}{nodes}-L{self.seq_len}-B{self.batch}-H{self.heads}-K{self.kv_heads}-D{self.head_dim}"
                 f"-{mask}-{self.pass_}")
 
     @property
@@ -105,7 +113,8 @@ class DistributedCell(CellFiles):
             raise ValueError(f"not a distributed cell name: {dname!r} (expected e.g. G2-L4096-B1-H32-K8-D128-causal-fwd)")
         g = n.groupdict()
         return cls(suite, m["strategy"], m["block"], dprecision, int(g["gpus"]), int(g["seq_len"]), int(g["batch"]),
-                   int(g["heads"]), int(g["kv_heads"]), int(g["head_dim"]), g["mask"] == "causal", g["pass_"])
+                   int(g["heads"]), int(g["kv_heads"]), int(g["head_dim"]), g["mask"] == "causal", g["pass_"],
+                   int(g["nodes"] or 1))
 
 
     # ---- what the job runs ----------------------------------------------------------
@@ -114,10 +123,10 @@ class DistributedCell(CellFiles):
         return {"strategy": self.strategy, "gpus": self.gpus, "batch": self.batch, "heads": self.heads,
                 "kv_heads": self.kv_heads, "seq_len": self.seq_len, "head_dim": self.head_dim,
                 "precision": self.precision, "causal": self.causal, "pass": self.pass_, "block": self.block,
-                **options}
+                **({"nodes": self.nodes} if self.nodes > 1 else {}), **options}
 
     def as_row(self) -> dict:
         return {"suite": self.suite, "strategy": self.strategy, "block": self.block, "precision": self.precision,
                 "gpus": self.gpus, "seq_len": self.seq_len, "batch": self.batch, "heads": self.heads,
                 "kv_heads": self.kv_heads, "head_dim": self.head_dim, "causal": self.causal, "pass": self.pass_,
-                "cell_id": self.id}
+                "nodes": self.nodes, "cell_id": self.id}

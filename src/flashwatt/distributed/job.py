@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import math
 import os
-import traceback
 
 import torch
 import torch.distributed as dist
@@ -101,21 +100,32 @@ def job(spec: dict, rank: int | None = None, world: int | None = None, local_ran
         raise ValueError(f"distributed job: cell asks for {wanted} GPUs but {rdv.world} processes were started "
                          "(one process per GPU)")
     device = rendezvous.start(rdv)
-    # Set before the call: an interrupt (KeyboardInterrupt, SystemExit) skips both branches and
-    # must reach the caller as itself, without the closing barrier that the other ranks may never join.
-    ok = False
     try:
         record = _run(spec, rdv, device)
-        ok = True
-    except Exception as err:  # every rank reaches here; rank 0 reports
-        record = {"status": "failed", "reason": f"{type(err).__name__}: {err}", "traceback": traceback.format_exc(),
-                  "spec": spec}
-    finally:
-        if ok:
-            dist.barrier()
-        dist.destroy_process_group()
-        forget_meshes()
+    except BaseException:
+        # A failure of this rank reaches the caller as itself: the rank supervisor (or
+        # torchrun) sees this process end badly and stops the others, which may be waiting
+        # in a collective for this rank. No closing barrier: they may never join it.
+        release_after_failure()
+        raise
+    dist.barrier()
+    dist.destroy_process_group()
+    forget_meshes()
     return record if rdv.rank == 0 else None
+
+
+def release_after_failure() -> None:
+    """Let go of the default process group without waiting on peers: NCCL's is aborted (its
+    destroy could wait for collectives that will never complete), gloo's destroyed."""
+    if not dist.is_initialized():
+        return
+    try:
+        if dist.get_backend() == "nccl" and hasattr(dist.distributed_c10d, "_abort_process_group"):
+            dist.distributed_c10d._abort_process_group()
+        else:
+            dist.destroy_process_group()
+    finally:
+        forget_meshes()
 
 
 def _run(spec: dict, rdv, device) -> dict:

@@ -15,8 +15,13 @@ def fill_schema(section: dict) -> None:
         grid[key]["items"] = {"enum": list(names)}
 
 
+class _DistributedKind(Kind):
+    def resources(self, cell) -> dict:
+        # One task per node, supervising that node's ranks (one process per GPU: flashwatt.distributed.rank_supervisor).
+        return {"gpus": cell.gpus // cell.nodes, "tasks": 1, "nodes": cell.nodes, "runtime": self.runtime_min}
 
-KIND = Kind(
+
+KIND = _DistributedKind(
     name="distributed",
     section="distributed",
     cell=distributed.DistributedCell,

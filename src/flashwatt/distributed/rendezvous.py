@@ -1,8 +1,10 @@
-"""Rank, world size and rendezvous address of this process, and the process group start.
+"""Rank, world size and rendezvous address of this process, and the process group start;
+and, for the rank supervisor, this job's place among the nodes of a cell (`node_layout`).
 
-Taken, in order, from explicit arguments, torchrun's variables (RANK, WORLD_SIZE,
-LOCAL_RANK, MASTER_ADDR, MASTER_PORT), submitit's local executor's (SUBMITIT_LOCAL_GLOBALID,
-_NTASKS, _LOCALID; host 127.0.0.1) or Slurm's (one task per GPU: SLURM_PROCID,
+A rank's place is taken, in order, from explicit arguments, torchrun's variables (RANK,
+WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT: what the rank supervisor sets, as torchrun
+does), submitit's local executor's (SUBMITIT_LOCAL_GLOBALID,
+_NTASKS, _LOCALID; host 127.0.0.1) or Slurm's (a task per GPU: SLURM_PROCID,
 SLURM_NTASKS, SLURM_LOCALID; the first host of SLURM_JOB_NODELIST). Without MASTER_PORT
 the port is drawn from the job id the way submitit's TorchDistributedEnvironment draws
 it (random.Random(job_id).randint(20000, 60000)), so every task agrees. submitit's
@@ -84,24 +86,74 @@ def from_environment(rank: int | None = None, world: int | None = None, local_ra
             port = free_port()
         else:
             raise ValueError(f"rank {rank} of {world}: no rendezvous port (set MASTER_PORT or pass port=)")
-    nodes = int(env.get("SLURM_NNODES") or env.get("SUBMITIT_LOCAL_JOB_NUM_NODES") or env.get("NNODES") or 1)
+    nodes = int(env.get("NNODES") or env.get("SLURM_NNODES") or env.get("SUBMITIT_LOCAL_JOB_NUM_NODES") or 1)
     return Rendezvous(rank, world, local_rank, addr, int(port), nodes)
 
 
 def start(rdv: Rendezvous) -> torch.device:
     """Initialise the default process group (NCCL on CUDA, gloo otherwise); returns the device.
 
+    Its timeout, the rendezvous's included, is the failure policy's collective timeout
+    (flashwatt.submit.failure_policy, read from the environment the rank supervisor
+    sets): a rank waiting that long on a peer raises, or the NCCL watchdog ends it.
     Also sets LOCAL_WORLD_SIZE (processes per node, the hybrid strategy's Ulysses size)
     where the launcher did not."""
+    from flashwatt.submit.failure_policy import FailurePolicy
+
     multicast_off()
     os.environ.setdefault("LOCAL_WORLD_SIZE", str(max(1, rdv.world // rdv.nodes)))
+    timeout = FailurePolicy.from_environment().collective_timeout
     if torch.cuda.is_available():
         device = torch.device("cuda", rdv.local_rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
         dist.init_process_group("nccl", init_method=f"tcp://{rdv.addr}:{rdv.port}", rank=rdv.rank,
-                                world_size=rdv.world, device_id=device)
+                                world_size=rdv.world, device_id=device, timeout=timeout)
     else:
         device = torch.device("cpu")
         dist.init_process_group("gloo", init_method=f"tcp://{rdv.addr}:{rdv.port}", rank=rdv.rank,
-                                world_size=rdv.world)
+                                world_size=rdv.world, timeout=timeout)
     return device
+
+
+@dataclass(frozen=True)
+class NodeLayout:
+    """A cell of `nodes` x `per_node` ranks, seen from one node's job task: which node this
+    is, and where rank 0 listens (`port`; the supervisors' own store takes `port + 1`)."""
+    nodes: int
+    node: int
+    per_node: int
+    addr: str
+    port: int
+    host: str
+
+    @property
+    def world(self) -> int:
+        return self.nodes * self.per_node
+
+    def rank_of(self, local_rank: int) -> int:
+        return self.node * self.per_node + local_rank
+
+
+def node_layout(processes: int, nodes: int = 1) -> NodeLayout:
+    """This job task's node in a cell of `processes` ranks over `nodes` nodes, one task per
+    node: Slurm's SLURM_NODEID and SLURM_NNODES, or submitit's local executor (one node).
+    Rank 0 is on the first host of SLURM_JOB_NODELIST (scontrol show hostnames), or
+    MASTER_ADDR where set; the port is MASTER_PORT, else drawn from the job id (every node
+    draws the same), else, on one node, a free one."""
+    env = os.environ
+    if nodes < 1 or processes % nodes:
+        raise ValueError(f"a cell of {processes} processes cannot be split evenly over {nodes} nodes")
+    if "SLURM_NODEID" in env and "SUBMITIT_LOCAL_JOB_ID" not in env:
+        have, node = int(env.get("SLURM_NNODES", "1")), int(env["SLURM_NODEID"])
+        job_id = env.get("SLURM_JOB_ID", "0")
+    else:
+        have, node, job_id = 1, 0, env.get("SUBMITIT_LOCAL_JOB_ID", "0")
+    if have != nodes:
+        raise ValueError(f"the cell asks for {nodes} node(s) but its job runs on {have} (resource nodes, or the "
+                         "Slurm allocation)")
+    addr = env.get("MASTER_ADDR") or (_first_slurm_host() if nodes > 1 else "127.0.0.1")
+    if env.get("MASTER_PORT"):
+        port = int(env["MASTER_PORT"])
+    else:
+        port = _port_of_job(job_id) if nodes > 1 else free_port()
+    return NodeLayout(nodes, node, processes // nodes, addr, port, socket.gethostname())

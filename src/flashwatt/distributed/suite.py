@@ -15,6 +15,7 @@
           head_dims: [128]
           causal: [true]
           passes: [fwd_bwd]
+          nodes: [1]         # optional: the nodes a cell spans (gpus in all, gpus / nodes on each)
 
 Every spec carries the suite's measurement settings (`measure`: the energy window).
 A combination a strategy cannot run (L not divisible by 2 x the world size, heads not
@@ -45,7 +46,7 @@ def distributed_runs(config: dict, suite: str) -> dict[DistributedCell, dict]:
         for values in itertools.product(
                 grid["strategies"], grid["blocks"], grid["precisions"], grid["gpus"], grid["seq_lens"],
                 grid["batches"], grid["heads"], grid["kv_heads"], grid["head_dims"], grid.get("causal", [False]),
-                grid.get("passes", ["fwd"])):
+                grid.get("passes", ["fwd"]), grid.get("nodes", [1])):
             try:
                 cell = DistributedCell(suite, *values)
             except ValueError as err:

@@ -11,7 +11,7 @@ from flashwatt.distributed.cell import DistributedCell
 from flashwatt.records import read_record
 
 COLUMNS = [
-    "status", "reason", "device", "device_type", "world_size", "nodes", "forward_ms", "backward_ms", "total_ms", "timing_method",
+    "status", "reason", "device", "device_type", "world_size", "forward_ms", "backward_ms", "total_ms", "timing_method",
     "forward_comm_exposed_ms", "forward_comm_hidden_fraction", "backward_comm_exposed_ms",
     "backward_comm_hidden_fraction", "tflops_total", "tflops_per_gpu", "single_gpu_total_ms", "speedup",
     "efficiency", "peak_bytes_per_gpu", "memory_ratio_to_one_gpu", "check_passed", "error_out", "error_dq",
@@ -32,7 +32,7 @@ def _row(cell: DistributedCell, record: dict) -> dict:
     row = {**cell.as_row(), "status": record.get("status"), "reason": record.get("reason"),
            "device": result.get("device"),
            "device_type": None if result.get("device") is None else ("cpu" if result["device"] == "cpu" else "cuda"),
-           "world_size": result.get("world_size"), "nodes": result.get("nodes"),
+           "world_size": result.get("world_size"),
            "forward_ms": time.get("forward_ms"), "backward_ms": time.get("backward_ms"),
            "total_ms": time.get("total_ms"), "timing_method": time.get("method"),
            "tflops_total": (result.get("tflops") or {}).get("total"),

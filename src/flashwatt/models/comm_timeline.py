@@ -1,9 +1,14 @@
 """How much of a multi-GPU step is communication, and how much of that is hidden under
 compute, read from the profiler's timeline of steps of their own.
 
-`communication_split(run, device, count)` runs `count` steps under torch.profiler and
-splits the timeline:
+`communication_split(run, device, count, before)` runs `count` steps, each after
+`before()` (a barrier: every rank starts the step together, as in the timed steps) and
+each under a torch.profiler of its own, and splits each step's timeline inside that
+step's own window:
 
+- window: from the first to the last event of the step on the device that runs it (GPU
+  kernels and copies on a GPU; every operator on CPU). Every span below is cut to it, so
+  no figure of a step can exceed the step.
 - communication: the union of the collectives' spans. On a GPU, every NCCL kernel (FSDP's
   all-gathers and reduce-scatters, the ring's send/receive, Ulysses' all-to-all, the
   gradient all-reduce). An NCCL kernel starts when its stream reaches it and ends when
@@ -14,10 +19,17 @@ splits the timeline:
   spent on communication alone.
 - hidden: communication minus exposed, the part overlapped by compute.
 
-Every figure is per step (the totals over `count`); `by_kind_ms` sums each collective
-kind's own spans (they may overlap one another, so they can add up to more than the
-union). The profiler adds a little host overhead, which is why these steps are not the
-timed ones.
+Every figure is per step (the totals over `count` steps, divided by `count`);
+`exposed_share_of_step` is the exposed time over the windows' time, so it lies in [0, 1]
+by construction. `by_kind_ms` sums each collective kind's own spans (they may overlap one
+another, so they can add up to more than the union).
+
+On a GPU only device activity is profiled (CUPTI): recording every CPU operator as well
+slows a launch-bound step by half or more, and the GPU then idles between launches while
+an NCCL kernel already launched waits for a slower rank, which the split would count as
+exposed communication of a step the timed steps never ran. Even so the profiled step is
+not the timed one: `step_ms` is the profiled step's own window, and the multi-GPU record
+puts it beside the timed step (flashwatt.models.parallel_job) so that the difference shows.
 """
 from __future__ import annotations
 
@@ -25,11 +37,17 @@ import re
 
 import torch
 
-METHOD = ("torch.profiler timeline of steps of their own: communication = union of the collectives' spans "
-          "(NCCL kernels on a GPU, which include waiting for the other ranks; gloo work spans on CPU); "
+METHOD = ("torch.profiler timeline of steps of their own, each after a barrier and each split inside its own "
+          "window (first to last event of the step on its device): communication = union of the collectives' "
+          "spans (NCCL kernels on a GPU, which include waiting for the other ranks; gloo work spans on CPU); "
           "exposed = the part of it with no compute running (no other GPU kernel or copy; on CPU no other "
-          "innermost operator); hidden = communication - exposed. Per step.")
+          "innermost operator); hidden = communication - exposed. Per step; exposed_share_of_step = exposed / "
+          "the window, at most 1.")
+# The record's short name for how exposed communication was measured (beside METHOD's sentence).
+EXPOSED_METHOD = "profiler_timeline_within_step_window"
 _COMM_WRAPPERS = ("c10d::", "record_param_comms", "nccl:")
+
+Span = tuple[float, float]
 
 
 def is_collective(name: str) -> bool:
@@ -46,7 +64,7 @@ def kind_of(name: str) -> str:
     return text.split("_")[0].lower() or name
 
 
-def merge(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
+def merge(spans: list[Span]) -> list[Span]:
     """The union of intervals as sorted, disjoint intervals."""
     out: list[list[float]] = []
     for start, end in sorted(spans):
@@ -57,11 +75,11 @@ def merge(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
     return [(a, b) for a, b in out]
 
 
-def length(spans: list[tuple[float, float]]) -> float:
+def length(spans: list[Span]) -> float:
     return sum(b - a for a, b in spans)
 
 
-def overlap(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
+def overlap(a: list[Span], b: list[Span]) -> float:
     """Length of the intersection of two merged interval lists."""
     i = j = 0
     total = 0.0
@@ -76,47 +94,90 @@ def overlap(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float
     return total
 
 
-def split(events, on_gpu: bool) -> tuple[list, list, dict]:
-    """(communication spans, compute spans, {kind: summed span}) of profiler events, in µs."""
+def clip(spans: list[Span], window: Span) -> list[Span]:
+    """The parts of `spans` inside `window` (empty parts dropped)."""
+    lo, hi = window
+    return [(max(a, lo), min(b, hi)) for a, b in spans if min(b, hi) > max(a, lo)]
+
+
+def exposure(comm: list[Span], compute: list[Span], window: Span) -> dict[str, float]:
+    """One step's split, every span cut to the step's window: {step, communication,
+    exposed, hidden}, in the spans' unit. exposed <= communication <= step always."""
+    comm, compute = merge(clip(comm, window)), merge(clip(compute, window))
+    total = length(comm)
+    hidden = min(overlap(comm, compute), total)
+    return {"step": max(0.0, window[1] - window[0]), "communication": total, "exposed": total - hidden,
+            "hidden": hidden}
+
+
+def split(events, on_gpu: bool) -> tuple[list[Span], list[Span], dict[str, float], Span | None]:
+    """(communication spans, compute spans, {kind: summed span}, the step's window) of one
+    step's profiler events, in µs. The window spans every event of the step's device."""
     from torch.autograd import DeviceType
 
     comm, compute, kinds = [], [], {}
+    first, last = float("inf"), float("-inf")
     for event in events:
         span = (event.time_range.start, event.time_range.end)
         name = event.name
-        if on_gpu and event.device_type != DeviceType.CUDA:
-            continue
-        if is_collective(name):
+        if (event.device_type == DeviceType.CUDA) != on_gpu or (on_gpu and event.is_user_annotation):
+            continue  # on a GPU its kernels and copies (no host range); on CPU its operators
+        collective = is_collective(name)
+        if event.is_user_annotation and not collective:
+            continue  # a range of the host's code, not work (gloo's work is recorded as one, though)
+        first, last = min(first, span[0]), max(last, span[1])
+        if collective:
             comm.append(span)
             kinds[kind_of(name)] = kinds.get(kind_of(name), 0.0) + span[1] - span[0]
         elif on_gpu:
             compute.append(span)
-        elif (event.device_type == DeviceType.CPU and not event.cpu_children and not event.is_async
-              and not event.is_user_annotation and not name.startswith(_COMM_WRAPPERS)):
+        elif not event.cpu_children and not event.is_async and not name.startswith(_COMM_WRAPPERS):
             compute.append(span)
-    return comm, compute, kinds
+    return comm, compute, kinds, ((first, last) if last > first else None)
 
 
-def communication_split(run, device, count: int) -> dict:
-    """Communication, exposed and hidden milliseconds per step over `count` profiled calls of `run`."""
-    from torch.profiler import ProfilerActivity, profile
+def _profiled_step(run, device, activities) -> tuple[dict[str, float], dict[str, float], int]:
+    """One step under a profiler of its own: its split and its collectives by kind, in µs,
+    and how many collective spans it had."""
+    from torch.profiler import profile
 
     cuda = device.type == "cuda"
-    if count <= 0:
-        return {"method": None, "reason": "comm_steps is 0"}
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     if cuda:
         torch.cuda.synchronize(device)
     with profile(activities=activities) as prof:
-        for _ in range(count):
-            run()
+        run()
         if cuda:
             torch.cuda.synchronize(device)
-    comm, compute, kinds = split(prof.events(), cuda)
-    spans = len(comm)
-    comm, compute = merge(comm), merge(compute)
-    total = length(comm) / 1e3 / count
-    hidden = overlap(comm, compute) / 1e3 / count
-    return {"method": METHOD, "steps": count, "communication_ms": total, "exposed_ms": total - hidden,
-            "hidden_ms": hidden, "hidden_fraction": hidden / total if total > 0 else None,
+    comm, compute, kinds, window = split(prof.events(), cuda)
+    if window is None:
+        return {"step": 0.0, "communication": 0.0, "exposed": 0.0, "hidden": 0.0}, kinds, 0
+    return exposure(comm, compute, window), kinds, len(comm)
+
+
+def communication_split(run, device, count: int, before=None) -> dict:
+    """Communication, exposed and hidden milliseconds per step over `count` profiled steps
+    of `run`, each after `before()` (module docstring)."""
+    from torch.profiler import ProfilerActivity
+
+    if count <= 0:
+        return {"method": None, "reason": "comm_steps is 0"}
+    activities = [ProfilerActivity.CUDA] if device.type == "cuda" else [ProfilerActivity.CPU]
+    totals = {"step": 0.0, "communication": 0.0, "exposed": 0.0, "hidden": 0.0}
+    kinds: dict[str, float] = {}
+    spans = 0
+    for _ in range(count):
+        if before is not None:
+            before()
+        one, step_kinds, step_spans = _profiled_step(run, device, activities)
+        for key in totals:
+            totals[key] += one[key]
+        for kind, us in step_kinds.items():
+            kinds[kind] = kinds.get(kind, 0.0) + us
+        spans += step_spans
+    per_step = {key: value / 1e3 / count for key, value in totals.items()}
+    total, hidden = per_step["communication"], per_step["hidden"]
+    return {"method": METHOD, "exposed_method": EXPOSED_METHOD, "steps": count, "step_ms": per_step["step"],
+            "communication_ms": total, "exposed_ms": per_step["exposed"], "hidden_ms": hidden,
+            "hidden_fraction": hidden / total if total > 0 else None,
+            "exposed_share_of_step": totals["exposed"] / totals["step"] if totals["step"] > 0 else None,
             "by_kind_ms": {k: v / 1e3 / count for k, v in sorted(kinds.items())}, "collective_spans": spans / count}

@@ -1,7 +1,8 @@
 """What a model cell's job runs: build the model, check it, time its step, split out the
 attention, and measure the energy of whole steps.
 
-A cell on several GPUs runs flashwatt.models.parallel_job instead, on every rank.
+A cell on several GPUs runs flashwatt.models.parallel_job instead (one task supervising a
+process per GPU).
 
 Every outcome is a record: ok, incorrect (measured, but a check failed), skipped (the
 backend cannot run the model, with why), oom (with the stage that ran out: build, check,
@@ -28,8 +29,7 @@ from flashwatt.models.step_defaults import DEFAULT_SETTLE_S, DEFAULT_STEPS
 
 def run_model_cell(cell: ModelCell, spec: dict) -> CellOutcome | None:
     """Measure one model cell; never raises for a problem of the cell itself. A cell on
-    several GPUs runs once per task (flashwatt.models.parallel_job): rank 0 returns the
-    outcome, the other ranks None."""
+    several GPUs supervises its ranks from this task (flashwatt.models.parallel_job)."""
     from flashwatt.distributed.rendezvous import multicast_off
 
     multicast_off()  # NVLink multicast stays off in every job (flashwatt.distributed.rendezvous says why)

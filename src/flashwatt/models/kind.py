@@ -25,11 +25,11 @@ def plan(config: dict, suite: str) -> dict:
     return model_runs(config, suite, measure_settings(config, suite))
 
 
-
 class _ModelKind(Kind):
     def resources(self, cell) -> dict:
-        # A cell of several GPUs also brings its process group up and checks against one process.
-        return {**super().resources(cell), "tasks": cell.gpus, "runtime": 30 if cell.gpus == 1 else 60}
+        # One task: a cell of several GPUs supervises its ranks from it (flashwatt.distributed.rank_supervisor),
+        # brings their process group up and checks against one process.
+        return {"gpus": cell.gpus, "tasks": 1, "runtime": 30 if cell.gpus == 1 else 60}
 
 
 KIND = _ModelKind(

@@ -1,19 +1,23 @@
-"""What a multi-GPU model cell's job runs on each of its tasks (one process per GPU, ranks
-and rendezvous from the launcher: flashwatt.distributed.rendezvous): build the model on
-every rank, prepare it for the cell's strategy (flashwatt.models.parallel), check it
-against one process, time its step, split out the communication and the attention, and
-measure the energy of whole steps on every GPU. Rank 0 returns the record, the other
-ranks None.
+"""What a multi-GPU model cell's job runs: one task that supervises the cell's ranks (one
+process per GPU: flashwatt.distributed.rank_supervisor, rendezvous from
+flashwatt.distributed.rendezvous), each of which builds the model, prepares it for the
+cell's strategy (flashwatt.models.parallel), checks it against one process, times its
+step, splits out the communication and the attention, and measures the energy of whole
+steps on every GPU (`measure_on_rank`). Rank 0 returns the record's fields.
 
 Every outcome is a record, as for one GPU: ok, incorrect, skipped (more GPUs than the
 machine has, a strategy the model's heads cannot take, a backend with no
-context-parallel form, ...), oom naming the stage, or error with the traceback.
+context-parallel form, ...), oom naming the stage and the rank, error with the traceback,
+or job_failed for a rank that was killed; a rank that ends badly ends every rank of the
+cell within the failure policy's bound (the record's `ranks` says how each ended).
 
 Timing: `warmup_steps` untimed steps, then `timed_steps` steps, each started after a
 barrier, with CUDA events around forward, backward, the gradient all-reduce (context
 parallel) and the optimizer on every rank; per rank the median of each phase, and the
 record's figure the slowest rank's (every rank's kept beside it). Communication: in
-`comm_steps` profiled steps of their own (flashwatt.models.comm_timeline). Memory: each
+`comm_steps` profiled steps of their own, each after a barrier, each split inside its own
+window, so that exposed communication is a share of the step it was measured in
+(flashwatt.models.comm_timeline). Memory: each
 GPU's peak. Energy: a window of whole steps over the NVML counters of every GPU of the
 job, every rank running the same steps (flashwatt.distributed.energy_window); the energy
 is summed over the GPUs and divided by the step's tokens over all of them.
@@ -64,44 +68,83 @@ def why_not_parallel(cell: ModelCell, shape, device_type: str, gpus_here: int) -
     return None
 
 
-def run_parallel_cell(cell: ModelCell, spec: dict) -> CellOutcome | None:
-    """Measure one multi-GPU cell on this task; the outcome on rank 0, None on the others.
-    Never raises for a problem of the cell itself."""
+def run_parallel_cell(cell: ModelCell, spec: dict, rank_job: str | None = None) -> CellOutcome | None:
+    """Measure one multi-GPU cell: this job task supervises the cell's ranks
+    (flashwatt.distributed.rank_supervisor), each running `measure_on_rank` (or `rank_job`,
+    "module:function", a caller's wrapper of it); rank 0's record
+    becomes the cell's. Never raises for a problem of the cell itself: a rank that ends
+    badly ends every rank, and the record names it (oom with its stage, error, job_failed)."""
     from flashwatt.distributed import rendezvous
 
     rendezvous.multicast_off()
 
     def body(job: Job) -> list[dict]:
         import torch
-        import torch.distributed as dist
 
-        from flashwatt import measure
-        from flashwatt.distributed.groups import forget_meshes
+        from flashwatt.distributed.cell_run import record_failed_ranks
+        from flashwatt.distributed.rank_supervisor import run_ranks
         from flashwatt.models.presets import build_config, shape_of
-        from flashwatt.settings import MeasureSettings
 
-        rdv = rendezvous.from_environment()
-        job.rank_zero = rdv.rank == 0
-        settings = MeasureSettings.from_mapping(spec.get("measure", {}))
+        layout = rendezvous.node_layout(cell.gpus)
+        job.rank_zero = layout.node == 0
         shape = shape_of(build_config(spec["model"]))
         device_type = "cuda" if torch.cuda.is_available() else "cpu"
-        reason = why_not_parallel(cell, shape, device_type, available_gpus(rdv.nodes))
+        reason = why_not_parallel(cell, shape, device_type, available_gpus(layout.nodes))
         if reason is not None:
             job.skip(reason)
-        if rdv.world != cell.gpus:
-            raise ValueError(f"model cell asks for {cell.gpus} GPUs but {rdv.world} processes were started "
-                             "(one process per GPU)")
-        job.device = rendezvous.start(rdv)
-        job.record["environment"] = {k: os.environ.get(k) for k in rendezvous.MULTICAST_OFF}
-        job.stages.enter("build")
-        try:
-            with measure.precision_mode(cell):
-                return _measure(cell, spec, settings, job.device, job.record, job.stages)
-        finally:
-            dist.destroy_process_group()
-            forget_meshes()
+        outcome = run_ranks(rank_job or RANK_JOB, (cell, spec), layout)
+        if outcome.failed:
+            job.record["ranks"] = outcome.record_fields()
+            record_failed_ranks(job.record, outcome)
+            return []
+        if outcome.result is None:
+            raise RuntimeError("every rank ended cleanly but rank 0 returned no record")
+        rank_record, trace = outcome.result
+        job.record.update(rank_record)
+        job.record["ranks"] = outcome.record_fields()
+        return trace
 
     return run_in_frame(KIND, cell, spec, body)
+
+
+RANK_JOB = "flashwatt.models.parallel_job:measure_on_rank"
+
+
+def measure_on_rank(cell: ModelCell, spec: dict) -> tuple[dict, list[dict]] | None:
+    """One rank of a multi-GPU cell (a process of its own, flashwatt.distributed.rank_process):
+    (the record's fields, the energy trace) on rank 0, None on the others. An exception
+    leaves with the stage it happened in (`flashwatt_stage`), for the record."""
+    import torch.distributed as dist
+
+    from flashwatt import measure
+    from flashwatt.distributed import rendezvous
+    from flashwatt.distributed.groups import forget_meshes
+    from flashwatt.distributed.job import release_after_failure
+    from flashwatt.job_frame import Stages
+    from flashwatt.settings import MeasureSettings
+
+    rendezvous.multicast_off()
+    record: dict = {}
+    stages = Stages(record, "rendezvous")
+    rdv = rendezvous.from_environment()
+    if rdv.world != cell.gpus:
+        raise ValueError(f"model cell asks for {cell.gpus} GPUs but {rdv.world} processes were started "
+                         "(one process per GPU)")
+    try:
+        device = rendezvous.start(rdv)
+        record["environment"] = {k: os.environ.get(k) for k in rendezvous.MULTICAST_OFF}
+        stages.enter("build")
+        with measure.precision_mode(cell):
+            trace = _measure(cell, spec, MeasureSettings.from_mapping(spec.get("measure", {})), device, record,
+                             stages)
+        stages.enter(None)
+    except BaseException as err:
+        err.flashwatt_stage = stages.now
+        release_after_failure()
+        raise
+    dist.destroy_process_group()
+    forget_meshes()
+    return (record, trace) if rdv.rank == 0 else None
 
 
 def _slowest(per_rank: list[dict], keys) -> dict:
@@ -120,7 +163,7 @@ def _measure(cell: ModelCell, spec: dict, settings, device, record: dict, stage)
     communication, energy. Returns the energy window's trace (rank 0's)."""
     import torch.distributed as dist
 
-    from flashwatt.distributed.timing import gather
+    from flashwatt.distributed.timing import barrier, gather
     from flashwatt.models.comm_timeline import communication_split
     from flashwatt.models.flops import step_utilisation
     from flashwatt.models.parallel_check import check_parallel
@@ -156,7 +199,7 @@ def _measure(cell: ModelCell, spec: dict, settings, device, record: dict, stage)
         record["attention"]["kv_expanded"] = adapter.kv_expanded
 
     stage.enter("communication steps")
-    comm = gather(communication_split(step.run, device, int(steps["comm_steps"])))
+    comm = gather(communication_split(step.run, device, int(steps["comm_steps"]), before=lambda: barrier(device)))
     record["communication"] = _communication(comm, timing)
 
     stage.enter("energy window")
@@ -315,16 +358,20 @@ def _memory(device, peaks: list[dict]) -> dict:
 
 
 def _communication(per_rank: list[dict], timing: dict) -> dict:
-    """Every rank's split, and the figures of the rank with the most exposed communication."""
+    """Every rank's split, and the figures of the rank with the largest share of its own
+    profiled step exposed. Each rank's figures come from its own profiled steps, so the
+    exposed share is of the step it was measured in (at most 1); `profiled_over_timed_step`
+    says how far those steps ran from the timed ones."""
     if not per_rank[0].get("method"):
         return per_rank[0]
-    worst = max(per_rank, key=lambda r: r["exposed_ms"])
-    out = {k: worst[k] for k in ("method", "steps", "communication_ms", "exposed_ms", "hidden_ms", "hidden_fraction",
-                                 "by_kind_ms", "collective_spans")}
+    worst = max(per_rank, key=lambda r: (r["exposed_share_of_step"] or 0.0, r["exposed_ms"]))
+    out = {k: worst[k] for k in ("method", "exposed_method", "steps", "step_ms", "communication_ms", "exposed_ms",
+                                 "hidden_ms", "hidden_fraction", "exposed_share_of_step", "by_kind_ms",
+                                 "collective_spans")}
     out["rank"] = per_rank.index(worst)
-    out["per_rank"] = [{k: r[k] for k in ("communication_ms", "exposed_ms", "hidden_ms")} for r in per_rank]
+    out["per_rank"] = [{k: r[k] for k in ("step_ms", "communication_ms", "exposed_ms", "hidden_ms",
+                                          "exposed_share_of_step")} for r in per_rank]
     out["median_exposed_ms"] = statistics.median(r["exposed_ms"] for r in per_rank)
-    if timing.get("step_ms"):
-        out["exposed_share_of_step"] = out["exposed_ms"] / timing["step_ms"]
+    if timing.get("step_ms") and worst["step_ms"]:
+        out["profiled_over_timed_step"] = worst["step_ms"] / timing["step_ms"]
     return out
-

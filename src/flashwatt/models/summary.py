@@ -20,7 +20,8 @@ from flashwatt.records import read_record
 BASELINE = "sdpa_default"
 COLUMNS = [
     "status", "reason", "device", "device_type", "device_uuid", "parameters", "step_ms", "forward_ms", "backward_ms",
-    "grad_sync_ms", "optimizer_ms", "communication_ms", "exposed_communication_ms", "hidden_communication_fraction",
+    "grad_sync_ms", "optimizer_ms", "communication_ms", "exposed_communication_ms", "exposed_share_of_step",
+    "hidden_communication_fraction", "exposed_method",
     "tokens_per_s", "achieved_tflops", "mfu", "peak_tflops", "attention_share",
     "attention_forward_ms", "attention_backward_ms", "attention_method", "kv_expanded", "peak_allocated_bytes",
     "peak_reserved_bytes", "energy_gpus", "j_per_token", "tokens_per_j", "avg_power_w", "peak_power_w",
@@ -55,7 +56,9 @@ def _row(cell: ModelCell, record: dict) -> dict:
             "backward_ms": timing.get("backward_ms"), "grad_sync_ms": timing.get("grad_sync_ms"),
             "optimizer_ms": timing.get("optimizer_ms"), "communication_ms": communication.get("communication_ms"),
             "exposed_communication_ms": communication.get("exposed_ms"),
+            "exposed_share_of_step": communication.get("exposed_share_of_step"),
             "hidden_communication_fraction": communication.get("hidden_fraction"),
+            "exposed_method": communication.get("exposed_method"),
             "tokens_per_s": timing.get("tokens_per_s"), "achieved_tflops": flops.get("achieved_tflops"),
             "mfu": flops.get("mfu"), "peak_tflops": flops.get("peak_tflops"),
             "attention_share": attention.get("share"), "attention_forward_ms": attention.get("forward_ms"),

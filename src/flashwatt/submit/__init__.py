@@ -10,6 +10,8 @@ charge of the DAG while submitit handles pickling, logs and Slurm.
     supervision  Snakemake's ancestry, whose end cancels a job
     cancel       scancel / the local controller, on signals and at exit
     jobs         run_job: submit, wait, return the result or raise JobFailed
+    failure_policy  how long a job of several processes waits on one that failed (config
+                 key `ranks`), and the NCCL watchdog settings its ranks start with
 
 Executors
     local      one subprocess per job on this machine (submitit's local executor).

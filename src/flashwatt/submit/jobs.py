@@ -12,9 +12,12 @@ short and a partial timing is worthless, so the requeued job starts the function
 again from the beginning; the result is returned exactly once, and the caller writes
 it once (atomically). Snakemake-level retries are therefore not needed (retries: 0).
 
-Several tasks or GPUs (resources tasks, gpus, gres): one job, the function runs once
-per task (SLURM_PROCID / submitit's JobEnvironment give the rank), and the rank-0
-result is returned; the other ranks' results are dropped.
+Several tasks or GPUs (resources tasks, nodes, gpus, gres): one job, the function runs
+once per task (SLURM_PROCID / submitit's JobEnvironment give the rank), and the rank-0
+result is returned; the other ranks' results are dropped. On Slurm, a task that fails or
+is killed ends the step's other tasks (`step_ending_srun_args`). flashwatt's multi-GPU
+cells run one task per node, which starts and supervises that node's ranks itself
+(flashwatt.distributed.rank_supervisor).
 
 Polling: the wait checks for the result file every `FLASHWATT_POLL_S` seconds (a
 stat, default 1) and asks Slurm through submitit's shared sacct watcher, forcing a
@@ -38,7 +41,8 @@ from submitit.core.utils import FailedJobError, UncompletedJobError
 
 from flashwatt.submit.cancel import cancel, cancel_on_signal, track, untrack
 from flashwatt.submit.resources import slurm_parameters
-from flashwatt.submit.slots import gpu_slots
+from flashwatt.submit.failure_policy import FailurePolicy
+from flashwatt.submit.slots import OneNodeOnly, gpu_slots
 from flashwatt.submit.supervision import SupervisorGone, ancestry_or_exit, first_gone
 
 EXECUTORS = ("local", "slurm", "inprocess")
@@ -94,7 +98,8 @@ def run_job(
     if executor == "slurm":
         return _submit_and_wait(fn, args, kwargs, "slurm", params, job_name, job_folder, log)
     if params.get("nodes", 1) > 1:
-        raise ValueError(f"job {job_name}: the local executor runs on one node (nodes={params['nodes']})")
+        raise OneNodeOnly(f"the local executor runs on one node; job {job_name} spans {params['nodes']} nodes "
+                          "(run it with executor: slurm)")
     gpus_wanted = params.get("gpus_per_node", 1)
     with gpu_slots(gpus_wanted) as gpus:
         gpus = gpus if gpus_wanted > 0 else []  # gpus=0: hold a slot but show the job no GPU
@@ -132,8 +137,18 @@ def _make_executor(cluster: str, folder: Path, params: dict[str, Any], job_name:
     extra = params.pop("slurm_additional_parameters", None)
     if extra:
         executor.update_parameters(slurm_additional_parameters=extra)
-    executor.update_parameters(name=job_name, **params)
+    executor.update_parameters(name=job_name, slurm_srun_args=step_ending_srun_args(), **params)
     return executor
+
+
+def step_ending_srun_args() -> list[str]:
+    """srun options that end every task of a job's step when one task ends: a task killed or
+    failing ends the others at once (--kill-on-bad-exit), and tasks still running the failure
+    policy's bound after the first one exited are ended too (--wait). A multi-node cell runs
+    one task per node, each supervising its node's ranks; a task ended by Slurm stops its
+    ranks on SIGTERM (flashwatt.distributed.rank_supervisor)."""
+    bound = FailurePolicy.from_environment().failure_timeout_s
+    return ["--kill-on-bad-exit=1", f"--wait={int(bound) + 1}"]
 
 
 def _submit_and_wait(fn, args, kwargs, cluster, params, job_name, folder, log):  # type: ignore[no-untyped-def]

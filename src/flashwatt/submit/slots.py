@@ -34,6 +34,10 @@ class TooFewGpus(ValueError):
     """A job asks for more GPUs than this machine shows: it could never start here."""
 
 
+class OneNodeOnly(TooFewGpus):
+    """A job spans several nodes, and the local executor has this machine only."""
+
+
 @contextlib.contextmanager
 def gpu_slots(count: int = 1, poll_s: float = 0.5) -> Iterator[list[str]]:
     """Hold `count` free slot locks (one per GPU, or the one "cpu" slot) and yield their GPUs.

@@ -1,0 +1,101 @@
+"""How long a cell of several processes may wait on a rank that died, hung or never joined.
+
+    ranks:
+      failure_timeout_s: 60   # a failed rank ends its cell within this bound
+      stop_grace_s: 5         # SIGTERM to each rank's process group, SIGKILL after this
+
+The config's `ranks` block reaches the job through two environment variables the
+submitting side sets (FLASHWATT_RANK_FAILURE_TIMEOUT_S, FLASHWATT_RANK_STOP_GRACE_S), not
+through the cell's spec: how long to wait on a failure is not what a cell measures, so
+changing it must not rerun measured cells.
+
+From the bound, what PyTorch is told (the rank side, flashwatt.distributed.rendezvous):
+
+- every process group's timeout (`init_process_group(timeout=...)`, the rendezvous
+  included) is `collective_timeout_s` = failure_timeout_s - stop_grace_s - MONITOR_SLACK_S:
+  a rank waiting longer than that in a collective (a peer hung, never joined, or died
+  where the transport cannot tell) raises (gloo) or is aborted by the NCCL watchdog;
+- NCCL's asynchronous error handling stays on (TORCH_NCCL_ASYNC_ERROR_HANDLING=3: on a
+  timeout or an NCCL error the watchdog aborts the communicators and ends the process),
+  and its heartbeat monitor kills a process whose watchdog itself is stuck
+  (TORCH_NCCL_ENABLE_MONITORING=1, TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC = failure_timeout_s).
+  TORCH_NCCL_BLOCKING_WAIT is left off: it would make the host wait for every collective
+  and change what is timed.
+
+and on the parent's side (flashwatt.distributed.rank_supervisor): the first rank that
+ends badly (a signal, an exception, an exit status) makes it stop every other rank,
+SIGTERM to each rank's process group and SIGKILL after `stop_grace_s`.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+
+DEFAULT_FAILURE_TIMEOUT_S = 60.0
+DEFAULT_STOP_GRACE_S = 5.0
+# Between a collective's timeout and the bound: the waiting rank's exit, the supervisor noticing
+# it, and the job's own end (its task and the waiting side), on a loaded host.
+MONITOR_SLACK_S = 6.0
+MIN_COLLECTIVE_TIMEOUT_S = 1.0
+ENV_FAILURE_TIMEOUT = "FLASHWATT_RANK_FAILURE_TIMEOUT_S"
+ENV_STOP_GRACE = "FLASHWATT_RANK_STOP_GRACE_S"
+CONFIG_KEY = "ranks"
+
+
+@dataclass(frozen=True)
+class FailurePolicy:
+    failure_timeout_s: float = DEFAULT_FAILURE_TIMEOUT_S
+    stop_grace_s: float = DEFAULT_STOP_GRACE_S
+
+    def __post_init__(self) -> None:
+        if self.stop_grace_s <= 0:
+            raise ValueError(f"config key {CONFIG_KEY}.stop_grace_s={self.stop_grace_s}: must be positive")
+        least = self.stop_grace_s + MONITOR_SLACK_S + MIN_COLLECTIVE_TIMEOUT_S
+        if self.failure_timeout_s < least:
+            raise ValueError(f"config key {CONFIG_KEY}.failure_timeout_s={self.failure_timeout_s}: must be at least "
+                             f"{least:g} (stop_grace_s {self.stop_grace_s:g} + {MONITOR_SLACK_S:g} s to notice a "
+                             f"failure + {MIN_COLLECTIVE_TIMEOUT_S:g} s for a collective)")
+
+    @property
+    def collective_timeout_s(self) -> float:
+        return self.failure_timeout_s - self.stop_grace_s - MONITOR_SLACK_S
+
+    @property
+    def collective_timeout(self) -> datetime.timedelta:
+        return datetime.timedelta(seconds=self.collective_timeout_s)
+
+    @classmethod
+    def from_config(cls, config: dict) -> "FailurePolicy":
+        block = config.get(CONFIG_KEY) or {}
+        return cls(float(block.get("failure_timeout_s", DEFAULT_FAILURE_TIMEOUT_S)),
+                   float(block.get("stop_grace_s", DEFAULT_STOP_GRACE_S)))
+
+    @classmethod
+    def from_environment(cls) -> "FailurePolicy":
+        def number(name: str, default: float) -> float:
+            text = os.environ.get(name)
+            try:
+                return float(text) if text else default
+            except ValueError:
+                raise ValueError(f"{name}={text!r}: give seconds (config key {CONFIG_KEY})") from None
+
+        return cls(number(ENV_FAILURE_TIMEOUT, DEFAULT_FAILURE_TIMEOUT_S), number(ENV_STOP_GRACE, DEFAULT_STOP_GRACE_S))
+
+    def submission_environment(self) -> dict[str, str]:
+        """What the submitting side exports so that the job reads this policy back."""
+        return {ENV_FAILURE_TIMEOUT: f"{self.failure_timeout_s:g}", ENV_STOP_GRACE: f"{self.stop_grace_s:g}"}
+
+    def rank_environment(self) -> dict[str, str]:
+        """PyTorch's NCCL settings every rank starts with (module docstring); a value the
+        user set already is kept, except that error handling is never switched off."""
+        wanted = {"TORCH_NCCL_ENABLE_MONITORING": "1",
+                  "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC": str(int(self.failure_timeout_s))}
+        env = {k: os.environ.get(k) or v for k, v in wanted.items()}
+        env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "3" if os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING") in (
+            None, "", "0") else os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"]
+        return {**self.submission_environment(), **env}
+
+    def as_dict(self) -> dict[str, float]:
+        return {"failure_timeout_s": self.failure_timeout_s, "stop_grace_s": self.stop_grace_s,
+                "collective_timeout_s": self.collective_timeout_s}

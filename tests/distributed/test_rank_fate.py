@@ -1,0 +1,68 @@
+"""Which rank ended a cell, and what its record says, from how every rank ended
+(flashwatt.distributed.rank_fate and the supervisor's outcome), on constructed fates."""
+from __future__ import annotations
+
+import pytest
+
+from flashwatt.distributed.rank_fate import RankFate, cause, how, status_of
+from flashwatt.distributed.rank_supervisor import RanksOutcome
+from flashwatt.distributed.rendezvous import NodeLayout
+from flashwatt.submit.failure_policy import FailurePolicy
+
+GLOO_RESET = "[../gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:6012: Connection reset by peer"
+GLOO_TIMEOUT = "[../gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 7000ms for recv operation to complete"
+
+
+def fate(rank, state, ended_s=1.0, **more) -> RankFate:
+    return RankFate(rank, rank, 0, "h", 100 + rank, state=state, ended_s=ended_s, **more)
+
+
+def outcome(*fates) -> RanksOutcome:
+    return RanksOutcome(list(fates), FailurePolicy(12, 2), NodeLayout(1, 0, len(fates), "127.0.0.1", 1, "h"),
+                        seconds=9.0)
+
+
+def test_a_killed_rank_is_the_cause_not_the_peers_that_lost_it():
+    # The peers saw the dead rank's socket close first, and say so a little earlier.
+    fates = [fate(0, "raised", 0.9, exception="RuntimeError", message=GLOO_RESET),
+             fate(1, "signal", 1.0, signal="SIGKILL", exit_code=-9),
+             fate(2, "raised", 0.95, exception="DistBackendError", message="NCCL error: remote process exited")]
+    culprit = cause(fates)
+    assert culprit.rank == 1 and status_of(culprit) == "job_failed" and how(culprit, []) == "signal"
+    assert "rank 1 (pid 101, h) killed by SIGKILL" in outcome(*fates).reason()
+
+
+def test_an_exception_of_the_rank_itself_comes_before_communication_errors():
+    fates = [fate(0, "raised", 0.5, exception="RuntimeError", message=GLOO_RESET),
+             fate(1, "raised", 0.7, exception="OutOfMemoryError", message="CUDA out of memory", oom=True,
+                  stage="timed steps")]
+    culprit = cause(fates)
+    assert culprit.rank == 1 and status_of(culprit) == "oom" and how(culprit, []) == "oom"
+    assert "raised OutOfMemoryError during timed steps" in culprit.describe()
+
+
+def test_a_timeout_names_the_ranks_still_running_as_not_answering():
+    got = outcome(fate(0, "raised", 7.1, exception="RuntimeError", message=GLOO_TIMEOUT), fate(1, "stopped", 7.3))
+    assert got.culprit.rank == 0 and got.status() == "error" and got.not_answering == [1]
+    fields = got.record_fields()
+    assert fields["how"] == "timeout" and fields["not_answering"] == [1] and fields["failed_rank"] == 0
+    assert "rank(s) 1 did not answer" in got.reason() and "rank(s) 1 stopped by the supervisor" in got.reason()
+
+
+def test_the_nccl_watchdogs_abort_is_a_timeout_not_a_kill():
+    got = outcome(fate(0, "signal", 24.0, signal="SIGABRT", exit_code=-6), fate(1, "stopped", 24.2),
+                  fate(2, "signal", 24.05, signal="SIGABRT", exit_code=-6))
+    assert got.culprit.rank == 0 and got.status() == "error" and got.not_answering == [1]
+    assert got.record_fields()["how"] == "timeout" and "NCCL watchdog" in got.reason()
+
+
+def test_a_clean_end_is_not_a_failure():
+    got = outcome(fate(0, "ok"), fate(1, "ok"))
+    assert not got.failed and got.culprit is None and got.record_fields()["failed"] is False
+
+
+@pytest.mark.parametrize("state, status", [("exit", "job_failed"), ("signal", "job_failed"), ("raised", "error")])
+def test_the_status_follows_the_projects_meanings(state, status):
+    extra = {"signal": "SIGSEGV"} if state == "signal" else {"exception": "ValueError", "message": "bad"} \
+        if state == "raised" else {"exit_code": 3}
+    assert status_of(fate(0, state, **extra)) == status
