@@ -31,6 +31,11 @@ def _key_path(parts) -> str:
     return out or "(top level)"
 
 
+# How a schema type reads in a message.
+_TYPE_WORDS = {"boolean": "true, false", "array": "a list", "string": "a string", "integer": "a whole number",
+               "number": "a number", "object": "a mapping"}
+
+
 def _explain(error) -> str:
     parent = error.parent  # a failed alternative of a list of allowed names: name the whole list
     if parent is not None and parent.validator == "anyOf" and all("enum" in alt or "pattern" in alt
@@ -49,6 +54,9 @@ def _explain(error) -> str:
         allowed = ", ".join(", ".join(map(str, alt["enum"])) if "enum" in alt else f"a name matching {alt['pattern']}"
                             for alt in error.validator_value)
         return f"config key {where}: {error.instance!r} is not allowed; allowed: {allowed}"
+    if error.validator in ("oneOf", "anyOf") and not all("required" in alt for alt in error.validator_value):
+        words = [_TYPE_WORDS.get(alt.get("type"), str(alt.get("type"))) for alt in error.validator_value]
+        return f"config key {where}: {error.instance!r} is not allowed; give {', '.join(words[:-1])} or {words[-1]}"
     if error.validator in ("oneOf", "anyOf"):
         choices = " or ".join("/".join(alt["required"]) for alt in error.validator_value)
         exactly = "exactly one" if error.validator == "oneOf" else "at least one"
@@ -63,7 +71,10 @@ def load_schema(schema_file: Traversable | Path = SCHEMA) -> dict:
     kind's section (flashwatt.kinds), its enums filled in from the code that names them."""
     from flashwatt.kinds import all_kinds
 
+    from flashwatt.failures import RETRIABLE
+
     schema = yaml.safe_load(schema_file.read_text())
+    schema["properties"]["retry_failed"]["anyOf"][1]["items"] = {"enum": list(RETRIABLE)}
     suite = schema["properties"]["suites"]["additionalProperties"]
     sections = []
     for kind in all_kinds():

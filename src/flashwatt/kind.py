@@ -73,6 +73,11 @@ class Kind:
     cell_inputs: Mapping[str, str] = field(default_factory=dict)  # more inputs of the cell rule (patterns)
     rules: str | None = None   # a Snakemake file of the kind's other rules (those making cell_inputs),
                                # relative to workflow/rules/ or absolute
+    # refusal_without_cuda(cell) -> why the cell cannot run where no CUDA device is visible,
+    # in the words its job records there, or None (it may, or only its job can tell): what
+    # lets a run on such a host record those cells as skipped without a job for each
+    # (flashwatt.host_skips)
+    refusal_without_cuda: Callable[[Any], str | None] | None = None
 
     # ---- derived, never written twice ----------------------------------------------
     def envelope(self, cell: Any, spec: dict) -> dict:

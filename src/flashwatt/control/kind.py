@@ -57,4 +57,5 @@ KIND = Kind(
     report_values="flashwatt.control.kind:report_values",
     rule_prefix="control_",
     figure_caption="control_figure.rst",
+    refusal_without_cuda=lambda cell: control.NO_CUDA_REASON,
 )

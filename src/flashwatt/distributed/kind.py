@@ -34,4 +34,5 @@ KIND = Kind(
     rule_prefix="distributed_",
     runtime_min=60,
     figure_caption="distributed_figure.rst",
+    refusal_without_cuda=lambda cell: distributed.refusal_without_cuda(cell.precision),
 )

@@ -49,4 +49,5 @@ KIND = _ModelKind(
     report="report.rst",
     rule_prefix="model_",
     figure_caption="models_figure.rst",
+    refusal_without_cuda=models.refusal_without_cuda,
 )

@@ -4,7 +4,7 @@ workflow/rules/training_data.smk, an input of every cell."""
 from __future__ import annotations
 
 from flashwatt.kind import Kind, TableFile
-from flashwatt.training.cell import TrainCell
+from flashwatt.training.cell import TrainCell, refusal_without_cuda
 from flashwatt.training.figures import TRAINING_FIGURES
 from flashwatt.training.suite import DATA_MANIFEST, training_runs
 
@@ -40,4 +40,5 @@ KIND = Kind(
     cell_inputs={"data": DATA_MANIFEST},
     rules="training_data.smk",
     figure_caption="training_figure.rst",
+    refusal_without_cuda=refusal_without_cuda,
 )
