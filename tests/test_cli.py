@@ -1,6 +1,7 @@
 import pytest
 
-from flashwatt.cli import _config_pairs, _overrides, main
+from flashwatt.cli import main
+from flashwatt.command_line import config_pairs as _config_pairs, overrides as _overrides
 from flashwatt.config import ConfigError
 
 
