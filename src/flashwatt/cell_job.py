@@ -43,6 +43,10 @@ def submit_and_record(kind: Kind, cell: Any, spec: dict, snakemake: Any) -> dict
         # The job died before returning (killed, out of host memory, node failure): the
         # failure is this cell's outcome, recorded so that the rest of the run goes on.
         outcome = CellOutcome(job_failed(base_record(cell, spec), str(failure), failure.job_id))
+    except KeyboardInterrupt:
+        # Ctrl-C: the job is cancelled already (flashwatt.submit.cancel) and the cell's log
+        # says so; the script ends with the usual status of an interrupt, without a traceback.
+        raise SystemExit(128 + 2) from None
     record = outcome.record
     earlier = failures.history(snakemake.output.record)
     if earlier:  # the cell failed before (a retried cell): say so, and why

@@ -38,6 +38,10 @@ NO_REPORT_OPTIONS = {"-h", "--help", "--version", "-v", "--unlock", "-n", "--dry
                      "--report", "--dag", "--rulegraph", "--filegraph", "--cleanup-metadata", "--list-changes",
                      "--lc", "--list-code-changes", "--list-input-changes", "--li", "--list-params-changes",
                      "--lp", "--delete-all-output", "--delete-temp-output"}
+# ...of which these read no config at all.
+NO_CONFIG_OPTIONS = {"-h", "--help", "--version", "-v"}
+
+
 def status_counts(cells) -> Counter:
     """Status of each cell's record on disk ('missing' where none was written)."""
     counts: Counter = Counter()
@@ -50,8 +54,10 @@ def status_counts(cells) -> Counter:
 def cmd_run(argv: list[str]) -> int:
     accept_failed = "--accept-failed-cells" in argv
     args = [a for a in argv if a != "--accept-failed-cells"]
-    if NO_REPORT_OPTIONS & set(args):
-        return run_snakemake(args)  # help, dry run, unlock...: nothing ran, nothing to report
+    if NO_CONFIG_OPTIONS & set(args):
+        return run_snakemake(args)
+    if NO_REPORT_OPTIONS & set(args):  # dry run, unlock...: nothing ran, nothing to report
+        return run_snakemake(config_through_a_file(args))
     config = run_config(args)
     args = config_through_a_file(args)
     suite = resolve_suite(config)

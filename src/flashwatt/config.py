@@ -7,6 +7,7 @@ allowed there, instead of jsonschema's page of schema dump.
 """
 from __future__ import annotations
 
+import copy
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -129,17 +130,72 @@ def merge_config(base: dict, update: dict) -> dict:
     return base
 
 
+def read_config_file(path: str | Path) -> dict:
+    """One config file's keys; a ConfigError naming the file (and the line) when it is
+    missing, is not YAML, or does not hold a mapping of keys."""
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path}: no such file") from None
+    try:
+        keys = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ConfigError(f"config file {path}{where}: not valid YAML ({problem})") from None
+    if keys is None:
+        return {}
+    if not isinstance(keys, dict):
+        raise ConfigError(f"config file {path}: holds a {type(keys).__name__}, not a mapping of config keys")
+    return keys
+
+
+def command_line_measure_first(config: dict, layers: list[dict]) -> dict:
+    """Let `measure` keys set by `layers` win over a suite's own `measure`, in place.
+
+    `layers` are what came after config/config.yaml, in order (config files named on the
+    command line, then --config): a `measure` key one of them sets at the top level
+    applies to every suite, also those whose own `measure` set it earlier (`--config
+    'measure={min_repeats: 50}'` changes the smoke suite too). A suite's own key set by
+    the same layer or a later one stays: the more specific setting of the same command line.
+    """
+    for index, layer in enumerate(layers):
+        top = layer.get("measure") if isinstance(layer, dict) else None
+        if not isinstance(top, dict):
+            continue
+        for name, suite in (config.get("suites") or {}).items():
+            own = suite.get("measure") if isinstance(suite, dict) else None
+            if not isinstance(own, dict):
+                continue
+            kept = {key for later in layers[index:] for key in _suite_measure(later, name)}
+            for key in set(top) - kept:
+                own.pop(key, None)
+    return config
+
+
+def _suite_measure(layer, suite: str) -> dict:
+    """The `measure` a config layer sets for one suite ({} when none)."""
+    suites = layer.get("suites") if isinstance(layer, dict) else None
+    entry = suites.get(suite) if isinstance(suites, dict) else None
+    measure = entry.get("measure") if isinstance(entry, dict) else None
+    return measure if isinstance(measure, dict) else {}
+
+
 def load_config(path: str | Path = "config/config.yaml", overrides: dict | None = None,
                 configfiles: list[str | Path] | None = None) -> dict:
-    """The config Snakemake runs with: `path`, each of `configfiles` over it, then `overrides`."""
-    config = yaml.safe_load(Path(path).read_text()) or {}
-    for extra in configfiles or []:
-        try:
-            merge_config(config, yaml.safe_load(Path(extra).read_text()) or {})
-        except FileNotFoundError:
-            raise ConfigError(f"--configfile {extra}: no such file") from None
-    merge_config(config, overrides or {})
-    return validate_config(config)
+    """The config Snakemake runs with: `path`, each of `configfiles` over it, then
+    `overrides`; their `measure` over the suites' own (command_line_measure_first)."""
+    config = read_config_file(path)
+    layers = [read_config_file(extra) for extra in configfiles or [] if not _same_file(extra, path)]
+    layers.append(overrides or {})
+    for layer in layers:
+        merge_config(config, copy.deepcopy(layer))
+    return validate_config(command_line_measure_first(config, layers))
+
+
+def _same_file(a: str | Path, b: str | Path) -> bool:
+    return Path(a).resolve() == Path(b).resolve()
 
 
 def resolve_suite(config: dict) -> str:

@@ -1,16 +1,24 @@
 # Configuration and the cell table: validated once, before any job starts. Every kind of
 # cell (flashwatt.kinds) plans its own cells from its section of the suite.
+import os
 import re
 
 from snakemake.exceptions import WorkflowError
 
 from flashwatt import failures
-from flashwatt.config import ConfigError, resolve_suite, validate_config
+from flashwatt.config import ConfigError, command_line_measure_first, read_config_file, resolve_suite, validate_config
 from flashwatt.host_skips import Host, refused_here, runs_here
 from flashwatt.kinds import all_kinds, plan_suite
 from flashwatt.submit.resources import refuse_unknown_resources
 
 try:
+    # The measure settings given on the command line (config files named after
+    # config/config.yaml, then --config) win over a suite's own, as in flashwatt.config.load_config.
+    command_line_measure_first(config, [
+        *(read_config_file(path) for path in workflow.config_settings.configfiles
+          if os.path.realpath(path) != os.path.realpath("config/config.yaml")),
+        dict(workflow.config_settings.config),
+    ])
     validate_config(config)
     SUITE = resolve_suite(config)
     config["suite"] = SUITE  # what ran, for the report (auto is resolved once, here)
