@@ -104,6 +104,10 @@ def validate_config(config: dict, schema_file: Traversable | Path = SCHEMA) -> d
 
     from flashwatt.kinds import plan_suite
 
+    # Snakemake reads `--config retry_failed=false` as the string 'false' (its booleans are
+    # spelt True and False): the word means the boolean, as it does in the config file.
+    if isinstance(config.get("retry_failed"), str) and config["retry_failed"].lower() in ("true", "false"):
+        config["retry_failed"] = config["retry_failed"].lower() == "true"
     schema = load_schema(schema_file)
     validator = jsonschema.Draft202012Validator(schema)
     errors = sorted(validator.iter_errors(config), key=lambda e: list(e.absolute_path))
