@@ -97,10 +97,16 @@ def force_again(paths):
     forced.update(paths)
 
 
+# The failed cells this run forces (those of RETRIES when it builds the default target; none
+# when it builds named files), for what the run says before it starts (run_outcome.smk).
+FORCED_AGAIN = {}
+
+
 def default_target(wildcards):
     """What a plain run builds: every record of the suite (a deleted one is measured again;
     Snakemake would not rerun a job for a missing file that no out-of-date job needs), the
     tables and the figures; failed records to retry are forced (retry_failed)."""
     if RETRIES:
         force_again([cell.path for cell in RETRIES])
+        FORCED_AGAIN.update(RETRIES)
     return [*suite_records(SUITE), *suite_outputs(SUITE)]

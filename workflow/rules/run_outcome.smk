@@ -13,9 +13,9 @@ from flashwatt.host_skips import notice
 
 
 onstart:
-    if RETRIES:
-        statuses = Counter(RETRIES.values())
-        logger.info(f"flashwatt: measuring {len(RETRIES)} failed cell(s) of suite {SUITE} again ("
+    if FORCED_AGAIN:
+        statuses = Counter(FORCED_AGAIN.values())
+        logger.info(f"flashwatt: measuring {len(FORCED_AGAIN)} failed cell(s) of suite {SUITE} again ("
                     + ", ".join(f"{n} {s}" for s, n in sorted(statuses.items()))
                     + "; their earlier records are kept in <record>.failures.jsonl; --config retry_failed=false keeps them)")
     if REFUSED_HERE:
