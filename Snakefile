@@ -16,6 +16,8 @@ report: "workflow/report/workflow.rst"
 
 include: "workflow/rules/common.smk"
 include: "workflow/rules/kinds.smk"
+include: "workflow/rules/skipped_here.smk"
+include: "workflow/rules/run_outcome.smk"
 
 
 # The rules a kind needs besides its cells, tables and figures (the training data, say).
@@ -27,5 +29,5 @@ for kind in all_kinds():
 
 rule all:
     input:
-        suite_outputs(SUITE),
+        default_target,
     default_target: True

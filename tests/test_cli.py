@@ -1,6 +1,7 @@
 import pytest
 
-from flashwatt.cli import _config_pairs, _overrides, main
+from flashwatt.cli import main
+from flashwatt.command_line import config_pairs as _config_pairs, overrides as _overrides
 from flashwatt.config import ConfigError
 
 
@@ -37,3 +38,61 @@ def test_failed_lists_only_cells_that_are_not_ok(tmp_path, monkeypatch, capsys):
         write_record(cell.path, record)
     assert main(["failed", "--config", "suite=smoke"]) == 0
     assert capsys.readouterr().out.split() == [cells[0].path]
+
+
+@pytest.fixture
+def checkout(tmp_path, monkeypatch):
+    """A copy of the workflow as the working directory, no GPU visible (a login node)."""
+    from support import copy_workflow
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.delenv("SNAKEMAKE_PROFILE", raising=False)
+    monkeypatch.chdir(copy_workflow(tmp_path))
+    return tmp_path
+
+
+def test_every_subcommand_reads_the_slurm_profile_as_snakemake_does(checkout, capsys, monkeypatch):
+    """Under the Slurm profile `auto` is the GPU suite, even on a login node without a GPU."""
+    from flashwatt.attention.suite import suite_cells
+    from flashwatt.config import load_config
+    from flashwatt.kinds import envelope_of
+    from flashwatt.records import write_record
+
+    assert main(["suite"]) == 0 and capsys.readouterr().out.split() == ["smoke"]
+    assert main(["suite", "--profile", "slurm"]) == 0 and capsys.readouterr().out.split() == ["seed"]
+    monkeypatch.setenv("SNAKEMAKE_PROFILE", "slurm")  # how a cluster's shell often names it
+    assert main(["suite"]) == 0 and capsys.readouterr().out.split() == ["seed"]
+    monkeypatch.delenv("SNAKEMAKE_PROFILE")
+    # --configfile on the command line replaces the profile's list, as in Snakemake: executor local again
+    assert main(["suite", "--profile", "slurm", "--configfile", "config/config.yaml"]) == 0
+    assert capsys.readouterr().out.split() == ["smoke"]
+    seed = suite_cells(load_config(overrides={"suite": "seed"}), "seed")
+    for cell, status in ((seed[0], "job_failed"), (seed[1], "ok")):
+        record = envelope_of(cell, {})
+        record["status"] = status
+        write_record(cell.path, record)
+    assert main(["failed", "--profile", "slurm"]) == 0
+    assert capsys.readouterr().out.split() == [seed[0].path]
+    assert main(["failed"]) == 0 and capsys.readouterr().out.split() == []  # smoke has no failed cell
+
+
+@pytest.mark.parametrize("command", ["suite", "failed", "run"])
+def test_config_without_a_value_is_refused_in_one_line(checkout, capsys, command):
+    assert main([command, "--config", "suite"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.splitlines() == ["flashwatt: --config 'suite': expected KEY=VALUE, e.g. --config suite=smoke "
+                                         "(a file to build goes before --config, which takes every word after it)"]
+    assert captured.out == ""  # nothing planned, nothing run
+
+
+def test_a_malformed_overlay_is_named_with_its_line(checkout, capsys):
+    (checkout / "overlay.yaml").write_text("suites:\n  mini: {measure: [\n")
+    assert main(["run", "--configfile", "config/config.yaml", "overlay.yaml"]) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith("flashwatt: config file overlay.yaml, line 3, column 1: not valid YAML")
+
+
+def test_an_unknown_profile_is_refused_in_snakemakes_words(checkout, capsys):
+    assert main(["failed", "--profile", "nope"]) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith("flashwatt: snakemake options '--profile nope': Error: profile directory given (nope)")

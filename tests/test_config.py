@@ -32,6 +32,9 @@ def grid(config, suite="smoke"):
     (lambda c: grid(c).__setitem__("variants", ["", "wgmma_m128_n128"]),
      r"suites\.smoke\.grids\[0\]\.variants\[1\]: unknown custom variant 'wgmma_m128_n128'; allowed: .*wgmma_m128_n128_s2"),
     (lambda c: grid(c).__setitem__("variants", ["sm0"]), r"variants\[0\]: custom variant 'sm0': CTA caps must be at least 1"),
+    (lambda c: c.__setitem__("retry_failed", "yes"), r"config key retry_failed: 'yes' is not allowed; give true, false or a list"),
+    (lambda c: c.__setitem__("retry_failed", ["error", "ok"]),
+     r"config key retry_failed\[1\]: 'ok' is not allowed; allowed: incorrect, oom, error, diverged, job_failed"),
 ])
 def test_bad_values_name_key_and_allowed_values(change, message):
     with pytest.raises(ConfigError, match=message):
@@ -128,3 +131,36 @@ def test_schema_enums_come_from_the_vocabulary():
     config = with_change(lambda c: c["suites"]["smoke"]["grids"][0]["kernels"].append("flashy"))
     with pytest.raises(ConfigError, match=r"'flashy' is not allowed; allowed: naive, sdpa_math"):
         validate_config(config)
+
+
+def test_a_malformed_or_missing_config_file_is_named_in_one_line(tmp_path):
+    bad = tmp_path / "overlay.yaml"
+    bad.write_text("suites:\n  mini:\n    measure: {warmup_ms: 5\n  other: [\n")
+    with pytest.raises(ConfigError) as error:
+        load_config(configfiles=["config/config.yaml", bad])
+    message = str(error.value)
+    assert message.startswith(f"config file {bad}, line 4, column 8: not valid YAML (expected ',' or '}}'")
+    assert "\n" not in message
+    listed = tmp_path / "list.yaml"
+    listed.write_text("- suite: smoke\n")
+    with pytest.raises(ConfigError, match=rf"config file {listed}: holds a list, not a mapping of config keys"):
+        load_config(configfiles=[listed])
+    with pytest.raises(ConfigError, match=rf"config file {tmp_path / 'nope.yaml'}: no such file"):
+        load_config(configfiles=[tmp_path / "nope.yaml"])
+
+
+def test_measure_set_on_the_command_line_wins_over_the_suites_own(tmp_path):
+    from flashwatt.settings import measure_settings
+
+    assert measure_settings(load_config(), "smoke")["min_repeats"] == 10  # the smoke suite's own
+    given = load_config(overrides={"measure": {"min_repeats": 50, "energy_window_s": 5}})
+    assert measure_settings(given, "smoke")["min_repeats"] == 50 and measure_settings(given, "seed")["min_repeats"] == 50
+    assert measure_settings(given, "smoke")["warmup_ms"] == 20  # what the command line leaves alone stays the suite's
+    overlay = tmp_path / "overlay.yaml"
+    overlay.write_text("measure: {min_repeats: 40, min_time_ms: 7}\nsuites:\n  smoke:\n    measure: {min_time_ms: 9}\n")
+    layered = load_config(configfiles=["config/config.yaml", overlay])  # config/config.yaml again: not a layer
+    assert measure_settings(layered, "smoke")["min_repeats"] == 40
+    assert measure_settings(layered, "smoke")["min_time_ms"] == 9  # the overlay's own suite setting is more specific
+    assert measure_settings(layered, "seed")["min_time_ms"] == 7
+    last = load_config(configfiles=[overlay], overrides={"measure": {"min_time_ms": 3}})
+    assert measure_settings(last, "smoke")["min_time_ms"] == 3  # --config comes after the overlay

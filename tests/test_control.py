@@ -290,3 +290,16 @@ def test_joules_per_token_weighs_bursty_ticks_by_their_work():
     cheap, dear = model.stats[(shape, bursty)].j_per_token, model.stats[(shape, steady)].j_per_token
     assert cheap == pytest.approx(1.0, rel=0.1) and dear == pytest.approx(1.1)
     assert cheap < dear
+
+
+def test_the_study_on_a_host_without_cuda_ends_in_one_line(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "flashwatt.control.bench", "--out", str(tmp_path / "study")],
+                          env={**os.environ, "CUDA_VISIBLE_DEVICES": ""}, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1
+    assert proc.stderr.splitlines() == [proc.stderr.strip()]  # one line, no traceback
+    assert proc.stderr.startswith("flashwatt.control.bench: the study drives a CUDA GPU; none is visible (torch ")
+    assert not (tmp_path / "study").exists()  # nothing written for a study that cannot start

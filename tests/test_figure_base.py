@@ -357,8 +357,8 @@ def test_a_model_backends_missing_bar_is_marked_with_its_outcome(tmp_path):
     [ax] = [ax for ax in fig.axes if ax.patches]
     said = {t.get_text(): t.get_position()[1] for t in ax.texts if t.get_gid() == MISSING_BAR}
     oom = "oom:\nout of memory during forward: CUDA out of memory. Tried…"  # the reason cut to fit
-    assert sorted(said) == ["not run", oom]
+    assert sorted(said) == ["not in grid", oom]
     assert [t.get_text().split("\n")[0] for t in ax.get_yticklabels()] == ["llama_3_2_1b", "llama_3_2_1b"]
     # the second cell (L=4096): custom's place is the first of three, eager's the second
-    assert said["not run"] == pytest.approx(1 - 0.8 / 3)
+    assert said["not in grid"] == pytest.approx(1 - 0.8 / 3)
     assert said[oom] == pytest.approx(1.0)

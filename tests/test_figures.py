@@ -400,14 +400,14 @@ def test_a_missing_bar_is_marked_with_its_cells_outcome_where_the_bar_would_be(g
     said = {}
     for mark in marks(fp32):
         said.setdefault(mark.get_text(), []).append(mark.get_position()[0])
-    assert sorted(said) == ["not run", "skipped:\nruns fp16/bf16 only (cell asks for fp32)"]
+    assert sorted(said) == ["not in grid", "skipped:\nruns fp16/bf16 only (cell asks for fp32)"]
     assert len(said["skipped:\nruns fp16/bf16 only (cell asks for fp32)"]) == 2  # at L=512 and at 1k
-    [not_run] = said["not run"]
-    assert bar_at(fp32, not_run) is None  # the mark stands in the empty place ...
+    [not_in_grid] = said["not in grid"]
+    assert bar_at(fp32, not_in_grid) is None  # the mark stands in the empty place ...
     custom_1k = gaps[(gaps["kernel"] == "custom") & (gaps["precision"] == "fp16") & (gaps["seq_len"] == 1024)
                      & (gaps["pass"] == "fwd")][name.replace("energy_per_call", "energy_per_call_j")].iloc[0]
     scale = 1e3 if name == "energy_per_call" else 1.0  # ... where custom's bar at L=1k is in the fp16 facet
-    assert bar_at(fp16, not_run) == pytest.approx(custom_1k * scale)
+    assert bar_at(fp16, not_in_grid) == pytest.approx(custom_1k * scale)
     [off] = marks(fp16)
     assert off.get_text() == "not measured:\n" + ENERGY_OFF
     assert bar_at(fp16, off.get_position()[0]) is None
@@ -418,16 +418,16 @@ def test_the_overview_marks_missing_bars_in_each_panel(gaps, render):
     fig = render("overview", gaps)
     energy, efficiency, latency = fig.axes[:3]
     skipped = "skipped:\nruns fp16/bf16 only (cell asks for fp32)"
-    assert sorted(m.get_text() for m in marks(latency)) == ["not run", skipped, skipped]
+    assert sorted(m.get_text() for m in marks(latency)) == ["not in grid", skipped, skipped]
     for ax in (energy, efficiency):
-        assert sorted(m.get_text() for m in marks(ax)) == ["not measured:\n" + ENERGY_OFF, "not run", skipped, skipped]
+        assert sorted(m.get_text() for m in marks(ax)) == ["not in grid", "not measured:\n" + ENERGY_OFF, skipped, skipped]
 
 
 def test_power_marks_missing_bars_too(gaps, render):
     fig = render("power", gaps)
     for measure in ("average (counter)", "peak (instant)"):
         assert sorted(m.get_text() for m in marks(facet(fig, f"{measure} | fp32"))) == [
-            "not run", "skipped:\nruns fp16/bf16 only (cell asks for fp32)",
+            "not in grid", "skipped:\nruns fp16/bf16 only (cell asks for fp32)",
             "skipped:\nruns fp16/bf16 only (cell asks for fp32)"]
         assert not marks(facet(fig, f"{measure} | fp16"))  # naive's fwd_bwd cell at 1k has its power
 

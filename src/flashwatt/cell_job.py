@@ -10,13 +10,14 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from flashwatt import failures
 from flashwatt.job_frame import CellOutcome, job_failed
 from flashwatt.kind import Kind, resolve
 from flashwatt.provenance import utc_now
 from flashwatt.records import write_record, write_trace
 from flashwatt.submit.failure_policy import FailurePolicy
 from flashwatt.submit.jobs import JobFailed, run_job
-from flashwatt.submit.slots import TooFewGpus
+from flashwatt.submit.slots import TOO_FEW_GPUS_REASON, TooFewGpus
 
 
 def submit_and_record(kind: Kind, cell: Any, spec: dict, snakemake: Any) -> dict:
@@ -40,15 +41,25 @@ def submit_and_record(kind: Kind, cell: Any, spec: dict, snakemake: Any) -> dict
         # A cell asking for more GPUs than this machine has (local executor) is skipped,
         # as the job itself records it where it starts on too few (a Slurm node, a CPU host).
         record = base_record(cell, spec)
-        record.update(status="skipped", reason=f"this machine cannot run the cell: {shortage}", finished=utc_now())
+        record.update(status="skipped", reason=TOO_FEW_GPUS_REASON.format(shortage),
+                      finished=utc_now())
         outcome = CellOutcome(record)
     except JobFailed as failure:
         # The job died before returning (killed, out of host memory, node failure): the
         # failure is this cell's outcome, recorded so that the rest of the run goes on.
         outcome = CellOutcome(job_failed(base_record(cell, spec), str(failure), failure.job_id))
-    write_trace(snakemake.output.trace, outcome.trace)
-    write_record(snakemake.output.record, outcome.record)
+    except KeyboardInterrupt:
+        # Ctrl-C: the job is cancelled already (flashwatt.submit.cancel) and the cell's log
+        # says so; the script ends with the usual status of an interrupt, without a traceback.
+        raise SystemExit(128 + 2) from None
     record = outcome.record
+    earlier = failures.history(snakemake.output.record)
+    if earlier:  # the cell failed before (a retried cell): say so, and why
+        record["previous_failures"] = [failures.in_brief(f) for f in earlier]
+    write_trace(snakemake.output.trace, outcome.trace)
+    write_record(snakemake.output.record, record)
+    if record["status"] in failures.RETRIABLE:
+        failures.remember(snakemake.output.record, {k: v for k, v in record.items() if k != "previous_failures"})
     with open(log, "a") as stream:
         stream.write(f"[flashwatt] {cell.id}: {record['status']}" + (f" ({record['reason']})" if record.get("reason") else "") + "\n")
         if record.get("traceback"):

@@ -7,6 +7,7 @@ allowed there, instead of jsonschema's page of schema dump.
 """
 from __future__ import annotations
 
+import copy
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -31,6 +32,11 @@ def _key_path(parts) -> str:
     return out or "(top level)"
 
 
+# How a schema type reads in a message.
+_TYPE_WORDS = {"boolean": "true, false", "array": "a list", "string": "a string", "integer": "a whole number",
+               "number": "a number", "object": "a mapping"}
+
+
 def _explain(error) -> str:
     parent = error.parent  # a failed alternative of a list of allowed names: name the whole list
     if parent is not None and parent.validator == "anyOf" and all("enum" in alt or "pattern" in alt
@@ -49,6 +55,9 @@ def _explain(error) -> str:
         allowed = ", ".join(", ".join(map(str, alt["enum"])) if "enum" in alt else f"a name matching {alt['pattern']}"
                             for alt in error.validator_value)
         return f"config key {where}: {error.instance!r} is not allowed; allowed: {allowed}"
+    if error.validator in ("oneOf", "anyOf") and not all("required" in alt for alt in error.validator_value):
+        words = [_TYPE_WORDS.get(alt.get("type"), str(alt.get("type"))) for alt in error.validator_value]
+        return f"config key {where}: {error.instance!r} is not allowed; give {', '.join(words[:-1])} or {words[-1]}"
     if error.validator in ("oneOf", "anyOf"):
         choices = " or ".join("/".join(alt["required"]) for alt in error.validator_value)
         exactly = "exactly one" if error.validator == "oneOf" else "at least one"
@@ -63,7 +72,10 @@ def load_schema(schema_file: Traversable | Path = SCHEMA) -> dict:
     kind's section (flashwatt.kinds), its enums filled in from the code that names them."""
     from flashwatt.kinds import all_kinds
 
+    from flashwatt.failures import RETRIABLE
+
     schema = yaml.safe_load(schema_file.read_text())
+    schema["properties"]["retry_failed"]["anyOf"][1]["items"] = {"enum": list(RETRIABLE)}
     suite = schema["properties"]["suites"]["additionalProperties"]
     sections = []
     for kind in all_kinds():
@@ -92,6 +104,10 @@ def validate_config(config: dict, schema_file: Traversable | Path = SCHEMA) -> d
 
     from flashwatt.kinds import plan_suite
 
+    # Snakemake reads `--config retry_failed=false` as the string 'false' (its booleans are
+    # spelt True and False): the word means the boolean, as it does in the config file.
+    if isinstance(config.get("retry_failed"), str) and config["retry_failed"].lower() in ("true", "false"):
+        config["retry_failed"] = config["retry_failed"].lower() == "true"
     schema = load_schema(schema_file)
     validator = jsonschema.Draft202012Validator(schema)
     errors = sorted(validator.iter_errors(config), key=lambda e: list(e.absolute_path))
@@ -118,17 +134,72 @@ def merge_config(base: dict, update: dict) -> dict:
     return base
 
 
+def read_config_file(path: str | Path) -> dict:
+    """One config file's keys; a ConfigError naming the file (and the line) when it is
+    missing, is not YAML, or does not hold a mapping of keys."""
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path}: no such file") from None
+    try:
+        keys = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ConfigError(f"config file {path}{where}: not valid YAML ({problem})") from None
+    if keys is None:
+        return {}
+    if not isinstance(keys, dict):
+        raise ConfigError(f"config file {path}: holds a {type(keys).__name__}, not a mapping of config keys")
+    return keys
+
+
+def command_line_measure_first(config: dict, layers: list[dict]) -> dict:
+    """Let `measure` keys set by `layers` win over a suite's own `measure`, in place.
+
+    `layers` are what came after config/config.yaml, in order (config files named on the
+    command line, then --config): a `measure` key one of them sets at the top level
+    applies to every suite, also those whose own `measure` set it earlier (`--config
+    'measure={min_repeats: 50}'` changes the smoke suite too). A suite's own key set by
+    the same layer or a later one stays: the more specific setting of the same command line.
+    """
+    for index, layer in enumerate(layers):
+        top = layer.get("measure") if isinstance(layer, dict) else None
+        if not isinstance(top, dict):
+            continue
+        for name, suite in (config.get("suites") or {}).items():
+            own = suite.get("measure") if isinstance(suite, dict) else None
+            if not isinstance(own, dict):
+                continue
+            kept = {key for later in layers[index:] for key in _suite_measure(later, name)}
+            for key in set(top) - kept:
+                own.pop(key, None)
+    return config
+
+
+def _suite_measure(layer, suite: str) -> dict:
+    """The `measure` a config layer sets for one suite ({} when none)."""
+    suites = layer.get("suites") if isinstance(layer, dict) else None
+    entry = suites.get(suite) if isinstance(suites, dict) else None
+    measure = entry.get("measure") if isinstance(entry, dict) else None
+    return measure if isinstance(measure, dict) else {}
+
+
 def load_config(path: str | Path = "config/config.yaml", overrides: dict | None = None,
                 configfiles: list[str | Path] | None = None) -> dict:
-    """The config Snakemake runs with: `path`, each of `configfiles` over it, then `overrides`."""
-    config = yaml.safe_load(Path(path).read_text()) or {}
-    for extra in configfiles or []:
-        try:
-            merge_config(config, yaml.safe_load(Path(extra).read_text()) or {})
-        except FileNotFoundError:
-            raise ConfigError(f"--configfile {extra}: no such file") from None
-    merge_config(config, overrides or {})
-    return validate_config(config)
+    """The config Snakemake runs with: `path`, each of `configfiles` over it, then
+    `overrides`; their `measure` over the suites' own (command_line_measure_first)."""
+    config = read_config_file(path)
+    layers = [read_config_file(extra) for extra in configfiles or [] if not _same_file(extra, path)]
+    layers.append(overrides or {})
+    for layer in layers:
+        merge_config(config, copy.deepcopy(layer))
+    return validate_config(command_line_measure_first(config, layers))
+
+
+def _same_file(a: str | Path, b: str | Path) -> bool:
+    return Path(a).resolve() == Path(b).resolve()
 
 
 def resolve_suite(config: dict) -> str:

@@ -101,6 +101,11 @@ class Kind:
     compare_keys: tuple[str, ...] | None = None
     compare_group: tuple[str, ...] | None = None
     compare_family: tuple[str, ...] | None = None
+    # refusal_without_cuda(cell) -> why the cell cannot run where no CUDA device is visible,
+    # in the words its job records there, or None (it may, or only its job can tell): what
+    # lets a run on such a host record those cells as skipped without a job for each
+    # (flashwatt.host_skips)
+    refusal_without_cuda: Callable[[Any], str | None] | None = None
 
     # ---- derived, never written twice ----------------------------------------------
     def envelope(self, cell: Any, spec: dict) -> dict:

@@ -22,6 +22,9 @@ MAX_REASON_CHARS = 90
 # A missing bar's mark runs along the bar's length, in small type, its outcome on one line
 # and its reason on the next: the reason is cut shorter still.
 MAX_MARK_CHARS = 56
+# The mark of a bar whose cell the suite has no record of (its grids leave it out), told
+# apart from a cell that ran and was skipped, failed or not measured.
+NOT_IN_GRID = "not in grid"
 # Why a cell has no energy when its table keeps no energy reason of its own (the model and
 # training tables): NVML, which the energy is read from, exists on NVIDIA GPUs only.
 CPU_ENERGY_REASON = "ran on a CPU: energy is measured on NVIDIA GPUs only"
@@ -148,12 +151,12 @@ def no_baseline(frame: pd.DataFrame, baseline: str) -> str | None:
 
 
 def missing_bar(cells: pd.DataFrame, column: str, reasons: Reasons = None, subject: str | None = None) -> str:
-    """The mark of a bar that is not drawn, from the cells that would have made it: 'not run'
-    where the suite has none; '<status>:' over its reason where none finished ok (the most
+    """The mark of a bar that is not drawn, from the cells that would have made it: 'not in
+    grid' where the suite has none (no record: the suite's grids leave it out); '<status>:' over its reason where none finished ok (the most
     frequent outcome; the reason without a leading `subject`, the backend the bar stands
     for); 'not measured:' over the reason where the ok ones have no value in `column`."""
     if cells.empty:
-        return "not run"
+        return NOT_IN_GRID
     ok = cells[cells["status"] == "ok"]
     if len(ok):
         found = _most_frequent([str(r) for r in _reason_series(ok, reasons) if not _missing(r)])

@@ -19,6 +19,7 @@ from support import ci_log, copy_workflow, wait_until
 from flashwatt.attention.cell import Cell
 from flashwatt.attention.suite import suite_cells
 from flashwatt.config import load_config
+from flashwatt.failures import FAILED_CELLS_EXIT
 
 pytestmark = [pytest.mark.slurm, pytest.mark.workflow, pytest.mark.usefixtures("slurm")]
 
@@ -125,7 +126,9 @@ def test_a_cell_whose_job_is_killed_is_recorded_and_the_run_goes_on(smoke):
     proc = run(workdir, "-f", victim.path, survivor.path)
     thread.join(timeout=5)
     assert killed, "the victim's job was never seen in squeue"
-    assert proc.returncode == 0, proc.stderr[-3000:]  # the failure is an outcome, not a crash
+    # The failure is an outcome, not a crash: the run goes on, then exits with the status
+    # of a finished run with failed cells.
+    assert proc.returncode == FAILED_CELLS_EXIT, proc.stderr[-3000:]
     failed, ok = record(workdir, victim), record(workdir, survivor)
     ci_log(f"[slurm] job {killed[0]} {victim.job_name} {states(set(killed)).get(killed[0])} -> status {failed['status']}")
     assert failed["status"] == "job_failed" and failed["provenance"]["job_id"] == killed[0]
@@ -204,3 +207,31 @@ def test_snakemake_killed_outright_leaves_nothing_in_squeue(tmp_path):
     logs = "".join(p.read_text(errors="replace") for p in (workdir / "results/logs/cells").rglob("*.log"))
     assert "interrupted (Snakemake is gone)" in logs
     assert not in_queue(job_ids(workdir) | ids)
+
+
+# One cell of the smoke suite (bare Snakemake strips a --config value's closing quote, so
+# the filter ends in a digit).
+ONE_CELL = "filter=not causal and kernel == 'naive' and seq_len == 32"
+
+
+def test_a_misplaced_run_exits_nonzero_and_the_same_command_fixed_measures_the_cell_again(tmp_path):
+    """A cluster user's wrong partition: every cell's submission fails. The run records why,
+    makes the summary, and exits non-zero; fixed, the same command measures the cell again."""
+    workdir = copy_workflow(tmp_path)
+    misplaced = run(workdir, ONE_CELL, "--set-resources", "cell:slurm_partition=nope")
+    assert misplaced.returncode == FAILED_CELLS_EXIT, misplaced.stdout[-2000:] + misplaced.stderr[-4000:]
+    assert "flashwatt: 1 of 1 cells of suite smoke failed (1 job_failed)" in misplaced.stderr
+    cell = Cell("smoke", "naive", "fp32", 32, 2, 2, 16)
+    failed = record(workdir, cell)
+    ci_log(f"[slurm] wrong partition -> {failed['status']}: {failed['reason'].splitlines()[0]}")
+    assert failed["status"] == "job_failed" and "nope" in failed["reason"]
+    import pandas as pd
+
+    summary = pd.read_parquet(workdir / "results/smoke/summary.parquet")
+    assert list(summary["status"]) == ["job_failed"]  # the summary was made before the exit
+    fixed = run(workdir, ONE_CELL)  # the profile's own partition
+    assert fixed.returncode == 0, fixed.stdout[-2000:] + fixed.stderr[-4000:]
+    measured = record(workdir, cell)
+    assert measured["status"] == "ok" and measured["provenance"]["executor"] == "slurm"
+    assert [f["status"] for f in measured["previous_failures"]] == ["job_failed"]
+    assert list(pd.read_parquet(workdir / "results/smoke/summary.parquet")["status"]) == ["ok"]

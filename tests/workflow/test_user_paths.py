@@ -79,17 +79,22 @@ def test_filter_selecting_nothing_is_refused_and_nothing_changes(mini):
     assert outputs(workdir) == before
 
 
-def test_a_failed_cell_gives_a_nonzero_exit_and_the_counts(mini):
+def test_a_failed_cell_gives_a_nonzero_exit_and_the_counts_then_the_next_run_measures_it_again(mini):
     workdir, args, _ = mini
     cell = Cell("mini", "naive", "fp32", 16, 1, 1, 16)
     record = json.loads((workdir / cell.path).read_text())
     record.update(status="error", reason="RuntimeError: planted failure")
     write_record(workdir / cell.path, record)
-    proc = flashwatt(workdir, *args)
+    kept = (*args, "retry_failed=false")  # keep the failure: nothing runs, the counts say it
+    proc = flashwatt(workdir, *kept)
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "cells by status: 1 error, 1 ok" in proc.stdout
-    assert "1 cell(s) ended error, incorrect or job_failed" in proc.stderr
-    assert flashwatt(workdir, *args, "--accept-failed-cells").returncode == 0
+    assert "1 cell(s) ended error, incorrect, diverged or job_failed" in proc.stderr
+    assert flashwatt(workdir, *kept, "--accept-failed-cells").returncode == 0
+    retried = flashwatt(workdir, *args)  # the plain command measures it again
+    assert retried.returncode == 0, retried.stdout[-2000:] + retried.stderr[-2000:]
+    assert "cells by status: 2 ok" in retried.stdout
+    assert json.loads((workdir / cell.path).read_text())["status"] == "ok"
 
 
 def test_ctrl_c_then_rerun_without_unlock(tmp_path):
@@ -106,7 +111,10 @@ def test_ctrl_c_then_rerun_without_unlock(tmp_path):
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, out + err
     assert "flashwatt: interrupted (SIGINT)" in err
-    assert "Traceback" not in err.split("flashwatt: interrupted")[-1]  # the wrapper's own exit is one line
+    # One line, not the tracebacks of every interrupted process (Snakemake's jobs, submitit's
+    # controllers, the cells' jobs, their logs): the run's output stops at the interrupt.
+    assert err.rstrip().splitlines()[-1].startswith("flashwatt: interrupted (SIGINT); Snakemake stopped its jobs")
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
     assert not list((workdir / ".snakemake/locks").glob("*")), "Snakemake left its lock"
     rerun = flashwatt(workdir, *args[:-2], "--config", "suite=mini", "measure={min_time_ms: 5}")
     assert rerun.returncode == 0, rerun.stdout[-2000:] + rerun.stderr[-3000:]

@@ -7,7 +7,7 @@ the report iterate over. Only cells that finished `ok` are drawn (an `incorrect`
 speed is not a result). A figure with nothing to show says why on the canvas, in words
 from the summary (flashwatt.placeholder), instead of failing the run; a facet with no
 cells is not drawn, and a bar missing from its group is marked with its cell's outcome
-("skipped: runs fp16/bf16 only ...", "not run").
+("skipped: runs fp16/bf16 only ...", "not in grid").
 """
 from __future__ import annotations
 
@@ -168,7 +168,7 @@ def _bar_cells(frame: pd.DataFrame) -> pd.DataFrame:
 def _mark_gaps(ax, cells: pd.DataFrame, drawn: pd.DataFrame, order: list, hue: str, hue_order: list,
                column: str, reasons=None) -> None:
     """Mark each bar place of `ax` that has no bar with why, from `cells` (the facet's cells
-    of every outcome): skipped, failed, not measured or not run. `drawn`: the rows drawn."""
+    of every outcome): skipped, failed, not measured or not in grid. `drawn`: the rows drawn."""
     present = set(zip(drawn["kernel"], drawn[hue]))
     marks = {}
     for (kernel, level), position in bar_slots(order, hue_order).items():
@@ -405,7 +405,7 @@ FIGURES = registry(
     FigureSpec("energy_per_call", "png", "Energy per call",
                "Energy per call: the NVML energy-counter delta over a window of back-to-back calls, divided by "
                "the number of calls. A missing bar is marked with its cell's outcome (skipped and why, failed, "
-               "not measured, or not run).", energy_per_call, SUMMARY),
+               "not measured, or not in grid: the suite has no such cell).", energy_per_call, SUMMARY),
     FigureSpec("gflops_per_w", "png", "Energy efficiency",
                "GFLOP/s per watt (= GFLOP per joule) from the same energy windows. A missing bar is marked with "
                "its cell's outcome.", gflops_per_w, SUMMARY),

@@ -16,6 +16,14 @@ def fill_schema(grids: dict) -> None:
 
 
 
+def refusal_without_cuda(cell: Cell) -> str | None:
+    """What the job records for the cell on a host without CUDA: its backend's declared
+    refusal for a CPU (the job asks the same declaration first, flashwatt.kernels.declaration)."""
+    from flashwatt.kernels.registry import backend
+
+    return backend(cell.kernel).refusal(cell, "cpu")
+
+
 def report_values(suite: str) -> dict:
     """The report's method sentences, from what the suite's summary says each cell used."""
     from flashwatt.attention.report_method import report_method
@@ -56,4 +64,5 @@ KIND = Kind(
     ),
     compare_group=("kernel", "variant"),
     compare_family=("precision", "head_dim", "heads", "causal", "pass"),
+    refusal_without_cuda=refusal_without_cuda,
 )

@@ -37,6 +37,9 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="shorter runs (a smoke test of the study)")
     ap.add_argument("--budgets", default="300,350,400,450,500,550,600,650")
     args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit(f"flashwatt.control.bench: the study drives a CUDA GPU; none is visible (torch {torch.__version__}"
+                         f"{', built without CUDA' if torch.version.cuda is None else ''}); run it on a GPU node")
     args.out.mkdir(parents=True, exist_ok=True)
     device = torch.device("cuda", torch.cuda.current_device())
     uuid = str(torch.cuda.get_device_properties(device).uuid)

@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from flashwatt.cell_files import CellFiles, file_patterns
 
 WORKLOADS = ("steady", "stream")
+# Why a control cell is skipped where no CUDA device is visible (its job and the planning say it).
+NO_CUDA_REASON = "control cells drive a CUDA GPU; none is visible"
 CONTROL_PRECISIONS = ("bf16", "fp16", "fp32")
 CONTROL_MODES = ("budget", "energy", "oracle", "random")
 DISTURBANCES = ("colocated", "nvml_failure")

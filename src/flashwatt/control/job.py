@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 
-from flashwatt.control.cell import ControlCell
+from flashwatt.control.cell import NO_CUDA_REASON, ControlCell
 from flashwatt.job_frame import CellOutcome, CellSkipped, Job, run_in_frame
 
 KIND = "control"
@@ -137,7 +137,7 @@ def run_control_cell(cell: ControlCell, spec: dict) -> CellOutcome:
 
         from flashwatt.control.tenants import TenantProcess
 
-        device = job.open_device(cuda_only="control cells drive a CUDA GPU; none is visible")
+        device = job.open_device(cuda_only=NO_CUDA_REASON)
         telemetry, record = job.telemetry, job.record
         if cell.mode != "oracle" and not telemetry.available:
             job.skip(f"mode {cell.mode} needs live power readings from NVML: {telemetry.reason}")

@@ -62,4 +62,5 @@ KIND = Kind(
         CompareMetric("energy", "j_per_token", "lower", "energy per token (J)"),
         CompareMetric("power", "avg_power_w", "lower", "average power (W)", heat_map=False),
     ),
+    refusal_without_cuda=lambda cell: control.NO_CUDA_REASON,
 )

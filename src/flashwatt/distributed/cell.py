@@ -19,6 +19,14 @@ STRATEGIES = ("ring", "zigzag", "ulysses", "hybrid")
 # The block each registry backend computes with under a strategy (flashwatt.kernels.registry).
 BLOCKS = block_names()
 PRECISIONS = ("fp64", "fp32", "tf32", "fp16", "bf16")  # fp64: the CPU checks (block math)
+
+
+def refusal_without_cuda(precision: str) -> str | None:
+    """Why a cell of this precision is skipped where no CUDA device is visible (CPU
+    processes run the fp64 checks only), or None."""
+    if precision != "fp64":
+        return f"no CUDA device for a {precision} cell (CPU runs take precision fp64)"
+    return None
 PASSES = ("fwd", "fwd_bwd")
 
 FOLDER = "distributed"

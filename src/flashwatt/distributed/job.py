@@ -42,6 +42,7 @@ from flashwatt.distributed.energy_window import device_of, job_energy
 from flashwatt.energy import gflops_per_watt
 from flashwatt.flop_count import attention_flops
 from flashwatt.distributed.groups import forget_meshes, resolve
+from flashwatt.distributed.cell import refusal_without_cuda
 from flashwatt.distributed.inputs import DTYPES, make_full
 from flashwatt.distributed.layout import gather_sequence, shard_sequence
 from flashwatt.distributed.ring import RingAttention
@@ -93,9 +94,8 @@ def job(spec: dict, rank: int | None = None, world: int | None = None, local_ran
         have = _available_gpus(rdv)
         if have < wanted:
             return _skip(spec, f"cell asks for {wanted} GPUs; this machine has {have}") if rdv.rank == 0 else None
-    elif DTYPES[spec["precision"]] != torch.float64:
-        return _skip(spec, f"no CUDA device for a {spec['precision']} cell (CPU runs take precision fp64)") \
-            if rdv.rank == 0 else None
+    elif refusal_without_cuda(spec["precision"]) is not None:
+        return _skip(spec, refusal_without_cuda(spec["precision"])) if rdv.rank == 0 else None
     if rdv.world != wanted:
         raise ValueError(f"distributed job: cell asks for {wanted} GPUs but {rdv.world} processes were started "
                          "(one process per GPU)")

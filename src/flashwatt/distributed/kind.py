@@ -48,4 +48,5 @@ KIND = _DistributedKind(
     ),
     compare_group=("strategy", "block"),
     compare_family=("precision", "gpus", "heads", "kv_heads", "head_dim", "causal", "pass"),
+    refusal_without_cuda=lambda cell: distributed.refusal_without_cuda(cell.precision),
 )

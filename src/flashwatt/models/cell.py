@@ -33,6 +33,14 @@ CONTROL_BACKEND_RE = r"control_(?:energy|[1-9]\d*w)"
 # states all in this dtype (pure half-precision training, as the anchors measured).
 MODEL_PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 PHASES = ("prefill", "train", "decode")
+
+
+def refusal_without_cuda(cell: "ModelCell") -> str | None:
+    """The first reason a model cell gives where no CUDA device is visible: a precision
+    other than fp32 (flashwatt.models.preflight asks this first), or None."""
+    if cell.precision != "fp32":
+        return f"on CPU the models run fp32 only (cell asks for {cell.precision})"
+    return None
 # flashwatt.models.parallel.STRATEGIES, with `none` for one GPU (a test checks they agree)
 MODEL_STRATEGIES = ("none", "fsdp", "ring", "zigzag", "ulysses", "hybrid")
 CONTEXT_PARALLEL = ("ring", "zigzag", "ulysses", "hybrid")

@@ -59,4 +59,5 @@ KIND = _ModelKind(
     ),
     compare_group=("backend",),
     compare_family=("model", "precision", "phase", "recompute", "compiled", "gpus", "strategy"),
+    refusal_without_cuda=models.refusal_without_cuda,
 )

@@ -2,7 +2,7 @@
 (flashwatt.models.job) and, per rank, by the multi-GPU one (flashwatt.models.parallel_job)."""
 from __future__ import annotations
 
-from flashwatt.models.cell import ModelCell
+from flashwatt.models.cell import ModelCell, refusal_without_cuda
 
 
 def why_not(cell: ModelCell, shape, device, telemetry=None) -> str | None:
@@ -10,8 +10,8 @@ def why_not(cell: ModelCell, shape, device, telemetry=None) -> str | None:
     from flashwatt.kernels import AttentionCall, get_kernel
     from flashwatt.models.attention import REGISTRY
 
-    if device.type == "cpu" and cell.precision != "fp32":
-        return f"on CPU the models run fp32 only (cell asks for {cell.precision})"
+    if device.type == "cpu" and refusal_without_cuda(cell) is not None:
+        return refusal_without_cuda(cell)
     if cell.seq_len > shape.max_positions:
         return f"context {cell.seq_len} is longer than {cell.model}'s {shape.max_positions} positions"
     if cell.compiled and device.type != "cuda":

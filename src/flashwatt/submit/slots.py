@@ -36,6 +36,18 @@ class TooFewGpus(ValueError):
 
 class OneNodeOnly(TooFewGpus):
     """A job spans several nodes, and the local executor has this machine only."""
+# The reason a skipped record gives for a cell asking for more GPUs than the machine shows.
+TOO_FEW_GPUS_REASON = "cell asks for more GPUs than this machine has ({})"
+
+
+def gpu_shortage(count: int, gpus: list[str]) -> str | None:
+    """Why a job asking for `count` GPUs can never start on a machine showing `gpus` (none:
+    one CPU slot, which any job may take), or None when it can."""
+    names = gpus or ["cpu"]
+    count = max(1, count) if gpus else 1
+    if count > len(names):
+        return f"job asks for {count} GPUs; this machine shows {len(names)}: {', '.join(names)}"
+    return None
 
 
 @contextlib.contextmanager
@@ -46,10 +58,11 @@ def gpu_slots(count: int = 1, poll_s: float = 0.5) -> Iterator[list[str]]:
     so two multi-GPU jobs never deadlock holding half each.
     """
     gpus = visible_gpu_ids()
+    shortage = gpu_shortage(count, gpus)
+    if shortage is not None:
+        raise TooFewGpus(shortage)
     names = gpus or ["cpu"]
     count = max(1, count) if gpus else 1
-    if count > len(names):
-        raise TooFewGpus(f"job asks for {count} GPUs; this machine shows {len(names)}: {', '.join(names)}")
     folder = slot_dir()
     folder.mkdir(parents=True, exist_ok=True)
     locks = {name: FileLock(str(_lock_file(folder, name))) for name in names}

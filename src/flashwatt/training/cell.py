@@ -21,6 +21,14 @@ from flashwatt.models.cell import MODEL_BACKENDS
 # backward under autocast to the cell's precision (fp16 with a gradient scaler). A
 # convergence study in pure bf16 would measure bf16's rounding of small updates.
 TRAIN_PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+
+
+def refusal_without_cuda(cell: "TrainCell") -> str | None:
+    """The first reason a training cell gives where no CUDA device is visible: a precision
+    other than fp32 (flashwatt.training.job asks this first), or None."""
+    if cell.precision != "fp32":
+        return f"on CPU the training cells run fp32 only (cell asks for {cell.precision})"
+    return None
 # flashwatt.training.optimizers.OPTIMIZERS and schedules.SCHEDULES (kept torch-free here;
 # a test checks they agree)
 TRAIN_OPTIMIZERS = ("adamw", "lion")

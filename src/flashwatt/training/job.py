@@ -19,7 +19,7 @@ from pathlib import Path
 
 from flashwatt.job_frame import CellOutcome, Job, run_in_frame
 from flashwatt.provenance import utc_now
-from flashwatt.training.cell import TrainCell
+from flashwatt.training.cell import TrainCell, refusal_without_cuda
 
 KIND = "train"
 
@@ -34,8 +34,8 @@ def why_not(cell: TrainCell, spec: dict, shape, family: str, device) -> str | No
     from flashwatt.models.cell import TRANSFORMERS_BACKENDS
     from flashwatt.models.presets import has_residual_dropout
 
-    if device.type == "cpu" and cell.precision != "fp32":
-        return f"on CPU the training cells run fp32 only (cell asks for {cell.precision})"
+    if device.type == "cpu" and refusal_without_cuda(cell) is not None:
+        return refusal_without_cuda(cell)
     if cell.precision == "bf16" and device.type == "cuda":
         import torch
 

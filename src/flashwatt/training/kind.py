@@ -4,7 +4,7 @@ workflow/rules/training_data.smk, an input of every cell."""
 from __future__ import annotations
 
 from flashwatt.kind import CompareMetric, Kind, TableFile
-from flashwatt.training.cell import TrainCell
+from flashwatt.training.cell import TrainCell, refusal_without_cuda
 from flashwatt.training.figures import TRAINING_FIGURES
 from flashwatt.training.suite import DATA_MANIFEST, training_runs
 
@@ -50,4 +50,5 @@ KIND = Kind(
     ),
     compare_group=("backend",),
     compare_family=("model", "precision", "optimizer", "schedule"),
+    refusal_without_cuda=refusal_without_cuda,
 )
