@@ -1,10 +1,26 @@
-"""What every test folder shares: a test marked `nvcc` needs the CUDA compiler and fails,
-never skips, without it (CI has nvcc; deselect such tests with -m "not nvcc")."""
+"""What every test folder shares.
+
+- A test marked `nvcc` needs the CUDA compiler and fails, never skips, without it (CI has
+  nvcc; deselect such tests with -m "not nvcc").
+- Parallel runs (pytest-xdist; `make test` runs `-n 2 --dist loadgroup`): the tests of one
+  module run on one worker, so a module-scoped fixture (a workflow run, a process group, an
+  nvcc build) is made once, not once per worker. Tests marked `slurm` share one worker
+  (group `slurm`): their jobs go to the test cluster one test after another. A module may
+  name another group with `pytest.mark.xdist_group(name)`; modules in one group run on one
+  worker. Groups with a test marked `slurm`, `slow` or `workflow` are handed out first, so
+  that no long module starts last while the other workers sit idle.
+- `shared_folder` (tests/shared_runs.py): a folder built once per test session, whichever
+  worker asks first, for fixtures that several modules read.
+"""
 from __future__ import annotations
 
 import pytest
 
 from support import find_nvcc
+
+# Handed out first, in this order: the Slurm tests wait on jobs (their worker is mostly
+# idle), then the long tiers; within a rank, collection order.
+_FIRST = ("slurm", "slow", "workflow")
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -12,3 +28,34 @@ def pytest_runtest_setup(item):
     if item.get_closest_marker("nvcc") and find_nvcc() is None:
         pytest.fail("this test needs nvcc, the CUDA compiler: none on PATH, in $CUDA_HOME/bin or "
                     "/usr/local/cuda/bin; install the CUDA toolkit, or deselect with -m \"not nvcc\"", pytrace=False)
+
+
+def _group(item) -> str:
+    if item.get_closest_marker("slurm") or "slurm" in item.path.parent.name:
+        return "slurm"
+    named = item.get_closest_marker("xdist_group")
+    if named:
+        return str(named.args[0] if named.args else named.kwargs.get("name", "default"))
+    return item.nodeid.split("::", 1)[0]  # the module
+
+
+def _rank(item) -> int:
+    for rank, marker in enumerate(_FIRST):
+        if item.get_closest_marker(marker) or (marker == "slurm" and _group(item) == "slurm"):
+            return rank
+    return len(_FIRST)
+
+
+# tryfirst: xdist reads the xdist_group markers in its own hook of the same name.
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    groups: dict[str, int] = {}
+    for item in items:
+        group = _group(item)
+        groups[group] = min(groups.get(group, len(_FIRST)), _rank(item))
+        if not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group(group))
+    # A stable sort: each group keeps its tests' order, and the groups their collection order
+    # within a rank. Module-scoped fixtures see their module's tests together, as before.
+    order = {group: k for k, group in enumerate(dict.fromkeys(_group(item) for item in items))}
+    items.sort(key=lambda item: (groups[_group(item)], order[_group(item)]))
