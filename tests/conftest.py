@@ -2,13 +2,15 @@
 
 - A test marked `nvcc` needs the CUDA compiler and fails, never skips, without it (CI has
   nvcc; deselect such tests with -m "not nvcc").
-- Parallel runs (pytest-xdist; `make test` runs `-n 2 --dist loadgroup`): the tests of one
-  module run on one worker, so a module-scoped fixture (a workflow run, a process group, an
-  nvcc build) is made once, not once per worker. Tests marked `slurm` share one worker
-  (group `slurm`): their jobs go to the test cluster one test after another. A module may
-  name another group with `pytest.mark.xdist_group(name)`; modules in one group run on one
+- Parallel runs (pytest-xdist; `make test` runs `-n 3 --dist loadgroup`): the tests of a
+  module that share a fixture wider than one test (a module-scoped workflow run, process
+  group or nvcc build) run on one worker, so that fixture is made once, not once per
+  worker; every other test goes wherever a worker is free. Tests marked `slurm` share one
+  worker (group `slurm`): their jobs go to the test cluster one test after another. A module
+  may name another group with `pytest.mark.xdist_group(name)`; tests of one group run on one
   worker. Groups with a test marked `slurm`, `slow` or `workflow` are handed out first, so
-  that no long module starts last while the other workers sit idle.
+  that no long group starts last while the other workers sit idle (`make test` passes
+  --no-loadscope-reorder, which keeps this order).
 - `shared_folder` (tests/shared_runs.py): a folder built once per test session, whichever
   worker asks first, for fixtures that several modules read.
 """
@@ -36,7 +38,11 @@ def _group(item) -> str:
     named = item.get_closest_marker("xdist_group")
     if named:
         return str(named.args[0] if named.args else named.kwargs.get("name", "default"))
-    return item.nodeid.split("::", 1)[0]  # the module
+    module = item.nodeid.split("::", 1)[0]
+    if item.cls is not None or any(d.scope != "function" and d.baseid.startswith(module)
+                                   for defs in item._fixtureinfo.name2fixturedefs.values() for d in defs):
+        return module  # shares a fixture of its module (or class) with its neighbours
+    return item.nodeid  # on its own
 
 
 def _rank(item) -> int:
@@ -53,7 +59,7 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         group = _group(item)
         groups[group] = min(groups.get(group, len(_FIRST)), _rank(item))
-        if not item.get_closest_marker("xdist_group"):
+        if group != item.nodeid and not item.get_closest_marker("xdist_group"):
             item.add_marker(pytest.mark.xdist_group(group))
     # A stable sort: each group keeps its tests' order, and the groups their collection order
     # within a rank. Module-scoped fixtures see their module's tests together, as before.

@@ -298,11 +298,11 @@ def test_a_killed_run_resumes_and_matches_an_unbroken_one(data, tmp_path):
     worker = subprocess.Popen([sys.executable, "-c", _WORKER, c.path, str(spec_file), str(tmp_path / "x.json")],
                               env={**os.environ, "PYTHONPATH": str(REPO / "src")})
     progress = Path(spec["cache"]) / "checkpoints" / c.id / "progress.json"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and worker.poll() is None:
+    # Until step 40, however slow the machine: the run is the bound (it ends by itself at 96).
+    while worker.poll() is None:
         if progress.is_file() and json.loads(progress.read_text())["step"] >= 40:
             break
-        time.sleep(0.005)
+        time.sleep(0.02)
     assert worker.poll() is None, "the run ended before it could be killed"
     worker.send_signal(signal.SIGKILL)  # as a node failure or a preemption without warning would
     worker.wait()
