@@ -41,11 +41,14 @@ def test_a_preempted_training_job_resumes_where_it_stopped(tmp_path):
     log = tmp_path / "train.log"
     outcome: dict = {}
 
+    # A time limit far past what the run takes on a loaded machine (minutes): Slurm's own
+    # USR2 before the limit would requeue the job a second time (seen at 5 s a step under
+    # load with a 10 min limit). The waits below are bounded by it.
     def wait() -> None:
         try:
             outcome["record"] = run_job(run_train_cell, cell, spec, job_name=f"fw-test-train-{uuid.uuid4().hex[:6]}",
                                         folder=tmp_path / "jobs", executor="slurm",
-                                        resources={"slurm_partition": "cpu", "runtime": 10}, log_path=log).record
+                                        resources={"slurm_partition": "cpu", "runtime": 60}, log_path=log).record
         except BaseException as error:  # surfaced by the asserts
             outcome["error"] = error
 
