@@ -13,7 +13,7 @@ import pytest
 
 from support import find_nvcc
 
-pytestmark = pytest.mark.nvcc
+pytestmark = [pytest.mark.nvcc, pytest.mark.slow]  # the sm_90a builds take minutes of CPU
 
 KERNELS = Path(__file__).resolve().parents[1] / "kernels"
 _ENTRY = re.compile(r"Compiling entry function '(\S+)' for '(\w+)'")
