@@ -97,10 +97,16 @@ def release_requeued(job_id: str, restarts: int = 1) -> None:
 
 
 def join_waiter(thread: threading.Thread, job_id: str) -> None:
-    """Wait for the thread in which run_job waits on job `job_id`. run_job returns by the
-    job's own time limit (Slurm ends the job then), which bounds the wait; past it the test
-    fails naming the job and its state."""
-    thread.join(timeout=time_limit_s(job_id) + JOB_END_S)
-    if thread.is_alive():
-        raise AssertionError(f"run_job still waits on job {job_id} past its time limit; the controller "
-                             f"says {job_fields(job_id).get('JobState', 'gone')}")
+    """Wait for the thread in which run_job waits on job `job_id`. run_job returns once the
+    job has ended, and Slurm ends every run of it by its time limit (a requeued job starts
+    a new run), so the wait lasts while the job lives and JOB_END_S after; past that the
+    test fails naming the job."""
+    ended_at = None
+    while thread.is_alive():
+        thread.join(timeout=2.0)
+        if job_fields(job_id).get("JobState", "gone") in ALIVE:
+            ended_at = None
+        elif ended_at is None:
+            ended_at = time.monotonic()
+        elif time.monotonic() - ended_at > JOB_END_S:
+            raise AssertionError(f"job {job_id} ended {JOB_END_S} s ago and run_job still waits on it")
