@@ -8,12 +8,13 @@ from __future__ import annotations
 import re
 import subprocess
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
 from support import find_nvcc
 
-pytestmark = pytest.mark.nvcc
+pytestmark = [pytest.mark.nvcc, pytest.mark.slow]  # the sm_90a builds take minutes of CPU
 
 KERNELS = Path(__file__).resolve().parents[1] / "kernels"
 _ENTRY = re.compile(r"Compiling entry function '(\S+)' for '(\w+)'")
@@ -53,26 +54,43 @@ ARCH_FLAGS = {
 _WGMMA_SERIALISED = re.compile(r"\((C75(?:0\d|1\d|2\d))\)[^\n]*(?:wgmma|GMMA|warpgroup)[^\n]*")
 
 
-def _compile(source: str, arch: str, tmp_path_factory) -> tuple[str, dict[str, dict[str, int]], str]:
-    out = tmp_path_factory.mktemp(f"sm{arch}") / source.replace(".cu", ".o")
+class Build(NamedTuple):
+    arch: str
+    kernels: dict[str, dict[str, int]]  # parse_ptxas of the report
+    report: str  # nvcc's and ptxas's output
+    ptx: str  # the PTX ptxas was given (kept by --keep, not compiled a second time)
+
+
+_BUILDS: dict[tuple[str, str], Build] = {}
+
+
+def _compile(source: str, arch: str, tmp_path_factory) -> Build:
+    """One nvcc run per source and architecture for the whole module: the ptxas report and
+    the PTX both come from it (the sm_90a build takes minutes of CPU)."""
+    if (source, arch) in _BUILDS:
+        return _BUILDS[source, arch]
+    folder = tmp_path_factory.mktemp(f"sm{arch}")
+    out = folder / source.replace(".cu", ".o")
     cmd = [
         _nvcc(), "-O3", "-std=c++17", *ARCH_FLAGS[arch],
-        "-Xptxas", "-v", "-c", str(KERNELS / source), "-o", str(out),
+        "-Xptxas", "-v", "-c", str(KERNELS / source), "-o", str(out), "--keep", "--keep-dir", str(folder),
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     assert proc.returncode == 0, f"nvcc failed on {source} for sm_{arch}:\n{proc.stdout}\n{proc.stderr}"
     report = proc.stdout + proc.stderr
-    return arch, parse_ptxas(report), report
+    [ptx] = folder.glob(f"{Path(source).stem}*.ptx")
+    _BUILDS[source, arch] = Build(arch, parse_ptxas(report), report, ptx.read_text())
+    return _BUILDS[source, arch]
 
 
 @pytest.fixture(scope="module", params=sorted(ARCH_FLAGS))
 def ptxas_report(request, tmp_path_factory):
-    return _compile("flash_fwd.cu", request.param, tmp_path_factory)
+    return _compile("flash_fwd.cu", request.param, tmp_path_factory)[:3]
 
 
 @pytest.fixture(scope="module", params=sorted(ARCH_FLAGS))
 def bwd_ptxas_report(request, tmp_path_factory):
-    return _compile("flash_bwd.cu", request.param, tmp_path_factory)
+    return _compile("flash_bwd.cu", request.param, tmp_path_factory)[:3]
 
 
 @pytest.fixture(scope="module", params=sorted(ARCH_FLAGS))
@@ -190,30 +208,26 @@ def test_header_is_torch_free():
 _PTX_ENTRY = re.compile(r"^(?:\.visible )?\.entry (\S+)\(", re.M)
 
 
-def _ptx_entries(source: str, tmp_path) -> dict[str, str]:
+def _ptx_entries(source: str, tmp_path_factory) -> dict[str, str]:
     """kernel name -> its PTX body, for an sm_90a build of source."""
-    out = tmp_path / source.replace(".cu", ".ptx")
-    cmd = [_nvcc(), "-O3", "-std=c++17", *ARCH_FLAGS["90a"], "-ptx", str(KERNELS / source), "-o", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    assert proc.returncode == 0, f"nvcc -ptx failed on {source}:\n{proc.stdout}\n{proc.stderr}"
-    text = out.read_text()
+    text = _compile(source, "90a", tmp_path_factory).ptx
     marks = list(_PTX_ENTRY.finditer(text))
     return {m.group(1): text[m.start():(marks[i + 1].start() if i + 1 < len(marks) else len(text))]
             for i, m in enumerate(marks)}
 
 
-def test_sixteen_byte_rows_leave_in_one_store(tmp_path):
+def test_sixteen_byte_rows_leave_in_one_store(tmp_path_factory):
     """The forward's O rows and the backward's converted dQ rows go to global memory in
     16-byte stores. nvcc splits `*reinterpret_cast<uint4*>(p) = v` into four 32-bit stores
     when v's words come from inline asm, which cost the forward 3-6 % at 1024-2048 keys on an
     H100 (kernels/NOTES.md, "O in 16-byte stores")."""
-    fwd = _ptx_entries("flash_fwd.cu", tmp_path)
+    fwd = _ptx_entries("flash_fwd.cu", tmp_path_factory)
     half = {name: body for name, body in fwd.items() if "I6__half" in name or "I13__nv_bfloat16" in name}
     assert half, sorted(fwd)
     split = sorted(name for name, body in half.items() if "st.global.u32" in body)
     assert not split, f"forward kernels storing O in 32-bit pieces: {split[:3]}"
     assert all("st.global.v4.b32" in body for body in half.values())
-    bwd = _ptx_entries("flash_bwd.cu", tmp_path)
+    bwd = _ptx_entries("flash_bwd.cu", tmp_path_factory)
     convert = {name: body for name, body in bwd.items() if "convert_dq" in name}
     assert len(convert) >= 2, sorted(bwd)
     for name, body in convert.items():

@@ -39,6 +39,7 @@ def report(request, tmp_path_factory):
     return world, json.loads(path.read_text())
 
 
+@pytest.mark.slow  # the 2- and 4-process numerics (the report fixture)
 def test_every_strategy_matches_one_process_on_loss_logits_and_every_gradient(report):
     world, result = report
     assert not result["failures"], "\n".join(f"{k}:\n{v}" for k, v in result["failures"].items())
@@ -52,6 +53,7 @@ def test_every_strategy_matches_one_process_on_loss_logits_and_every_gradient(re
         assert not bad, f"world {world}, {name}: relative error above {tolerance}: {bad} (worst {errors['worst_grad']})"
 
 
+@pytest.mark.slow  # the 2- and 4-process numerics (the report fixture)
 def test_context_parallel_sends_kv_heads_as_they_are_unless_the_all_to_all_cannot_split_them(report):
     world, result = report
     errors = result["errors"]
@@ -63,6 +65,7 @@ def test_context_parallel_sends_kv_heads_as_they_are_unless_the_all_to_all_canno
         assert not errors["hybrid-float64"]["kv_expanded"]  # 2 Ulysses ranks of a 2 x 2 mesh
 
 
+@pytest.mark.slow  # the 2- and 4-process numerics (the report fixture)
 def test_positions_counted_from_zero_on_each_rank_are_caught(report):
     """What the comparison sees when the model is given each rank's local positions."""
     world, result = report
@@ -70,6 +73,7 @@ def test_positions_counted_from_zero_on_each_rank_are_caught(report):
     assert wrong["logits"] > 1e3 * TOLERANCE["float64"] and wrong["grads"] > 1e-3, wrong
 
 
+@pytest.mark.slow  # the 2- and 4-process numerics (the report fixture)
 def test_a_failure_of_the_checks_one_process_run_reaches_every_rank(report):
     world, result = report
     first, *others = result["rank0_failure"]
@@ -219,6 +223,7 @@ def _run(cell, tmp_path, monkeypatch):
     return outcome.record
 
 
+@pytest.mark.slow  # a two-process job through run_job
 def test_a_two_process_context_parallel_cell_runs_end_to_end(tmp_path, monkeypatch):
     cell = ModelCell("t", "llama_tiny", "sdpa_default", "fp32", "train", 64, 2, gpus=2, strategy="zigzag")
     record = _run(cell, tmp_path, monkeypatch)
@@ -251,6 +256,7 @@ def test_a_two_process_context_parallel_cell_runs_end_to_end(tmp_path, monkeypat
     assert [d["type"] for d in record["devices"]] == ["cpu", "cpu"]
 
 
+@pytest.mark.slow  # a two-process job through run_job
 def test_a_two_process_fsdp_cell_runs_end_to_end(tmp_path, monkeypatch):
     cell = ModelCell("t", "llama_tiny", "sdpa_default", "fp32", "train", 64, 1, gpus=2, strategy="fsdp")
     record = _run(cell, tmp_path, monkeypatch)

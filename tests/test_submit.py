@@ -5,6 +5,7 @@ import os
 import sys
 import threading
 import time
+from pathlib import Path
 
 import cloudpickle
 import pytest
@@ -33,6 +34,19 @@ def job_info(tag: str, sleep_s: float = 0.0) -> dict:
         "start": start,
         "end": time.time(),
     }
+
+
+def job_meets(tag: str, other: str, folder: str) -> dict:
+    """job_info of a job that says it runs (a file named `tag`) and waits up to a minute for
+    job `other` to say so too: two jobs that run at the same time meet whatever the load,
+    two that run one after the other cannot."""
+    from pathlib import Path
+
+    Path(folder, tag).touch()
+    deadline = time.monotonic() + 60
+    while not Path(folder, other).exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return {**job_info(tag), "met": Path(folder, other).exists()}
 
 
 def job_raises(message: str) -> None:
@@ -141,13 +155,13 @@ def test_failing_job_raises_with_traceback(tmp_path):
 
 # ---- GPU slots ---------------------------------------------------------------------------------
 
-def _run_concurrently(*tags: str, sleep_s: float) -> list[dict]:
+def _run_concurrently(fn, *tags: str, args=lambda tag: ()) -> list[dict]:
     results: dict[str, dict] = {}
     errors: list[BaseException] = []
 
     def one(tag: str) -> None:
         try:
-            results[tag] = run_job(job_info, tag, sleep_s, job_name=f"fw-{tag}", folder="jobs")
+            results[tag] = run_job(fn, tag, *args(tag), job_name=f"fw-{tag}", folder="jobs")
         except BaseException as error:  # surfaced below
             errors.append(error)
 
@@ -155,7 +169,8 @@ def _run_concurrently(*tags: str, sleep_s: float) -> list[dict]:
     for t in threads:
         t.start()
     for t in threads:
-        t.join(timeout=60)
+        t.join(timeout=600)  # far past any job here; a hang fails naming it instead of waiting forever
+        assert not t.is_alive(), "a local job did not return in 10 minutes"
     assert not errors, errors
     return [results[tag] for tag in tags]
 
@@ -165,7 +180,7 @@ def _overlap(a: dict, b: dict) -> bool:
 
 
 def test_one_slot_runs_jobs_one_after_the_other():
-    first, second = _run_concurrently("s1", "s2", sleep_s=1.0)
+    first, second = _run_concurrently(job_info, "s1", "s2", args=lambda tag: (1.0,))
     assert not _overlap(first, second)
     assert first["cuda"] == second["cuda"] == ""  # no GPU on this machine, none shown
 
@@ -174,8 +189,11 @@ def test_one_slot_runs_jobs_one_after_the_other():
 def test_each_gpu_takes_one_job_and_the_job_sees_only_it(monkeypatch, devices):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", devices)
     assert visible_gpu_ids() == devices.split(",")
-    first, second = _run_concurrently("g1", "g2", sleep_s=1.5)
-    assert _overlap(first, second)  # two GPUs, two jobs at once
+    meeting = str(Path.cwd() / "meeting")
+    os.makedirs(meeting)
+    other = {"g1": "g2", "g2": "g1"}
+    first, second = _run_concurrently(job_meets, "g1", "g2", args=lambda tag: (other[tag], meeting))
+    assert first["met"] and second["met"]  # two GPUs, two jobs at once: each saw the other run
     assert sorted([first["cuda"], second["cuda"]]) == sorted(devices.split(","))
 
 

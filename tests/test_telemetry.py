@@ -5,6 +5,7 @@ import time
 
 import pytest
 
+from support import wait_until
 from fake_nvml import FakeGpu, FakeNvml, NVMLError_LibraryNotFound, NVMLError_NoPermission, uuid_for
 from flashwatt.telemetry import (
     MIG_WARNING,
@@ -179,22 +180,23 @@ def test_sample_reads_every_field():
 
 
 def test_energy_counter_is_stale_between_updates():
-    g = FakeGpu(uuid_for(0), power_w=300.0, update_period_s=0.1)
+    # The GPU's own clock, stepped by hand: what is read between two updates cannot depend
+    # on how long this process waited for a CPU.
+    now = [1000.0]
+    g = FakeGpu(uuid_for(0), power_w=300.0, update_period_s=0.1, clock=lambda: now[0])
     tel, _ = _open([g])
     first = tel.energy_mj()[0]
-    deadline = time.monotonic() + 0.5
-    changed = None
-    while time.monotonic() < deadline:
-        e = tel.energy_mj()[0]
-        if e != first:
-            changed = e
-            break
-    assert changed is not None
-    # one update of 100 ms at 300 W is 30 J (30000 mJ), give or take the first partial one
-    later = changed
-    while later == changed:
-        later = tel.energy_mj()[0]
-    assert later - changed == pytest.approx(30_000, rel=0.01)
+    for t in (0.03, 0.06, 0.099):
+        now[0] = 1000.0 + t
+        assert tel.energy_mj()[0] == first  # stale until the next update
+    now[0] = 1000.1
+    changed = tel.energy_mj()[0]
+    # one update of 100 ms at 300 W is 30 J (30000 mJ)
+    assert changed - first == pytest.approx(30_000, rel=0.01)
+    now[0] = 1000.15
+    assert tel.energy_mj()[0] == changed
+    now[0] = 1000.2
+    assert tel.energy_mj()[0] - changed == pytest.approx(30_000, rel=0.01)
 
 
 def test_instant_power_falls_back_to_power_usage_with_flag():
@@ -247,16 +249,21 @@ def test_sampler_start_stop_rows_and_frame():
     gpus = [FakeGpu(uuid_for(k), index=k, power_w=100.0 + k) for k in range(2)]
     tel, _ = _open(gpus)
     s = Sampler(tel, period_s=0.02)
+    started = time.monotonic()
     s.start()
     assert s.running
-    time.sleep(0.2)
+    # Ten rounds whatever the machine's load (a starved thread takes longer, not fewer).
+    wait_until(lambda: len({r["sample"] for r in s.rows}) >= 10, 60, "ten rounds of samples")
     rows = s.stop()
+    stopped = time.monotonic()
     assert not s.running and s.error is None
-    rounds = {r["sample"] for r in rows}
-    assert 6 <= len(rounds) <= 14  # ~10 at 20 ms, plus the first and the final sample
-    assert len(rows) == 2 * len(rounds)
+    rounds = sorted({r["sample"] for r in rows})
+    assert rounds == list(range(len(rounds))) and len(rows) == 2 * len(rounds)
     ts = [r["t"] for r in rows if r["gpu"] == 0]
-    assert ts == sorted(ts)
+    assert ts == sorted(ts) and started <= ts[0] and ts[-1] <= stopped
+    # Paced by the period, never faster: the rounds between the first and the final one
+    # (taken at stop) are at least 20 ms apart on average; skipped, never bursting, when late.
+    assert ts[-2] - ts[0] >= 0.02 * (len(ts) - 2) * 0.9
     df = s.to_frame()
     assert {"gpu", "t", "sample", "power_instant_w", "energy_mj", "clock_reasons"} <= set(df.columns)
     assert sorted(df["gpu"].unique()) == [0, 1]
@@ -269,9 +276,10 @@ def test_sampler_start_stop_rows_and_frame():
 def test_sampler_stop_is_prompt_with_long_period():
     tel, _ = _open([FakeGpu(uuid_for(0))])
     with Sampler(tel, period_s=30.0) as s:
-        time.sleep(0.02)
+        wait_until(lambda: s.rows, 60, "the start sample")
         t0 = time.monotonic()
-    assert time.monotonic() - t0 < 0.5
+    # stop() wakes the thread: it does not sit out the rest of the 30 s period
+    assert time.monotonic() - t0 < 30.0 / 3
     assert {r["sample"] for r in s.rows} == {0, 1}  # the start sample and the final one
 
 

@@ -200,6 +200,7 @@ def smoke_cell(**changes) -> TrainCell:
     return cell(**{"suite": "t", "lr": 3e-3, **changes})
 
 
+@pytest.mark.slow  # training runs on the CPU
 def test_a_run_learns_and_records_its_curve(data):
     c = smoke_cell()
     outcome = run_train_cell(c, spec_of(data, c, target_loss=3.0))
@@ -229,6 +230,7 @@ def test_a_run_learns_and_records_its_curve(data):
     json.dumps(record, allow_nan=False, default=str)
 
 
+@pytest.mark.slow  # training runs on the CPU
 def test_the_step_zero_loss_is_the_same_for_every_backend(data, tmp_path):
     records = []
     for backend in ("sdpa_default", "sdpa_math", "eager"):
@@ -286,6 +288,7 @@ write_record(sys.argv[3], run_train_cell(cell, spec).record)
 """
 
 
+@pytest.mark.slow  # training runs on the CPU
 def test_a_killed_run_resumes_and_matches_an_unbroken_one(data, tmp_path):
     c = smoke_cell(tokens=96 * 256)  # 96 steps, evaluated (and checkpointed) every 8
     evaluation = {"evals": 12, "validation_windows": 4}
@@ -298,11 +301,11 @@ def test_a_killed_run_resumes_and_matches_an_unbroken_one(data, tmp_path):
     worker = subprocess.Popen([sys.executable, "-c", _WORKER, c.path, str(spec_file), str(tmp_path / "x.json")],
                               env={**os.environ, "PYTHONPATH": str(REPO / "src")})
     progress = Path(spec["cache"]) / "checkpoints" / c.id / "progress.json"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and worker.poll() is None:
+    # Until step 40, however slow the machine: the run is the bound (it ends by itself at 96).
+    while worker.poll() is None:
         if progress.is_file() and json.loads(progress.read_text())["step"] >= 40:
             break
-        time.sleep(0.005)
+        time.sleep(0.02)
     assert worker.poll() is None, "the run ended before it could be killed"
     worker.send_signal(signal.SIGKILL)  # as a node failure or a preemption without warning would
     worker.wait()
@@ -433,6 +436,7 @@ def test_registry_backends_take_autocast_inputs_in_one_dtype():
     assert seen and set(seen) == {(torch.bfloat16,) * 3}
 
 
+@pytest.mark.slow  # training runs on the CPU
 def test_dropout_is_on_in_training_and_off_in_the_check(data):
     plain, dropped = (run_train_cell(c, spec_of(data, c)) for c in
                       (smoke_cell(model="gpt2_tiny", tokens=2048), smoke_cell(model="gpt2_tiny", tokens=2048,

@@ -12,6 +12,8 @@ import energy_worker
 from flashwatt.distributed.energy_window import MULTI_HOST_FLAG
 from support import free_ports
 
+pytestmark = pytest.mark.slow  # a gloo process group per test, each rank importing torch
+
 
 def _run(tmp_path, hosts, with_gpus=True, broken_nvml=False):
     report = tmp_path / "energy.json"

@@ -13,6 +13,7 @@ from flashwatt.distributed.job import job
 from support import free_ports
 
 
+@pytest.mark.slow  # a gloo process group, each rank importing torch
 def test_two_rank_jobs_check_time_and_split_communication(tmp_path):
     report = tmp_path / "records.json"
     mp.spawn(job_worker.main, args=(2, free_ports(len(job_worker.SPECS)), str(report)), nprocs=2, join=True)
@@ -40,6 +41,7 @@ def test_two_rank_jobs_check_time_and_split_communication(tmp_path):
     assert set(ulysses["check"]["error"]) == {"out"} and ulysses["time"]["backward_ms"] is None
 
 
+@pytest.mark.slow  # a gloo process group, each rank importing torch
 def test_four_rank_hybrid_job_on_a_two_by_two_mesh(tmp_path):
     report = tmp_path / "records.json"
     mp.spawn(job_worker.main, args=(4, free_ports(1), str(report)), nprocs=4, join=True)

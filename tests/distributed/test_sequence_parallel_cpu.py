@@ -15,6 +15,8 @@ import torch.multiprocessing as mp
 import sp_worker
 from support import free_ports
 
+pytestmark = pytest.mark.slow  # a gloo process group per world size, each rank importing torch
+
 TOLERANCE = 1e-10
 
 

@@ -6,13 +6,12 @@ from __future__ import annotations
 import copy
 import json
 import re
-import subprocess
 import threading
-import time
 import uuid
 
 import pytest
 
+from slurm_jobs import join_waiter, release_requeued, sh, wait_while_job_lives
 from support import ci_log, synthetic_corpus, wait_until
 
 from flashwatt.config import load_config
@@ -24,10 +23,6 @@ from flashwatt.training.job import run_train_cell
 from flashwatt.training.suite import training_runs, training_section
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm", "fast_wait")]
-
-
-def sh(*cmd: str) -> str:
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=10, check=True).stdout.strip()
 
 
 def test_a_preempted_training_job_resumes_where_it_stopped(tmp_path):
@@ -46,31 +41,34 @@ def test_a_preempted_training_job_resumes_where_it_stopped(tmp_path):
     log = tmp_path / "train.log"
     outcome: dict = {}
 
+    # A time limit far past what the run takes on a loaded machine (minutes): Slurm's own
+    # USR2 before the limit would requeue the job a second time (seen at 5 s a step under
+    # load with a 10 min limit). The waits below are bounded by it.
     def wait() -> None:
         try:
             outcome["record"] = run_job(run_train_cell, cell, spec, job_name=f"fw-test-train-{uuid.uuid4().hex[:6]}",
                                         folder=tmp_path / "jobs", executor="slurm",
-                                        resources={"slurm_partition": "cpu", "runtime": 10}, log_path=log).record
+                                        resources={"slurm_partition": "cpu", "runtime": 60}, log_path=log).record
         except BaseException as error:  # surfaced by the asserts
             outcome["error"] = error
 
     thread = threading.Thread(target=wait)
     thread.start()
+
     def submitted() -> str:
         match = re.search(r"submitted slurm job (\d+)", log.read_text() if log.exists() else "")
+        if not match and not thread.is_alive():
+            raise AssertionError(f"run_job ended before submitting: {outcome}")
         return match.group(1) if match else ""
 
-    job_id = wait_until(submitted, 30, "the submission")
+    job_id = wait_until(submitted, 120, "the submission")
     progress = tmp_path / "cache" / "checkpoints" / cell.id / "progress.json"
-    wait_until(lambda: progress.is_file() and json.loads(progress.read_text())["step"] >= 60, 120,
-               "the run to pass step 60")
+    wait_while_job_lives(job_id, lambda: progress.is_file() and json.loads(progress.read_text())["step"] >= 60,
+                         "the run to pass step 60")
     # What Slurm sends before a time limit or on preemption; then skip the hold of a requeued job.
     sh("scancel", "--signal=USR2", job_id)
-    wait_until(lambda: sh("squeue", "-h", "-j", job_id, "-o", "%T") in ("PENDING", "REQUEUED"), 30,
-               f"job {job_id} to be requeued")
-    time.sleep(2)  # not in the requeue's second (slurmd compares credential times in whole seconds)
-    sh("scontrol", "update", f"jobid={job_id}", "StartTime=now")
-    thread.join(timeout=180)
+    release_requeued(job_id)
+    join_waiter(thread, job_id)
     assert "error" not in outcome, outcome.get("error")
     record = outcome["record"]
     ci_log(f"[slurm] training job {job_id}: {record['status']}, resumes {record.get('resumes')}")

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from slurm_jobs import JOB_END_S, time_limit_s
 from support import ci_log, copy_workflow, wait_until
 
 from flashwatt.attention.cell import Cell
@@ -58,6 +59,14 @@ def in_queue(ids: set[str]) -> set[str]:
 def states(ids: set[str]) -> dict[str, str]:
     out = sh("sacct", "-n", "-X", "-P", "-o", "JobID,State", "-j", ",".join(sorted(ids)))
     return dict(line.split("|", 1) for line in out.splitlines() if line)
+
+
+def mine(workdir: Path, squeue_lines: str) -> list[str]:
+    """The job ids of `squeue -o "%A %Z"` lines whose jobs were submitted from `workdir`: a
+    cell's job name is the same in every copy of the workflow, and other test runs may share
+    the cluster."""
+    return [job for job, _, folder in (line.partition(" ") for line in squeue_lines.splitlines())
+            if Path(folder.strip()).resolve() == workdir.resolve()]
 
 
 def record(workdir: Path, cell: Cell) -> dict:
@@ -112,10 +121,11 @@ def test_a_cell_whose_job_is_killed_is_recorded_and_the_run_goes_on(smoke):
     victim, survivor = cells[4], cells[5]
     killed: list[str] = []
 
+    run_over = threading.Event()
+
     def kill_victim() -> None:  # scancel the victim's job as soon as it exists
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not killed:
-            found = sh("squeue", "-h", "-n", victim.job_name, "-o", "%A").split()
+        while not run_over.is_set() and not killed:
+            found = mine(workdir, sh("squeue", "-h", "-n", victim.job_name, "-o", "%A %Z"))
             if found:
                 sh("scancel", *found)
                 killed.extend(found)
@@ -123,8 +133,11 @@ def test_a_cell_whose_job_is_killed_is_recorded_and_the_run_goes_on(smoke):
 
     thread = threading.Thread(target=kill_victim, daemon=True)
     thread.start()
-    proc = run(workdir, "-f", victim.path, survivor.path)
-    thread.join(timeout=5)
+    try:
+        proc = run(workdir, "-f", victim.path, survivor.path)
+    finally:
+        run_over.set()
+    thread.join(timeout=30)
     assert killed, "the victim's job was never seen in squeue"
     # The failure is an outcome, not a crash: the run goes on, then exits with the status
     # of a finished run with failed cells.
@@ -138,8 +151,18 @@ def test_a_cell_whose_job_is_killed_is_recorded_and_the_run_goes_on(smoke):
 
 # Smoke cells finish in about a second, so a signal sent after one is seen RUNNING could
 # arrive when every job has already completed. The interrupted runs warm up for a minute:
-# their jobs are certainly still running when the signal comes.
+# their jobs are certainly still running when the signal comes, and one that ends before
+# then was cancelled. (Not longer: after Ctrl-C Snakemake still runs the cells it had
+# queued, a warm-up each, before it exits.)
 SLOW_CELLS = "suites:\n  smoke:\n    measure: {warmup_ms: 60000}\n"
+
+
+def drained(ids: set[str], what: str) -> None:
+    """Wait until none of `ids` is in the queue: bounded by the jobs' own time limit (Slurm
+    ends them by then), so a slow machine takes longer but cannot fail the wait."""
+    if ids:
+        limit = max(time_limit_s(j) for j in ids) + JOB_END_S
+        wait_until(lambda: not in_queue(ids), limit, what, step=0.5)
 
 
 def _start_forced_run(workdir: Path) -> subprocess.Popen:
@@ -152,8 +175,15 @@ def _start_forced_run(workdir: Path) -> subprocess.Popen:
                             stderr=subprocess.DEVNULL, start_new_session=True)
 
 
-def _wait_for_running_job(workdir: Path) -> None:
-    wait_until(lambda: any(s == "RUNNING" for s in _queue_states(workdir)), 120, "a cell's job to run")
+def _wait_for_running_job(workdir: Path, launcher: subprocess.Popen) -> None:
+    """Until a cell's job runs; fails at once if Snakemake ends first (it runs under a limit)."""
+    def running() -> bool:
+        if any(s == "RUNNING" for s in _queue_states(workdir)):
+            return True
+        assert launcher.poll() is None, f"Snakemake ended ({launcher.returncode}) before any cell's job ran"
+        return False
+
+    wait_until(running, RUN_LIMIT_S, "a cell's job to run", step=0.5)
 
 
 def _queue_states(workdir: Path) -> list[str]:
@@ -172,7 +202,7 @@ def test_ctrl_c_cancels_running_cells_and_leaves_nothing_in_squeue(tmp_path):
     workdir = copy_workflow(tmp_path)
     launcher = _start_forced_run(workdir)
     try:
-        _wait_for_running_job(workdir)
+        _wait_for_running_job(workdir, launcher)
         queued = in_queue(job_ids(workdir))
         os.killpg(launcher.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
         launcher.wait(timeout=240)  # Snakemake still runs the cells it had queued, then exits
@@ -180,7 +210,7 @@ def test_ctrl_c_cancels_running_cells_and_leaves_nothing_in_squeue(tmp_path):
         if launcher.poll() is None:
             os.killpg(launcher.pid, signal.SIGKILL)
     ids = job_ids(workdir)
-    wait_until(lambda: not in_queue(ids), 30, "the queue to drain")
+    drained(ids, "the queue to drain")
     final = states(ids)
     ci_log(f"[slurm] after Ctrl-C: {sorted(final.items(), key=lambda kv: int(kv[0]))}")
     # Every job queued or running when Ctrl-C came was cancelled, none ran on to the end.
@@ -192,11 +222,11 @@ def test_snakemake_killed_outright_leaves_nothing_in_squeue(tmp_path):
     workdir = copy_workflow(tmp_path)
     launcher = _start_forced_run(workdir)
     try:
-        _wait_for_running_job(workdir)
+        _wait_for_running_job(workdir, launcher)
         os.kill(_snakemake_pid(launcher), signal.SIGKILL)  # OOM killer, kill -9: no chance to clean up
         killed_at = time.monotonic()
-        ids = wait_until(lambda: job_ids(workdir), 5, "job ids")
-        wait_until(lambda: not _queue_states(workdir), 30, "the orphaned cells to cancel their jobs")
+        ids = wait_until(lambda: job_ids(workdir), 30, "job ids")
+        drained(ids, "the orphaned cells to cancel their jobs")
         ci_log(f"[slurm] queue empty {time.monotonic() - killed_at:.1f} s after Snakemake was killed")
     finally:
         time.sleep(2)
@@ -207,6 +237,9 @@ def test_snakemake_killed_outright_leaves_nothing_in_squeue(tmp_path):
     logs = "".join(p.read_text(errors="replace") for p in (workdir / "results/logs/cells").rglob("*.log"))
     assert "interrupted (Snakemake is gone)" in logs
     assert not in_queue(job_ids(workdir) | ids)
+    # Cancelled by the orphaned cells, not left to end on their own (their warm-up is minutes).
+    final = states(ids)
+    assert ids and all(final[j].startswith("CANCELLED") for j in ids), final
 
 
 # One cell of the smoke suite (bare Snakemake strips a --config value's closing quote, so
