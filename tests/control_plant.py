@@ -108,6 +108,28 @@ class Plant:
     telemetry_dead_after: float | None = None
     telemetry_dead: list[tuple[float, float]] = field(default_factory=list)  # (from t, to t): reads fail
     seed: int = 0
+    # First-order thermal model: the temperature relaxes toward ambient + c_per_w x power with
+    # a time constant of tens of seconds; NVML reads it in whole degrees.
+    ambient_c: float = 30.0
+    c_per_w: float = 0.08
+    thermal_tau_s: float = 30.0
+    start_temp_c: float | None = None  # None: the idle board's steady temperature
+    temp_noise_c: float = 0.3
+
+    def steady_temp_c(self, watts: float) -> float:
+        return self.ambient_c + self.c_per_w * watts
+
+    def holding_w(self, limit_c: float) -> float:
+        """The power at which the board's temperature settles at `limit_c`."""
+        return (limit_c - self.ambient_c) / self.c_per_w
+
+    def idle_cooling_s(self, from_c: float, to_c: float) -> float:
+        """Seconds the board takes to cool from `from_c` to `to_c` at idle: the fastest any
+        workload's side can cool it."""
+        import math
+
+        floor = self.steady_temp_c(self.idle_w)
+        return self.thermal_tau_s * math.log((from_c - floor) / (to_c - floor)) if to_c > floor else math.inf
 
     def _extra_w(self, t: float) -> float:
         extra = sum(w for start, w in self.disturbance if t >= start)
@@ -155,11 +177,14 @@ def run(governor: Governor, plant: Plant, seconds: float, budget_schedule=(), sh
     with the plant's profiles)."""
     rng = random.Random(plant.seed)
     mix = random.Random(plant.seed + 1)
+    heat = random.Random(plant.seed + 2)  # the temperature's noise: apart, so the power's draws stay as they were
     clock = {"t": 0.0}
     governor.clock = lambda: clock["t"]
     power = plant.idle_w
+    temp = plant.start_temp_c if plant.start_temp_c is not None else plant.steady_temp_c(plant.idle_w)
     energy_j = 0.0
     sensed = power
+    sensed_temp = round(temp)
     next_sensor = 0.0
     next_tick = plant.sensor_period_s
     schedule = _budget_timeline(budget_schedule)
@@ -187,18 +212,22 @@ def run(governor: Governor, plant: Plant, seconds: float, budget_schedule=(), sh
             carry[key] -= TOKENS_PER_CALL
         target = plant.target_w(config, duty, t, profiles)
         power += (target - power) * min(1.0, plant.dt / plant.lag_s)
+        temp += (plant.steady_temp_c(power) - temp) * plant.dt / plant.thermal_tau_s
         energy_j += power * plant.dt
         if t >= next_sensor:  # NVML's own update period: readings hold between updates
             sensed = power + rng.gauss(0.0, plant.noise_w)
+            sensed_temp = round(temp + heat.gauss(0.0, plant.temp_noise_c))  # whole degrees
             next_sensor += plant.sensor_period_s
         clock["t"] = t + plant.dt
         if clock["t"] >= next_tick:
             next_tick += plant.sensor_period_s
             dead = plant.dead(clock["t"])
             reading = Reading(clock["t"], None if dead else sensed, None if dead else energy_j * 1e3,
+                              temp_c=None if dead else sensed_temp,
                               error="NVMLError_Unknown: simulated sensor failure" if dead else None)
             row = governor.tick(reading, work)
             row["true_power_w"] = power
+            row["true_temp_c"] = temp
             row["true_energy_mj"] = energy_j * 1e3
             row["workload"] = workload.name
             rows.append(row)
