@@ -117,8 +117,9 @@ def check_knobs(knobs: dict | None) -> dict:
         if isinstance(values, (str, int)) or not values:
             raise ControlError(f"knob {name}: give a non-empty list of allowed values, not {values!r}")
     for backend in knobs.get("backend", ()):
-        if backend not in CONTROL_BACKENDS:
-            raise ControlError(f"knob backend: {backend!r} is not allowed; allowed: {', '.join(CONTROL_BACKENDS)}")
+        if backend not in CONTROL_BACKENDS and backend != KEEP_BACKEND:
+            raise ControlError(f"knob backend: {backend!r} is not allowed; allowed: {', '.join(CONTROL_BACKENDS)}, "
+                               f"or {KEEP_BACKEND!r} (a step's model keeps its own)")
     for count in knobs.get("micro_batches", ()):
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise ControlError(f"knob micro_batches: {count!r} is not a positive whole number")
@@ -139,7 +140,7 @@ def candidates(precision: str, knobs: dict | None = None, precision_opt_in: bool
     `sdpa_default` is PyTorch's own choice: the baseline, not a candidate unless named.
     """
     knobs = check_knobs(knobs)
-    backends = knobs.get("backend", [b for b in CONTROL_BACKENDS if b != "sdpa_default"])
+    backends = [b for b in knobs.get("backend", [b for b in CONTROL_BACKENDS if b != "sdpa_default"]) if b != KEEP_BACKEND]
     variants = knobs.get("variant", ["", *(f"ctas{n}" for n in cta_caps)])
     chunk_counts = knobs.get("chunks", [1])
     precisions = [""]
@@ -180,7 +181,7 @@ def step_candidates(precision: str, knobs: dict | None = None, precision_opt_in:
     if backends is None:
         names = [KEEP_BACKEND]
     else:
-        names = [b for b in knobs.get("backend", backends) if b in backends]
+        names = [b for b in knobs.get("backend", backends) if b in backends or b == KEEP_BACKEND]
         if not names:
             raise ControlError(f"knob backend {knobs.get('backend')}: none of them plugs into this model "
                                f"(it takes {', '.join(backends)})")

@@ -166,9 +166,10 @@ class Controller(AttentionCalls, ModelSteps):
 
     def _candidates_for(self, shape: tuple) -> list[Configuration]:
         opt_in = self.precision_tolerance is not None
-        if shape[0] == "step" and self._shared is not None:
+        if shape[0] == "step" and (self._shared is not None or shape[-1] == "pacing only"):
             # Ranks that share a budget pace together and change nothing else: a backend or a
             # micro-batch split switched on one rank a step before another would desynchronise them.
+            # A step run pacing only keeps whatever the model runs.
             return [Configuration(KEEP_BACKEND)]
         if shape[0] == "step":
             return step_candidates(shape[3], self.knobs, precision_opt_in=opt_in,

@@ -88,14 +88,16 @@ class ModelSteps:
             self._pacer.point()
 
     # ---- the step -----------------------------------------------------------------------
-    def step(self, fn: Callable, tokens: int | None = None, name: str | None = None) -> Any:
+    def step(self, fn: Callable, tokens: int | None = None, name: str | None = None, pacing_only: bool = False) -> Any:
         """Run one step under the controller; what `fn` returns. `fn()` or `fn(plan)` (the
         configuration it runs: plan.micro_batches, plan.recompute, plan.backend,
         plan.precision); `tokens` per step (default 1: throughput in steps per second);
-        `name` what the step runs (default: the attached model, else "step")."""
+        `name` what the step runs (default: the attached model, else "step");
+        `pacing_only`: paced, and nothing of the model changed (an evaluation between
+        training steps: it runs on whatever the training steps run)."""
         self._raise_fault()
         takes_plan = _takes_plan(fn)
-        shape = self._step_shape(name, tokens)
+        shape = self._step_shape(name, tokens) + (("pacing only",) if pacing_only else ())
         for _ in range(MAX_TRIES):
             config = self.governor.config_for(shape)
             refusal = self._step_refusal(config, takes_plan)
