@@ -172,7 +172,10 @@ class ModelSteps:
         if self._last_step_end is not None:  # at most one step queued ahead of the GPU
             self._ops.wait(self._last_step_end)
         self._last_step_end = end
-        self._pacer.point(drained=self._step_done)
+        done = []  # the step's tokens are credited once the queue has drained (or at once at full duty)
+        self._pacer.point(drained=lambda: done.append(self._step_done()))
+        if not done:  # no pacing point here (a capture or a compiled region reported): credit it now
+            self._step_done()
         return out
 
     def _step_done(self) -> None:

@@ -87,6 +87,8 @@ def judge(merit: dict, front: list[dict], mode: str, budget_w: float | None, idl
     rows = pd.DataFrame([r for r in front if r.get("tokens_per_s") is not None])
     if rows.empty:
         return {"front_reason": "no static point of the front ran"}
+    if not merit.get("tokens_per_s"):
+        return {"front_reason": "the governed run measured no throughput"}
     out: dict = {}
     steady = merit.get("steady_tokens_per_s") or merit.get("tokens_per_s")
     if mode == "budget" and budget_w is not None:

@@ -83,6 +83,8 @@ class Scenario:
     tenants: tuple[Tenant, ...] = ()  # other processes on the same GPU
     nvml_failures: tuple[tuple[float, float], ...] = ()  # (from s, for s): the controller's readings fail
     mix_change: tuple[float, Workload] | None = None  # (at s, the workload from then on)
+    preheat_s: float = 0.0  # a hot start: the workload at full duty this long before the run
+    temp_below_c: float | None = None  # ... and a temperature limit this far under where it left the board
 
     def budget(self) -> BudgetSchedule | None:
         if self.schedule:
