@@ -270,6 +270,7 @@ def test_a_two_process_fsdp_cell_runs_end_to_end(tmp_path, monkeypatch):
     assert record["flops"]["total"] == pytest.approx(record["flops"]["per_token"] * 128)  # the global batch
 
 
+@pytest.mark.slow  # a two-process job through run_job
 def test_a_rank_out_of_memory_ends_the_cell_as_oom_naming_the_rank_and_stage(tmp_path, monkeypatch):
     """Rank 1 runs out of memory in its timed steps while rank 0 goes on to the collective
     after them: the cell ends within the failure policy's bound, recorded `oom` with the

@@ -22,6 +22,8 @@ from cell_processes import assert_nothing_left, fault_time
 from flashwatt.distributed.cell import DistributedCell
 from flashwatt.submit.failure_policy import ENV_FAILURE_TIMEOUT, ENV_STOP_GRACE, FailurePolicy
 
+pytestmark = pytest.mark.slow  # a supervisor and two gloo ranks per test, each importing torch
+
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parents[1] / "src"
 FAILURE_TIMEOUT_S, STOP_GRACE_S = 15.0, 2.0

@@ -14,8 +14,12 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from cell_processes import assert_nothing_left, fault_time
 from support import free_ports
+
+pytestmark = pytest.mark.slow  # two supervisors and four gloo ranks per test, each importing torch
 
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parents[1] / "src"
