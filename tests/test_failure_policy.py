@@ -16,7 +16,7 @@ def test_the_shipped_default_ends_a_failed_cell_within_a_minute():
     assert policy.failure_timeout_s == 60 and policy.stop_grace_s == 5
     # a collective may wait this long; then the ranks are noticed, stopped, and killed within the bound
     assert policy.collective_timeout_s + MONITOR_SLACK_S + policy.stop_grace_s == 60
-    assert policy.collective_timeout == datetime.timedelta(seconds=49)
+    assert policy.collective_timeout == datetime.timedelta(seconds=47)
 
 
 def test_the_config_reaches_the_job_through_its_environment(monkeypatch):
@@ -41,7 +41,7 @@ def test_the_ranks_get_pytorchs_watchdog_and_keep_a_users_own_settings(monkeypat
 
 
 @pytest.mark.parametrize("timeout, grace, message", [
-    (11, 5, r"ranks.failure_timeout_s=11: must be at least 12"),
+    (13, 5, r"ranks.failure_timeout_s=13: must be at least 14"),
     (60, 0, r"ranks.stop_grace_s=0: must be positive"),
 ])
 def test_a_policy_that_leaves_no_time_for_a_collective_names_its_key(timeout, grace, message):
