@@ -75,6 +75,7 @@ def test_a_failed_rank_ends_the_cell_in_bounded_time_and_is_recorded(kind, rank,
                                                                      tmp_path):
     record, ended = _run_cell(kind, rank, cell_env, tmp_path)
     after_fault = ended - fault_time(cell_env)
+    print(f"{kind}: ended {after_fault:.1f} s after the fault; {record['status']}: {record['reason']}")
     assert after_fault <= POLICY.failure_timeout_s, f"{kind}: the cell ended {after_fault:.1f} s after the fault"
     assert record["status"] == status, (record["status"], record.get("reason"))
     ranks = record["ranks"]
