@@ -98,8 +98,8 @@ class RanksOutcome:
         stopped = [f.rank for f in self.fates if f.state == "stopped"]
         parts = [first]
         if self.not_answering:
-            parts.append(f"rank(s) {', '.join(map(str, self.not_answering))} did not answer (still running: hung, "
-                         "or never joined)")
+            parts.append(f"rank(s) {', '.join(map(str, self.not_answering))} did not answer the collective that "
+                         "timed out (hung, or never joined)")
         if stopped:
             parts.append(f"rank(s) {', '.join(map(str, stopped))} stopped by the supervisor")
         parts.append(f"the cell ended {self.seconds:.1f} s after its ranks started "
