@@ -18,7 +18,7 @@ def test_the_shipped_default_ends_a_failed_cell_within_a_minute():
     assert policy.detect_s + MONITOR_SLACK_S + policy.stop_grace_s == 60
     # a collective's timeout, then an abort that hangs until the heartbeat monitor's second look
     assert policy.collective_timeout_s + 2 * policy.heartbeat_timeout_s <= policy.detect_s
-    assert policy.collective_timeout == datetime.timedelta(seconds=24.5) and policy.heartbeat_timeout_s == 12
+    assert policy.collective_timeout == datetime.timedelta(seconds=23.5) and policy.heartbeat_timeout_s == 11
 
 
 def test_the_config_reaches_the_job_through_its_environment(monkeypatch):
@@ -43,7 +43,7 @@ def test_the_ranks_get_pytorchs_watchdog_and_keep_a_users_own_settings(monkeypat
 
 
 @pytest.mark.parametrize("timeout, grace, message", [
-    (14, 5, r"ranks.failure_timeout_s=14: must be at least 15"),
+    (16, 5, r"ranks.failure_timeout_s=16: must be at least 17"),
     (60, 0, r"ranks.stop_grace_s=0: must be positive"),
 ])
 def test_a_policy_that_leaves_no_time_for_a_collective_names_its_key(timeout, grace, message):
