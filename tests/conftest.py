@@ -11,10 +11,12 @@
   worker. Groups with a test marked `slurm`, `slow` or `workflow` are handed out first, so
   that no long group starts last while the other workers sit idle (`make test` passes
   --no-loadscope-reorder, which keeps this order).
-- `shared_folder` (tests/shared_runs.py): a folder built once per test session, whichever
-  worker asks first, for fixtures that several modules read.
+- On a parallel worker, torch computes on one thread (OMP_NUM_THREADS=1, inherited by the
+  jobs and processes a test starts).
 """
 from __future__ import annotations
+
+import os
 
 import pytest
 
@@ -23,6 +25,15 @@ from support import find_nvcc
 # Handed out first, in this order: the Slurm tests wait on jobs (their worker is mostly
 # idle), then the long tiers; within a rank, collection order.
 _FIRST = ("slurm", "slow", "workflow")
+
+
+def pytest_configure(config):
+    # On parallel workers, one compute thread each (torch's OpenMP pool, in the worker and in
+    # what it starts: jobs, Snakemake, spawned ranks): the workers already fill the cores,
+    # and pools of two threads per worker would spin against each other on two cores.
+    # Set before the test modules import torch.
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.hookimpl(tryfirst=True)
