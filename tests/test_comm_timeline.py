@@ -94,6 +94,7 @@ def test_the_split_of_cpu_events_counts_gloo_work_and_innermost_operators_only()
     assert exposure(comm, compute, window) == {"step": 30.0, "communication": 20.0, "exposed": 18.0, "hidden": 2.0}
 
 
+@pytest.mark.slow  # a gloo process group, each rank importing torch
 def test_a_gloo_step_profiled_for_real_splits_within_its_window(tmp_path):
     """Two gloo processes, one all-reduce and some compute per step: the split the record
     is made from keeps exposed <= communication <= the step on real profiler events."""

@@ -14,9 +14,10 @@ timed call (every other rank then waits in the barrier before its own):
     never_joins          the rank never reaches the rendezvous (sleeps before the job starts)
     hang                 the rank sleeps forever, outside any collective
     hang_in_collective   the rank waits forever inside a receive nobody sends to, on a group
-                         whose own timeout is an hour (it never times out by itself)
+                         whose own timeout is an hour (it never times out by itself; gloo may
+                         end it once a peer's exit closes the connection)
     fail_beside_blocked  the rank raises ValueError while every other rank is blocked inside
-                         such a receive: only the supervisor can end them
+                         such a receive
 """
 from __future__ import annotations
 

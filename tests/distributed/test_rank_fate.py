@@ -49,6 +49,16 @@ def test_a_timeout_names_the_ranks_still_running_as_not_answering():
     assert "rank(s) 1 did not answer" in got.reason() and "rank(s) 1 stopped by the supervisor" in got.reason()
 
 
+def test_a_rank_unblocked_by_the_waiting_ranks_exit_is_named_as_not_answering():
+    # Rank 1 sat in a receive nobody sent to; rank 0 timed out in the barrier and exited, which
+    # closed rank 1's connection. Rank 2 waited in the barrier too and timed out with rank 0.
+    got = outcome(fate(0, "raised", 8.0, exception="RuntimeError", message=GLOO_TIMEOUT),
+                  fate(1, "raised", 8.3, exception="RuntimeError", message="[gloo/transport/tcp/pair.cc:553] "
+                                                                             "Connection closed by peer"),
+                  fate(2, "raised", 8.1, exception="RuntimeError", message=GLOO_TIMEOUT))
+    assert got.culprit.rank == 0 and got.not_answering == [1] and got.record_fields()["how"] == "timeout"
+
+
 def test_the_nccl_watchdogs_abort_is_a_timeout_not_a_kill():
     got = outcome(fate(0, "signal", 24.0, signal="SIGABRT", exit_code=-6), fate(1, "stopped", 24.2),
                   fate(2, "signal", 24.05, signal="SIGABRT", exit_code=-6))

@@ -14,8 +14,12 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from cell_processes import assert_nothing_left, fault_time
 from support import free_ports
+
+pytestmark = pytest.mark.slow  # two supervisors and four gloo ranks per test, each importing torch
 
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parents[1] / "src"
@@ -39,7 +43,7 @@ def _two_nodes(kind: str, tmp_path: Path) -> tuple[dict | None, dict | None, flo
     for node in (0, 1):
         env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SUBMITIT_"))}
         env.update(SLURM_NODEID=str(node), SLURM_NNODES="2", SLURM_JOB_ID="4242", MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port), FLASHWATT_RANK_FAILURE_TIMEOUT_S="15", FLASHWATT_RANK_STOP_GRACE_S="2",
+                   MASTER_PORT=str(port), FLASHWATT_RANK_FAILURE_TIMEOUT_S="20", FLASHWATT_RANK_STOP_GRACE_S="2",
                    PYTHONPATH=os.pathsep.join([str(SRC), str(HERE), env.get("PYTHONPATH", "")]))
         runs.append(subprocess.Popen([sys.executable, "-c", NODE_TASK, kind, str(marks), str(tmp_path / f"{node}.json")],
                                      env=env))
@@ -71,7 +75,7 @@ def test_a_hybrid_cell_over_two_nodes_rings_across_them(tmp_path):
 def test_a_rank_killed_on_the_second_node_ends_both_and_is_named_by_the_first(tmp_path):
     record, other, ended = _two_nodes("sigkill", tmp_path)
     assert other is None
-    assert ended - fault_time(tmp_path / "marks") <= 15
+    assert ended - fault_time(tmp_path / "marks") <= 20
     assert record["status"] == "job_failed", record["reason"]
     ranks = record["ranks"]
     assert ranks["failed_rank"] == 3 and ranks["how"] == "signal", ranks

@@ -14,9 +14,13 @@ a rank that raised an exception that is not a communication error (out of memory
 a rank with another exit status; then a communication error (a collective timing out,
 a connection closed by a peer), which is what the other ranks see once one of them is
 gone. SIGABRT counts as a communication error: it is how PyTorch's NCCL watchdog ends a
-rank whose collective timed out or failed (TORCH_NCCL_ASYNC_ERROR_HANDLING=3). A
-collective that timed out while some ranks were still running names those ranks as not
-answering: they hung, or never joined.
+rank whose collective timed out or failed (TORCH_NCCL_ASYNC_ERROR_HANDLING=3).
+
+When a collective timed out, the ranks that did not answer it are named (`not_answering`):
+those still running when the supervisor stopped them (hung, or never joined), and those
+that ended by another communication error after the first timeout, a connection closed by
+the waiting ranks' exit (gloo tells a rank blocked in a receive that its peer is gone). A
+rank that timed out too was waiting with the others.
 
 The record's status follows the project's meanings: `oom` for an out-of-memory error,
 `error` for any other exception (a timeout included: the waiting rank raised it, or the
@@ -61,6 +65,11 @@ class RankFate:
             return True
         text = (self.message or "").lower()
         return self.exception in COMMUNICATION_TYPES or any(h in text for h in COMMUNICATION_HINTS)
+
+    @property
+    def timed_out(self) -> bool:
+        """A collective (or the rendezvous) this rank waited in timed out."""
+        return self.watchdog_abort or (self.state == "raised" and "timed out" in (self.message or "").lower())
 
     @property
     def bad(self) -> bool:
@@ -114,6 +123,16 @@ def status_of(culprit: RankFate) -> str:
     if culprit.state == "raised":
         return "oom" if culprit.oom else "error"
     return "error" if culprit.watchdog_abort else "job_failed"
+
+
+def not_answering(fates: list[RankFate]) -> list[int]:
+    """The ranks that did not answer a collective that timed out (module docstring)."""
+    timed_out = [f.ended_s or 0.0 for f in fates if f.timed_out]
+    if not timed_out:
+        return []
+    first = min(timed_out)
+    return sorted(f.rank for f in fates if f.state == "stopped" or (
+        f.state == "raised" and f.communication_error and not f.timed_out and (f.ended_s or 0.0) >= first))
 
 
 def how(culprit: RankFate, not_answering: list[int]) -> str:

@@ -45,11 +45,15 @@ from typing import Any, Iterator
 
 from flashwatt.submit.failure_policy import FailurePolicy
 from flashwatt.distributed.node_watch import NodeWatch
-from flashwatt.distributed.rank_fate import RankFate, cause, how, status_of
+from flashwatt.distributed.rank_fate import RankFate, cause, how, not_answering, status_of
 from flashwatt.distributed.rank_process import ENV_SUPERVISOR_PID, failure_path, result_path
 from flashwatt.distributed.rendezvous import MULTICAST_OFF, NodeLayout
 
 POLL_S = 0.1
+# After a rank's collective times out, how long the other ranks still running get to end on
+# their own: those waiting in the same collective time out too; those that do not are the
+# ones not answering (hung, or never joined). Within failure_policy.MONITOR_SLACK_S.
+SETTLE_S = 2.0
 RANK_MODULE = "flashwatt.distributed.rank_process"
 
 
@@ -75,11 +79,11 @@ class RanksOutcome:
 
     @property
     def not_answering(self) -> list[int]:
-        """Ranks still running when the others had failed on a communication error."""
+        """The ranks that did not answer a collective that timed out (flashwatt.distributed.rank_fate)."""
         culprit = self.culprit
         if culprit is None or not culprit.communication_error:
             return []
-        return [f.rank for f in self.fates if f.state == "stopped"]
+        return not_answering(self.fates)
 
     def status(self) -> str:
         culprit = self.culprit
@@ -247,7 +251,11 @@ LOCAL_FAILURE, REMOTE, STRAGGLER, INTERRUPTED = "rank", "remote", "straggler", "
 
 def _why_stop(watch: _Watch, nodes: NodeWatch, policy: FailurePolicy) -> tuple[str, str] | None:
     """(kind, why) the ranks must be stopped now, or None (all still fine, or all ended cleanly)."""
-    if any(f.bad for f in watch.fates.values()):
+    bad = [f for f in watch.fates.values() if f.bad]
+    if bad:
+        first = min(f.ended_s or 0.0 for f in bad)
+        if all(f.communication_error for f in bad) and watch.running() and watch.now() - first < SETTLE_S:
+            return None  # the ranks waiting in the same collective time out too (SETTLE_S)
         return LOCAL_FAILURE, "a rank ended badly"
     remote = nodes.abort_seen()
     if remote:

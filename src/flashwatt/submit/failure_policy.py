@@ -40,8 +40,9 @@ from dataclasses import dataclass
 
 DEFAULT_FAILURE_TIMEOUT_S = 60.0
 DEFAULT_STOP_GRACE_S = 5.0
-# Between a collective's timeout and the bound: the waiting rank's exit, the supervisor noticing
-# it, and the job's own end (its task and the waiting side), on a loaded host.
+# Between a collective's timeout and the bound: the waiting ranks' exit (the supervisor gives
+# them SETTLE_S to time out on their own), the supervisor noticing, and the job's own end (its
+# task and the waiting side), on a loaded host.
 MONITOR_SLACK_S = 8.0
 MIN_COLLECTIVE_TIMEOUT_S = 1.0
 ENV_FAILURE_TIMEOUT = "FLASHWATT_RANK_FAILURE_TIMEOUT_S"
