@@ -18,7 +18,7 @@ def test_the_shipped_default_ends_a_failed_cell_within_a_minute():
     assert policy.detect_s + MONITOR_SLACK_S + policy.stop_grace_s == 60
     # a collective's timeout, then an abort that hangs until the heartbeat monitor's second look
     assert policy.collective_timeout_s + 2 * policy.heartbeat_timeout_s <= policy.detect_s
-    assert policy.collective_timeout == datetime.timedelta(seconds=23.5) and policy.heartbeat_timeout_s == 11
+    assert policy.collective_timeout == datetime.timedelta(seconds=37) and policy.heartbeat_timeout_s == 5
 
 
 def test_the_config_reaches_the_job_through_its_environment(monkeypatch):
@@ -34,7 +34,7 @@ def test_the_ranks_get_pytorchs_watchdog_and_keep_a_users_own_settings(monkeypat
     monkeypatch.setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "0")  # off is never kept
     env = FailurePolicy(40, 4).rank_environment()
     assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3" and env["TORCH_NCCL_ENABLE_MONITORING"] == "1"
-    assert env["TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC"] == "7" and "TORCH_NCCL_BLOCKING_WAIT" not in env
+    assert env["TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC"] == "5" and "TORCH_NCCL_BLOCKING_WAIT" not in env
     assert (env[ENV_FAILURE_TIMEOUT], env[ENV_STOP_GRACE]) == ("40", "4")
     monkeypatch.setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
     monkeypatch.setenv("TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC", "900")

@@ -15,12 +15,13 @@ From the bound, what PyTorch is told (the rank side, flashwatt.distributed.rende
   - MONITOR_SLACK_S, shared by two PyTorch timeouts that can follow one another:
 - every process group's timeout (`init_process_group(timeout=...)`, the rendezvous
   included) is detect_s over gloo, where a collective waiting that long raises, and
-  `collective_timeout_s` = detect_s / 2 over NCCL, where the watchdog aborts it: a peer
-  hung, never joined, or died where the transport cannot tell;
+  `collective_timeout_s` = detect_s less twice the heartbeat timeout over NCCL, where the
+  watchdog aborts it: a peer hung, never joined, or died where the transport cannot tell;
 - NCCL's asynchronous error handling stays on (TORCH_NCCL_ASYNC_ERROR_HANDLING=3: on a
   timeout or an NCCL error the watchdog aborts the communicators and ends the process),
   and its heartbeat monitor kills a process whose watchdog itself is stuck
-  (TORCH_NCCL_ENABLE_MONITORING=1, TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC = detect_s / 4). The
+  (TORCH_NCCL_ENABLE_MONITORING=1, TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC = detect_s / 4, at most
+  5 s: a healthy watchdog beats far more often, and the collectives keep the rest). The
   abort of a communicator whose peer hangs inside a kernel can itself hang: on two H100s a
   hung rank's peer timed out after the collective timeout, then sat in the abort until the
   monitor, which checks the heartbeat once per its timeout, killed it (up to two of them
@@ -45,6 +46,8 @@ DEFAULT_STOP_GRACE_S = 5.0
 # task and the waiting side), on a loaded host.
 MONITOR_SLACK_S = 8.0
 MIN_COLLECTIVE_TIMEOUT_S = 1.0
+# NCCL's heartbeat monitor's timeout, at most (module docstring).
+HEARTBEAT_MAX_S = 5
 ENV_FAILURE_TIMEOUT = "FLASHWATT_RANK_FAILURE_TIMEOUT_S"
 ENV_STOP_GRACE = "FLASHWATT_RANK_STOP_GRACE_S"
 CONFIG_KEY = "ranks"
@@ -72,11 +75,12 @@ class FailurePolicy:
 
     @property
     def collective_timeout_s(self) -> float:
-        return self.detect_s / 2
+        return self.detect_s - 2 * self.heartbeat_timeout_s
 
     @property
     def heartbeat_timeout_s(self) -> int:
-        return max(1, int(self.detect_s / 4))
+        # Short: a healthy watchdog beats far more often; long collectives keep the rest.
+        return max(1, min(HEARTBEAT_MAX_S, int(self.detect_s / 4)))
 
     @property
     def collective_timeout(self) -> datetime.timedelta:
