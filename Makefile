@@ -8,11 +8,11 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 SNAKEMAKE_ARGS ?=
 PYTEST_ARGS ?=
-# Parallel test workers (pytest-xdist). Each module runs on one worker, the Slurm tests
-# together on one (tests/conftest.py); 3 on 2 cores, since the Slurm tests' worker mostly
-# waits on its jobs (README, "Tests": the times measured with 2 and 3).
+# Parallel test workers (pytest-xdist). Each module runs whole on one worker, the Slurm
+# tests together on one (tests/conftest.py); 3 on 2 cores, since the Slurm tests' worker
+# mostly waits on its jobs.
 TEST_WORKERS ?= 3
-XDIST = -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
+XDIST = -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 
 .PHONY: setup run test test-unit test-quick lint clean
 

@@ -3,19 +3,19 @@
 - A test marked `nvcc` needs the CUDA compiler and one marked `browser` needs Chromium and
   its driver; each fails, never skips, without them (CI has nvcc and installs Chromium;
   deselect such tests with -m "not nvcc", -m "not browser").
-- Parallel runs (pytest-xdist; `make test` runs `-n 3 --dist loadgroup`): the tests of a
-  module that share a fixture wider than one test (a module-scoped workflow run, process
-  group or nvcc build) run on one worker, so that fixture is made once, not once per
-  worker; every other test goes wherever a worker is free. Tests marked `slurm` share one
-  worker (group `slurm`): their jobs go to the test cluster one test after another. A module
-  may name another group with `pytest.mark.xdist_group(name)`; tests of one group run on one
-  worker. Groups with a test marked `slurm`, `slow` or `workflow` are handed out first, so
-  that no long group starts last while the other workers sit idle (`make test` passes
-  --no-loadscope-reorder, which keeps this order).
-- `shared_folder` (tests/shared_runs.py): a folder built once per test session, whichever
-  worker asks first, for fixtures that several modules read.
+- Parallel runs (pytest-xdist; `make test` runs `-n 3 --dist loadscope
+  --no-loadscope-reorder`): each module is one unit of work, run whole on one worker, so a
+  module-scoped fixture (a workflow run, a process group, an nvcc build) is made once, not
+  once per worker; the Slurm tests (tests/slurm/) are one unit together, their jobs sent to
+  the test cluster one test after another. Units with a test marked `slurm`, `slow` or
+  `workflow` are handed out first, in that order, so that no long unit starts last while
+  the other workers sit idle (--no-loadscope-reorder keeps this order).
+- On a parallel worker, torch computes on one thread (OMP_NUM_THREADS=1, inherited by the
+  jobs and processes a test starts).
 """
 from __future__ import annotations
+
+import os
 
 import pytest
 
@@ -24,6 +24,15 @@ from support import find_nvcc
 # Handed out first, in this order: the Slurm tests wait on jobs (their worker is mostly
 # idle), then the long tiers; within a rank, collection order.
 _FIRST = ("slurm", "slow", "workflow")
+
+
+def pytest_configure(config):
+    # On parallel workers, one compute thread each (torch's OpenMP pool, in the worker and in
+    # what it starts: jobs, Snakemake, spawned ranks): the workers already fill the cores,
+    # and pools of two threads per worker would spin against each other on two cores.
+    # Set before the test modules import torch.
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -40,36 +49,39 @@ def pytest_runtest_setup(item):
                     "/usr/local/cuda/bin; install the CUDA toolkit, or deselect with -m \"not nvcc\"", pytrace=False)
 
 
-def _group(item) -> str:
-    if item.get_closest_marker("slurm") or "slurm" in item.path.parent.name:
-        return "slurm"
-    named = item.get_closest_marker("xdist_group")
-    if named:
-        return str(named.args[0] if named.args else named.kwargs.get("name", "default"))
-    module = item.nodeid.split("::", 1)[0]
-    if item.cls is not None or any(d.scope != "function" and d.baseid.startswith(module)
-                                   for defs in item._fixtureinfo.name2fixturedefs.values() for d in defs):
-        return module  # shares a fixture of its module (or class) with its neighbours
-    return item.nodeid  # on its own
+def unit_of(nodeid: str) -> str:
+    """The unit of work a test belongs to: `slurm` for the Slurm tests, else its module."""
+    module = nodeid.split("::", 1)[0]
+    return "slurm" if "slurm" in module.split("/")[:-1] else module
 
 
 def _rank(item) -> int:
-    for rank, marker in enumerate(_FIRST):
-        if item.get_closest_marker(marker) or (marker == "slurm" and _group(item) == "slurm"):
-            return rank
-    return len(_FIRST)
+    return next((rank for rank, marker in enumerate(_FIRST) if item.get_closest_marker(marker)), len(_FIRST))
 
 
-# tryfirst: xdist reads the xdist_group markers in its own hook of the same name.
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    groups: dict[str, int] = {}
-    for item in items:
-        group = _group(item)
-        groups[group] = min(groups.get(group, len(_FIRST)), _rank(item))
-        if group != item.nodeid and not item.get_closest_marker("xdist_group"):
-            item.add_marker(pytest.mark.xdist_group(group))
-    # A stable sort: each group keeps its tests' order, and the groups their collection order
-    # within a rank. Module-scoped fixtures see their module's tests together, as before.
-    order = {group: k for k, group in enumerate(dict.fromkeys(_group(item) for item in items))}
-    items.sort(key=lambda item: (groups[_group(item)], order[_group(item)]))
+    """Each unit's tests together, the units ranked by _FIRST, else in collection order (a
+    stable sort: a module's tests keep their order, so its fixtures see them together)."""
+    rank: dict[str, int] = {}
+    first: dict[str, int] = {}
+    for k, item in enumerate(items):
+        unit = unit_of(item.nodeid)
+        rank[unit] = min(rank.get(unit, len(_FIRST)), _rank(item))
+        first.setdefault(unit, k)
+    items.sort(key=lambda item: (rank[unit_of(item.nodeid)], first[unit_of(item.nodeid)]))
+
+
+# Through xdist's scheduler hook rather than xdist_group marks: with pytest 9.2, xdist 3.8
+# can no longer add a group to a test's id, and `--dist loadgroup` runs every test alone.
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class UnitScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return unit_of(nodeid)
+
+    return UnitScheduling(config, log)

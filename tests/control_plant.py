@@ -108,28 +108,6 @@ class Plant:
     telemetry_dead_after: float | None = None
     telemetry_dead: list[tuple[float, float]] = field(default_factory=list)  # (from t, to t): reads fail
     seed: int = 0
-    # First-order thermal model: the temperature relaxes toward ambient + c_per_w x power with
-    # a time constant of tens of seconds; NVML reads it in whole degrees.
-    ambient_c: float = 30.0
-    c_per_w: float = 0.08
-    thermal_tau_s: float = 30.0
-    start_temp_c: float | None = None  # None: the idle board's steady temperature
-    temp_noise_c: float = 0.3
-
-    def steady_temp_c(self, watts: float) -> float:
-        return self.ambient_c + self.c_per_w * watts
-
-    def holding_w(self, limit_c: float) -> float:
-        """The power at which the board's temperature settles at `limit_c`."""
-        return (limit_c - self.ambient_c) / self.c_per_w
-
-    def idle_cooling_s(self, from_c: float, to_c: float) -> float:
-        """Seconds the board takes to cool from `from_c` to `to_c` at idle: the fastest any
-        workload's side can cool it."""
-        import math
-
-        floor = self.steady_temp_c(self.idle_w)
-        return self.thermal_tau_s * math.log((from_c - floor) / (to_c - floor)) if to_c > floor else math.inf
 
     def _extra_w(self, t: float) -> float:
         extra = sum(w for start, w in self.disturbance if t >= start)
@@ -177,14 +155,11 @@ def run(governor: Governor, plant: Plant, seconds: float, budget_schedule=(), sh
     with the plant's profiles)."""
     rng = random.Random(plant.seed)
     mix = random.Random(plant.seed + 1)
-    heat = random.Random(plant.seed + 2)  # the temperature's noise: apart, so the power's draws stay as they were
     clock = {"t": 0.0}
     governor.clock = lambda: clock["t"]
     power = plant.idle_w
-    temp = plant.start_temp_c if plant.start_temp_c is not None else plant.steady_temp_c(plant.idle_w)
     energy_j = 0.0
     sensed = power
-    sensed_temp = round(temp)
     next_sensor = 0.0
     next_tick = plant.sensor_period_s
     schedule = _budget_timeline(budget_schedule)
@@ -212,22 +187,18 @@ def run(governor: Governor, plant: Plant, seconds: float, budget_schedule=(), sh
             carry[key] -= TOKENS_PER_CALL
         target = plant.target_w(config, duty, t, profiles)
         power += (target - power) * min(1.0, plant.dt / plant.lag_s)
-        temp += (plant.steady_temp_c(power) - temp) * plant.dt / plant.thermal_tau_s
         energy_j += power * plant.dt
         if t >= next_sensor:  # NVML's own update period: readings hold between updates
             sensed = power + rng.gauss(0.0, plant.noise_w)
-            sensed_temp = round(temp + heat.gauss(0.0, plant.temp_noise_c))  # whole degrees
             next_sensor += plant.sensor_period_s
         clock["t"] = t + plant.dt
         if clock["t"] >= next_tick:
             next_tick += plant.sensor_period_s
             dead = plant.dead(clock["t"])
             reading = Reading(clock["t"], None if dead else sensed, None if dead else energy_j * 1e3,
-                              temp_c=None if dead else sensed_temp,
                               error="NVMLError_Unknown: simulated sensor failure" if dead else None)
             row = governor.tick(reading, work)
             row["true_power_w"] = power
-            row["true_temp_c"] = temp
             row["true_energy_mj"] = energy_j * 1e3
             row["workload"] = workload.name
             rows.append(row)
@@ -280,133 +251,3 @@ def simulate(scenario: dict, governor: Governor, workload: str = "steady", plant
                           nvml_failures=[tuple(span) for span in scenario["nvml_failures"]],
                           phases=[(start, w.name) for start, w in phases])
     return trace, facts
-
-
-# ---- model steps on the simulated GPU -------------------------------------------------------
-@dataclass(frozen=True)
-class StepProfile:
-    """What one configuration of a model's step does on the simulated board: GPU seconds per
-    step at full duty and the watts drawn while it computes."""
-
-    seconds: float
-    watts: float
-
-
-class SimTelemetry:
-    """What the controller reads of NVML's identity for a simulated board (its readings come
-    from SimStepGpu, which ticks the controller itself)."""
-
-    available = True
-    reason = None
-
-    def __init__(self, cap_w: float):
-        self.devices = [{"power_limit_enforced_w": cap_w, "uuid": "GPU-sim"}]
-
-    def close(self) -> None:
-        pass
-
-
-class SimStepGpu:
-    """A simulated GPU running a model's steps, in simulated time.
-
-    A step computes for its GPU seconds, block after block (`blocks` pacing points per step,
-    as an attached model's block hooks give), drawing its configuration's watts; the
-    controller's pacer idles it by sleeping, which here advances the clock at idle power.
-    Power follows with the plant's lag, the energy counter integrates it, the temperature
-    follows the plant's thermal model, and every 0.1 s of simulated time the sensor's
-    reading ticks the controller (as its sensor thread does on a GPU), through `on_tick`."""
-
-    def __init__(self, plant: Plant, profiles: dict, tokens_per_step: int = 8192, blocks: int = 16,
-                 watts_scale: float = 1.0, seed: int = 0, sensor_window_s: float = 0.05):
-        self.plant, self.profiles, self.tokens_per_step, self.blocks = plant, profiles, tokens_per_step, blocks
-        self.watts_scale = watts_scale
-        self.t = 0.0
-        self.power = plant.idle_w
-        self.temp = plant.start_temp_c if plant.start_temp_c is not None else plant.steady_temp_c(plant.idle_w)
-        self.energy_j = 0.0
-        self.rng = random.Random(seed)
-        self.next_tick = plant.sensor_period_s
-        self.on_tick = None  # the controller's tick
-        self.rows: list[dict] = []  # the truth at each tick
-        self.steps = 0
-        self.nvml_dead: list[tuple[float, float]] = []
-        # NVML's "instant" power is the board's power over a short window of its own, not a
-        # point sample: a duty cycle of tens of milliseconds shows as its average, not its phase.
-        self.sensor_window_s = sensor_window_s
-        self._recent: list[tuple[float, float, float]] = []  # (end t, seconds, watts) of each slice
-
-    def clock(self) -> float:
-        return self.t
-
-    def sleep(self, seconds: float) -> None:
-        self.advance(seconds, None)
-
-    def advance(self, seconds: float, busy_w: float | None) -> None:
-        end = self.t + max(0.0, seconds)
-        while self.t < end - 1e-12:
-            dt = min(self.plant.dt, end - self.t, self.next_tick - self.t)
-            target = self.plant.idle_w if busy_w is None else min(self.plant.cap_w, busy_w)
-            self.power += (target - self.power) * min(1.0, dt / self.plant.lag_s)
-            self.temp += (self.plant.steady_temp_c(self.power) - self.temp) * dt / self.plant.thermal_tau_s
-            self.energy_j += self.power * dt
-            self.t += dt
-            self._recent.append((self.t, dt, self.power))
-            if self.t >= self.next_tick - 1e-12:
-                self.next_tick += self.plant.sensor_period_s
-                self._tick()
-
-    def _sensed_w(self) -> float:
-        since = self.t - self.sensor_window_s
-        self._recent = [(t, dt, w) for t, dt, w in self._recent if t > since + 1e-12]
-        spans = [(min(dt, t - since), w) for t, dt, w in self._recent]
-        seconds = sum(s for s, _ in spans)
-        watts = sum(s * w for s, w in spans) / seconds if seconds > 0 else self.power
-        return watts + self.rng.gauss(0.0, self.plant.noise_w)
-
-    def _tick(self) -> None:
-        dead = any(a <= self.t < b for a, b in self.nvml_dead)
-        reading = Reading(self.t, None if dead else self._sensed_w(),
-                          None if dead else self.energy_j * 1e3, temp_c=None if dead else round(self.temp),
-                          error="NVMLError_Unknown: simulated sensor failure" if dead else None)
-        self.rows.append({"t": self.t, "true_power_w": self.power, "true_energy_mj": self.energy_j * 1e3,
-                          "true_temp_c": self.temp, "steps": self.steps})
-        if self.on_tick is not None:
-            self.on_tick(reading)
-
-    def step_fn(self, ctl, profile_of=None):
-        """The step function a controller runs: block after block, a pacing point before each."""
-        def step(plan):
-            profile = (profile_of or (lambda p: self.profiles[p.label]))(plan)
-            for _ in range(self.blocks):
-                ctl.pace()
-                self.advance(profile.seconds / self.blocks, profile.watts * self.watts_scale)
-            self.steps += 1
-            return self.steps
-        return step
-
-
-def sim_controller(gpu: SimStepGpu, mode: str = "budget", budget_w: float | None = 450.0, **kw):
-    """A real Controller on the simulated board: its clock, sleep and sensor ticks are the board's."""
-    from flashwatt.control.controller import Controller
-    from flashwatt.control.pacing import DeviceOps
-
-    ctl = Controller(mode, budget_w, "cpu", telemetry=SimTelemetry(gpu.plant.cap_w), idle_w=gpu.plant.idle_w,
-                     sensor=False, clock=gpu.clock, sleep=gpu.sleep, device_ops=DeviceOps(None, gpu.clock),
-                     cache=None, **kw)
-    gpu.on_tick = ctl.tick
-    return ctl
-
-
-def run_steps(ctl, gpu: SimStepGpu, seconds: float, budget_schedule=(), step=None) -> pd.DataFrame:
-    """Steps under `ctl` for `seconds` of simulated time; the controller's trace beside the truth."""
-    fn = step or gpu.step_fn(ctl)
-    schedule = _budget_timeline(budget_schedule)
-    while gpu.t < seconds:
-        while schedule and schedule[0][0] <= gpu.t:
-            ctl.set_budget(schedule.pop(0)[1])
-        ctl.step(fn, tokens=gpu.tokens_per_step)
-    trace = ctl.trace()
-    truth = pd.DataFrame(gpu.rows)
-    if len(trace):
-        trace = pd.merge_asof(trace.sort_values("t"), truth, on="t", direction="nearest")
-    return trace

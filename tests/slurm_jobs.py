@@ -14,10 +14,10 @@ from support import wait_until
 ALIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED",
          "RESIZING", "SUSPENDED")
 
-# How long the controller may take to end a job's processes: SIGKILL KillWait (5 s in
-# .ci/slurm/slurm.conf.in) after SIGTERM, UnkillableStepTimeout (60 s, Slurm's default)
-# before it gives up on them, and accounting's lag; fixed by the cluster, not by load.
-JOB_END_S = 5 + 60 + 30
+# How long the controller may take to end a job's processes: SIGKILL KillWait (5 s) after
+# SIGTERM, UnkillableStepTimeout (180 s) before it gives up on them (both in
+# .ci/slurm/slurm.conf.in), and accounting's lag; fixed by the cluster, not by load.
+JOB_END_S = 5 + 180 + 30
 
 
 def sh(*cmd: str, timeout: float = 30) -> str:

@@ -15,8 +15,10 @@ def test_the_shipped_default_ends_a_failed_cell_within_a_minute():
     policy = FailurePolicy.from_config(load_config("config/config.yaml"))
     assert policy.failure_timeout_s == 60 and policy.stop_grace_s == 5
     # a collective may wait this long; then the ranks are noticed, stopped, and killed within the bound
-    assert policy.collective_timeout_s + MONITOR_SLACK_S + policy.stop_grace_s == 60
-    assert policy.collective_timeout == datetime.timedelta(seconds=47)
+    assert policy.detect_s + MONITOR_SLACK_S + policy.stop_grace_s == 60
+    # a collective's timeout, then an abort that hangs until the heartbeat monitor's second look
+    assert policy.collective_timeout_s + 2 * policy.heartbeat_timeout_s <= policy.detect_s
+    assert policy.collective_timeout == datetime.timedelta(seconds=37) and policy.heartbeat_timeout_s == 5
 
 
 def test_the_config_reaches_the_job_through_its_environment(monkeypatch):
@@ -32,7 +34,7 @@ def test_the_ranks_get_pytorchs_watchdog_and_keep_a_users_own_settings(monkeypat
     monkeypatch.setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "0")  # off is never kept
     env = FailurePolicy(40, 4).rank_environment()
     assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3" and env["TORCH_NCCL_ENABLE_MONITORING"] == "1"
-    assert env["TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC"] == "40" and "TORCH_NCCL_BLOCKING_WAIT" not in env
+    assert env["TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC"] == "5" and "TORCH_NCCL_BLOCKING_WAIT" not in env
     assert (env[ENV_FAILURE_TIMEOUT], env[ENV_STOP_GRACE]) == ("40", "4")
     monkeypatch.setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
     monkeypatch.setenv("TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC", "900")
@@ -41,7 +43,7 @@ def test_the_ranks_get_pytorchs_watchdog_and_keep_a_users_own_settings(monkeypat
 
 
 @pytest.mark.parametrize("timeout, grace, message", [
-    (13, 5, r"ranks.failure_timeout_s=13: must be at least 14"),
+    (16, 5, r"ranks.failure_timeout_s=16: must be at least 17"),
     (60, 0, r"ranks.stop_grace_s=0: must be positive"),
 ])
 def test_a_policy_that_leaves_no_time_for_a_collective_names_its_key(timeout, grace, message):

@@ -82,3 +82,18 @@ def test_an_expected_outcome_is_not_a_failure_to_keep(tmp_path, monkeypatch, sta
     monkeypatch.setattr(cell_job, "run_job", lambda *_a, **_k: CellOutcome(record))
     cell_job.submit_and_record(kind_named("attention"), cell, {}, _snakemake(tmp_path, cell))
     assert failures.history(cell.path) == []
+
+
+def test_a_failed_record_is_kept_once_before_a_run_replaces_it(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cell = Cell("t", "naive", "fp32", 16, 1, 1, 16)
+    record = envelope_of(cell, {})
+    record.update(status="error", reason="RuntimeError: written before histories were kept", finished="t1")
+    write_record(cell.path, record)
+    failures.keep_before_rerun(cell.path)
+    failures.keep_before_rerun(cell.path)  # twice (a second run before any replaced it): kept once
+    assert [f["reason"] for f in failures.history(cell.path)] == ["RuntimeError: written before histories were kept"]
+    record.update(status="ok", reason=None)
+    write_record(cell.path, record)
+    failures.keep_before_rerun(cell.path)  # an ok record is no failure to keep
+    assert len(failures.history(cell.path)) == 1

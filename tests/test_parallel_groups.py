@@ -1,66 +1,73 @@
-"""How tests/conftest.py lays the tests out for parallel workers (pytest-xdist --dist
-loadgroup): tests sharing a module-scoped fixture in one group, the Slurm tests in one,
-the rest alone; the Slurm, slow and workflow groups first."""
+"""How tests/conftest.py lays the tests out for parallel workers (pytest-xdist, `--dist
+loadscope` as `make test` runs it): each module whole on one worker, its module-scoped
+fixtures made once; the Slurm tests of every module on one worker; the Slurm, slow and
+workflow tests handed out first."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 pytest_plugins = ["pytester"]
 
-CONFTEST = Path(__file__).with_name("conftest.py")
+HERE = Path(__file__).parent
+
+SHARED = """
+import pytest
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    with open({made!r}, "a") as fh:  # one line each time the fixture is made
+        fh.write("made\\n")
+
+def test_a(run): pass
+def test_b(run): pass
+def test_c(run): pass
+def test_d(): pass
+"""
 
 
-def _groups(items) -> dict[str, str | None]:
-    return {item.name: (m.args[0] if (m := item.get_closest_marker("xdist_group")) else None) for item in items}
-
-
-def test_tests_sharing_a_module_fixture_share_a_worker_and_the_long_ones_go_first(pytester):
-    pytester.makeconftest(CONFTEST.read_text())
+def _layout(pytester):
+    pytester.makeconftest((HERE / "conftest.py").read_text())
+    pytester.makepyfile(support=(HERE / "support.py").read_text())
+    made = pytester.path / "made.txt"
     pytester.makepyfile(
-        test_shared="""
-            import pytest
-
-            @pytest.fixture(scope="module")
-            def run():
-                return 1
-
-            def test_a(run):
-                pass
-
-            def test_b(run):
-                pass
-
-            def test_alone():
-                pass
-        """,
+        test_shared=SHARED.format(made=str(made)),
         test_other="""
             import pytest
 
-            def test_c():
-                pass
+            def test_e(): pass
+            def test_f(): pass
 
             @pytest.mark.workflow
-            def test_d():
-                pass
-
-            @pytest.mark.slurm
-            def test_e():
-                pass
-
-            @pytest.mark.xdist_group("mine")
-            def test_f():
-                pass
+            def test_g(): pass
 
             @pytest.mark.slow
-            def test_g():
-                pass
+            def test_h(): pass
         """,
     )
+    slurm = pytester.mkdir("slurm")
+    (slurm / "test_one.py").write_text("import pytest\npytestmark = pytest.mark.slurm\ndef test_s1(): pass\n"
+                                       "def test_s2(): pass\n")
+    (slurm / "test_two.py").write_text("import pytest\npytestmark = pytest.mark.slurm\ndef test_s3(): pass\n")
+    return made
+
+
+def test_the_slurm_slow_and_workflow_units_come_first_each_whole(pytester):
+    _layout(pytester)
     run = pytester.inline_run("--collect-only", "-p", "no:cacheprovider")
     items = run.getcalls("pytest_collection_finish")[0].session.items
-    assert _groups(items) == {"test_a": "test_shared.py", "test_b": "test_shared.py", "test_alone": None,
-                              "test_c": None, "test_d": None, "test_e": "slurm", "test_f": "mine", "test_g": None}
-    # slurm, then slow, then workflow, then the rest; each group whole, in collection order
-    # (test_other.py before test_shared.py)
-    assert [item.name for item in items] == ["test_e", "test_g", "test_d", "test_c", "test_f", "test_a", "test_b",
-                                             "test_alone"]
+    # slurm (two modules, one unit), then test_other.py (a slow test), then test_shared.py
+    assert [item.name for item in items] == ["test_s1", "test_s2", "test_s3", "test_e", "test_f", "test_g",
+                                             "test_h", "test_a", "test_b", "test_c", "test_d"]
+
+
+def test_a_module_runs_on_one_worker_and_makes_its_fixture_once(pytester):
+    made = _layout(pytester)
+    result = pytester.runpytest_subprocess("-n", "3", "--dist", "loadscope", "--no-loadscope-reorder", "-v",
+                                           "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=11)
+    worker = {m.group(2): m.group(1) for m in re.finditer(r"\[(gw\d)\].*PASSED \S+::(test_\w+)", result.stdout.str())}
+    assert len(worker) == 11, result.stdout.str()
+    assert len({worker[t] for t in ("test_a", "test_b", "test_c", "test_d")}) == 1
+    assert len({worker[t] for t in ("test_s1", "test_s2", "test_s3")}) == 1
+    assert made.read_text() == "made\n"

@@ -20,9 +20,10 @@
         where the power-aware controller keeps what it learned (its warm starts), and what is
         there; --clear removes it (flashwatt.control.warm_start)
 
-`suite` and `failed` read their Snakemake options as Snakemake does (flashwatt.command_line):
-the profile (--profile, or $SNAKEMAKE_PROFILE), its config files, --configfile and --config,
-so they name the suite and cells of `snakemake` run with the same options.
+`run`, `suite` and `failed` read their Snakemake options as Snakemake does
+(flashwatt.command_line): the profile (--profile, or $SNAKEMAKE_PROFILE), its config files,
+--configfile and --config, so they name the suite and cells of `snakemake` run with the
+same options.
 """
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ from flashwatt.failures import FAILED_CELLS_EXIT, is_failure
 from flashwatt.kinds import all_kinds, every_cell
 from flashwatt.records import read_record
 from flashwatt.snakemake_process import run_snakemake
+
 # Snakemake options after which there is nothing to report: pass them through untouched.
 NO_REPORT_OPTIONS = {"-h", "--help", "--version", "-v", "--unlock", "-n", "--dry-run", "--dryrun", "--lint",
                      "--list", "-l", "--list-target-rules", "--summary", "-S", "--detailed-summary", "-D",

@@ -66,6 +66,21 @@ def remember(record_path: str | Path, record: dict) -> None:
         stream.write(json.dumps(record, default=str) + "\n")
 
 
+def keep_before_rerun(record_path: str | Path) -> None:
+    """Make sure the failed record at `record_path` is in its cell's history before a run
+    replaces it (a record written before histories were kept, or by hand, is not yet)."""
+    try:
+        record = read_record(record_path)
+    except ValueError:
+        return  # nothing readable to keep
+    if record.get("status") not in RETRIABLE:
+        return
+    kept = history(record_path)
+    same = ("status", "reason", "started", "finished")
+    if not any(all(old.get(key) == record.get(key) for key in same) for old in kept):
+        remember(record_path, {k: v for k, v in record.items() if k != "previous_failures"})
+
+
 def in_brief(failure: dict) -> dict:
     """What a later record says of one earlier failure."""
     provenance = failure.get("provenance") or {}

@@ -18,7 +18,7 @@ def fate(rank, state, ended_s=1.0, **more) -> RankFate:
 
 
 def outcome(*fates) -> RanksOutcome:
-    return RanksOutcome(list(fates), FailurePolicy(12, 2), NodeLayout(1, 0, len(fates), "127.0.0.1", 1, "h"),
+    return RanksOutcome(list(fates), FailurePolicy(14, 2), NodeLayout(1, 0, len(fates), "127.0.0.1", 1, "h"),
                         seconds=9.0)
 
 

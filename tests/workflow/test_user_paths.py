@@ -94,7 +94,10 @@ def test_a_failed_cell_gives_a_nonzero_exit_and_the_counts_then_the_next_run_mea
     retried = flashwatt(workdir, *args)  # the plain command measures it again
     assert retried.returncode == 0, retried.stdout[-2000:] + retried.stderr[-2000:]
     assert "cells by status: 2 ok" in retried.stdout
-    assert json.loads((workdir / cell.path).read_text())["status"] == "ok"
+    measured = json.loads((workdir / cell.path).read_text())
+    assert measured["status"] == "ok"
+    # the planted record was no job's, yet its reason is kept beside the cell and named in the new record
+    assert [f["reason"] for f in measured["previous_failures"]] == ["RuntimeError: planted failure"]
 
 
 def test_ctrl_c_then_rerun_without_unlock(tmp_path):

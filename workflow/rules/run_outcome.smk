@@ -14,6 +14,8 @@ from flashwatt.host_skips import notice
 
 onstart:
     if FORCED_AGAIN:
+        for cell in FORCED_AGAIN:  # before Snakemake removes the records it will write again
+            failures.keep_before_rerun(cell.path)
         statuses = Counter(FORCED_AGAIN.values())
         logger.info(f"flashwatt: measuring {len(FORCED_AGAIN)} failed cell(s) of suite {SUITE} again ("
                     + ", ".join(f"{n} {s}" for s, n in sorted(statuses.items()))

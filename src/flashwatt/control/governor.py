@@ -54,7 +54,6 @@ from flashwatt.control.power_bound import prior_duty
 from flashwatt.control.power_holding import NOISE_CLIP_W, PowerHolding
 from flashwatt.control.shape_choices import PROBE_SAMPLES, ShapeChoices
 from flashwatt.control.shape_state import EXPLOIT, EXPLORE, PROBE, RECHECK, ShapeState
-from flashwatt.control.thermal_holding import FLOOR_ABOVE_IDLE_W, ThermalLimit
 
 MODES = ("budget", "energy", "static")
 # The model learns from a tick only while the estimate of the watts it cannot explain moved
@@ -109,7 +108,7 @@ class Governor(ShapeChoices, PowerHolding):
                  prune_below: float = 0.4, hysteresis: float = 0.05, stale_s: float = 0.5,
                  duty_range: tuple[float, float] = (0.01, 1.0), recheck_after_s: float = 4.0,
                  recheck_max_s: float = 32.0, recheck_within: float = 0.85, warm_start=None,
-                 temp_limit_c: float | None = None, clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic):
         if mode not in MODES:
             raise ControlError(f"mode {mode!r}: allowed {', '.join(MODES)}")
         if not callable(candidates):
@@ -121,9 +120,6 @@ class Governor(ShapeChoices, PowerHolding):
             raise ControlError("mode 'budget' needs budget_w (watts)")
         if max_slowdown is not None and not 0 <= max_slowdown < 1:
             raise ControlError(f"max_slowdown={max_slowdown!r}: give a fraction in [0, 1)")
-        if temp_limit_c is not None and mode != "budget":
-            raise ControlError(f"temp_limit_c={temp_limit_c!r}: a temperature limit is held alongside a power "
-                               f"budget (mode 'budget'), not in mode {mode!r}")
         self.mode = mode
         self.candidates_for = candidates
         self.idle_w = idle_w
@@ -158,11 +154,8 @@ class Governor(ShapeChoices, PowerHolding):
         self._several_shapes = False  # the last tick with work ran several shapes
         self._tenant_step = False  # this tick saw a step in the watts of others
         self._offset_moved_t = -float("inf")  # when the estimate of the others' watts last moved
-        self.thermal: ThermalLimit | None = None  # the temperature loop (flashwatt.control.thermal_holding)
         if budget_w is not None:
             self.set_budget(budget_w)
-            if temp_limit_c is not None:
-                self.thermal = ThermalLimit(temp_limit_c, (idle_w or 0.0) + FLOOR_ABOVE_IDLE_W, self.budget_w)
             if mode == "budget":
                 self.loop.duty = self._start_duty()  # start low, let the loop climb
         self.power_filtered: float | None = None
@@ -186,8 +179,6 @@ class Governor(ShapeChoices, PowerHolding):
             raise ControlError(f"budget {budget_w:.0f} W is over this GPU's enforced power limit "
                                f"({self.limit_w:.0f} W); the card cannot draw more than the limit")
         before, self.budget_w = self.budget_w, budget_w
-        if self.thermal is not None:
-            self.thermal.set_ceiling(budget_w)
         if before is None or abs(budget_w - before) < STEP_MIN_W:
             return
         now = self.clock()
@@ -210,16 +201,8 @@ class Governor(ShapeChoices, PowerHolding):
             self._retarget()
 
     @property
-    def held_w(self) -> float | None:
-        """The power the loop holds: the budget, or under it the temperature loop's cap."""
-        if self.budget_w is None:
-            return None
-        return min(self.budget_w, self.thermal.cap_w) if self.thermal is not None else self.budget_w
-
-    @property
     def setpoint_w(self) -> float | None:
-        held = self.held_w
-        return None if held is None else held * (1 - self.margin)
+        return None if self.budget_w is None else self.budget_w * (1 - self.margin)
 
     @property
     def duty(self) -> float:
@@ -275,8 +258,6 @@ class Governor(ShapeChoices, PowerHolding):
         dt = 0.1 if self._last_tick_t is None else max(1e-3, now - self._last_tick_t)
         self._last_tick_t = now
         power = reading.power_w
-        if self.thermal is not None:
-            self.thermal.update(now, reading.temp_c)
         self._adapt_margin(now, reading.energy_mj)
         if power is not None:
             self.last_valid_t = now
@@ -318,8 +299,6 @@ class Governor(ShapeChoices, PowerHolding):
             "margin": self.margin, "power_w": power, "power_filtered_w": self.power_filtered,
             "energy_mj": reading.energy_mj, "temp_c": reading.temp_c, "sm_clock_mhz": reading.sm_clock_mhz,
             "clock_reasons": reading.clock_reasons, "duty": self.loop.duty, "offset_w": self.offset_w,
-            "temp_limit_c": self.thermal.limit_c if self.thermal is not None else None,
-            "thermal_cap_w": self.thermal.cap_w if self.thermal is not None else None,
             "config": dominant.label if dominant else None, "choice": self._choice_label(),
             "configs": len(work.by_key),
             "calls": sum(c for c, _ in work.by_key.values()), "tokens": work.tokens, "tokens_per_s": tokens_per_s,

@@ -261,9 +261,9 @@ def _why_stop(watch: _Watch, nodes: NodeWatch, policy: FailurePolicy) -> tuple[s
     if remote:
         return REMOTE, remote
     if watch.running() and watch.first_clean_end is not None \
-            and watch.now() - watch.first_clean_end > policy.collective_timeout_s:
+            and watch.now() - watch.first_clean_end > policy.detect_s:
         return STRAGGLER, (f"rank(s) {', '.join(str(watch.fates[r].rank) for r in watch.running())} still running "
-                           f"{policy.collective_timeout_s:g} s after another rank finished")
+                           f"{policy.detect_s:g} s after another rank finished")
     return None
 
 
@@ -297,7 +297,7 @@ def run_ranks(target: str, args: tuple, layout: NodeLayout, policy: FailurePolic
     rank is stopped."""
     policy = policy or FailurePolicy.from_environment()
     _die_with_parent()
-    nodes = NodeWatch.over_store(layout, policy.collective_timeout) if layout.nodes > 1 else NodeWatch.alone(layout)
+    nodes = NodeWatch.over_store(layout, policy.timeout_for("store")) if layout.nodes > 1 else NodeWatch.alone(layout)
     workdir = Path(tempfile.mkdtemp(prefix="flashwatt-ranks-"))
     try:
         with _signals_end_the_wait():

@@ -93,7 +93,7 @@ def from_environment(rank: int | None = None, world: int | None = None, local_ra
 def start(rdv: Rendezvous) -> torch.device:
     """Initialise the default process group (NCCL on CUDA, gloo otherwise); returns the device.
 
-    Its timeout, the rendezvous's included, is the failure policy's collective timeout
+    Its timeout, the rendezvous's included, is the failure policy's timeout for the backend
     (flashwatt.submit.failure_policy, read from the environment the rank supervisor
     sets): a rank waiting that long on a peer raises, or the NCCL watchdog ends it.
     Also sets LOCAL_WORLD_SIZE (processes per node, the hybrid strategy's Ulysses size)
@@ -102,16 +102,16 @@ def start(rdv: Rendezvous) -> torch.device:
 
     multicast_off()
     os.environ.setdefault("LOCAL_WORLD_SIZE", str(max(1, rdv.world // rdv.nodes)))
-    timeout = FailurePolicy.from_environment().collective_timeout
+    policy = FailurePolicy.from_environment()
     if torch.cuda.is_available():
         device = torch.device("cuda", rdv.local_rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
         dist.init_process_group("nccl", init_method=f"tcp://{rdv.addr}:{rdv.port}", rank=rdv.rank,
-                                world_size=rdv.world, device_id=device, timeout=timeout)
+                                world_size=rdv.world, device_id=device, timeout=policy.timeout_for("nccl"))
     else:
         device = torch.device("cpu")
         dist.init_process_group("gloo", init_method=f"tcp://{rdv.addr}:{rdv.port}", rank=rdv.rank,
-                                world_size=rdv.world, timeout=timeout)
+                                world_size=rdv.world, timeout=policy.timeout_for("gloo"))
     return device
 
 

@@ -11,14 +11,21 @@ changing it must not rerun measured cells.
 
 From the bound, what PyTorch is told (the rank side, flashwatt.distributed.rendezvous):
 
+- the time a failure may take to be seen is `detect_s` = failure_timeout_s - stop_grace_s
+  - MONITOR_SLACK_S, shared by two PyTorch timeouts that can follow one another:
 - every process group's timeout (`init_process_group(timeout=...)`, the rendezvous
-  included) is `collective_timeout_s` = failure_timeout_s - stop_grace_s - MONITOR_SLACK_S:
-  a rank waiting longer than that in a collective (a peer hung, never joined, or died
-  where the transport cannot tell) raises (gloo) or is aborted by the NCCL watchdog;
+  included) is detect_s over gloo, where a collective waiting that long raises, and
+  `collective_timeout_s` = detect_s less twice the heartbeat timeout over NCCL, where the
+  watchdog aborts it: a peer hung, never joined, or died where the transport cannot tell;
 - NCCL's asynchronous error handling stays on (TORCH_NCCL_ASYNC_ERROR_HANDLING=3: on a
   timeout or an NCCL error the watchdog aborts the communicators and ends the process),
   and its heartbeat monitor kills a process whose watchdog itself is stuck
-  (TORCH_NCCL_ENABLE_MONITORING=1, TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC = failure_timeout_s).
+  (TORCH_NCCL_ENABLE_MONITORING=1, TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC = detect_s / 4, at most
+  5 s: a healthy watchdog beats far more often, and the collectives keep the rest). The
+  abort of a communicator whose peer hangs inside a kernel can itself hang: on two H100s a
+  hung rank's peer timed out after the collective timeout, then sat in the abort until the
+  monitor, which checks the heartbeat once per its timeout, killed it (up to two of them
+  later); so the collective timeout plus twice the heartbeat's stays within detect_s.
   TORCH_NCCL_BLOCKING_WAIT is left off: it would make the host wait for every collective
   and change what is timed.
 
@@ -39,6 +46,8 @@ DEFAULT_STOP_GRACE_S = 5.0
 # task and the waiting side), on a loaded host.
 MONITOR_SLACK_S = 8.0
 MIN_COLLECTIVE_TIMEOUT_S = 1.0
+# NCCL's heartbeat monitor's timeout, at most (module docstring).
+HEARTBEAT_MAX_S = 5
 ENV_FAILURE_TIMEOUT = "FLASHWATT_RANK_FAILURE_TIMEOUT_S"
 ENV_STOP_GRACE = "FLASHWATT_RANK_STOP_GRACE_S"
 CONFIG_KEY = "ranks"
@@ -52,19 +61,36 @@ class FailurePolicy:
     def __post_init__(self) -> None:
         if self.stop_grace_s <= 0:
             raise ValueError(f"config key {CONFIG_KEY}.stop_grace_s={self.stop_grace_s}: must be positive")
-        least = self.stop_grace_s + MONITOR_SLACK_S + MIN_COLLECTIVE_TIMEOUT_S
+        least = self.stop_grace_s + MONITOR_SLACK_S + 4 * MIN_COLLECTIVE_TIMEOUT_S
         if self.failure_timeout_s < least:
             raise ValueError(f"config key {CONFIG_KEY}.failure_timeout_s={self.failure_timeout_s}: must be at least "
                              f"{least:g} (stop_grace_s {self.stop_grace_s:g} + {MONITOR_SLACK_S:g} s to notice a "
-                             f"failure + {MIN_COLLECTIVE_TIMEOUT_S:g} s for a collective)")
+                             f"failure + {4 * MIN_COLLECTIVE_TIMEOUT_S:g} s for a collective's timeout and NCCL's "
+                             "heartbeat monitor)")
+
+    @property
+    def detect_s(self) -> float:
+        """How long a failure may take to be seen by the ranks (module docstring)."""
+        return self.failure_timeout_s - self.stop_grace_s - MONITOR_SLACK_S
 
     @property
     def collective_timeout_s(self) -> float:
-        return self.failure_timeout_s - self.stop_grace_s - MONITOR_SLACK_S
+        return self.detect_s - 2 * self.heartbeat_timeout_s
+
+    @property
+    def heartbeat_timeout_s(self) -> int:
+        # Short: a healthy watchdog beats far more often; long collectives keep the rest.
+        return max(1, min(HEARTBEAT_MAX_S, int(self.detect_s / 4)))
 
     @property
     def collective_timeout(self) -> datetime.timedelta:
         return datetime.timedelta(seconds=self.collective_timeout_s)
+
+    def timeout_for(self, backend: str) -> datetime.timedelta:
+        """A process group's timeout on this backend: gloo raises where it waits, so a
+        collective (or the rendezvous) may take the whole time to see a failure; NCCL's
+        abort after a timeout can hang, so it takes half (module docstring)."""
+        return self.collective_timeout if backend == "nccl" else datetime.timedelta(seconds=self.detect_s)
 
     @classmethod
     def from_config(cls, config: dict) -> "FailurePolicy":
@@ -91,7 +117,7 @@ class FailurePolicy:
         """PyTorch's NCCL settings every rank starts with (module docstring); a value the
         user set already is kept, except that error handling is never switched off."""
         wanted = {"TORCH_NCCL_ENABLE_MONITORING": "1",
-                  "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC": str(int(self.failure_timeout_s))}
+                  "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC": str(self.heartbeat_timeout_s)}
         env = {k: os.environ.get(k) or v for k, v in wanted.items()}
         env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "3" if os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING") in (
             None, "", "0") else os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"]
