@@ -19,13 +19,16 @@ def test_the_shipped_default_ends_a_failed_cell_within_a_minute():
     # a collective's timeout, then an abort that hangs until the heartbeat monitor's second look
     assert policy.collective_timeout_s + 2 * policy.heartbeat_timeout_s <= policy.detect_s
     assert policy.collective_timeout == datetime.timedelta(seconds=37) and policy.heartbeat_timeout_s == 5
+    # rank 0 working alone (a float64 check, the one-GPU baseline) may take far longer than a collective
+    assert policy.solo_phase_timeout_s == 600
 
 
 def test_the_config_reaches_the_job_through_its_environment(monkeypatch):
-    policy = FailurePolicy.from_config({"ranks": {"failure_timeout_s": 30, "stop_grace_s": 2}})
+    policy = FailurePolicy.from_config({"ranks": {"failure_timeout_s": 30, "stop_grace_s": 2,
+                                                  "solo_phase_timeout_s": 900}})
     for name, value in policy.submission_environment().items():
         monkeypatch.setenv(name, value)
-    assert FailurePolicy.from_environment() == policy
+    assert FailurePolicy.from_environment() == policy and policy.solo_phase_timeout_s == 900
     assert step_ending_srun_args() == ["--kill-on-bad-exit=1", "--wait=31"]
 
 

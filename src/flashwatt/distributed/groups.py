@@ -52,8 +52,12 @@ def default_mesh(ulysses_size: int | None = None):
 
 
 def forget_meshes() -> None:
-    """Drop the meshes of this process's default group, once that group is destroyed."""
+    """Drop the meshes (and the rank-0 wait group) of this process's default group, once that
+    group is destroyed."""
+    from flashwatt.distributed import rank_zero
+
     _DEFAULT_MESHES.clear()
+    rank_zero.forget()
 
 
 def resolve(strategy: str, group=None) -> dict:

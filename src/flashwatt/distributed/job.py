@@ -45,6 +45,7 @@ from flashwatt.distributed.groups import forget_meshes, resolve
 from flashwatt.distributed.cell import refusal_without_cuda
 from flashwatt.distributed.inputs import DTYPES, make_full
 from flashwatt.distributed.layout import gather_sequence, shard_sequence
+from flashwatt.distributed.rank_zero import from_rank_zero
 from flashwatt.distributed.ring import RingAttention
 from flashwatt.distributed.split_mode import split_mode
 from flashwatt.distributed.timing import barrier, gather, median_ms, sync
@@ -267,9 +268,7 @@ def _check(spec, coords, group, block, out, leaves, dtype, device, bwd) -> dict:
                   "kv_heads_checked": kv_heads, "error": dist_err, "single_gpu_error": one_err,
                   "tolerance": tol, "tolerance_rule": "2 x the same block backend's single-GPU error on the same data",
                   "passed": all(dist_err[n] <= tol[n] for n in names)}
-    box = [result]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
+    return from_rank_zero(result)
 
 
 def reference_slice(q, k, v, dout, causal, g, G):
@@ -365,9 +364,7 @@ def _single_gpu(spec, block, device, dtype, bwd, causal, repeats, warmup, settin
                 result["energy"] = {"reason": f"{type(err).__name__}: {err}"}
         except Exception as err:
             result = {"status": "failed", "reason": f"{type(err).__name__}: {err}"}
-    box = [result]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
+    return from_rank_zero(result)
 
 
 def main(argv: list[str] | None = None) -> int:

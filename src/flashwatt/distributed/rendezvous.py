@@ -21,6 +21,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from flashwatt.distributed import rank_zero
+
 # NVLink multicast (NVLS) can put a shared host's GPUs out of service: kept off in every
 # process this package starts or initialises.
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -96,8 +98,9 @@ def start(rdv: Rendezvous) -> torch.device:
     Its timeout, the rendezvous's included, is the failure policy's timeout for the backend
     (flashwatt.submit.failure_policy, read from the environment the rank supervisor
     sets): a rank waiting that long on a peer raises, or the NCCL watchdog ends it.
-    Also sets LOCAL_WORLD_SIZE (processes per node, the hybrid strategy's Ulysses size)
-    where the launcher did not."""
+    Also opens the group the other ranks wait on while rank 0 works alone
+    (flashwatt.distributed.rank_zero), and sets LOCAL_WORLD_SIZE (processes per node, the
+    hybrid strategy's Ulysses size) where the launcher did not."""
     from flashwatt.submit.failure_policy import FailurePolicy
 
     multicast_off()
@@ -112,6 +115,7 @@ def start(rdv: Rendezvous) -> torch.device:
         device = torch.device("cpu")
         dist.init_process_group("gloo", init_method=f"tcp://{rdv.addr}:{rdv.port}", rank=rdv.rank,
                                 world_size=rdv.world, timeout=policy.timeout_for("gloo"))
+    rank_zero.open_group()  # where the others wait on rank 0's phases alone (flashwatt.distributed.rank_zero)
     return device
 
 

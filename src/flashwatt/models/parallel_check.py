@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from flashwatt.distributed.rank_zero import from_rank_zero
 from flashwatt.models.check import CAUSAL_LEAK, CHECK_TOKENS, FLOOR, math_sdpa, middle_block, rel_error, verdict
 from flashwatt.models.parallel import next_token_labels, token_loss
 
@@ -111,13 +112,13 @@ def check_parallel(parallel, build_single, reference_factory, precision: str, vo
                 "reference": f"one process, transformers SDPA math backend, {one['ref_precision']}"}
         except Exception as err:  # told to every rank, so that none waits for rank 0 in vain
             failure = err
-    box = [result if failure is None else {"failed": f"{type(failure).__name__}: {failure}"}]
-    dist.broadcast_object_list(box, src=0)
+    # Rank 0's one-process run may outlast any collective: the others wait on the rank-0 group.
+    shared = from_rank_zero(result if failure is None else {"failed": f"{type(failure).__name__}: {failure}"})
     if failure is not None:
         raise failure
-    if "failed" in box[0]:
-        raise RuntimeError(f"the check's one-process run on rank 0 failed: {box[0]['failed']}")
-    return box[0]
+    if "failed" in shared:
+        raise RuntimeError(f"the check's one-process run on rank 0 failed: {shared['failed']}")
+    return shared
 
 
 def _one_process(build_single, reference_factory, ids, train, names, block, device) -> dict:

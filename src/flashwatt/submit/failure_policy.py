@@ -3,9 +3,11 @@
     ranks:
       failure_timeout_s: 60   # a failed rank ends its cell within this bound
       stop_grace_s: 5         # SIGTERM to each rank's process group, SIGKILL after this
+      solo_phase_timeout_s: 600  # how long the other ranks wait on rank 0's work alone
 
-The config's `ranks` block reaches the job through two environment variables the
-submitting side sets (FLASHWATT_RANK_FAILURE_TIMEOUT_S, FLASHWATT_RANK_STOP_GRACE_S), not
+The config's `ranks` block reaches the job through environment variables the submitting
+side sets (FLASHWATT_RANK_FAILURE_TIMEOUT_S, FLASHWATT_RANK_STOP_GRACE_S,
+FLASHWATT_RANK_SOLO_PHASE_TIMEOUT_S), not
 through the cell's spec: how long to wait on a failure is not what a cell measures, so
 changing it must not rerun measured cells.
 
@@ -29,6 +31,12 @@ From the bound, what PyTorch is told (the rank side, flashwatt.distributed.rende
   TORCH_NCCL_BLOCKING_WAIT is left off: it would make the host wait for every collective
   and change what is timed.
 
+A phase that rank 0 runs alone (a float64 reference, the problem on one GPU, a model's
+one-process check) may last longer than any collective should wait: the other ranks wait
+for it on a gloo group of their own whose timeout is `solo_phase_timeout_s`
+(flashwatt.distributed.rank_zero), so that a rank 0 that hangs there ends the cell after
+that long, and one that dies there at once.
+
 and on the parent's side (flashwatt.distributed.rank_supervisor): the first rank that
 ends badly (a signal, an exception, an exit status) makes it stop every other rank,
 SIGTERM to each rank's process group and SIGKILL after `stop_grace_s`.
@@ -41,6 +49,7 @@ from dataclasses import dataclass
 
 DEFAULT_FAILURE_TIMEOUT_S = 60.0
 DEFAULT_STOP_GRACE_S = 5.0
+DEFAULT_SOLO_PHASE_TIMEOUT_S = 600.0
 # Between a collective's timeout and the bound: the waiting ranks' exit (the supervisor gives
 # them SETTLE_S to time out on their own), the supervisor noticing, and the job's own end (its
 # task and the waiting side), on a loaded host.
@@ -50,6 +59,7 @@ MIN_COLLECTIVE_TIMEOUT_S = 1.0
 HEARTBEAT_MAX_S = 5
 ENV_FAILURE_TIMEOUT = "FLASHWATT_RANK_FAILURE_TIMEOUT_S"
 ENV_STOP_GRACE = "FLASHWATT_RANK_STOP_GRACE_S"
+ENV_SOLO_PHASE_TIMEOUT = "FLASHWATT_RANK_SOLO_PHASE_TIMEOUT_S"
 CONFIG_KEY = "ranks"
 
 
@@ -57,10 +67,12 @@ CONFIG_KEY = "ranks"
 class FailurePolicy:
     failure_timeout_s: float = DEFAULT_FAILURE_TIMEOUT_S
     stop_grace_s: float = DEFAULT_STOP_GRACE_S
+    solo_phase_timeout_s: float = DEFAULT_SOLO_PHASE_TIMEOUT_S
 
     def __post_init__(self) -> None:
-        if self.stop_grace_s <= 0:
-            raise ValueError(f"config key {CONFIG_KEY}.stop_grace_s={self.stop_grace_s}: must be positive")
+        for key in ("stop_grace_s", "solo_phase_timeout_s"):
+            if getattr(self, key) <= 0:
+                raise ValueError(f"config key {CONFIG_KEY}.{key}={getattr(self, key)}: must be positive")
         least = self.stop_grace_s + MONITOR_SLACK_S + 4 * MIN_COLLECTIVE_TIMEOUT_S
         if self.failure_timeout_s < least:
             raise ValueError(f"config key {CONFIG_KEY}.failure_timeout_s={self.failure_timeout_s}: must be at least "
@@ -96,7 +108,8 @@ class FailurePolicy:
     def from_config(cls, config: dict) -> "FailurePolicy":
         block = config.get(CONFIG_KEY) or {}
         return cls(float(block.get("failure_timeout_s", DEFAULT_FAILURE_TIMEOUT_S)),
-                   float(block.get("stop_grace_s", DEFAULT_STOP_GRACE_S)))
+                   float(block.get("stop_grace_s", DEFAULT_STOP_GRACE_S)),
+                   float(block.get("solo_phase_timeout_s", DEFAULT_SOLO_PHASE_TIMEOUT_S)))
 
     @classmethod
     def from_environment(cls) -> "FailurePolicy":
@@ -107,11 +120,13 @@ class FailurePolicy:
             except ValueError:
                 raise ValueError(f"{name}={text!r}: give seconds (config key {CONFIG_KEY})") from None
 
-        return cls(number(ENV_FAILURE_TIMEOUT, DEFAULT_FAILURE_TIMEOUT_S), number(ENV_STOP_GRACE, DEFAULT_STOP_GRACE_S))
+        return cls(number(ENV_FAILURE_TIMEOUT, DEFAULT_FAILURE_TIMEOUT_S), number(ENV_STOP_GRACE, DEFAULT_STOP_GRACE_S),
+                   number(ENV_SOLO_PHASE_TIMEOUT, DEFAULT_SOLO_PHASE_TIMEOUT_S))
 
     def submission_environment(self) -> dict[str, str]:
         """What the submitting side exports so that the job reads this policy back."""
-        return {ENV_FAILURE_TIMEOUT: f"{self.failure_timeout_s:g}", ENV_STOP_GRACE: f"{self.stop_grace_s:g}"}
+        return {ENV_FAILURE_TIMEOUT: f"{self.failure_timeout_s:g}", ENV_STOP_GRACE: f"{self.stop_grace_s:g}",
+                ENV_SOLO_PHASE_TIMEOUT: f"{self.solo_phase_timeout_s:g}"}
 
     def rank_environment(self) -> dict[str, str]:
         """PyTorch's NCCL settings every rank starts with (module docstring); a value the
@@ -125,4 +140,4 @@ class FailurePolicy:
 
     def as_dict(self) -> dict[str, float]:
         return {"failure_timeout_s": self.failure_timeout_s, "stop_grace_s": self.stop_grace_s,
-                "collective_timeout_s": self.collective_timeout_s}
+                "collective_timeout_s": self.collective_timeout_s, "solo_phase_timeout_s": self.solo_phase_timeout_s}
