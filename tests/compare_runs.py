@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from flashwatt.attention.cell import Cell
+from flashwatt.attention.kind import KIND as ATTENTION
 from flashwatt.attention.summary import write_tables
 from flashwatt.records import write_record
 
@@ -52,6 +53,11 @@ def record_of(cell: Cell, rng: np.random.Generator, latency_factor: float = 1.0,
     return record
 
 
+def table_files(folder: Path) -> dict[str, Path]:
+    """The attention kind's tables under folder, as the table rule names them."""
+    return {table.key: folder / table.name for table in ATTENTION.tables}
+
+
 def write_run(folder: Path, records: dict[Cell, dict]) -> Path:
     """Records under folder/cells/..., tabled into folder/summary.parquet (and its twins)."""
     paths = []
@@ -59,8 +65,7 @@ def write_run(folder: Path, records: dict[Cell, dict]) -> Path:
         path = folder / "cells" / Path(cell.path).relative_to("results/cells")
         write_record(path, record)
         paths.append(str(path))
-    write_tables(paths, {"summary": folder / "summary.parquet", "csv": folder / "summary.csv",
-                         "flagged": folder / "flagged.csv"})
+    write_tables(paths, table_files(folder))
     return folder
 
 
@@ -76,9 +81,7 @@ def suite_run(root: Path, seed: int, runs: int = 1, changes: dict | None = None,
             # a plain run: tables in results/syn, records in results/cells/syn
             for cell, record in records.items():
                 write_record(root / cell.path, record)
-            write_tables([str(root / c.path) for c in cells],
-                         {"summary": suite / "summary.parquet", "csv": suite / "summary.csv",
-                          "flagged": suite / "flagged.csv"})
+            write_tables([str(root / c.path) for c in cells], table_files(suite))
         else:
             write_run(suite / "runs" / str(i), records)
     return suite

@@ -112,6 +112,12 @@ def folder(path: Path) -> list[str]:
     return sorted(p.name for p in path.parent.iterdir())
 
 
+@pytest.fixture(autouse=True)
+def no_open_figures():
+    """Figures other modules' tests left open on this worker are not this module's to judge."""
+    plt.close("all")
+
+
 @pytest.mark.parametrize("ext", FORMATS)
 def test_a_figure_is_written_whole_in_its_format_titled_and_closed(tmp_path, table, ext):
     out = tmp_path / "figures" / f"probe.{ext}"

@@ -93,10 +93,11 @@ def test_a_cell_asking_for_more_gpus_than_the_host_shows_says_what_the_submittin
 def test_the_cells_refused_here_and_the_line_said_up_front():
     plans = plan_suite(load_config(overrides={"suite": "seed"}), "seed")
     refused = refused_here(plans, CPU_HOST)
-    assert len(refused) == 48  # of 52: naive and sdpa_math at fp32 run on a CPU
+    planned = sum(len(cells) for cells in plans.values())
+    assert planned == 58 and len(refused) == 54  # naive and sdpa_math at fp32 run on a CPU
     assert {kind.name for kind, _spec, _why in refused.values()} == {"attention"}
-    line = notice(len(refused), 52, CPU_HOST, "seed")
-    assert line == ("flashwatt: 48 of 52 cells cannot run here: no CUDA device is visible on this host; "
+    line = notice(len(refused), planned, CPU_HOST, "seed")
+    assert line == ("flashwatt: 54 of 58 cells cannot run here: no CUDA device is visible on this host; "
                     "they are recorded as skipped without a job")
     everything = notice(15, 15, CPU_HOST, "control")
     assert everything.endswith("(suite control needs GPUs: run it where they are, e.g. snakemake --profile slurm "

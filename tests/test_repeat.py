@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from flashwatt.attention.kind import KIND as ATTENTION
 from flashwatt.attention.summary import write_tables
 from flashwatt.compare.repeat import repeat_count, run_repeated
 from flashwatt.config import load_config, resolve_suite
@@ -44,9 +45,7 @@ class FakeRun:
         for cell in cells:
             write_record(cell.path, {"schema_version": 2, "kind": "attention", "cell": cell.as_row(),
                                      "status": "ok", "started": f"run {len(self.calls)}"})
-        write_tables([c.path for c in cells], {"summary": f"results/{suite}/summary.parquet",
-                                               "csv": f"results/{suite}/summary.csv",
-                                               "flagged": f"results/{suite}/flagged.csv"})
+        write_tables([c.path for c in cells], {table.key: table.path(suite) for table in ATTENTION.tables})
         return self.statuses.pop(0)
 
 

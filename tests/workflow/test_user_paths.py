@@ -132,7 +132,7 @@ def test_slurm_profile_plans_the_gpu_suite_on_a_gpu_less_host(workdir):
     from flashwatt.attention.suite import suite_cells
     from flashwatt.config import load_config
 
-    assert int(counts["cell"]) == len(suite_cells(load_config(workdir / "config/config.yaml"), "seed")) == 52
+    assert int(counts["cell"]) == len(suite_cells(load_config(workdir / "config/config.yaml"), "seed")) == 58
 
 
 def test_misspelt_cell_resource_is_refused_before_any_job(workdir):
