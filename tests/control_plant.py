@@ -70,21 +70,26 @@ SENSOR_WINDOW_S = 0.05
 #   AR(1) process;
 # - SENSOR_NOISE: the reading's own, white, at most SENSOR_NOISE_MAX_W (at full duty the
 #   readings spread +-42 W around the limiter while 1 s of the counter varies by 3.5 W).
-RIPPLE = 0.06
-WANDER = 0.05
-WANDER_S = 1.0
-SENSOR_NOISE = 0.09
+RIPPLE = 0.05
+WANDER = 0.04
+WANDER_S = 5.0
+SENSOR_NOISE = 0.10
 SENSOR_NOISE_MAX_W = 45.0
 # The energy counter as read at a tick shows the energy of COUNTER_DELAY_S before (its
 # 0.1 s differences follow the duty of the tick before as much as the one they close:
 # weights 0.41 and 0.50), read with an error (joules, white) of COUNTER_ERROR_S x the watts
-# above idle x the idle share of the time: 0.1 s differences of the counter are far noisier
-# than the readings where pacing switches the load on and off (98 W rms at 400-500 W, 54 W
-# at 300-400 W) and anticorrelated (-0.28: the error of a read, not energy), and quiet at
-# full duty (24 W; COUNTER_FLOOR of the idle share is left there).
+# above idle plus COUNTER_SWING_S x the change of power over the last tick: the counter's
+# 0.1 s differences left a median of 11 W about the model where the duty held still and
+# 21 W where it moved by 0.1 or more (trimmed rms 20 and 52 W). Now and then a read returns
+# the value of the read before (a 0.1 s difference of 0 W, and the next one twice the power):
+# 6 such stalls in 898 ticks, 5 of them in one run; here each run stalls at
+# COUNTER_STALL_RUN of its reads with probability COUNTER_STALLING, else at COUNTER_STALL.
 COUNTER_DELAY_S = 0.04
-COUNTER_ERROR_S = 0.045
-COUNTER_FLOOR = 0.08
+COUNTER_ERROR_S = 0.003
+COUNTER_SWING_S = 0.02
+COUNTER_STALL = 0.002
+COUNTER_STALLING = 0.05
+COUNTER_STALL_RUN = 0.1
 
 
 @dataclass
@@ -222,6 +227,8 @@ class Plant:
     wander_s: float = WANDER_S
     counter_delay_s: float = COUNTER_DELAY_S
     counter_error_s: float = COUNTER_ERROR_S
+    counter_swing_s: float = COUNTER_SWING_S
+    counter_stall: float | None = None  # the share of reads that stall; None: drawn per run (above)
     pace_loss: float = PACE_LOSS
     sensor_period_s: float = 0.1
     dt: float = 0.01
@@ -303,12 +310,16 @@ class Board:
         self.energy_j = 0.0
         self.t = 0.0
         self._drift = self.rng.gauss(0.0, plant.wander)  # a run starts anywhere in the drift's range
-        self._idle_share = 1.0
+        stalling = self.rng.random() < COUNTER_STALLING
+        self.stall = plant.counter_stall if plant.counter_stall is not None else (
+            COUNTER_STALL_RUN if stalling else COUNTER_STALL)
+        self._last_read: float | None = None
         self._ripple_block = None
         self._ripple = 0.0
         n = max(1, round(plant.sensor_window_s / plant.dt))
         self._recent = collections.deque([plant.idle_w] * n, maxlen=n)
         self._history = collections.deque(maxlen=max(2, round(plant.counter_delay_s / plant.dt) + 2))
+        self._last_tick = collections.deque([plant.idle_w], maxlen=max(1, round(plant.sensor_period_s / plant.dt)) + 1)
 
     def step(self, drive_w: float, ceiling_w: float, busy: float) -> None:
         """Advance one plant step toward `drive_w` (what the duty draws, noiseless, before
@@ -327,7 +338,7 @@ class Board:
         self._history.append((self.t, self.energy_j))
         self.energy_j += self.power * p.dt
         self._recent.append(self.power)
-        self._idle_share = 1.0 - min(1.0, max(0.0, busy))
+        self._last_tick.append(min(ceiling_w, drive_w))
         self.t += p.dt
 
     def busy_gain(self, busy: float) -> float:
@@ -355,8 +366,13 @@ class Board:
         """The energy counter as a read now returns it (delayed, with the read's error)."""
         p = self.plant
         delayed = self.energy_at_delay()
-        error = self.rng.gauss(0.0, p.counter_error_s * max(0.0, self.power - p.idle_w) * max(COUNTER_FLOOR, self._idle_share))
-        return (delayed + error) * 1e3
+        swing = abs(self._last_tick[-1] - self._last_tick[0])
+        sd = p.counter_error_s * max(0.0, self.power - p.idle_w) + p.counter_swing_s * swing
+        value = (delayed + self.rng.gauss(0.0, sd)) * 1e3
+        if self._last_read is not None and self.rng.random() < self.stall:
+            return self._last_read  # the counter did not move since the read before
+        self._last_read = value
+        return value
 
 
 def _budget_timeline(budget_schedule) -> list[tuple[float, float]]:
@@ -379,8 +395,9 @@ def run(governor: Governor, plant: Plant, seconds: float, budget_schedule=(), sh
     schedule = _budget_timeline(budget_schedule)
     phases = list(workloads) if workloads else [(0.0, SimWorkload("given", ((shape, plant.profiles),)))]
     work = Work()
-    rows = []
     carry: dict = {}
+    # The sensor reads the idle board once before the first call, as the controller's does.
+    rows = [_first_tick(governor, board, phases[0][1].name)]
     while clock["t"] < seconds:
         t = clock["t"]
         while schedule and schedule[0][0] <= t:
@@ -418,6 +435,13 @@ def run(governor: Governor, plant: Plant, seconds: float, budget_schedule=(), sh
             rows.append(row)
             work = Work()
     return pd.DataFrame(rows)
+
+
+def _first_tick(governor: Governor, board: Board, workload: str) -> dict:
+    counter = board.counter_mj()
+    row = governor.tick(Reading(0.0, board.reading(), counter), Work())
+    row.update(true_power_w=board.power, true_energy_mj=board.energy_j * 1e3, counter_mj=counter, workload=workload)
+    return row
 
 
 def replay(plant: Plant, ticks: pd.DataFrame, profiles: dict | None = None) -> pd.DataFrame:

@@ -39,27 +39,19 @@ class DutyLoop:
         self._hold = ticks
 
     def update(self, setpoint_w: float, power_w: float, dt: float, feed_forward: float | None) -> float:
-        error = (setpoint_w - power_w) / self.plant_gain_w
-        base = self.duty if feed_forward is None else feed_forward
-        if feed_forward is None:
-            # no table yet: act incrementally on the current duty (integral folded in)
-            raw = base + 0.25 * error
+        if feed_forward is not None:
+            # The table (scaled by what the board draws now) gives the duty: the integral
+            # action is the governor's estimate of what the table misses
+            # (flashwatt.control.table_error), learned from readings averaged over a second,
+            # so a reading's noise does not move the duty and a step moves it at once, up or down.
             self.integral = 0.0
-        else:
-            # A jump of the feed-forward (a budget step, another configuration) acts alone for
-            # two ticks: the sensor still shows the power from before it, and a proportional
-            # kick on that stale error is what would overshoot.
-            if self._hold > 0:
-                self._hold -= 1
-                self.duty = min(self.d_max, max(self.d_min, base + self.integral))
-                return self.duty
-            raw = base + self.kp * error + self.integral + self.ki * dt * error
-            clipped_high = raw >= self.d_max and error > 0
-            clipped_low = raw <= self.d_min and error < 0
-            if not (clipped_high or clipped_low):
-                self.integral += self.ki * dt * error
-        # Rise at most max_rise per tick, fall at once: over budget costs more than under it,
-        # and the sensor shows a rise one update late.
-        raw = min(raw, self.duty + self.max_rise)
+            self._hold = 0
+            self.duty = min(self.d_max, max(self.d_min, feed_forward))
+            return self.duty
+        # No table yet: act incrementally on the current duty, rising at most max_rise per
+        # tick (the sensor shows a rise one update late), falling at once.
+        error = (setpoint_w - power_w) / self.plant_gain_w
+        raw = min(self.duty + 0.25 * error, self.duty + self.max_rise)
+        self.integral = 0.0
         self.duty = min(self.d_max, max(self.d_min, raw))
         return self.duty
