@@ -391,50 +391,53 @@ def run(governor: Governor, plant: Plant, seconds: float, budget_schedule=(), sh
     clock = {"t": 0.0}
     governor.clock = lambda: clock["t"]
     board = Board(plant)
-    next_tick = plant.sensor_period_s
+    per_tick = max(1, round(plant.sensor_period_s / plant.dt))
     schedule = _budget_timeline(budget_schedule)
     phases = list(workloads) if workloads else [(0.0, SimWorkload("given", ((shape, plant.profiles),)))]
     work = Work()
     carry: dict = {}
     # The sensor reads the idle board once before the first call, as the controller's does.
     rows = [_first_tick(governor, board, phases[0][1].name)]
-    while clock["t"] < seconds:
-        t = clock["t"]
-        while schedule and schedule[0][0] <= t:
+    for step in range(round(seconds / plant.dt)):
+        t = clock["t"] = step * plant.dt
+        while schedule and schedule[0][0] <= t + 1e-9:
             governor.set_budget(schedule.pop(0)[1])
-        workload = [w for start, w in phases if start <= t][-1]
+        workload = [w for start, w in phases if start <= t + 1e-9][-1]
         call_shape, profiles = workload.shapes[mix.randrange(len(workload.shapes))]
         config = governor.config_for(call_shape)
         duty = governor.duty
+        share = plant._share(t)
         # latency samples as the controller's CUDA events would give them (slower while
         # another process takes part of the GPU's time)
-        prof = profiles[config]
-        seconds_per_call = TOKENS_PER_CALL / prof.tokens_per_s / (1 - plant._share(t))
-        governor.on_latency(call_shape, config, seconds_per_call, TOKENS_PER_CALL)
+        governor.on_latency(call_shape, config, TOKENS_PER_CALL / profiles[config].tokens_per_s / (1 - share),
+                            TOKENS_PER_CALL)
+        drive_w, ceiling_w, busy = plant.drive(config, duty, t, profiles)
         key = (call_shape, config)
-        gain = board.busy_gain(plant._busy(duty, t))
-        carry[key] = carry.get(key, 0.0) + plant.throughput(config, duty, t, profiles) * gain * plant.dt
+        tokens = plant.throughput(config, duty, t, profiles) * board.busy_gain(busy) * plant.dt
+        carry[key] = carry.get(key, 0.0) + tokens
         while carry[key] >= TOKENS_PER_CALL:
             work.add(call_shape, config, TOKENS_PER_CALL)
             carry[key] -= TOKENS_PER_CALL
         board.t = t
-        board.step(*plant.drive(config, duty, t, profiles))
-        clock["t"] = t + plant.dt
-        if clock["t"] >= next_tick - 1e-9:
-            next_tick += plant.sensor_period_s
-            dead = plant.dead(clock["t"])
-            counter = board.counter_mj()
-            reading = Reading(clock["t"], None if dead else board.reading(workload.reading_noise),
-                              None if dead else counter,
-                              error="NVMLError_Unknown: simulated sensor failure" if dead else None)
-            row = governor.tick(reading, work)
-            row["true_power_w"] = board.power
-            row["true_energy_mj"] = board.energy_j * 1e3
-            row["counter_mj"] = counter
-            row["workload"] = workload.name
-            rows.append(row)
+        board.step(drive_w, ceiling_w, busy)
+        if (step + 1) % per_tick == 0:
+            clock["t"] = (step + 1) * plant.dt
+            rows.append(_tick(governor, plant, board, work, workload))
             work = Work()
     return pd.DataFrame(rows)
+
+
+def _tick(governor: Governor, plant: Plant, board: Board, work: Work, workload: SimWorkload) -> dict:
+    """The sensor's tick: NVML's reading and counter (or their failure) to the governor."""
+    t = governor.clock()
+    dead = plant.dead(t)
+    counter = board.counter_mj()
+    reading = Reading(t, None if dead else board.reading(workload.reading_noise), None if dead else counter,
+                      error="NVMLError_Unknown: simulated sensor failure" if dead else None)
+    row = governor.tick(reading, work)
+    row.update(true_power_w=board.power, true_energy_mj=board.energy_j * 1e3, counter_mj=counter,
+               workload=workload.name)
+    return row
 
 
 def _first_tick(governor: Governor, board: Board, workload: str) -> dict:

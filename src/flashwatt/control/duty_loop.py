@@ -23,6 +23,7 @@ class DutyLoop:
     kp: float = 0.5
     ki: float = 3.0  # per second
     max_rise: float = 0.15  # duty per tick
+    k_climb: float = 0.6  # without a table: duty per unit of error (normalised by the plant's gain), per tick
     d_min: float = 0.05
     d_max: float = 1.0
     integral: float = 0.0
@@ -51,7 +52,7 @@ class DutyLoop:
         # No table yet: act incrementally on the current duty, rising at most max_rise per
         # tick (the sensor shows a rise one update late), falling at once.
         error = (setpoint_w - power_w) / self.plant_gain_w
-        raw = min(self.duty + 0.25 * error, self.duty + self.max_rise)
+        raw = min(self.duty + self.k_climb * error, self.duty + self.max_rise)
         self.integral = 0.0
         self.duty = min(self.d_max, max(self.d_min, raw))
         return self.duty

@@ -63,6 +63,10 @@ MODES = ("budget", "energy", "static")
 OTHERS_PRESENT = 0.05
 # After a budget step, the runner-up is re-checked this soon (once the loop has settled).
 RECHECK_AFTER_STEP_S = 1.5
+# The set point's margin keeps this many standard deviations of the 1 s averages of power
+# under the budget plus the tolerance the budget is judged with (flashwatt.control.metrics).
+MARGIN_SIGMAS = 2.5
+WINDOW_TOLERANCE = 0.03
 # The sensor's period, seconds (flashwatt.control.sensor): one tick.
 SENSOR_PERIOD_S = 0.1
 # Weight of a new reading in the filtered power (what settling and a budget step read).
@@ -407,13 +411,15 @@ class Governor(ShapeChoices, PowerHolding, TableError):
 
     def _adapt_margin(self, now: float, joules: float | None) -> None:
         """Widen the set point's margin under the budget while the 1 s averages of power (the
-        quantity a budget is judged by, from the energy counter) spread: with a bursty
-        tenant on the board the loop cannot cancel every burst, and a set point 1.645
-        standard deviations under the budget keeps about 95% of windows within it.
+        quantity a budget is judged by, from the energy counter) spread about what the loop
+        aimed at: with a bursty tenant on the board the loop cannot cancel every burst. The
+        margin keeps MARGIN_SIGMAS standard deviations of those averages under the budget's
+        tolerance (about 0.6% of windows over it), never less than the base margin: the
+        board's own scatter (on the H100 1-2% of the budget) leaves the base margin alone.
         Windows that hold a budget step or a switch of ours are left out."""
         if joules is None or self.mode != "budget" or self.budget_w is None:
             return
-        self._energy.append((now, joules, self.setpoint_w, self.budget_w))
+        self._energy.append((now, joules, self._aim_w(), self.budget_w))
         self._update_debt(now)
         older = [(t, j) for t, j, _, _ in self._energy if t <= now - 1.0]
         if not older:
@@ -421,12 +427,13 @@ class Governor(ShapeChoices, PowerHolding, TableError):
         t0, j0 = older[-1]
         quiet = self._quiet_since is None or t0 >= self._quiet_since
         if quiet and now > t0:
-            # the window's power about the set point it was aiming at (a ramp moves both)
-            aimed = statistics.fmean(sp for t, _, sp, _ in self._energy if t > t0)
+            # the window's power about what the loop aimed at (a ramp, a debt move both)
+            aimed = statistics.fmean(aim for t, _, aim, _ in self._energy if t > t0)
             self._window_w.append((joules - j0) / (now - t0) - aimed)
         if len(self._window_w) >= 10:
             spread = statistics.pstdev(self._window_w)
-            self.margin = min(self.max_margin, max(self.base_margin, 1.645 * spread / self.budget_w))
+            wanted = MARGIN_SIGMAS * spread / self.budget_w - WINDOW_TOLERANCE
+            self.margin = min(self.max_margin, max(self.base_margin, wanted))
 
     def _settled(self, now: float) -> bool:
         """Power within 5% of the set point for the last second, and the unexplained watts on

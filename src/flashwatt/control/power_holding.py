@@ -100,10 +100,13 @@ class PowerHolding:
         the loop aims at less the watts of others; past the highest duty the table has seen,
         at most EXTRAPOLATE_DUTY further (its line from idle there may be far off, as near
         the cap, where power stops rising): the table learns the new duty first."""
-        duty = self.table_duty(table, self._aim_w() - max(0.0, self.offset_w))
+        watts = self._aim_w() - max(0.0, self.offset_w)
+        duty = self.table_duty(table, watts)
         if duty is None or not table.bins:
             return duty
-        return min(duty, max(table.bins) / DUTY_BINS + EXTRAPOLATE_DUTY)
+        # (the power prior's duty is safe anywhere: it predicts more watts than any curve measured)
+        prior = prior_duty(watts, self.idle_w, self.limit_w, self.loop.d_min, self.loop.d_max)
+        return min(duty, max(max(table.bins) / DUTY_BINS + EXTRAPOLATE_DUTY, prior))
 
     def _aim_w(self) -> float:
         """What the loop aims at: the set point, less the energy the last second drew over its

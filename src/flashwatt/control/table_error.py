@@ -29,11 +29,11 @@ from __future__ import annotations
 
 TENANT_STEP_W = 25.0
 TENANT_SIGMAS = 4.0
-CUSUM_SLACK = 0.5
-CUSUM_ALARM = 4.0
+CUSUM_SLACK = 1.0
+CUSUM_ALARM = 5.0
 # While either CUSUM is this high, a shift may be building (a small tenant arriving): the share
 # waits rather than absorb it (it would then scale our watts at the next budget for them).
-CUSUM_HOLD = 1.5
+CUSUM_HOLD = 2.5
 SHARE_GAIN = 0.12
 COUNTER_WINDOW = 5
 COUNTER_GAIN = 0.3
@@ -42,7 +42,7 @@ COUNTER_LAG = 0.45  # of a tick: how far behind the board the counter reads (H10
 LEARN_WINDOW = 3
 STILL_DUTY = 0.03
 SHARE_RANGE = (0.85, 1.15)
-OTHERS_GAIN = 0.2  # of the innovation per reading, while others' watts are on the board
+OTHERS_GAIN = 0.5  # of the innovation per reading, while others' watts are on the board
 # For this long after a switch, a budget step or a warm start, a difference is the table's
 # (read at a duty or for a configuration it has seen little of): the share learns it faster,
 # and only a step twice as large is taken for a tenant's.
@@ -106,12 +106,8 @@ class TableError:
         bounded = max(-3.0 * sigma, min(3.0 * sigma, innovation))
         counted = self._counter_window()
         if self._others_present():
-            # their load varies: follow it, by the counter where it has a window (our watts at
-            # the share as they are), else by the readings
-            if counted is not None:
-                self.offset_w += COUNTER_GAIN * (counted[0] - self.table_share * counted[1] - self.offset_w)
-            else:
-                self.offset_w += OTHERS_GAIN * bounded
+            # their load varies, and faster than the counter's window: follow the readings
+            self.offset_w += OTHERS_GAIN * bounded
         elif max(self._cusum) > CUSUM_HOLD:
             pass  # a shift may be building: the step detection decides first
         elif counted is not None:
