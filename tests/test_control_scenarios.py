@@ -14,8 +14,8 @@ import time
 import pandas as pd
 import pytest
 
-from control_plant import (CUDNN, CUSTOM, PROFILES, SHAPE, SIM_WORKLOADS, STEADY, Plant, SimTenant, oracle_rows, run,
-                           simulate)
+from control_plant import (CUDNN, CUSTOM, H100_STEADY, H100_WORKLOADS, IDLE_W, LIMIT_W, PROFILES, SHAPE, STEADY, Plant,
+                           SimTenant, oracle_rows, run, simulate)
 from flashwatt.config import load_config, validate_config
 from flashwatt.control.budget_schedule import STEP_MIN_W, BudgetSchedule
 from flashwatt.control.cell import ControlCell
@@ -89,40 +89,71 @@ def test_the_heldout_suite_is_generated_from_a_seed_the_control_suite_does_not_u
     assert sum(spec["seconds"] for c, spec in control_runs(config, "control_heldout").items() if c.mode != "oracle") <= 120
 
 
-# ---- the suite's scenarios on the simulated GPU -----------------------------------------
-def _oracle() -> pd.DataFrame:
-    plant = Plant(PROFILES)
-    return pd.DataFrame([dict(row, group=name) for name, workload in SIM_WORKLOADS.items()
-                         for row in oracle_rows(plant, workload)])
+# ---- the held-out suite's scenarios on the simulated H100 --------------------------------
+HELDOUT = "control_heldout"
 
 
-def run_suite(seed: int, seconds: float, workloads=("steady", "stream"), cache_root=None) -> pd.DataFrame:
-    """Every generated scenario of a suite, in order, on the simulated GPU: one row each."""
-    oracle, rows = _oracle(), []
-    for workload in workloads:
-        for index in range(20):
-            scenario = generate(seed, index, workload, GeneratorSettings(seconds=seconds))
-            cache = WarmStartCache(cache_root, {"gpu": "sim"}) if cache_root else None  # one GPU, one build
-            gov = Governor("budget", list(PROFILES), budget_w=scenario["schedule"][0][1], idle_w=120.0,
-                           limit_w=700.0, warm_start=cache)
-            trace, facts = simulate(scenario, gov, workload, Plant(PROFILES, seed=index))
-            if cache is not None:
+def h100_oracle(section: dict) -> pd.DataFrame:
+    """The suite's oracle on the calibrated plant: its configurations at its duties (PyTorch's
+    own choice, sdpa_default, is cuDNN there, as on the H100)."""
+    plant = Plant(H100_STEADY)
+    paced = {c for c in H100_STEADY if c.label in section["oracle"]["paced"]}
+    duties = (1.0, *section["oracle"]["duties"])
+    named = set(section["oracle"]["configurations"])
+    rows = []
+    for name, workload in H100_WORKLOADS.items():
+        rows += [dict(row, group=name) for row in oracle_rows(plant, workload, duties=duties, paced=paced)
+                 if row["config"] in named]
+    return pd.DataFrame(rows)
+
+
+def h100_governor(budget_w: float, cache) -> Governor:
+    return Governor("budget", list(H100_STEADY), budget_w=budget_w, idle_w=IDLE_W, limit_w=LIMIT_W, warm_start=cache)
+
+
+def earlier_runs(cache_root, seconds: float = 10.0, budget_w: float = 450.0) -> None:
+    """What the cache holds when a suite starts on the GPU: earlier runs' knowledge (the
+    held-out run on the H100 started from 7 of them), here one run of each workload."""
+    for index, workload in enumerate(H100_WORKLOADS.values()):
+        cache = WarmStartCache(cache_root, {"gpu": "sim"})
+        gov = h100_governor(budget_w, cache)
+        run(gov, Plant(H100_STEADY, seed=1000 + index), seconds, workloads=[(0.0, workload)])
+        cache.save(gov.learned())
+
+
+def run_suite(section: dict, cache_root) -> pd.DataFrame:
+    """Every generated scenario of a suite's `control.random` section, in order, with one
+    warm-start cache, on the simulated H100 (each scenario's plant seeded by its index):
+    one row each."""
+    random = section["random"]
+    settings = GeneratorSettings(seconds=float(random["seconds"]),
+                                 budget_range_w=tuple(random.get("budget_range_w", (250.0, 650.0))))
+    oracle, rows = h100_oracle(section), []
+    earlier_runs(cache_root)
+    for seed in random["seeds"]:
+        for workload in random["workloads"]:
+            for index in range(random["count"]):
+                scenario = generate(seed, index, workload, settings)
+                cache = WarmStartCache(cache_root, {"gpu": "sim"})  # one GPU, one build
+                gov = h100_governor(scenario["schedule"][0][1], cache)
+                trace, facts = simulate(scenario, gov, workload, Plant(H100_STEADY, seed=index),
+                                        workloads=H100_WORKLOADS)
                 cache.save(gov.learned())
-            merit = {**run_merit(trace), **scenario_merit(trace, facts)}
-            ratio, _ = vs_front(merit["front_basis"], oracle, 120.0)
-            rows.append({"workload": workload, "index": index, "classes": classes(scenario), "vs_front": ratio,
-                         "trace": trace, **{k: merit.get(k) for k in (
-                             "windows", "windows_within_pct", "infeasible_windows", "windows_over_10pct",
-                             "sliding_over_10pct", "step_settle_s", "front_basis", "tenants")}})
+                merit = {**run_merit(trace), **scenario_merit(trace, facts)}
+                ratio, _ = vs_front(merit["front_basis"], oracle, IDLE_W)
+                rows.append({"workload": workload, "index": index, "classes": classes(scenario), "vs_front": ratio,
+                             "trace": trace, **{k: merit.get(k) for k in (
+                                 "windows", "windows_within_pct", "infeasible_windows", "windows_over_10pct",
+                                 "sliding_over_10pct", "step_settle_s", "front_basis", "tenants")}})
     return pd.DataFrame(rows)
 
 
 @pytest.fixture(scope="module")
 def suite(tmp_path_factory) -> pd.DataFrame:
+    """The held-out suite (config/config.yaml's control_heldout, as the GPU runs it) on the
+    simulated H100."""
     config = load_config("config/config.yaml")
-    section = config["suites"]["control"]["control"]["random"]
-    return run_suite(section["seeds"][0], float(section["seconds"]), tuple(section["workloads"]),
-                     tmp_path_factory.mktemp("control-cache"))
+    return run_suite(config["suites"][HELDOUT]["control"], tmp_path_factory.mktemp("control-cache"))
 
 
 @pytest.mark.parametrize("scenario_class", SCENARIO_CLASSES)
@@ -141,7 +172,7 @@ def test_pooled_windows_are_within_budget(suite):
 
 def test_every_budget_step_settles_within_a_second(suite):
     settles = [math.inf if s is None else s for steps in suite["step_settle_s"] for s in steps]
-    assert len(settles) >= 100
+    assert len(settles) >= 40
     assert pd.Series(settles).quantile(0.95, interpolation="higher") <= TARGETS["settle_p95_s"]
     assert pd.Series(settles).quantile(0.5, interpolation="higher") <= TARGETS["settle_p50_s"]
 
@@ -174,7 +205,7 @@ def test_exploration_never_tries_a_configuration_predicted_over_the_budget():
     starts at a duty predicted within what is left, and one that would not fit even at the
     lowest duty is deferred, not tried."""
     plant = Plant(PROFILES, tenants=[SimTenant(0.0, 30.0, 230.0)])
-    gov = Governor("budget", list(PROFILES), budget_w=400.0, idle_w=120.0, limit_w=700.0)
+    gov = Governor("budget", list(PROFILES), budget_w=400.0, idle_w=IDLE_W, limit_w=LIMIT_W)
     gov.offset_w = 230.0  # the watts of the tenant, seen before our first call
     trace = run(gov, plant, 8.0)
     trace["energy_mj"] = trace["true_energy_mj"]
@@ -182,7 +213,7 @@ def test_exploration_never_tries_a_configuration_predicted_over_the_budget():
 
     windows = sliding_windows(trace)
     assert (windows["power_w"] <= 400 * 1.03).all(), windows.sort_values("power_w").tail()
-    crowded = Governor("budget", list(PROFILES), budget_w=300.0, idle_w=120.0, limit_w=700.0)
+    crowded = Governor("budget", list(PROFILES), budget_w=300.0, idle_w=IDLE_W, limit_w=LIMIT_W)
     crowded.offset_w = 165.0  # the tenant alone draws 285 W of 300: ours is predicted over even at the lowest duty
     trace = run(crowded, Plant(PROFILES, tenants=[SimTenant(0.0, 30.0, 165.0)]), 3.0)
     events = " ".join(trace["event"].dropna())
@@ -195,7 +226,7 @@ def test_exploration_never_tries_a_configuration_predicted_over_the_budget():
 def test_the_runner_up_is_rechecked_and_a_wrong_ranking_corrected(tmp_path):
     """A warm start whose knowledge is wrong (our kernel credited with cuDNN's figures and
     more): the controller starts on our kernel, re-checks the runner-up, and moves to cuDNN."""
-    wrong = Governor("budget", list(PROFILES), budget_w=450.0, idle_w=120.0, limit_w=700.0)
+    wrong = Governor("budget", list(PROFILES), budget_w=450.0, idle_w=IDLE_W, limit_w=LIMIT_W)
     run(wrong, Plant(PROFILES), 6.0)
     learned = wrong.learned()
     stats = learned[SHAPE]["stats"]
@@ -204,7 +235,7 @@ def test_the_runner_up_is_rechecked_and_a_wrong_ranking_corrected(tmp_path):
     power[CUSTOM.label], power[CUDNN.label] = power[CUDNN.label], power[CUSTOM.label]
     cache = WarmStartCache(tmp_path, {"gpu": "sim"})
     cache.save(learned)
-    gov = Governor("budget", list(PROFILES), budget_w=450.0, idle_w=120.0, limit_w=700.0,
+    gov = Governor("budget", list(PROFILES), budget_w=450.0, idle_w=IDLE_W, limit_w=LIMIT_W,
                    warm_start=WarmStartCache(tmp_path, {"gpu": "sim"}))
     trace = run(gov, Plant(PROFILES), 20.0)
     assert trace["choice"].iloc[0] == CUSTOM.label  # it believed the cache
@@ -214,7 +245,7 @@ def test_the_runner_up_is_rechecked_and_a_wrong_ranking_corrected(tmp_path):
 
 
 def test_a_budget_step_moves_the_duty_at_once():
-    gov = Governor("budget", list(PROFILES), budget_w=600.0, idle_w=120.0, limit_w=700.0)
+    gov = Governor("budget", list(PROFILES), budget_w=600.0, idle_w=IDLE_W, limit_w=LIMIT_W)
     run(gov, Plant(PROFILES), 8.0)
     before = gov.duty
     gov.set_budget(350.0)
@@ -226,7 +257,7 @@ def test_a_budget_step_moves_the_duty_at_once():
 
 def test_energy_mode_is_within_three_percent_of_the_least_energy_static_after_five_seconds():
     plant = Plant(PROFILES)
-    trace = run(Governor("energy", list(PROFILES), idle_w=120.0, limit_w=700.0), plant, 12.0)
+    trace = run(Governor("energy", list(PROFILES), idle_w=IDLE_W, limit_w=LIMIT_W), plant, 12.0)
     late = trace[trace["t"] >= 5.0]
     joules = (late["true_energy_mj"].iloc[-1] - late["true_energy_mj"].iloc[0]) / 1e3
     j_per_token = joules / late["tokens"].iloc[1:].sum()

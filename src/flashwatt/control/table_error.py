@@ -30,7 +30,7 @@ from __future__ import annotations
 TENANT_STEP_W = 25.0
 TENANT_SIGMAS = 4.0
 CUSUM_SLACK = 1.0
-CUSUM_ALARM = 5.0
+CUSUM_ALARM = 3.0
 # While either CUSUM is this high, a shift may be building (a small tenant arriving): the share
 # waits rather than absorb it (it would then scale our watts at the next budget for them).
 CUSUM_HOLD = 2.5
@@ -42,6 +42,9 @@ COUNTER_LAG = 0.45  # of a tick: how far behind the board the counter reads (H10
 LEARN_WINDOW = 3
 STILL_DUTY = 0.03
 SHARE_RANGE = (0.85, 1.15)
+# A tenant seen in a reading had been drawing for about this long (half a tick, the reading's
+# window, the board's lag) before the duty could answer it.
+ARRIVED_BEFORE_S = 0.15
 OTHERS_GAIN = 0.5  # of the innovation per reading, while others' watts are on the board
 # For this long after a switch, a budget step or a warm start, a difference is the table's
 # (read at a duty or for a configuration it has seen little of): the share learns it faster,
@@ -88,7 +91,8 @@ class TableError:
         ours = self.table_power(table, self.loop.duty)
         if ours is None:
             return True
-        sigma = self.noise.sigma_w(ours)
+        # (a tenant's watts scatter as ours do: the noise is that of everything on the board)
+        sigma = self.noise.sigma_w(ours + max(0.0, self.offset_w))
         innovation = power - ours - self.offset_w
         table_first = self._quiet_since is not None and self.clock() - self._quiet_since < TABLE_FIRST_S
         # (a mix of shapes changes its watts whenever one shape changes its configuration:
@@ -214,4 +218,8 @@ class TableError:
             self.table_share = min(SHARE_RANGE[1], max(SHARE_RANGE[0], share))
         self._offset_moved_t = self.clock()
         self._tenant_step = True
+        if taken > 0:
+            # they drew since before this reading: every 1 s window holding their arrival
+            # holds that much more than we could answer, repaid over the next second
+            self._held_back.append((self.clock(), taken * ARRIVED_BEFORE_S))
         self._events.append(f"others' watts now {self.offset_w:.0f} W")
