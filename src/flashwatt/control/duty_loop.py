@@ -23,7 +23,7 @@ class DutyLoop:
     kp: float = 0.5
     ki: float = 3.0  # per second
     max_rise: float = 0.15  # duty per tick
-    k_climb: float = 0.6  # without a table: duty per unit of error (normalised by the plant's gain), per tick
+    k_climb: float = 0.35  # without a table: duty per unit of error (normalised by the plant's gain), per tick
     d_min: float = 0.05
     d_max: float = 1.0
     integral: float = 0.0

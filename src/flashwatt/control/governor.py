@@ -288,9 +288,11 @@ class Governor(ShapeChoices, PowerHolding, TableError):
             still = (abs(self.loop.duty - self._last_duty) < 0.03 and abs(self._last_duty - self._prev_duty) < 0.03
                      and work.tokens > 0 and not self._just_changed())
             self.noise.add(power, self.power_filtered if self.power_filtered is not None else power, still)
-            self.power_filtered = power if self.power_filtered is None else (
-                (1 - FILTER_NEW) * self.power_filtered + FILTER_NEW * power)
-            self._recent_w.append((now, self.power_filtered))
+            # (a reading before our first call shows the board without us: not what we hold)
+            if self.shapes:
+                self.power_filtered = power if self.power_filtered is None else (
+                    (1 - FILTER_NEW) * self.power_filtered + FILTER_NEW * power)
+                self._recent_w.append((now, self.power_filtered))
             while self._recent_w and self._recent_w[0][0] < now - 1.0:
                 self._recent_w.popleft()
         else:
