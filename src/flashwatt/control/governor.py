@@ -69,8 +69,10 @@ MARGIN_SIGMAS = 2.5
 WINDOW_TOLERANCE = 0.03
 # The sensor's period, seconds (flashwatt.control.sensor): one tick.
 SENSOR_PERIOD_S = 0.1
-# Weight of a new reading in the filtered power (what settling and a budget step read).
+# Weight of a new reading in the filtered power (what settling and a budget step read), and
+# the filtered power's scatter for a reading's: sqrt(w / (2 - w)).
 FILTER_NEW = 0.5
+FILTERED_SPREAD = (FILTER_NEW / (2 - FILTER_NEW)) ** 0.5
 
 
 @dataclass
@@ -105,7 +107,7 @@ class Work:
 class Governor(ShapeChoices, PowerHolding, TableError):
     def __init__(self, mode: str, candidates: list[Configuration] | Callable[[tuple], list[Configuration]], *,
                  budget_w: float | None = None, idle_w: float | None = None, limit_w: float | None = None,
-                 max_slowdown: float | None = None, static_duty: float = 1.0, margin: float = 0.015,
+                 max_slowdown: float | None = None, static_duty: float = 1.0, margin: float = 0.02,
                  max_margin: float = 0.08, dwell_s: float = 3.0, explore_dwell_s: float = 0.6,
                  prune_below: float = 0.4, hysteresis: float = 0.05, stale_s: float = 0.5,
                  duty_range: tuple[float, float] = (0.01, 1.0), recheck_after_s: float = 4.0,
@@ -438,8 +440,8 @@ class Governor(ShapeChoices, PowerHolding, TableError):
             self.margin = min(self.max_margin, max(self.base_margin, wanted))
 
     def _settled(self, now: float) -> bool:
-        """Power within 5% of the set point for the last second, and the unexplained watts on
-        the board steady for as long (while another tenant comes or goes, the model's
+        """Power within 5% of what the loop aims at (or two deviations of the filtered readings)
+        for the last second, and the unexplained watts on the board steady for as long (while another tenant comes or goes, the model's
         attribution is uncertain; a steady offset is taken out of every prediction alike);
         energy mode: always."""
         if self.mode != "budget":
@@ -447,7 +449,9 @@ class Governor(ShapeChoices, PowerHolding, TableError):
         if now - self._offset_moved_t < 1.0:  # the others' watts moved: attribution is uncertain
             self._settled_since = None
             return False
-        if self.power_filtered is None or abs(self.power_filtered - self.setpoint_w) > 0.05 * self.setpoint_w:
+        # (the filtered readings scatter too: a band of two of their deviations at least)
+        band = max(0.05 * self.setpoint_w, 2.0 * FILTERED_SPREAD * self.noise.sigma_w(self.setpoint_w))
+        if self.power_filtered is None or abs(self.power_filtered - self._aim_w()) > band:
             self._settled_since = None
             return False
         if self._settled_since is None:
