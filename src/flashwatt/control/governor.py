@@ -1,6 +1,8 @@
 """The decisions of the power-aware controller, free of torch and of NVML: the loop and the
 budget here; choosing a configuration per call shape in flashwatt.control.shape_choices;
-moving the duty to hold the budget between ticks in flashwatt.control.power_holding.
+moving the duty to hold the budget between ticks in flashwatt.control.power_holding; what
+the tables do not explain (the board's drift, other tenants' watts) in
+flashwatt.control.table_error; how noisy one reading is in flashwatt.control.reading_noise.
 
 The `Governor` is fed two things: each sensor tick's reading (about 10 Hz) with the work
 done since the last tick, and GPU-time samples of single calls. From them it keeps the
@@ -28,9 +30,12 @@ above `hysteresis`, so two configurations of near-equal merit never alternate. A
 step (a change of STEP_MIN_W or more) re-decides at once and moves the duty at once, from
 the configuration's duty -> power table; smaller changes (a ramp) are tracked by the loop.
 
-Others' watts: what the running configuration's table does not explain is another
-tenant's; a step in it is taken whole (the duty follows at once), and while it is on the
-board nothing is learned (docs/control.md, "Others' watts").
+Others' watts: what the running configuration's table does not explain is the board's
+drift (a share of the table's watts) or another tenant's; a step in it is taken whole as a
+tenant's (the duty follows at once), and while one is on the board nothing is learned
+(docs/control.md, "Others' watts"). The tables learn from the energy counter over the last
+ticks at one duty (steadier than one reading), a few ticks late and only if no tenant's step
+came meanwhile.
 
 Telemetry failure: when no valid reading arrives for `stale_s`, the governor falls back to
 the most frugal operating point it knows (the configuration and duty with the lowest power

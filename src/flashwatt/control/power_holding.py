@@ -1,8 +1,15 @@
 """How the controller moves the duty to hold the budget, beyond the pacing loop's own
 steps: where a configuration starts (bumpless, within the power bound), the feed-forward
-from the running configuration's duty -> power table less the others' watts, what the loop
-aims at (the set point less energy a window drew over its budget), the cut of a reading
-over the budget, and the duty after a budget step.
+from the running configuration's duty -> power table (scaled by the share of its watts the
+board draws now, less the others' watts: flashwatt.control.table_error), what the loop aims
+at, the cut of a reading far over the budget, and the duty after a budget step.
+
+What the loop aims at is the set point less what the budget's 1 s windows, as the energy
+counter measures them, will hold beyond the board's power: energy a window already drew
+over its budget; a stalled read of the counter (the windows starting there count a tick
+twice); after a step down, the counter's lag (the windows starting then hold some of the
+power from before); after a switch to another table, a margin for that table's unknown
+error, fading over a second.
 
 A part of flashwatt.control.governor.Governor (a mixin): it reads the governor's model,
 loop, set point, others' watts and clock.
