@@ -33,7 +33,7 @@ the configuration's duty -> power table; smaller changes (a ramp) are tracked by
 Others' watts: what the running configuration's table does not explain is the board's
 drift (a share of the table's watts) or another tenant's; a step in it is taken whole as a
 tenant's (the duty follows at once), and while one is on the board nothing is learned
-(docs/control.md, "Others' watts"). The tables learn from the energy counter over the last
+(docs/control.md, "What the tables miss"). The tables learn from the energy counter over the last
 ticks at one duty (steadier than one reading), a few ticks late and only if no tenant's step
 came meanwhile.
 
