@@ -145,7 +145,7 @@ class Governor(ShapeChoices, PowerHolding, TableError):
         # (t, joules) the counter will put in the windows starting then (a stall, a step down)
         self._held_back: collections.deque = collections.deque(maxlen=20)
         self._recent_w: collections.deque = collections.deque()  # (t, filtered power) of the last second
-        self._window_w: collections.deque = collections.deque(maxlen=30)  # 1 s averages less the set point, one per tick
+        self._window_w: collections.deque = collections.deque(maxlen=30)  # 1 s averages less the aim, one per tick
         self._quiet_since: float | None = None  # windows from here on hold no step of ours
         self.dwell_s = dwell_s
         self.explore_dwell_s = explore_dwell_s
@@ -400,7 +400,8 @@ class Governor(ShapeChoices, PowerHolding, TableError):
         if single is None:
             table.add(self.loop.duty, ours)
             return
-        near_setpoint = self.setpoint_w is not None and abs(ours + self.offset_w - self.setpoint_w) <= 0.1 * self.setpoint_w
+        board = ours + self.offset_w
+        near_setpoint = self.setpoint_w is not None and abs(board - self.setpoint_w) <= 0.1 * self.setpoint_w
         self.model.add_tick(*single, tokens_per_s, ours, self.idle_w, self.loop.duty,
                             comparable=near_setpoint or self.loop.duty >= 0.98)
 
@@ -446,9 +447,9 @@ class Governor(ShapeChoices, PowerHolding, TableError):
 
     def _settled(self, now: float) -> bool:
         """Power within 5% of what the loop aims at (or two deviations of the filtered readings)
-        for the last second, and the unexplained watts on the board steady for as long (while another tenant comes or goes, the model's
-        attribution is uncertain; a steady offset is taken out of every prediction alike);
-        energy mode: always."""
+        for the last second, and the unexplained watts on the board steady for as long (while
+        another tenant comes or goes, the model's attribution is uncertain; a steady offset is
+        taken out of every prediction alike); energy mode: always."""
         if self.mode != "budget":
             return True
         if now - self._offset_moved_t < 1.0:  # the others' watts moved: attribution is uncertain
