@@ -314,7 +314,7 @@ def test_the_scheduler_runs_fp8_only_within_the_tolerance():
     assert not any(c.precision == "fp8" for c in candidates("bf16", precision_opt_in=True, tolerance=0.05))
     assert any(c.label == "custom fp8" for c in candidates("bf16", precision_opt_in=True, tolerance=0.1))
     q, k, v = qkv(4, 16, 2048, 128, 71)
-    ctl = Controller("static", configuration="custom fp8", cache=None)
+    ctl = Controller("static", configuration="custom fp8", cache=None, precision_tolerance=TOL)
     try:
         if not HOPPER:  # the one configuration refused (its reason: Custom.supports, tested above)
             with pytest.raises(ControlError, match="no configuration could run shape"):
@@ -323,6 +323,9 @@ def test_the_scheduler_runs_fp8_only_within_the_tolerance():
         with torch.no_grad():
             out = ctl.attention(q, k, v, causal=True)
         assert out.dtype == torch.bfloat16 and rel(out[0, :2], reference(q[0, :2], k[0, :2], v[0, :2], True)) <= TOL
+        checks = ctl.checks()  # the sampled float64 check ran and passed
+        assert list(checks["config"]) == ["custom fp8"] and bool(checks["passed"].iloc[0]), checks
+        assert 0 < checks["rel_err"].iloc[0] <= TOL
     finally:
         ctl.close()
 
