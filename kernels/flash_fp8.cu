@@ -72,12 +72,6 @@ const Fp8Entry kFp8Entries[] = {
 };
 constexpr int kNumFp8Entries = sizeof(kFp8Entries) / sizeof(kFp8Entries[0]);
 
-// amax and cast of 16-bit inputs; e4m3 inputs (T = uint8_t: a pre-quantised V) are only cast.
-template <typename T, int D>
-void quantize_kernels(const Fp8QuantParams& p, dim3 grid, cudaStream_t stream) {
-  if constexpr (sizeof(T) != 1) fp8_amax_kernel<T, D><<<grid, kQuantThreads, 0, stream>>>(p);
-  fp8_cast_kernel<T, D><<<grid, kQuantThreads, 0, stream>>>(p);
-}
 // The tensor maps of the persistent kernels' TMA copies: q and k rows of head_dim bytes in the
 // swizzle of that width, V^T rows of block_n keys in the 128-byte one.
 bool encode_fp8_maps(const Fp8Entry& e, Fp8FwdParams& f, char* why, size_t whylen) {
@@ -192,7 +186,7 @@ int fp8_fwd_kernel_info(int index, FwdKernelInfo* info, char* err, size_t errlen
   return 0;
 }
 
-int fp8_quantize_launch(const Fp8QuantParams& params, int in_dtype, void* stream_ptr, char* err, size_t errlen) {
+int fp8_quantize_launch(Fp8QuantParams& params, int in_dtype, void* stream_ptr, char* err, size_t errlen) {
 #if defined(FLASHWATT_WGMMA)
   const cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
   if (params.tensors < 1 || params.tensors > 3) {
@@ -203,32 +197,45 @@ int fp8_quantize_launch(const Fp8QuantParams& params, int in_dtype, void* stream
     if (err && errlen) snprintf(err, errlen, "fp8 quantisation: head_dim %d (64 or 128)", params.head_dim);
     return 1;
   }
-  int rows = 0, heads = 0;
+  long long blocks = 0;
   for (int i = 0; i < params.tensors; ++i) {
     const Fp8Tensor& t = params.t[i];
-    const int r = t.transposed ? t.vt_cols : t.len;
-    rows = r > rows ? r : rows;
-    heads = t.heads > heads ? t.heads : heads;
-    if (in_dtype != kFp8Input) {
-      const cudaError_t st =
-          cudaMemsetAsync(t.amax, 0, sizeof(float) * static_cast<size_t>(params.batch) * t.heads, stream);
-      if (st != cudaSuccess) return fp8_report(err, errlen, "fp8 quantisation: cudaMemsetAsync(amax)", st);
+    if (t.block_rows != kFp8QBlock && t.block_rows != kFp8KvBlock) {
+      if (err && errlen) snprintf(err, errlen, "fp8 quantisation: block_rows %d (%d or %d)", t.block_rows, kFp8QBlock,
+                                  kFp8KvBlock);
+      return 1;
+    }
+    if (t.transposed && t.block_rows != kFp8KvBlock) {
+      if (err && errlen) snprintf(err, errlen, "fp8 quantisation: V^T is written in blocks of %d keys", kFp8KvBlock);
+      return 1;
+    }
+    if ((in_dtype != kFp8Input) != (t.descale != nullptr)) {
+      if (err && errlen) snprintf(err, errlen, "fp8 quantisation: a descale buffer goes with 16-bit inputs only");
+      return 1;
+    }
+    params.first_block[i] = static_cast<int>(blocks);
+    blocks += static_cast<long long>(params.batch) * t.heads * ((t.len + t.block_rows - 1) / t.block_rows);
+    if (blocks > 0x7fffffffLL) {
+      if (err && errlen) snprintf(err, errlen, "fp8 quantisation: more than 2^31 blocks");
+      return 1;
     }
   }
-  const dim3 grid(params.batch * heads, (rows + kQuantRows - 1) / kQuantRows, params.tensors);
+  for (int i = params.tensors; i < 4; ++i) params.first_block[i] = static_cast<int>(blocks);
+  if (blocks == 0) return 0;
+  const dim3 grid(static_cast<unsigned>(blocks));
   const bool d64 = params.head_dim == 64;
   switch (in_dtype) {
     case kBf16:
-      d64 ? quantize_kernels<__nv_bfloat16, 64>(params, grid, stream)
-          : quantize_kernels<__nv_bfloat16, 128>(params, grid, stream);
+      d64 ? fp8_quantize_kernel<__nv_bfloat16, 64><<<grid, kQuantThreads, 0, stream>>>(params)
+          : fp8_quantize_kernel<__nv_bfloat16, 128><<<grid, kQuantThreads, 0, stream>>>(params);
       break;
     case kFp16:
-      d64 ? quantize_kernels<__half, 64>(params, grid, stream)
-          : quantize_kernels<__half, 128>(params, grid, stream);
+      d64 ? fp8_quantize_kernel<__half, 64><<<grid, kQuantThreads, 0, stream>>>(params)
+          : fp8_quantize_kernel<__half, 128><<<grid, kQuantThreads, 0, stream>>>(params);
       break;
     case kFp8Input:
-      d64 ? quantize_kernels<uint8_t, 64>(params, grid, stream)
-          : quantize_kernels<uint8_t, 128>(params, grid, stream);
+      d64 ? fp8_quantize_kernel<uint8_t, 64><<<grid, kQuantThreads, 0, stream>>>(params)
+          : fp8_quantize_kernel<uint8_t, 128><<<grid, kQuantThreads, 0, stream>>>(params);
       break;
     default:
       if (err && errlen) snprintf(err, errlen, "fp8 quantisation: input dtype code %d", in_dtype);

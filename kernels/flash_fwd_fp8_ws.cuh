@@ -15,6 +15,9 @@
 //     the other's GEMMs.
 //   * the grid is persistent (one CTA per SM unless capped), work items by a fixed stride or,
 //     with a tile counter, the next one no CTA has taken; -1 in item_of_q stops the consumers.
+//   * scales per block as in flash_fwd_fp8.cuh (Fp8Scales): per consumer, its 64 query rows'
+//     descale_q and each K tile's descale_k in the softmax scale, O in units of the last V
+//     tile's descale_v.
 //   * O leaves through a buffer of its own ([BM, D] 16-bit: the Q buffer holds 1 byte per
 //     element), each warp staging only its own rows (store_o_rows), so the next item's Q can
 //     land while the consumers still store this one's O.
@@ -179,8 +182,8 @@ __global__ void __launch_bounds__(384, 1) flash_fwd_fp8_ws_kernel(const __grid_c
     const TileWork<uint8_t> w = grid.template work<uint8_t>(p, tile);
     const int b = w.b, h = w.h, m0 = w.m0, n_tiles = w.n_tiles;
     const int hk = h / grid.group;
-    const float scale_log2 =
-        p.scale * kLog2e * f.descale_q[b * p.heads + h] * f.descale_k[b * p.kv_heads + hk];
+    const Fp8Scales sc(f, b, h, hk, m0 + cw * 64);
+    float dv_prev = sc.dv[0];  // O's unit: the descale_v of the last P V it holds (flash_fwd_fp8.cuh)
     const uint32_t q_base = sQ + qb * S::kQBytes + cw * 64 * D;
 
     float o[ON];
@@ -214,7 +217,7 @@ __global__ void __launch_bounds__(384, 1) flash_fwd_fp8_ws_kernel(const __grid_c
       for (int kk = 0; kk < KN; ++kk) wgmma_rs_e4m3(o, pf[kk], wgmma_desc_fp8<BN>(v_base + kk * 32), 1);
       wgmma_commit();
     };
-    auto softmax = [&](int j, float (&alpha)[2], auto mask) {
+    auto softmax = [&](int j, float (&alpha)[2], auto mask, float scale_log2) {
       constexpr bool kMask = decltype(mask)::value;
       const int n0 = j * BN;
       if (kMask && (n0 + BN > p.len_k || (p.causal && n0 + BN - 1 > m0 + p.causal_offset + warp_row0))) {
@@ -242,6 +245,7 @@ __global__ void __launch_bounds__(384, 1) flash_fwd_fp8_ws_kernel(const __grid_c
     };
     auto step = [&](int j, auto mask) {
       float alpha[2];
+      const float dk_j = sc.dk[j], dv_j = sc.dv[j];  // read before the waits, used after them
       wait_full(k_full, j);
       wait_full(v_full, j - 1);
       turn_wait();
@@ -252,7 +256,11 @@ __global__ void __launch_bounds__(384, 1) flash_fwd_fp8_ws_kernel(const __grid_c
       wgmma_wait<1>();
       fence_regs(s);
       release(k_empty, j);
-      softmax(j, alpha, mask);
+      softmax(j, alpha, mask, sc.q_log2 * dk_j);
+      const float to_unit = dv_prev / dv_j;  // O holds P_{j-1} V_{j-1} in units of dv_prev
+      dv_prev = dv_j;
+      alpha[0] *= to_unit;
+      alpha[1] *= to_unit;
       wgmma_wait<0>();
       fence_regs(o);
       fence_regs(pf);
@@ -271,7 +279,7 @@ __global__ void __launch_bounds__(384, 1) flash_fwd_fp8_ws_kernel(const __grid_c
       wgmma_wait<0>();
       fence_regs(s);
       release(k_empty, 0);
-      softmax(0, alpha, std::true_type{});
+      softmax(0, alpha, std::true_type{}, sc.q_log2 * sc.dk[0]);
       pack_p();
     }
     const int n_clean = min(n_tiles, p.causal ? min(p.len_k, m0 + 1 + p.causal_offset) / BN : p.len_k / BN);
@@ -293,9 +301,8 @@ __global__ void __launch_bounds__(384, 1) flash_fwd_fp8_ws_kernel(const __grid_c
     mbar_arrive(q_empty + 8 * qb);  // every S of this item has read its Q
 
     // ---- epilogue, O staged through this warp's own rows of the O buffer
-    const float descale_v = f.descale_v[b * p.kv_heads + hk];
 #pragma unroll
-    for (int i = 0; i < ON; ++i) o[i] *= descale_v;
+    for (int i = 0; i < ON; ++i) o[i] *= dv_prev;
     const float lse_max[2] = {row_max[0] - kPShift, row_max[1] - kPShift};
     __syncwarp();  // this warp's reads of its O rows for the item before are done
     store_o_rows<T, D, BM>(p, o, lse_max, row_sum, sO, b, h, m0, warp_row0, lane);
