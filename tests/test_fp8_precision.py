@@ -50,15 +50,17 @@ def test_fp8_tiles_fit_the_kernels():
     """kernels/flash_fwd_fp8.cuh (Fp8Shape): 128-key tiles (V^T rows of 128 bytes), 64 q rows per
     warpgroup, O staged through the K/V rings; flash_fwd_fp8_ws.cuh (Fp8WsShape): a producer
     warpgroup beside two consumers, two Q buffers, O staged in a buffer of its own; shared
-    memory within 227 KB."""
+    memory within 227 KB. The quantisation's blocks are the kernels' own: a K/V tile's keys share
+    one scale (KV_BLOCK), a warpgroup's 64 rows one (Q_BLOCK)."""
     from flashwatt.kernels.custom_variants import WS_SCHEDULES
+    from flashwatt.kernels.fp8_numerics import KV_BLOCK, Q_BLOCK
 
     fp8 = {name: t for name, t in TILES.items() if "fp8" in t.precisions}
     assert fp8 and all(t.precisions == ("fp8",) and t.mma in HOPPER_MATH for t in fp8.values())
     assert any(t.schedule in WS_SCHEDULES for t in fp8.values())
     for name, t in fp8.items():
         persistent = t.schedule in WS_SCHEDULES
-        assert t.block_n == 128 and t.block_m % 64 == 0, name
+        assert t.block_n == KV_BLOCK == 128 and t.block_m % Q_BLOCK == 0 and Q_BLOCK == 64, name
         assert t.warps == 4 * (t.block_m // 64 + persistent), name
         for D in t.head_dims:
             assert D in (64, 128)

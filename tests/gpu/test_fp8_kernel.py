@@ -216,7 +216,8 @@ def test_the_extensions_own_refusals_reach_python_as_errors():
     """What the C++ binding refuses (TORCH_CHECK in kernels/flash_binding.cpp, before a launch or
     on the launch's error code) must raise RuntimeError in Python, not end the process: the
     fp8 forward with an lse of the wrong shape, with a tile counter on a one-CTA-per-tile
-    tile, with a tile that is not compiled; the 16-bit forward with an lse of the wrong shape."""
+    tile, with a tile that is not compiled; V^T of a bf16 v; the 16-bit forward with an lse of
+    the wrong shape. A crash names the call (_child_report)."""
     if not HOPPER:
         return
     code = """
@@ -237,6 +238,12 @@ for name, l, block_m, schedule, counter in cases:
         print("NOT RAISED", name)
     except RuntimeError as err:
         print("RAISED", name, str(err).splitlines()[0])
+print("CALL fp8 transpose", flush=True)  # thrown from a frame without a 128-byte aligned parameter block
+try:
+    ext.fp8_transpose_v(v, ops.vt)
+    print("NOT RAISED transpose")
+except RuntimeError as err:
+    print("RAISED transpose", str(err).splitlines()[0])
 print("CALL bf16 lse", flush=True)
 try:
     ext.forward(q, k, v, out, bad, False, ext.CAUSAL_TOP_LEFT, 0.125, ext.MATH_MMA_SYNC, 64, 64, 4, 2, lock, 0, 0,
@@ -248,10 +255,10 @@ except RuntimeError as err:
     proc = _in_child(code)
     assert proc.returncode == 0, _child_report(proc)
     raised = {line.split()[1]: line for line in proc.stdout.splitlines() if line.startswith("RAISED")}
-    assert set(raised) == {"lse", "counter", "tile", "bf16"}, proc.stdout
+    assert set(raised) == {"lse", "counter", "tile", "transpose", "bf16"}, proc.stdout
     assert "lse must be a contiguous float32" in raised["lse"] and "lse must be" in raised["bf16"]
     assert "tile counter needs a persistent" in raised["counter"]
-    assert "no compiled kernel" in raised["tile"]
+    assert "no compiled kernel" in raised["tile"] and "must be float8_e4m3fn" in raised["transpose"]
 
 
 # (Lq, Lk): fewer queries than keys, more (bottom-right: the first Lq - Lk see no key), off the grid
