@@ -246,7 +246,32 @@ def test_the_benchmark_times_fp8_beside_our_bf16_forward():
     assert ("custom", "", "", "fp8") in runs and ("custom", "", PART + "quantize", "fp8") in runs
     assert {v for k, v, _, p in runs if p == "fp8" and v} == {n for n, t in TILES.items() if "fp8" in t.precisions}
     line = fp8_summary_line({"custom": 800.0, "custom:attention": 1000.0, "custom@bf16": 500.0,
-                             "custom:quantize": 4000.0, "sdpa_cudnn": 600.0}, (4, 16, 4096, 128, 16), False)
+                             "custom:quantize": 4000.0, "sdpa_cudnn": 600.0, "custom:wgmma_fp8_ws_pp_m128_n128_s2": 790.0,
+                             "custom:wgmma_fp8_ws_pp_m128_n128_s3": 805.0}, (4, 16, 4096, 128, 16), False)
     assert " 1.600 " in line and " 2.000 " in line and " 20.0 " in line  # fp8/bf16, kernel/bf16, quantisation share
+    assert "  805.0 ws_pp_s3 " in line  # the best tile's call and its name
     with pytest.raises(SystemExit):
         _parse_arguments(["--dtypes", "fp8", "--pass", "bwd"])
+
+
+def test_the_cudnn_peer_says_which_module_is_missing(tmp_path, monkeypatch):
+    """The bench prints the first 160 characters of a peer's refusal: it starts with what failed,
+    the missing module's name and where the package was found."""
+    import sys
+    from pathlib import Path
+
+    from flashwatt.bench_peers import frontend_refusal
+
+    monkeypatch.delitem(sys.modules, "cudnn", raising=False)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if not (Path(p) / "cudnn").exists()])
+    why = frontend_refusal()
+    assert why.startswith("cudnn_fp8: import cudnn failed, ModuleNotFoundError (module 'cudnn')"), why
+    assert "no package 'cudnn' on sys.path" in why
+    package = tmp_path / "cudnn"
+    package.mkdir()
+    (package / "__init__.py").write_text("from . import _compiled_module\n")  # the wheel's native part missing
+    monkeypatch.syspath_prepend(str(tmp_path))
+    why = frontend_refusal()
+    assert why.startswith("cudnn_fp8: import cudnn failed, ImportError"), why
+    assert f"package at {package / '__init__.py'}" in why
+    monkeypatch.delitem(sys.modules, "cudnn", raising=False)
