@@ -51,20 +51,21 @@ constexpr Fp8Entry fp8_entry(int out_dtype) {
                   &flash_fwd_fp8_kernel<T, D, BN, NWG, ST, PP>, S::kSmemBytes, S::kThreads};
 }
 
-template <typename T, int D, int BN, int ST, bool PP>
+template <typename T, int D, int BN, int NWG, int ST, bool PP>
 constexpr Fp8Entry fp8_ws_entry(int out_dtype) {
-  using S = Fp8WsShape<D, BN, ST, PP>;
+  using S = Fp8WsShape<D, BN, NWG, ST, PP>;
   return Fp8Entry{FwdConfig{kWgmmaFp8, out_dtype, D, S::BM, BN, S::kThreads / 32, ST,
                             PP ? kWarpSpecializedPingPong : kWarpSpecialized},
-                  &flash_fwd_fp8_ws_kernel<T, D, BN, ST, PP>, S::kSmemBytes, S::kThreads, true};
+                  &flash_fwd_fp8_ws_kernel<T, D, BN, NWG, ST, PP>, S::kSmemBytes, S::kThreads, true};
 }
 
 // The named fp8 tiles of src/flashwatt/kernels/custom_variants.py map onto these rows.
 #define FLASHWATT_FP8_CONFIGS(T, DT)                                                                  \
   fp8_entry<T, 64, 128, 2, 2, false>(DT), fp8_entry<T, 128, 128, 2, 2, false>(DT),                    \
       fp8_entry<T, 64, 128, 2, 3, true>(DT), fp8_entry<T, 128, 128, 2, 3, true>(DT),                  \
-      fp8_ws_entry<T, 64, 128, 2, true>(DT), fp8_ws_entry<T, 128, 128, 2, true>(DT),                  \
-      fp8_ws_entry<T, 64, 128, 3, true>(DT), fp8_ws_entry<T, 128, 128, 3, true>(DT)
+      fp8_ws_entry<T, 64, 128, 2, 2, true>(DT), fp8_ws_entry<T, 128, 128, 2, 2, true>(DT),            \
+      fp8_ws_entry<T, 64, 128, 2, 3, true>(DT), fp8_ws_entry<T, 128, 128, 2, 3, true>(DT),            \
+      fp8_ws_entry<T, 64, 128, 3, 2, true>(DT), fp8_ws_entry<T, 64, 128, 3, 3, true>(DT)
 
 const Fp8Entry kFp8Entries[] = {
     FLASHWATT_FP8_CONFIGS(__nv_bfloat16, kBf16),

@@ -8,7 +8,7 @@
 //     always encode: there is no thread-copy variant. The maps' swizzle is the tiles' own
 //     (Q and K rows of D bytes: 128-byte swizzle at head dim 128, 64-byte at 64; V^T rows of
 //     128 keys: 128-byte).
-//   * warpgroups 1 and 2, the consumers, 64 query rows each: S_j = Q K_j^T issued with
+//   * warpgroups 1 .. NWG (2, or 3 at head dim 64), the consumers, 64 query rows each: S_j = Q K_j^T issued with
 //     O += P_{j-1} V_{j-1}, P packed to e4m3 straight from the S registers; they release a
 //     slot on its "empty" mbarrier once the wgmma that read it has completed; with PP they
 //     take turns to issue their wgmma (named barriers 1 and 2), so one's softmax runs under
@@ -48,9 +48,9 @@
 namespace flashwatt {
 namespace {
 
-template <int D, int BN, int ST, bool PP>
+template <int D, int BN, int NWG_, int ST, bool PP>
 struct Fp8WsShape {
-  static constexpr int NWG = 2;  // consumer warpgroups, 64 q rows each
+  static constexpr int NWG = NWG_;  // consumer warpgroups, 64 q rows each
   static constexpr int BM = 64 * NWG;
   static constexpr int kThreads = 128 * (NWG + 1);
   static constexpr int kQBytes = BM * D;      // one of two Q buffers
@@ -62,20 +62,23 @@ struct Fp8WsShape {
   static constexpr int ON = D / 2;
   static constexpr int KD = D / 32;
   static constexpr int KN = BN / 32;
-  static constexpr int kProducerRegs = 24;
-  static constexpr int kConsumerRegs = 240;
+  // setmaxnreg: two consumers take 240 registers each; three (head dim 64 only: S 64, O 32 and
+  // P 16 registers) 160, the producer what is left (flash_fwd_wgmma_ws.cuh's split).
+  static constexpr int kProducerRegs = NWG == 2 ? 24 : 32;
+  static constexpr int kConsumerRegs = NWG == 2 ? 240 : 160;
   static constexpr int kBarriers = 4 + 4 * ST;
   static_assert(D == 64 || D == 128, "fp8 kernel: head_dim 64 or 128");
   static_assert(BN == 128, "fp8 kernel: block_n 128 (V^T rows of 128 bytes)");
   static_assert(ST >= 2, "fp8 warp-specialised kernel: at least two K/V slots");
+  static_assert(NWG == 2 || (NWG == 3 && D == 64), "fp8 warp-specialised kernel: three consumers at head dim 64 only");
   static_assert(kSmemBytes <= 227 * 1024, "fp8 warp-specialised kernel: shared memory");
   static_assert(128 * kProducerRegs + 128 * NWG * kConsumerRegs <= 65536, "setmaxnreg: register file");
 };
 
-template <typename T, int D, int BN, int ST, bool PP>
-__global__ void __launch_bounds__(384, 1) flash_fwd_fp8_ws_kernel(const __grid_constant__ Fp8FwdParams f) {
+template <typename T, int D, int BN, int NWG, int ST, bool PP>
+__global__ void __launch_bounds__(128 * (NWG + 1), 1) flash_fwd_fp8_ws_kernel(const __grid_constant__ Fp8FwdParams f) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using S = Fp8WsShape<D, BN, ST, PP>;
+  using S = Fp8WsShape<D, BN, NWG, ST, PP>;
   constexpr int BM = S::BM, SN = S::SN, ON = S::ON, KD = S::KD, KN = S::KN;
   constexpr int CONSUMERS = 128 * S::NWG;
   const FwdParams& p = f.p;

@@ -244,7 +244,10 @@ def test_the_benchmark_times_fp8_beside_our_bf16_forward():
     assert runs == fp8_runs(True, 128)
     assert runs[0] == ("sdpa_flash", "", "", "bf16") and ("custom", "", "", "bf16") in runs
     assert ("custom", "", "", "fp8") in runs and ("custom", "", PART + "quantize", "fp8") in runs
-    assert {v for k, v, _, p in runs if p == "fp8" and v} == {n for n, t in TILES.items() if "fp8" in t.precisions}
+    assert {v for k, v, _, p in runs if p == "fp8" and v} == {n for n, t in TILES.items()
+                                                             if "fp8" in t.precisions and 128 in t.head_dims}
+    d64 = _runs(_parse_arguments(["--dtypes", "fp8", "--head-dims", "64"])[0], [], True, "fp8", 64)
+    assert {v for k, v, _, p in d64 if p == "fp8" and v} == {n for n, t in TILES.items() if "fp8" in t.precisions}
     line = fp8_summary_line({"custom": 800.0, "custom:attention": 1000.0, "custom@bf16": 500.0,
                              "custom:quantize": 4000.0, "sdpa_cudnn": 600.0, "custom:wgmma_fp8_ws_pp_m128_n128_s2": 790.0,
                              "custom:wgmma_fp8_ws_pp_m128_n128_s3": 805.0}, (4, 16, 4096, 128, 16), False)

@@ -243,8 +243,11 @@ def test_fp8_kernels_compiled_for_sm90a_only(fp8_ptxas_report):
     assert len(quant) == (6 if hopper else 0), f"sm_{arch}: {quant}"
     assert all("regs" in kernels[k] for k in fwd + ws + quant), "ptxas reported no register count"
     # setmaxnreg moves registers inside the CTA's allocation: 384 threads x 168 at launch =
-    # 128 x 24 (producer) + 256 x 240 (consumers); fewer at launch and the consumers' inc waits forever
-    assert all(kernels[k]["regs"] == 168 for k in ws), {k: kernels[k]["regs"] for k in ws}
+    # 128 x 24 (producer) + 256 x 240 (consumers), with three consumers 512 x 128 = 128 x 32 +
+    # 384 x 160; fewer at launch and the consumers' inc waits forever
+    consumers = {k: int(re.search(r"Li(?:64|128)ELi128ELi(\d)E", k).group(1)) for k in ws}
+    assert sorted(set(consumers.values())) == ([2, 3] if hopper else []), consumers
+    assert all(kernels[k]["regs"] == {2: 168, 3: 128}[consumers[k]] for k in ws), {k: kernels[k]["regs"] for k in ws}
 
 
 def test_fp8_no_spills_no_stack_no_serialised_wgmma(fp8_ptxas_report):

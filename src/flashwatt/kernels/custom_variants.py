@@ -102,6 +102,11 @@ TILES: dict[str, Tile] = {
     # 2 consumer warpgroups taking turns, K and V^T rings of <stages> slots, O staged in a buffer of its own.
     "wgmma_fp8_ws_pp_m128_n128_s2": Tile(128, 128, 12, 2, (64, 128), ("fp8",), "fp8 wgmma warp-specialised ping-pong, persistent: producer warpgroup (TMA) + 2 consumer warpgroups x 64 q rows, 128-key tiles, 2 slots", WGMMA_FP8, WARP_SPECIALIZED_PING_PONG),
     "wgmma_fp8_ws_pp_m128_n128_s3": Tile(128, 128, 12, 3, (64, 128), ("fp8",), "as wgmma_fp8_ws_pp_m128_n128_s2 with 3 K/V slots", WGMMA_FP8, WARP_SPECIALIZED_PING_PONG),
+    # Head dim 64: 3 consumer warpgroups (192 q rows per K/V tile read, 160 registers each), as
+    # wgmma_ws_pp_m192_n128_s2 is for 16-bit inputs; blocks start at row 0 (a warpgroup's rows are one
+    # query block of the quantisation), not end-aligned under a causal mask as the 16-bit one's.
+    "wgmma_fp8_ws_pp_m192_n128_s2": Tile(192, 128, 16, 2, (64,), ("fp8",), "fp8 wgmma warp-specialised ping-pong, persistent: producer warpgroup (TMA) + 3 consumer warpgroups x 64 q rows, 128-key tiles, 2 slots", WGMMA_FP8, WARP_SPECIALIZED_PING_PONG),
+    "wgmma_fp8_ws_pp_m192_n128_s3": Tile(192, 128, 16, 3, (64,), ("fp8",), "as wgmma_fp8_ws_pp_m192_n128_s2 with 3 K/V slots", WGMMA_FP8, WARP_SPECIALIZED_PING_PONG),
 }
 
 DEFAULT_TILE = {
