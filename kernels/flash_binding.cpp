@@ -300,14 +300,15 @@ void check_fp8_head_dim(int64_t head_dim) {
 
 int64_t fp8_vt_cols(int64_t len_k) { return fp8_blocks(len_k, flashwatt::kFp8KeyPad) * flashwatt::kFp8KeyPad; }
 
-// V^T of (batch, kv_heads, len_k, head_dim): (batch, kv_heads, head_dim, fp8_vt_cols(len_k)) e4m3, contiguous.
+// V^T of (batch, kv_heads, len_k, head_dim): (batch, kv_heads, head_dim + 8, fp8_vt_cols(len_k)) e4m3,
+// contiguous (flash_fp8.cuh, kFp8VtExtraRows).
 void check_vt(const at::Tensor& vt, int64_t batch, int64_t kv_heads, int64_t len_k, int64_t head_dim,
               const at::Tensor& like) {
   check_fp8_operand(vt, "vt", like);
-  const std::vector<int64_t> shape{batch, kv_heads, head_dim, fp8_vt_cols(len_k)};
+  const std::vector<int64_t> shape{batch, kv_heads, head_dim + flashwatt::kFp8VtExtraRows, fp8_vt_cols(len_k)};
   TORCH_CHECK(vt.is_contiguous() && vt.sizes() == at::IntArrayRef(shape), "flashwatt fp8: vt must be a contiguous ",
-              shape, " tensor (V transposed, keys padded to a multiple of ", flashwatt::kFp8KeyPad, "), got ",
-              vt.sizes());
+              shape, " tensor (V transposed, keys padded to a multiple of ", flashwatt::kFp8KeyPad, ", ",
+              flashwatt::kFp8VtExtraRows, " rows of ones and zeros under the head dim's), got ", vt.sizes());
 }
 
 flashwatt::Fp8Tensor fp8_tensor(const at::Tensor& x, at::Tensor& out, at::Tensor* descale, int block_rows,
@@ -460,14 +461,14 @@ __attribute__((noinline)) int launch_fp8_forward(int index, const at::Tensor& q8
 // float32.
 void fp8_forward(const at::Tensor& q8, const at::Tensor& k8, const at::Tensor& vt8, const at::Tensor& descale_q,
                  const at::Tensor& descale_k, const at::Tensor& descale_v, at::Tensor& out, at::Tensor& lse,
-                 bool causal, int64_t causal_align, double scale, int64_t block_m, int64_t block_n, int64_t warps,
-                 int64_t stages, int64_t schedule, int64_t grid_cap, int64_t section, bool tile_counter) {
+                 bool causal, int64_t causal_align, double scale, int64_t math, int64_t block_m, int64_t block_n,
+                 int64_t warps, int64_t stages, int64_t schedule, int64_t grid_cap, int64_t section, bool tile_counter) {
   check_fp8_forward(q8, k8, vt8, descale_q, descale_k, descale_v, out, lse, causal_align, schedule, tile_counter);
-  const int index = flashwatt::fp8_fwd_find_config(dtype_code(out), static_cast<int>(q8.size(3)),
+  const int index = flashwatt::fp8_fwd_find_config(static_cast<int>(math), dtype_code(out), static_cast<int>(q8.size(3)),
                                                    static_cast<int>(block_m), static_cast<int>(block_n),
                                                    static_cast<int>(warps), static_cast<int>(stages),
                                                    static_cast<int>(schedule));
-  TORCH_CHECK(index >= 0, "flashwatt fp8: no compiled kernel for out dtype ", out.scalar_type(), ", head_dim ",
+  TORCH_CHECK(index >= 0, "flashwatt fp8: no compiled kernel for math ", math, ", out dtype ", out.scalar_type(), ", head_dim ",
               q8.size(3), ", block_m ", block_m, ", block_n ", block_n, ", warps ", warps, ", stages ", stages,
               ", schedule ", schedule);
   const c10::cuda::CUDAGuard guard(q8.device());
@@ -491,9 +492,11 @@ std::vector<std::vector<int64_t>> fp8_configs() {
   return rows;
 }
 
-std::map<std::string, int64_t> fp8_kernel_info(int64_t out_dtype, int64_t head_dim, int64_t block_m, int64_t block_n,
+std::map<std::string, int64_t> fp8_kernel_info(int64_t math, int64_t out_dtype, int64_t head_dim, int64_t block_m,
+                                               int64_t block_n,
                                                int64_t warps, int64_t stages, int64_t schedule) {
-  const int index = flashwatt::fp8_fwd_find_config(static_cast<int>(out_dtype), static_cast<int>(head_dim),
+  const int index = flashwatt::fp8_fwd_find_config(static_cast<int>(math), static_cast<int>(out_dtype),
+                                                   static_cast<int>(head_dim),
                                                    static_cast<int>(block_m), static_cast<int>(block_n),
                                                    static_cast<int>(warps), static_cast<int>(stages),
                                                    static_cast<int>(schedule));
@@ -555,14 +558,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("fp8_transpose_v", &fp8_transpose_v, "a pre-quantised e4m3 v into the kernels' V^T: (v8, vt8)");
   m.def("fp8_forward", &fp8_forward,
         "fp8 attention forward (q8, k8, vt8, descale_q, descale_k, descale_v, out, lse, causal, causal_align, scale, "
-        "block_m, block_n, warps, stages, schedule, grid_cap, section, tile_counter)");
+        "math, block_m, block_n, warps, stages, schedule, grid_cap, section, tile_counter)");
   m.def("fp8_configs", &fp8_configs,
         "compiled fp8 configurations: [math, out dtype, head_dim, block_m, block_n, warps, stages, schedule]");
   m.def("fp8_kernel_info", &fp8_kernel_info, "registers, local bytes, shared memory and occupancy of one fp8 configuration");
   m.attr("FP8_KEY_PAD") = flashwatt::kFp8KeyPad;
   m.attr("FP8_Q_BLOCK") = flashwatt::kFp8QBlock;
   m.attr("FP8_KV_BLOCK") = flashwatt::kFp8KvBlock;
+  m.attr("FP8_VT_EXTRA_ROWS") = flashwatt::kFp8VtExtraRows;
   m.attr("MATH_WGMMA_FP8") = flashwatt::kWgmmaFp8;
+  m.attr("MATH_WGMMA_FP8_RSUM") = flashwatt::kWgmmaFp8RowSum;
   m.attr("DTYPE_FP16") = static_cast<int>(flashwatt::kFp16);
   m.attr("DTYPE_BF16") = static_cast<int>(flashwatt::kBf16);
   m.attr("DTYPE_FP32") = static_cast<int>(flashwatt::kFp32);

@@ -51,12 +51,12 @@ constexpr Fp8Entry fp8_entry(int out_dtype) {
                   &flash_fwd_fp8_kernel<T, D, BN, NWG, ST, PP>, S::kSmemBytes, S::kThreads};
 }
 
-template <typename T, int D, int BN, int NWG, int ST, bool PP>
+template <typename T, int D, int BN, int NWG, int ST, bool PP, bool RSUM = false>
 constexpr Fp8Entry fp8_ws_entry(int out_dtype) {
-  using S = Fp8WsShape<D, BN, NWG, ST, PP>;
-  return Fp8Entry{FwdConfig{kWgmmaFp8, out_dtype, D, S::BM, BN, S::kThreads / 32, ST,
+  using S = Fp8WsShape<D, BN, NWG, ST, PP, RSUM>;
+  return Fp8Entry{FwdConfig{RSUM ? kWgmmaFp8RowSum : kWgmmaFp8, out_dtype, D, S::BM, BN, S::kThreads / 32, ST,
                             PP ? kWarpSpecializedPingPong : kWarpSpecialized},
-                  &flash_fwd_fp8_ws_kernel<T, D, BN, NWG, ST, PP>, S::kSmemBytes, S::kThreads, true};
+                  &flash_fwd_fp8_ws_kernel<T, D, BN, NWG, ST, PP, RSUM>, S::kSmemBytes, S::kThreads, true};
 }
 
 // The named fp8 tiles of src/flashwatt/kernels/custom_variants.py map onto these rows.
@@ -65,7 +65,9 @@ constexpr Fp8Entry fp8_ws_entry(int out_dtype) {
       fp8_entry<T, 64, 128, 2, 3, true>(DT), fp8_entry<T, 128, 128, 2, 3, true>(DT),                  \
       fp8_ws_entry<T, 64, 128, 2, 2, true>(DT), fp8_ws_entry<T, 128, 128, 2, 2, true>(DT),            \
       fp8_ws_entry<T, 64, 128, 2, 3, true>(DT), fp8_ws_entry<T, 128, 128, 2, 3, true>(DT),            \
-      fp8_ws_entry<T, 64, 128, 3, 2, true>(DT), fp8_ws_entry<T, 64, 128, 3, 3, true>(DT)
+      fp8_ws_entry<T, 64, 128, 3, 2, true>(DT), fp8_ws_entry<T, 64, 128, 3, 3, true>(DT),            \
+      fp8_ws_entry<T, 64, 128, 2, 2, true, true>(DT), fp8_ws_entry<T, 128, 128, 2, 2, true, true>(DT), \
+      fp8_ws_entry<T, 64, 128, 3, 3, true, true>(DT)
 
 const Fp8Entry kFp8Entries[] = {
     FLASHWATT_FP8_CONFIGS(__nv_bfloat16, kBf16),
@@ -74,18 +76,20 @@ const Fp8Entry kFp8Entries[] = {
 constexpr int kNumFp8Entries = sizeof(kFp8Entries) / sizeof(kFp8Entries[0]);
 
 // The tensor maps of the persistent kernels' TMA copies: q and k rows of head_dim bytes in the
-// swizzle of that width, V^T rows of block_n keys in the 128-byte one.
+// swizzle of that width, V^T rows of block_n keys in the 128-byte one (head_dim of them, or
+// with the rows of ones and zeros under them for the RSUM tiles).
 bool encode_fp8_maps(const Fp8Entry& e, Fp8FwdParams& f, char* why, size_t whylen) {
   FwdParams& p = f.p;
   const int d = e.cfg.head_dim;
   const CUtensorMapSwizzle rows = d == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
   const CUtensorMapDataType u8 = CU_TENSOR_MAP_DATA_TYPE_UINT8;
+  const int vrows = d + (e.cfg.math == kWgmmaFp8RowSum ? kFp8VtExtraRows : 0);
   return encode_map_4d(p.maps.q, "q", u8, 1, p.q, d, p.len_q, p.heads, p.batch, p.q_sl, p.q_sh, p.q_sb, d,
                        e.cfg.block_m, why, whylen, rows) &&
          encode_map_4d(p.maps.k, "k", u8, 1, p.k, d, p.len_k, p.kv_heads, p.batch, p.k_sl, p.k_sh, p.k_sb, d,
                        e.cfg.block_n, why, whylen, rows) &&
-         encode_map_4d(p.maps.v, "vt", u8, 1, p.v, f.vt_cols, d, p.kv_heads, p.batch, p.v_sl, p.v_sh, p.v_sb,
-                       e.cfg.block_n, d, why, whylen, CU_TENSOR_MAP_SWIZZLE_128B);
+         encode_map_4d(p.maps.v, "vt", u8, 1, p.v, f.vt_cols, vrows, p.kv_heads, p.batch, p.v_sl, p.v_sh, p.v_sb,
+                       e.cfg.block_n, vrows, why, whylen, CU_TENSOR_MAP_SWIZZLE_128B);
 }
 #else
 const Fp8Entry* const kFp8Entries = nullptr;
@@ -102,10 +106,11 @@ int fp8_fwd_num_configs() { return kNumFp8Entries; }
 
 FwdConfig fp8_fwd_config(int index) { return kFp8Entries[index].cfg; }
 
-int fp8_fwd_find_config(int out_dtype, int head_dim, int block_m, int block_n, int warps, int stages, int schedule) {
+int fp8_fwd_find_config(int math, int out_dtype, int head_dim, int block_m, int block_n, int warps, int stages,
+                        int schedule) {
   for (int i = 0; i < kNumFp8Entries; ++i) {
     const FwdConfig& c = kFp8Entries[i].cfg;
-    if (c.dtype == out_dtype && c.head_dim == head_dim && c.block_m == block_m && c.block_n == block_n &&
+    if (c.math == math && c.dtype == out_dtype && c.head_dim == head_dim && c.block_m == block_m && c.block_n == block_n &&
         c.warps == warps && c.stages == stages && c.schedule == schedule)
       return i;
   }

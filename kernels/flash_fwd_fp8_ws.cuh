@@ -18,6 +18,10 @@
 //   * scales per block as in flash_fwd_fp8.cuh (Fp8Scales): per consumer, its 64 query rows'
 //     descale_q and each K tile's descale_k in the softmax scale, O in units of the last V
 //     tile's descale_v.
+//   * RSUM: the row sums of P from the tensor cores. V^T has a row of e4m3 ones under the head
+//     dim's rows (fp8_quantize.cuh), so O += P V with N = D + 8 also accumulates each row's sum
+//     of P as rounded to e4m3 (the weights O is made of) in its column D, rescaled by alpha as
+//     O is: the softmax drops its FADD per score. The V^T slots hold D + 8 rows.
 //   * O leaves through a buffer of its own ([BM, D] 16-bit: the Q buffer holds 1 byte per
 //     element), each warp staging only its own rows (store_o_rows), so the next item's Q can
 //     land while the consumers still store this one's O.
@@ -48,18 +52,22 @@
 namespace flashwatt {
 namespace {
 
-template <int D, int BN, int NWG_, int ST, bool PP>
+template <int D, int BN, int NWG_, int ST, bool PP, bool RSUM_ = false>
 struct Fp8WsShape {
   static constexpr int NWG = NWG_;  // consumer warpgroups, 64 q rows each
+  static constexpr bool RSUM = RSUM_;  // the row sums of P from the tensor cores (module comment)
   static constexpr int BM = 64 * NWG;
   static constexpr int kThreads = 128 * (NWG + 1);
+  static constexpr int VROWS = D + (RSUM ? kFp8VtExtraRows : 0);  // V^T rows a slot holds: P V's N
   static constexpr int kQBytes = BM * D;      // one of two Q buffers
-  static constexpr int kTileBytes = BN * D;   // one K or one V^T slot
+  static constexpr int kTileBytes = BN * D;   // one K slot
+  static constexpr int kVTileBytes = BN * VROWS;  // one V^T slot (a multiple of the 1 KB swizzle atom)
   static constexpr int kOBytes = BM * D * 2;  // the O staging buffer, 16-bit
   // + 1 KB: the dynamic shared-memory base is rounded up to the 1 KB swizzle atom.
-  static constexpr int kSmemBytes = 2 * kQBytes + 2 * ST * kTileBytes + kOBytes + 1024;
+  static constexpr int kSmemBytes = 2 * kQBytes + ST * (kTileBytes + kVTileBytes) + kOBytes + 1024;
   static constexpr int SN = BN / 2;
-  static constexpr int ON = D / 2;
+  static constexpr int ON = VROWS / 2;  // O accumulators per thread; with RSUM the last 4 hold the row sums
+  static constexpr int OD = D / 2;      // those of the output
   static constexpr int KD = D / 32;
   static constexpr int KN = BN / 32;
   // setmaxnreg: two consumers take 240 registers each; three (head dim 64 only: S 64, O 32 and
@@ -71,15 +79,16 @@ struct Fp8WsShape {
   static_assert(BN == 128, "fp8 kernel: block_n 128 (V^T rows of 128 bytes)");
   static_assert(ST >= 2, "fp8 warp-specialised kernel: at least two K/V slots");
   static_assert(NWG == 2 || (NWG == 3 && D == 64), "fp8 warp-specialised kernel: three consumers at head dim 64 only");
+  static_assert(kVTileBytes % 1024 == 0, "fp8 warp-specialised kernel: V^T slots on the swizzle atom");
   static_assert(kSmemBytes <= 227 * 1024, "fp8 warp-specialised kernel: shared memory");
   static_assert(128 * kProducerRegs + 128 * NWG * kConsumerRegs <= 65536, "setmaxnreg: register file");
 };
 
-template <typename T, int D, int BN, int NWG, int ST, bool PP>
+template <typename T, int D, int BN, int NWG, int ST, bool PP, bool RSUM>
 __global__ void __launch_bounds__(128 * (NWG + 1), 1) flash_fwd_fp8_ws_kernel(const __grid_constant__ Fp8FwdParams f) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using S = Fp8WsShape<D, BN, NWG, ST, PP>;
-  constexpr int BM = S::BM, SN = S::SN, ON = S::ON, KD = S::KD, KN = S::KN;
+  using S = Fp8WsShape<D, BN, NWG, ST, PP, RSUM>;
+  constexpr int BM = S::BM, SN = S::SN, ON = S::ON, OD = S::OD, KD = S::KD, KN = S::KN;
   constexpr int CONSUMERS = 128 * S::NWG;
   const FwdParams& p = f.p;
 
@@ -89,7 +98,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) flash_fwd_fp8_ws_kernel(co
   const uint32_t sQ = (smem_addr(smem) + 1023u) & ~1023u;  // Q buffers 0 and 1
   const uint32_t sK = sQ + 2 * S::kQBytes;
   const uint32_t sV = sK + ST * S::kTileBytes;
-  const uint32_t sO = sV + ST * S::kTileBytes;
+  const uint32_t sO = sV + ST * S::kVTileBytes;
   const uint32_t q_full = smem_addr(bars);
   const uint32_t q_empty = q_full + 2 * 8;
   const uint32_t k_full = q_empty + 2 * 8;
@@ -149,8 +158,8 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) flash_fwd_fp8_ws_kernel(co
         mbar_arrive_expect_tx(k_full + 8 * slot, S::kTileBytes);
         tma_load_4d(sK + slot * S::kTileBytes, p.maps.k, 0, j * BN, hk, w.b, k_full + 8 * slot);
         mbar_wait(v_empty + 8 * slot, par ^ 1);
-        mbar_arrive_expect_tx(v_full + 8 * slot, S::kTileBytes);
-        tma_load_4d(sV + slot * S::kTileBytes, p.maps.v, j * BN, 0, hk, w.b, v_full + 8 * slot);
+        mbar_arrive_expect_tx(v_full + 8 * slot, S::kVTileBytes);
+        tma_load_4d(sV + slot * S::kVTileBytes, p.maps.v, j * BN, 0, hk, w.b, v_full + 8 * slot);
         if (++slot == ST) {
           slot = 0;
           par ^= 1;
@@ -215,7 +224,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) flash_fwd_fp8_ws_kernel(co
       wgmma_commit();
     };
     auto issue_pv = [&](int j) {
-      const uint32_t v_base = sV + slot_of(j) * S::kTileBytes;
+      const uint32_t v_base = sV + slot_of(j) * S::kVTileBytes;
 #pragma unroll
       for (int kk = 0; kk < KN; ++kk) wgmma_rs_e4m3(o, pf[kk], wgmma_desc_fp8<BN>(v_base + kk * 32), 1);
       wgmma_commit();
@@ -262,14 +271,13 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) flash_fwd_fp8_ws_kernel(co
       softmax(j, alpha, mask, sc.q_log2 * dk_j);
       const float to_unit = dv_prev / dv_j;  // O holds P_{j-1} V_{j-1} in units of dv_prev
       dv_prev = dv_j;
-      alpha[0] *= to_unit;
-      alpha[1] *= to_unit;
+      const float alpha_o[2] = {alpha[0] * to_unit, alpha[1] * to_unit};  // the row sums take alpha alone
       wgmma_wait<0>();
       fence_regs(o);
       fence_regs(pf);
       release(v_empty, j - 1);
 #pragma unroll
-      for (int i = 0; i < ON; ++i) o[i] *= alpha[(i >> 1) & 1];
+      for (int i = 0; i < ON; ++i) o[i] *= i < OD ? alpha_o[(i >> 1) & 1] : alpha[(i >> 1) & 1];
       pack_p();
     };
     {  // tile 0: no P V in flight yet
@@ -305,10 +313,15 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) flash_fwd_fp8_ws_kernel(co
 
     // ---- epilogue, O staged through this warp's own rows of the O buffer
 #pragma unroll
-    for (int i = 0; i < ON; ++i) o[i] *= dv_prev;
+    for (int i = 0; i < OD; ++i) o[i] *= dv_prev;
+    if constexpr (RSUM) {  // column D of row g (r = 0) and g + 8 (r = 1) at the quad's thread 0; the rest 0
+#pragma unroll
+      for (int r = 0; r < 2; ++r) row_sum[r] = o[OD + 2 * r] + o[OD + 2 * r + 1];
+    }
     const float lse_max[2] = {row_max[0] - kPShift, row_max[1] - kPShift};
     __syncwarp();  // this warp's reads of its O rows for the item before are done
-    store_o_rows<T, D, BM>(p, o, lse_max, row_sum, sO, b, h, m0, warp_row0, lane);
+    store_o_rows<T, D, BM>(p, reinterpret_cast<const float(&)[OD]>(o), lse_max, row_sum, sO, b, h, m0, warp_row0,
+                           lane);
   }
   // Consumer 0 takes the turn the last consumer passed after its last wgmma, so no arrival
   // on a named barrier is left pending when the CTA exits.

@@ -21,8 +21,9 @@
 // (head dim rows, keys contiguous) in shared memory. It is written here, in the pass that
 // casts V anyway, rather than transposed per tile in shared memory by the attention kernel:
 // the cast reads and writes V once either way, and the attention kernel then loads V^T tiles
-// as it loads K tiles. V^T of one head is [D, vt_cols] with vt_cols = len_k rounded up to 64
-// (a multiple of 16 bytes for the copies; keys past len_k are zeros). Within every 32 keys
+// as it loads K tiles. V^T of one head is [D + 8, vt_cols] with vt_cols = len_k rounded up to 64
+// (a multiple of 16 bytes for the copies; keys past len_k are zeros); row D holds ones and rows
+// D + 1 .. D + 7 zeros (kFp8VtExtraRows: the row sums of the RSUM tiles). Within every 32 keys
 // the columns are permuted: column c holds key fp8_key_of_column(c), so that P, packed in
 // the order its fp32 accumulators hold it, is already wgmma's A fragment (wgmma_fp8.cuh).
 // Pre-quantised e4m3 V takes the same pass without a scale (T = uint8_t).
@@ -134,8 +135,14 @@ __device__ __forceinline__ void store_vt_block(const Fp8Tensor& t, int bh, int r
     dst[0] = v.x, dst[1] = v.y, dst[2] = v.z, dst[3] = v.w;
   }
   __syncthreads();
-  uint8_t* out = static_cast<uint8_t*>(t.out) + static_cast<int64_t>(bh) * D * t.vt_cols;
+  uint8_t* out = static_cast<uint8_t*>(t.out) + static_cast<int64_t>(bh) * (D + kFp8VtExtraRows) * t.vt_cols;
   const int chunks = min(kFp8KvBlock, t.vt_cols - row0) / 16;  // 16-byte pieces of a V^T row in this block
+  if (threadIdx.x < kFp8VtExtraRows * (kFp8KvBlock / 16)) {  // the rows under the head dim's: ones, then zeros
+    const int r = threadIdx.x / (kFp8KvBlock / 16), c = threadIdx.x % (kFp8KvBlock / 16);
+    const uint32_t w = r == 0 ? 0x38383838u : 0u;  // e4m3 1.0 is 0x38
+    if (c < chunks)
+      *reinterpret_cast<uint4*>(out + static_cast<int64_t>(D + r) * t.vt_cols + row0 + c * 16) = make_uint4(w, w, w, w);
+  }
 #pragma unroll
   for (int i = 0; i < D * (kFp8KvBlock / 16) / kQuantThreads; ++i) {
     const int idx = threadIdx.x + i * kQuantThreads;

@@ -110,12 +110,29 @@ def test_key_order_is_a_permutation_of_each_32():
 def test_transpose_v_holds_each_key_in_its_column_and_zeros_past_the_end():
     v8, _ = fn.quantize_blocks(randn((2, 2, 77, 64), 3), fn.KV_BLOCK)
     vt = fn.transpose_v(v8)
-    assert vt.shape == (2, 2, 64, 128) and vt.dtype == torch.float8_e4m3fn
+    assert vt.shape == (2, 2, 64 + fn.VT_EXTRA_ROWS, 128) and vt.dtype == torch.float8_e4m3fn
     keys = fn.column_keys(77)
     for col in (0, 1, 2, 5, 31, 32, 76, 77, 100, 127):
         key = int(keys[col])
         expected = v8[:, :, key].float() if key < 77 else torch.zeros(2, 2, 64)
-        assert torch.equal(vt[:, :, :, col].float(), expected), col
+        assert torch.equal(vt[:, :, :64, col].float(), expected), col
+    # under the head dim's rows: ones, then zeros, so that P V^T's column 64 is P's row sum
+    assert (vt[:, :, 64].float() == 1).all() and (vt[:, :, 65:].float() == 0).all()
+    p = torch.rand(2, 2, 5, 128)
+    assert torch.allclose((p @ vt.float().transpose(2, 3))[..., 64], p.sum(-1))
+
+
+def test_the_row_sum_of_rounded_p_is_as_accurate():
+    """The tiles that sum P on the tensor cores sum it rounded to e4m3 (it is what P V weighs V
+    by): O is then normalised by the weights it was made of; against float64 the error stays
+    e4m3's, and the LSE moves by e4m3's rounding averaged over a row."""
+    q, k, v = (randn((1, 2, 500, 64), s) for s in (50, 51, 52))
+    (q8, dq), (k8, dk), (v8, dv) = fn.quantize_qkv(q, k, v)
+    ref, ref_lse = attention64(q, k, v, True)
+    plain, plain_lse = fn.emulate_attention(q8, k8, v8, dq, dk, dv, True)
+    rounded, rounded_lse = fn.emulate_attention(q8, k8, v8, dq, dk, dv, True, sum_of_rounded_p=True)
+    assert rel(rounded, ref) < TOLERANCE["fp8"]["fwd"] / 1.5 and rel(rounded_lse, ref_lse) < 5e-3
+    assert 0 < rel(rounded, plain) < 1e-2 and not torch.equal(rounded_lse, plain_lse)
 
 
 def test_p_in_accumulator_order_times_v_transposed_is_p_v():

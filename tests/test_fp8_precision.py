@@ -53,7 +53,8 @@ def test_fp8_tiles_fit_the_kernels():
     memory within 227 KB. The quantisation's blocks are the kernels' own: a K/V tile's keys share
     one scale (KV_BLOCK), a warpgroup's 64 rows one (Q_BLOCK)."""
     from flashwatt.kernels.custom_variants import WS_SCHEDULES
-    from flashwatt.kernels.fp8_numerics import KV_BLOCK, Q_BLOCK
+    from flashwatt.kernels.custom_variants import WGMMA_FP8_RSUM
+    from flashwatt.kernels.fp8_numerics import KV_BLOCK, Q_BLOCK, VT_EXTRA_ROWS
 
     fp8 = {name: t for name, t in TILES.items() if "fp8" in t.precisions}
     assert fp8 and all(t.precisions == ("fp8",) and t.mma in HOPPER_MATH for t in fp8.values())
@@ -64,7 +65,8 @@ def test_fp8_tiles_fit_the_kernels():
         assert t.warps == 4 * (t.block_m // 64 + persistent), name
         for D in t.head_dims:
             assert D in (64, 128)
-            rings, o = 2 * t.stages * t.block_n * D, t.block_m * D * 2
+            vrows = D + VT_EXTRA_ROWS if t.mma == WGMMA_FP8_RSUM else D  # V^T slots with the ones under them
+            rings, o = t.stages * t.block_n * (D + vrows), t.block_m * D * 2
             smem = (2 * t.block_m * D + rings + o if persistent else t.block_m * D + rings) + 1024
             assert (persistent or rings >= o) and smem <= 227 * 1024, (name, D)
 

@@ -9,7 +9,8 @@ Two references, both float64-checked measures ||out - ref|| / ||ref||:
   inputs (flashwatt.kernels.fp8_numerics, which tests/test_fp8_numerics.py measures on the CPU);
   the bound is twice that.
 - the emulation of the kernel's own arithmetic on the kernel's own e4m3 operands
-  (fp8_numerics.emulate_attention, in float32 on the GPU): bound EMULATION_TOL = 1e-2. What may
+  (fp8_numerics.emulate_attention, in float32 on the GPU; for the `_rsum` tiles with the row
+  sums of P as rounded to e4m3): bound EMULATION_TOL = 1e-2. What may
   differ there is summation order (the tensor cores' fp32 accumulation keeps fewer bits over long
   sums), ex2.approx against exp2 and, rarely, a P that rounds to the neighbouring e4m3 value:
   well under 1e-2, while a wrong layout (a key order, a swizzle, a descale) is off by tens of
@@ -38,7 +39,7 @@ from flashwatt.attention.cell import Cell
 from flashwatt.kernels import fp8_numerics as fn
 from flashwatt.kernels.custom import Custom, flash_forward
 from flashwatt.kernels.custom_fp8 import FP8_CAPABILITY, block_descales, flash_forward_fp8, fp8_kernel_info, quantize
-from flashwatt.kernels.custom_variants import TILES, WS_SCHEDULES
+from flashwatt.kernels.custom_variants import TILES, WGMMA_FP8_RSUM, WS_SCHEDULES, parse_variant
 from flashwatt.vocabulary import TOLERANCE
 
 pytestmark = [pytest.mark.gpu, pytest.mark.nvcc]  # builds the custom kernels
@@ -87,8 +88,9 @@ def check(q, k, v, causal, variant="", causal_align="top_left", **launch):
     got, lse = flash_forward_fp8(q, k, v, causal, variant, out=out, causal_align=causal_align, **launch)
     assert got.data_ptr() == out.data_ptr() and got.dtype == q.dtype
     ops = quantize(q, k, v)  # the kernel's own operands, V read back from its V^T
+    rsum = parse_variant(variant, "fp8", q.shape[-1], CAPABILITY, k.shape[2], causal).tile.mma == WGMMA_FP8_RSUM
     emu, emu_lse = fn.emulate_attention(ops.q, ops.k, _v_from_vt(ops.vt, k.shape[2]), ops.descale_q, ops.descale_k,
-                                        ops.descale_v, causal, causal_align=causal_align)
+                                        ops.descale_v, causal, causal_align=causal_align, sum_of_rounded_p=rsum)
     ref = reference(q, k, v, causal, causal_align)
     empty = torch.isneginf(emu_lse)
     if empty.any():
@@ -105,9 +107,10 @@ def check(q, k, v, causal, variant="", causal_align="top_left", **launch):
 def _v_from_vt(vt, len_k):
     """V (B, H, len_k, D) e4m3 read back from the kernel's V^T: inverts fp8_numerics.transpose_v."""
     keys = fn.column_keys(len_k).to(vt.device)
-    B, H, D, cols = vt.shape
+    B, H, rows, cols = vt.shape
+    D = rows - fn.VT_EXTRA_ROWS
     v = torch.zeros((B, H, cols, D), dtype=torch.float32, device=vt.device)
-    v[:, :, keys] = vt.float().transpose(2, 3)
+    v[:, :, keys] = vt[:, :, :D].float().transpose(2, 3)
     return v[:, :, :len_k].to(fn.E4M3)
 
 

@@ -28,8 +28,8 @@ from flashwatt.kernels import l2_sections
 from flashwatt.kernels.custom_inputs import capability, device_properties, kernel_ready
 from flashwatt.kernels.custom_mask import CAUSAL_TOP_LEFT, check_causal_align, extension_code
 from flashwatt.kernels.custom_variants import (
-    LOCKSTEP, PING_PONG, WARP_SPECIALIZED, WARP_SPECIALIZED_PING_PONG, WORK_TILE_COUNTER, WS_SCHEDULES, Tile,
-    parse_variant, work_order,
+    LOCKSTEP, PING_PONG, WARP_SPECIALIZED, WARP_SPECIALIZED_PING_PONG, WGMMA_FP8, WGMMA_FP8_RSUM, WORK_TILE_COUNTER,
+    WS_SCHEDULES, Tile, parse_variant, work_order,
 )
 
 FP8_CAPABILITY = (9, 0)
@@ -93,9 +93,9 @@ def _check_shapes(q, k, v) -> None:
 def _vt_buffer(B: int, Hkv: int, Lk: int, D: int, device):
     import torch
 
-    from flashwatt.kernels.fp8_numerics import padded_keys
+    from flashwatt.kernels.fp8_numerics import VT_EXTRA_ROWS, padded_keys
 
-    return torch.empty((B, Hkv, D, padded_keys(Lk)), dtype=torch.float8_e4m3fn, device=device)
+    return torch.empty((B, Hkv, D + VT_EXTRA_ROWS, padded_keys(Lk)), dtype=torch.float8_e4m3fn, device=device)
 
 
 def quantize(q, k, v) -> Fp8Operands:
@@ -218,11 +218,16 @@ def fp8_forward(ops: Fp8Operands, causal: bool, variant: str = "", *, out=None, 
     tile_counter = counter_choice(t, launch.tile_name, bool(causal), ops.len_k, tile_counter)
     ext.fp8_forward(ops.q, ops.k, ops.vt, ops.descale_q, ops.descale_k, ops.descale_v, out_k, lse, bool(causal),
                     extension_code(ext, causal_align), float(scale if scale is not None else 1.0 / math.sqrt(D)),
-                    t.block_m, t.block_n, t.warps, t.stages, schedule_code(ext, t), int(grid_cap), int(l2_section),
+                    math_code(ext, t), t.block_m, t.block_n, t.warps, t.stages, schedule_code(ext, t), int(grid_cap), int(l2_section),
                     bool(tile_counter))
     if out_k is not target:
         target.copy_(out_k)
     return target, lse
+
+
+def math_code(ext, tile: Tile) -> int:
+    """The extension's FwdConfig.math of an fp8 tile (kWgmmaFp8, kWgmmaFp8RowSum)."""
+    return {WGMMA_FP8: ext.MATH_WGMMA_FP8, WGMMA_FP8_RSUM: ext.MATH_WGMMA_FP8_RSUM}[tile.mma]
 
 
 def schedule_code(ext, tile: Tile) -> int:
@@ -287,7 +292,8 @@ def fp8_kernel_info(head_dim: int, variant: str = "", len_k: int | None = None, 
     ext = load_extension()
     t = launch.tile
     code = {"fp16": ext.DTYPE_FP16, "bf16": ext.DTYPE_BF16}[out_dtype]
-    info = dict(ext.fp8_kernel_info(code, head_dim, t.block_m, t.block_n, t.warps, t.stages, schedule_code(ext, t)))
+    info = dict(ext.fp8_kernel_info(math_code(ext, t), code, head_dim, t.block_m, t.block_n, t.warps, t.stages,
+                                    schedule_code(ext, t)))
     info.update(tile=launch.tile_name, mma=t.mma, schedule=t.schedule, ctas_per_sm_cap=launch.ctas_per_sm,
                 max_ctas=launch.max_ctas, work_order=work_order(t, bool(causal), len_k),
                 copies="tma" if t.schedule in (WARP_SPECIALIZED, WARP_SPECIALIZED_PING_PONG) else "threads",

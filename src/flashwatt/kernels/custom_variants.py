@@ -21,8 +21,10 @@ from dataclasses import dataclass
 # The instructions a tile computes with (FwdMath in kernels/flash_fwd.cuh; WGMMA_FP8: the fp8
 # forward's wgmma with e4m3 operands, kernels/flash_fp8.cuh).
 MMA_SYNC, WGMMA, FFMA, MMA_TF32, WGMMA_FP8 = "mma.sync", "wgmma", "ffma", "mma.sync.tf32", "wgmma.e4m3"
+# the fp8 wgmma whose P V also sums each row of P (a row of ones under V^T; kWgmmaFp8RowSum)
+WGMMA_FP8_RSUM = "wgmma.e4m3+rowsum"
 # Tiles whose instructions exist only in the sm_90a build.
-HOPPER_MATH = (WGMMA, WGMMA_FP8)
+HOPPER_MATH = (WGMMA, WGMMA_FP8, WGMMA_FP8_RSUM)
 # wgmma kernels are built only for compute capability 9.0 (sm_90a); see flashwatt.build.
 WGMMA_CAPABILITY = (9, 0)
 # How a wgmma CTA's warpgroups share the tensor cores (FwdSchedule, kernels/flash_fwd_wgmma.cuh):
@@ -107,6 +109,10 @@ TILES: dict[str, Tile] = {
     # query block of the quantisation), not end-aligned under a causal mask as the 16-bit one's.
     "wgmma_fp8_ws_pp_m192_n128_s2": Tile(192, 128, 16, 2, (64,), ("fp8",), "fp8 wgmma warp-specialised ping-pong, persistent: producer warpgroup (TMA) + 3 consumer warpgroups x 64 q rows, 128-key tiles, 2 slots", WGMMA_FP8, WARP_SPECIALIZED_PING_PONG),
     "wgmma_fp8_ws_pp_m192_n128_s3": Tile(192, 128, 16, 3, (64,), ("fp8",), "as wgmma_fp8_ws_pp_m192_n128_s2 with 3 K/V slots", WGMMA_FP8, WARP_SPECIALIZED_PING_PONG),
+    # The row sums of P from the tensor cores (flash_fwd_fp8_ws.cuh, RSUM): P V with N = D + 8 over the row
+    # of ones under V^T, no FADD per score in the softmax; O normalised by the sum of P as rounded to e4m3.
+    "wgmma_fp8_ws_pp_m128_n128_s2_rsum": Tile(128, 128, 12, 2, (64, 128), ("fp8",), "as wgmma_fp8_ws_pp_m128_n128_s2 with the row sums of P from the tensor cores (P V over a row of ones under V^T)", WGMMA_FP8_RSUM, WARP_SPECIALIZED_PING_PONG),
+    "wgmma_fp8_ws_pp_m192_n128_s3_rsum": Tile(192, 128, 16, 3, (64,), ("fp8",), "as wgmma_fp8_ws_pp_m192_n128_s3 with the row sums of P from the tensor cores", WGMMA_FP8_RSUM, WARP_SPECIALIZED_PING_PONG),
 }
 
 DEFAULT_TILE = {

@@ -38,6 +38,9 @@ E4M3_MAX = 448.0
 P_SHIFT = 8
 # V^T rows hold a multiple of this many keys (kFp8KeyPad in kernels/flash_fp8.cuh).
 KEY_PAD = 64
+# V^T has this many rows under the head dim's: ones, then zeros (kFp8VtExtraRows): P V over
+# them is P's row sum, on the tensor cores, for the tiles that take it from there.
+VT_EXTRA_ROWS = 8
 # Keys per tile of the fp8 kernels (their block_n).
 BLOCK_N = 128
 # Rows per scale (kFp8QBlock, kFp8KvBlock in kernels/flash_fp8.cuh): a consumer warpgroup's
@@ -120,11 +123,12 @@ def column_keys(len_k: int) -> torch.Tensor:
 
 
 def transpose_v(v8: torch.Tensor) -> torch.Tensor:
-    """V^T (B, H, D, padded_keys(L)) of an e4m3 v (B, H, L, D): column c of a row holds key
-    column_keys(L)[c], zeros past L."""
+    """V^T (B, H, D + VT_EXTRA_ROWS, padded_keys(L)) of an e4m3 v (B, H, L, D): column c of row
+    d < D holds key column_keys(L)[c] (zeros past L), row D ones, the rows after it zeros."""
     B, H, L, D = v8.shape
-    padded = torch.zeros((B, H, padded_keys(L), D), dtype=torch.float32, device=v8.device)
-    padded[:, :, :L] = v8.float()
+    padded = torch.zeros((B, H, padded_keys(L), D + VT_EXTRA_ROWS), dtype=torch.float32, device=v8.device)
+    padded[:, :, :L, :D] = v8.float()
+    padded[:, :, :, D] = 1.0
     keys = column_keys(L).to(v8.device)
     return padded[:, :, keys].transpose(2, 3).contiguous().to(E4M3)
 
@@ -139,10 +143,13 @@ def visible(len_q: int, len_k: int, causal: bool, causal_align: str, device) -> 
 
 
 def emulate_attention(q8, k8, v8, descale_q, descale_k, descale_v, causal: bool = False, *,
-                      causal_align: str = "top_left", scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                      causal_align: str = "top_left", scale: float | None = None,
+                      sum_of_rounded_p: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """The fp8 kernel's forward on e4m3 operands (module docstring): (out float32 (B, H, Lq, D),
     natural-log LSE (B, H, Lq)). Descales per block (quantize_blocks: (B, H, blocks) at Q_BLOCK
-    query rows and KV_BLOCK keys); k8, v8 and their descales may have fewer heads (GQA)."""
+    query rows and KV_BLOCK keys); k8, v8 and their descales may have fewer heads (GQA).
+    sum_of_rounded_p: the row sum of P as rounded to e4m3 (the tiles that sum P on the tensor
+    cores, with the ones under V^T) rather than of P before rounding."""
     B, H, Lq, D = q8.shape
     Lk = k8.shape[2]
     group = H // k8.shape[1]
@@ -168,8 +175,9 @@ def emulate_attention(q8, k8, v8, descale_q, descale_k, descale_v, causal: bool 
         m_sub = torch.where(m_new == float("-inf"), torch.zeros_like(m_new), m_new)
         alpha = torch.exp2(row_max - m_sub)
         p = torch.exp2(s * scale_log2[..., None] - (m_sub - P_SHIFT)[..., None])
-        row_sum = row_sum * alpha + p.sum(dim=-1)
-        pv = to_e4m3(p).float() @ vf[:, :, n0:n0 + BLOCK_N]
+        p8 = to_e4m3(p).float()
+        row_sum = row_sum * alpha + (p8 if sum_of_rounded_p else p).sum(dim=-1)
+        pv = p8 @ vf[:, :, n0:n0 + BLOCK_N]
         o = o * alpha[..., None] + pv * dv[:, :, j, None, None]
         row_max = m_new
     inv = torch.where(row_sum > 0, 1.0 / row_sum, torch.zeros_like(row_sum))
