@@ -251,7 +251,8 @@ def test_the_benchmark_times_fp8_beside_our_bf16_forward():
     d64 = _runs(_parse_arguments(["--dtypes", "fp8", "--head-dims", "64"])[0], [], True, "fp8", 64)
     assert {v for k, v, _, p in d64 if p == "fp8" and v} == {n for n, t in TILES.items() if "fp8" in t.precisions}
     line = fp8_summary_line({"custom": 800.0, "custom:attention": 1000.0, "custom@bf16": 500.0,
-                             "custom:quantize": 4000.0, "sdpa_cudnn": 600.0, "custom:wgmma_fp8_ws_pp_m128_n128_s2": 790.0,
+                             "custom:quantize": 4000.0, "sdpa_cudnn": 600.0,
+                             "custom:wgmma_fp8_ws_pp_m128_n128_s2": 790.0,
                              "custom:wgmma_fp8_ws_pp_m128_n128_s3": 805.0}, (4, 16, 4096, 128, 16), False)
     assert " 1.600 " in line and " 2.000 " in line and " 20.0 " in line  # fp8/bf16, kernel/bf16, quantisation share
     assert "  805.0 ws_pp_s3 " in line  # the best tile's call and its name

@@ -241,7 +241,7 @@ for name, l, block_m, schedule, counter in cases:
     print("CALL fp8", name, flush=True)
     try:
         ext.fp8_forward(ops.q, ops.k, ops.vt, ops.descale_q, ops.descale_k, ops.descale_v, out, l, False,
-                        ext.CAUSAL_TOP_LEFT, 0.125, block_m, 128, 8, 2, schedule, 0, 0, counter)
+                        ext.CAUSAL_TOP_LEFT, 0.125, ext.MATH_WGMMA_FP8, block_m, 128, 8, 2, schedule, 0, 0, counter)
         print("NOT RAISED", name)
     except RuntimeError as err:
         print("RAISED", name, str(err).splitlines()[0])

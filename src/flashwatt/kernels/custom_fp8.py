@@ -218,8 +218,8 @@ def fp8_forward(ops: Fp8Operands, causal: bool, variant: str = "", *, out=None, 
     tile_counter = counter_choice(t, launch.tile_name, bool(causal), ops.len_k, tile_counter)
     ext.fp8_forward(ops.q, ops.k, ops.vt, ops.descale_q, ops.descale_k, ops.descale_v, out_k, lse, bool(causal),
                     extension_code(ext, causal_align), float(scale if scale is not None else 1.0 / math.sqrt(D)),
-                    math_code(ext, t), t.block_m, t.block_n, t.warps, t.stages, schedule_code(ext, t), int(grid_cap), int(l2_section),
-                    bool(tile_counter))
+                    math_code(ext, t), t.block_m, t.block_n, t.warps, t.stages, schedule_code(ext, t), int(grid_cap),
+                    int(l2_section), bool(tile_counter))
     if out_k is not target:
         target.copy_(out_k)
     return target, lse

@@ -8,9 +8,9 @@ kernels/NOTES.md, "fp8 forward").
   that the quantisation reads each input once (no pass over a whole head for its maximum first)
   and the kernel applies a block's scale where it meets the block. Per block: amax = max |x|,
   descale = amax / 448 and scale = 448 / amax, each the float32 division rounded to nearest
-  (1 and 1 where amax is 0; the scale at most float32's largest value), x8 = e4m3(x * scale), the product in float32, rounded to nearest
-  even and saturated at +-448: the CUDA step computes the same bits (`__fdiv_rn`, `__fmul_rn`,
-  cvt.rn.satfinite). The divisions are written as float64 ones rounded to float32, which is the
+  (1 and 1 where amax is 0; the scale at most float32's largest value), x8 = e4m3(x * scale),
+  the product in float32, rounded to nearest even and saturated at +-448: the CUDA step
+  computes the same bits (`__fdiv_rn`, `__fmul_rn`, cvt.rn.satfinite). The divisions are written as float64 ones rounded to float32, which is the
   float32 division on any device (float64 has more than 2 * 24 + 2 bits: the double rounding is
   innocuous) where torch's own float32 `a / 448` on a GPU is a multiplication by 1 / 448.
 - `key_of_column`, `transpose_v`: V^T as the kernel reads it (head dim rows, keys padded to a
