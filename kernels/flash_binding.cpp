@@ -281,45 +281,52 @@ void check_fp8_operand(const at::Tensor& t, const char* name, const at::Tensor& 
               t.strides());
 }
 
-// Descales of (batch, heads): float32, contiguous, on `like`'s device.
-void check_descale(const at::Tensor& d, const char* name, int64_t batch, int64_t heads, const at::Tensor& like) {
+int64_t fp8_blocks(int64_t len, int64_t rows) { return (len + rows - 1) / rows; }
+
+// Descales of (batch, heads, blocks of `rows` rows of len): float32, contiguous, on `like`'s device.
+void check_descale(const at::Tensor& d, const char* name, int64_t batch, int64_t heads, int64_t len, int64_t rows,
+                   const at::Tensor& like) {
+  const int64_t blocks = fp8_blocks(len, rows);
   TORCH_CHECK(d.is_cuda() && d.device() == like.device() && d.scalar_type() == at::kFloat && d.is_contiguous() &&
-                  d.dim() == 2 && d.size(0) == batch && d.size(1) == heads,
-              "flashwatt fp8: ", name, " must be a contiguous float32 (", batch, ", ", heads, ") tensor on ",
-              like.device(), ", got ", d.scalar_type(), " ", d.sizes(), " on ", d.device());
+                  d.dim() == 3 && d.size(0) == batch && d.size(1) == heads && d.size(2) == blocks,
+              "flashwatt fp8: ", name, " must be a contiguous float32 (", batch, ", ", heads, ", ", blocks,
+              ") tensor on ", like.device(), " (one per block of ", rows, " rows), got ", d.scalar_type(), " ",
+              d.sizes(), " on ", d.device());
 }
 
 void check_fp8_head_dim(int64_t head_dim) {
   TORCH_CHECK(head_dim == 64 || head_dim == 128, "flashwatt fp8: head_dim ", head_dim, " not supported (64, 128)");
 }
 
-int64_t fp8_vt_cols(int64_t len_k) { return (len_k + flashwatt::kFp8KeyPad - 1) / flashwatt::kFp8KeyPad * flashwatt::kFp8KeyPad; }
+int64_t fp8_vt_cols(int64_t len_k) { return fp8_blocks(len_k, flashwatt::kFp8KeyPad) * flashwatt::kFp8KeyPad; }
 
-// V^T of (batch, kv_heads, len_k, head_dim): (batch, kv_heads, head_dim, fp8_vt_cols(len_k)) e4m3, contiguous.
+// V^T of (batch, kv_heads, len_k, head_dim): (batch, kv_heads, head_dim + 8, fp8_vt_cols(len_k)) e4m3,
+// contiguous (flash_fp8.cuh, kFp8VtExtraRows).
 void check_vt(const at::Tensor& vt, int64_t batch, int64_t kv_heads, int64_t len_k, int64_t head_dim,
               const at::Tensor& like) {
   check_fp8_operand(vt, "vt", like);
-  const std::vector<int64_t> shape{batch, kv_heads, head_dim, fp8_vt_cols(len_k)};
+  const std::vector<int64_t> shape{batch, kv_heads, head_dim + flashwatt::kFp8VtExtraRows, fp8_vt_cols(len_k)};
   TORCH_CHECK(vt.is_contiguous() && vt.sizes() == at::IntArrayRef(shape), "flashwatt fp8: vt must be a contiguous ",
-              shape, " tensor (V transposed, keys padded to a multiple of ", flashwatt::kFp8KeyPad, "), got ",
-              vt.sizes());
+              shape, " tensor (V transposed, keys padded to a multiple of ", flashwatt::kFp8KeyPad, ", ",
+              flashwatt::kFp8VtExtraRows, " rows of ones and zeros under the head dim's), got ", vt.sizes());
 }
 
-flashwatt::Fp8Tensor fp8_tensor(const at::Tensor& x, at::Tensor& out, float* amax, float* descale, bool transposed) {
+flashwatt::Fp8Tensor fp8_tensor(const at::Tensor& x, at::Tensor& out, at::Tensor* descale, int block_rows,
+                                bool transposed) {
   flashwatt::Fp8Tensor t{};
   t.x = x.data_ptr();
   t.sb = x.stride(0), t.sh = x.stride(1), t.sl = x.stride(2);
   t.out = out.data_ptr();
-  t.amax = amax;
-  t.descale = descale;
+  t.descale = descale != nullptr ? descale->data_ptr<float>() : nullptr;
   t.heads = static_cast<int>(x.size(1));
   t.len = static_cast<int>(x.size(2));
+  t.block_rows = block_rows;
   t.transposed = transposed ? 1 : 0;
   t.vt_cols = transposed ? static_cast<int>(fp8_vt_cols(x.size(2))) : 0;
   return t;
 }
 
-void run_quantize(const flashwatt::Fp8QuantParams& p, int in_dtype, const at::Tensor& like) {
+void run_quantize(flashwatt::Fp8QuantParams& p, int in_dtype, const at::Tensor& like) {
   const c10::cuda::CUDAGuard guard(like.device());
   char err[512] = {0};
   const int rc = flashwatt::fp8_quantize_launch(p, in_dtype, at::cuda::getCurrentCUDAStream().stream(), err, sizeof(err));
@@ -327,11 +334,10 @@ void run_quantize(const flashwatt::Fp8QuantParams& p, int in_dtype, const at::Te
 }
 
 // q, k, v (fp16 or bf16, (B, H, L, D) views, 16-byte loads) to q8, k8 (contiguous e4m3 of
-// their shapes), vt8 (V^T: check_vt) and per-(batch, head) descales (float32 (B, H) and
-// (B, Hkv)); amax: a float32 workspace of B * H + 2 * B * Hkv values.
+// their shapes), vt8 (V^T: check_vt) and descales per block (float32 (B, H, blocks of 64 rows)
+// for q, (B, Hkv, blocks of 128 keys) for k and v).
 void fp8_quantize(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& q8, at::Tensor& k8,
-                  at::Tensor& vt8, at::Tensor& descale_q, at::Tensor& descale_k, at::Tensor& descale_v,
-                  at::Tensor& amax) {
+                  at::Tensor& vt8, at::Tensor& descale_q, at::Tensor& descale_k, at::Tensor& descale_v) {
   for (const auto& [t, name] : {std::pair<const at::Tensor*, const char*>{&q, "q"}, {&k, "k"}, {&v, "v"}})
     check_operand(*t, name, q, true);
   const int dt = dtype_code(q);
@@ -347,17 +353,13 @@ void fp8_quantize(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   TORCH_CHECK(q8.is_contiguous() && q8.sizes() == q.sizes() && k8.is_contiguous() && k8.sizes() == k.sizes(),
               "flashwatt fp8: q8 and k8 must be contiguous with the shapes of q and k");
   check_vt(vt8, B, Hkv, Lk, D, q);
-  check_descale(descale_q, "descale_q", B, H, q);
-  check_descale(descale_k, "descale_k", B, Hkv, q);
-  check_descale(descale_v, "descale_v", B, Hkv, q);
-  TORCH_CHECK(amax.is_cuda() && amax.device() == q.device() && amax.scalar_type() == at::kFloat &&
-                  amax.is_contiguous() && amax.numel() == B * H + 2 * B * Hkv,
-              "flashwatt fp8: amax must be a contiguous float32 workspace of ", B * H + 2 * B * Hkv, " values");
-  float* a = amax.data_ptr<float>();
+  check_descale(descale_q, "descale_q", B, H, Lq, flashwatt::kFp8QBlock, q);
+  check_descale(descale_k, "descale_k", B, Hkv, Lk, flashwatt::kFp8KvBlock, q);
+  check_descale(descale_v, "descale_v", B, Hkv, Lk, flashwatt::kFp8KvBlock, q);
   flashwatt::Fp8QuantParams p{};
-  p.t[0] = fp8_tensor(q, q8, a, descale_q.data_ptr<float>(), false);
-  p.t[1] = fp8_tensor(k, k8, a + B * H, descale_k.data_ptr<float>(), false);
-  p.t[2] = fp8_tensor(v, vt8, a + B * H + B * Hkv, descale_v.data_ptr<float>(), true);
+  p.t[0] = fp8_tensor(q, q8, &descale_q, flashwatt::kFp8QBlock, false);
+  p.t[1] = fp8_tensor(k, k8, &descale_k, flashwatt::kFp8KvBlock, false);
+  p.t[2] = fp8_tensor(v, vt8, &descale_v, flashwatt::kFp8KvBlock, true);
   p.tensors = 3;
   p.batch = static_cast<int>(B);
   p.head_dim = static_cast<int>(D);
@@ -372,19 +374,17 @@ void fp8_transpose_v(const at::Tensor& v8, at::Tensor& vt8) {
   TORCH_CHECK(Lk >= 1 && B >= 1 && Hkv >= 1, "flashwatt fp8: empty v");
   check_vt(vt8, B, Hkv, Lk, D, v8);
   flashwatt::Fp8QuantParams p{};
-  p.t[0] = fp8_tensor(v8, vt8, nullptr, nullptr, true);
+  p.t[0] = fp8_tensor(v8, vt8, nullptr, flashwatt::kFp8KvBlock, true);
   p.tensors = 1;
   p.batch = static_cast<int>(B);
   p.head_dim = static_cast<int>(D);
   run_quantize(p, flashwatt::kFp8Input, v8);
 }
 
-// The fp8 forward on q8 (B, H, Lq, D), k8 (B, Hkv, Lk, D), vt8 (check_vt) with their
-// descales; out (q8's shape, fp16 or bf16, any 16-byte strides) and lse (B, H, Lq) float32.
-void fp8_forward(const at::Tensor& q8, const at::Tensor& k8, const at::Tensor& vt8, const at::Tensor& descale_q,
-                 const at::Tensor& descale_k, const at::Tensor& descale_v, at::Tensor& out, at::Tensor& lse,
-                 bool causal, int64_t causal_align, double scale, int64_t block_m, int64_t block_n, int64_t warps,
-                 int64_t stages, int64_t schedule, int64_t grid_cap, int64_t section, bool tile_counter) {
+// Everything fp8_forward's arguments must satisfy, checked before anything is launched.
+void check_fp8_forward(const at::Tensor& q8, const at::Tensor& k8, const at::Tensor& vt8, const at::Tensor& descale_q,
+                       const at::Tensor& descale_k, const at::Tensor& descale_v, const at::Tensor& out,
+                       const at::Tensor& lse, int64_t causal_align, int64_t schedule, bool tile_counter) {
   check_fp8_operand(q8, "q", q8);
   check_fp8_operand(k8, "k", q8);
   const int64_t B = q8.size(0), H = q8.size(1), Lq = q8.size(2), D = q8.size(3), Hkv = k8.size(1), Lk = k8.size(2);
@@ -393,9 +393,9 @@ void fp8_forward(const at::Tensor& q8, const at::Tensor& k8, const at::Tensor& v
               " does not fit q ", q8.sizes());
   TORCH_CHECK(Lq >= 1 && Lk >= 1 && B >= 1, "flashwatt fp8: empty input");
   check_vt(vt8, B, Hkv, Lk, D, q8);
-  check_descale(descale_q, "descale_q", B, H, q8);
-  check_descale(descale_k, "descale_k", B, Hkv, q8);
-  check_descale(descale_v, "descale_v", B, Hkv, q8);
+  check_descale(descale_q, "descale_q", B, H, Lq, flashwatt::kFp8QBlock, q8);
+  check_descale(descale_k, "descale_k", B, Hkv, Lk, flashwatt::kFp8KvBlock, q8);
+  check_descale(descale_v, "descale_v", B, Hkv, Lk, flashwatt::kFp8KvBlock, q8);
   TORCH_CHECK(out.is_cuda() && out.device() == q8.device() && out.sizes() == q8.sizes(), "flashwatt fp8: out ",
               out.sizes(), " must be a CUDA tensor of q's shape ", q8.sizes(), " on its device");
   const int out_dtype = dtype_code(out);
@@ -409,12 +409,21 @@ void fp8_forward(const at::Tensor& q8, const at::Tensor& k8, const at::Tensor& v
   TORCH_CHECK(B * H * ((Lq + 15) / 16) < std::numeric_limits<int32_t>::max(), "flashwatt fp8: too many tiles");
   TORCH_CHECK(flashwatt::fp8_fwd_num_configs() > 0, "flashwatt fp8: this build has no fp8 kernels (they are built "
               "for compute capability 9.0, sm_90a, only)");
-  const int index = flashwatt::fp8_fwd_find_config(out_dtype, static_cast<int>(D), static_cast<int>(block_m),
-                                                   static_cast<int>(block_n), static_cast<int>(warps),
-                                                   static_cast<int>(stages), static_cast<int>(schedule));
-  TORCH_CHECK(index >= 0, "flashwatt fp8: no compiled kernel for out dtype ", out.scalar_type(), ", head_dim ", D,
-              ", block_m ", block_m, ", block_n ", block_n, ", warps ", warps, ", stages ", stages, ", schedule ",
-              schedule);
+  TORCH_CHECK(!tile_counter || schedule == flashwatt::kWarpSpecialized ||
+                  schedule == flashwatt::kWarpSpecializedPingPong,
+              "flashwatt fp8: a tile counter needs a persistent (warp-specialised) schedule, not ", schedule);
+}
+
+// The launch of a checked fp8_forward: returns fp8_fwd_launch's code with its message in err.
+// It throws nothing, and no function that throws holds its parameter block: Fp8FwdParams is
+// 128-byte aligned (its tensor maps), so the frame that holds it is realigned, and a C++
+// error is raised only from frames without one (fp8_forward, check_fp8_forward).
+__attribute__((noinline)) int launch_fp8_forward(int index, const at::Tensor& q8, const at::Tensor& k8, const at::Tensor& vt8,
+                       const at::Tensor& descale_q, const at::Tensor& descale_k, const at::Tensor& descale_v,
+                       at::Tensor& out, at::Tensor& lse, bool causal, int64_t causal_align, double scale,
+                       int64_t grid_cap, int64_t section, int* tile_counter, void* stream, char* err,
+                       size_t errlen) {
+  const int64_t B = q8.size(0), H = q8.size(1);
   flashwatt::Fp8FwdParams f{};
   flashwatt::FwdParams& p = f.p;
   p.q = q8.data_ptr();
@@ -428,30 +437,49 @@ void fp8_forward(const at::Tensor& q8, const at::Tensor& k8, const at::Tensor& v
   p.o_sb = out.stride(0), p.o_sh = out.stride(1), p.o_sl = out.stride(2);
   p.batch = static_cast<int>(B);
   p.heads = static_cast<int>(H);
-  p.kv_heads = static_cast<int>(Hkv);
-  p.len_q = static_cast<int>(Lq);
-  p.len_k = static_cast<int>(Lk);
-  p.head_dim = static_cast<int>(D);
+  p.kv_heads = static_cast<int>(k8.size(1));
+  p.len_q = static_cast<int>(q8.size(2));
+  p.len_k = static_cast<int>(k8.size(2));
+  p.head_dim = static_cast<int>(q8.size(3));
   p.scale = static_cast<float>(scale);
   p.causal = causal ? 1 : 0;
   p.causal_offset = causal ? flashwatt::causal_offset(static_cast<int>(causal_align), p.len_q, p.len_k) : 0;
   p.grid_cap = grid_cap > 0 ? static_cast<int>(std::min<int64_t>(grid_cap, std::numeric_limits<int32_t>::max())) : 0;
   p.section = section > 0 ? static_cast<int>(std::min<int64_t>(section, B * H)) : 0;
+  p.tile_counter = tile_counter;
   f.descale_q = descale_q.data_ptr<float>();
   f.descale_k = descale_k.data_ptr<float>();
   f.descale_v = descale_v.data_ptr<float>();
+  f.q_blocks = static_cast<int>(descale_q.size(2));
+  f.kv_blocks = static_cast<int>(descale_k.size(2));
   f.vt_cols = static_cast<int>(vt8.size(3));
+  return flashwatt::fp8_fwd_launch(index, f, stream, err, errlen);
+}
+
+// The fp8 forward on q8 (B, H, Lq, D), k8 (B, Hkv, Lk, D), vt8 (check_vt) with their
+// descales per block; out (q8's shape, fp16 or bf16, any 16-byte strides) and lse (B, H, Lq)
+// float32.
+void fp8_forward(const at::Tensor& q8, const at::Tensor& k8, const at::Tensor& vt8, const at::Tensor& descale_q,
+                 const at::Tensor& descale_k, const at::Tensor& descale_v, at::Tensor& out, at::Tensor& lse,
+                 bool causal, int64_t causal_align, double scale, int64_t math, int64_t block_m, int64_t block_n,
+                 int64_t warps, int64_t stages, int64_t schedule, int64_t grid_cap, int64_t section, bool tile_counter) {
+  check_fp8_forward(q8, k8, vt8, descale_q, descale_k, descale_v, out, lse, causal_align, schedule, tile_counter);
+  const int index = flashwatt::fp8_fwd_find_config(static_cast<int>(math), dtype_code(out), static_cast<int>(q8.size(3)),
+                                                   static_cast<int>(block_m), static_cast<int>(block_n),
+                                                   static_cast<int>(warps), static_cast<int>(stages),
+                                                   static_cast<int>(schedule));
+  TORCH_CHECK(index >= 0, "flashwatt fp8: no compiled kernel for math ", math, ", out dtype ", out.scalar_type(), ", head_dim ",
+              q8.size(3), ", block_m ", block_m, ", block_n ", block_n, ", warps ", warps, ", stages ", stages,
+              ", schedule ", schedule);
   const c10::cuda::CUDAGuard guard(q8.device());
   // The persistent kernels' work items from a counter: one zeroed int per call (as forward's).
   at::Tensor counter;
-  if (tile_counter) {
-    TORCH_CHECK(schedule == flashwatt::kWarpSpecialized || schedule == flashwatt::kWarpSpecializedPingPong,
-                "flashwatt fp8: a tile counter needs a persistent (warp-specialised) schedule, not ", schedule);
-    counter = at::zeros({1}, q8.options().dtype(at::kInt));
-    p.tile_counter = counter.data_ptr<int>();
-  }
+  if (tile_counter) counter = at::zeros({1}, q8.options().dtype(at::kInt));
   char err[512] = {0};
-  const int rc = flashwatt::fp8_fwd_launch(index, f, at::cuda::getCurrentCUDAStream().stream(), err, sizeof(err));
+  const int rc = launch_fp8_forward(index, q8, k8, vt8, descale_q, descale_k, descale_v, out, lse, causal,
+                                    causal_align, scale, grid_cap, section,
+                                    tile_counter ? counter.data_ptr<int>() : nullptr,
+                                    at::cuda::getCurrentCUDAStream().stream(), err, sizeof(err));
   TORCH_CHECK(rc == 0, "flashwatt fp8: ", err);
 }
 
@@ -464,9 +492,11 @@ std::vector<std::vector<int64_t>> fp8_configs() {
   return rows;
 }
 
-std::map<std::string, int64_t> fp8_kernel_info(int64_t out_dtype, int64_t head_dim, int64_t block_m, int64_t block_n,
+std::map<std::string, int64_t> fp8_kernel_info(int64_t math, int64_t out_dtype, int64_t head_dim, int64_t block_m,
+                                               int64_t block_n,
                                                int64_t warps, int64_t stages, int64_t schedule) {
-  const int index = flashwatt::fp8_fwd_find_config(static_cast<int>(out_dtype), static_cast<int>(head_dim),
+  const int index = flashwatt::fp8_fwd_find_config(static_cast<int>(math), static_cast<int>(out_dtype),
+                                                   static_cast<int>(head_dim),
                                                    static_cast<int>(block_m), static_cast<int>(block_n),
                                                    static_cast<int>(warps), static_cast<int>(stages),
                                                    static_cast<int>(schedule));
@@ -523,17 +553,21 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("backward_kernel_info", &backward_kernel_info,
         "registers, local bytes, shared memory and occupancy of one backward configuration's main kernel");
   m.def("fp8_quantize", &fp8_quantize,
-        "q, k, v (fp16/bf16) to e4m3 with per-(batch, head) descales: (q, k, v, q8, k8, vt8, descale_q, descale_k, "
-        "descale_v, amax_workspace)");
+        "q, k, v (fp16/bf16) to e4m3 with descales per block (64 query rows, 128 keys): (q, k, v, q8, k8, vt8, "
+        "descale_q, descale_k, descale_v)");
   m.def("fp8_transpose_v", &fp8_transpose_v, "a pre-quantised e4m3 v into the kernels' V^T: (v8, vt8)");
   m.def("fp8_forward", &fp8_forward,
         "fp8 attention forward (q8, k8, vt8, descale_q, descale_k, descale_v, out, lse, causal, causal_align, scale, "
-        "block_m, block_n, warps, stages, schedule, grid_cap, section, tile_counter)");
+        "math, block_m, block_n, warps, stages, schedule, grid_cap, section, tile_counter)");
   m.def("fp8_configs", &fp8_configs,
         "compiled fp8 configurations: [math, out dtype, head_dim, block_m, block_n, warps, stages, schedule]");
   m.def("fp8_kernel_info", &fp8_kernel_info, "registers, local bytes, shared memory and occupancy of one fp8 configuration");
   m.attr("FP8_KEY_PAD") = flashwatt::kFp8KeyPad;
+  m.attr("FP8_Q_BLOCK") = flashwatt::kFp8QBlock;
+  m.attr("FP8_KV_BLOCK") = flashwatt::kFp8KvBlock;
+  m.attr("FP8_VT_EXTRA_ROWS") = flashwatt::kFp8VtExtraRows;
   m.attr("MATH_WGMMA_FP8") = flashwatt::kWgmmaFp8;
+  m.attr("MATH_WGMMA_FP8_RSUM") = flashwatt::kWgmmaFp8RowSum;
   m.attr("DTYPE_FP16") = static_cast<int>(flashwatt::kFp16);
   m.attr("DTYPE_BF16") = static_cast<int>(flashwatt::kBf16);
   m.attr("DTYPE_FP32") = static_cast<int>(flashwatt::kFp32);

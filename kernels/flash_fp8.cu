@@ -51,20 +51,23 @@ constexpr Fp8Entry fp8_entry(int out_dtype) {
                   &flash_fwd_fp8_kernel<T, D, BN, NWG, ST, PP>, S::kSmemBytes, S::kThreads};
 }
 
-template <typename T, int D, int BN, int ST, bool PP>
+template <typename T, int D, int BN, int NWG, int ST, bool PP, bool RSUM = false>
 constexpr Fp8Entry fp8_ws_entry(int out_dtype) {
-  using S = Fp8WsShape<D, BN, ST, PP>;
-  return Fp8Entry{FwdConfig{kWgmmaFp8, out_dtype, D, S::BM, BN, S::kThreads / 32, ST,
+  using S = Fp8WsShape<D, BN, NWG, ST, PP, RSUM>;
+  return Fp8Entry{FwdConfig{RSUM ? kWgmmaFp8RowSum : kWgmmaFp8, out_dtype, D, S::BM, BN, S::kThreads / 32, ST,
                             PP ? kWarpSpecializedPingPong : kWarpSpecialized},
-                  &flash_fwd_fp8_ws_kernel<T, D, BN, ST, PP>, S::kSmemBytes, S::kThreads, true};
+                  &flash_fwd_fp8_ws_kernel<T, D, BN, NWG, ST, PP, RSUM>, S::kSmemBytes, S::kThreads, true};
 }
 
 // The named fp8 tiles of src/flashwatt/kernels/custom_variants.py map onto these rows.
 #define FLASHWATT_FP8_CONFIGS(T, DT)                                                                  \
   fp8_entry<T, 64, 128, 2, 2, false>(DT), fp8_entry<T, 128, 128, 2, 2, false>(DT),                    \
       fp8_entry<T, 64, 128, 2, 3, true>(DT), fp8_entry<T, 128, 128, 2, 3, true>(DT),                  \
-      fp8_ws_entry<T, 64, 128, 2, true>(DT), fp8_ws_entry<T, 128, 128, 2, true>(DT),                  \
-      fp8_ws_entry<T, 64, 128, 3, true>(DT), fp8_ws_entry<T, 128, 128, 3, true>(DT)
+      fp8_ws_entry<T, 64, 128, 2, 2, true>(DT), fp8_ws_entry<T, 128, 128, 2, 2, true>(DT),            \
+      fp8_ws_entry<T, 64, 128, 2, 3, true>(DT), fp8_ws_entry<T, 128, 128, 2, 3, true>(DT),            \
+      fp8_ws_entry<T, 64, 128, 3, 2, true>(DT), fp8_ws_entry<T, 64, 128, 3, 3, true>(DT),            \
+      fp8_ws_entry<T, 64, 128, 2, 2, true, true>(DT), fp8_ws_entry<T, 128, 128, 2, 2, true, true>(DT), \
+      fp8_ws_entry<T, 64, 128, 3, 3, true, true>(DT)
 
 const Fp8Entry kFp8Entries[] = {
     FLASHWATT_FP8_CONFIGS(__nv_bfloat16, kBf16),
@@ -72,25 +75,21 @@ const Fp8Entry kFp8Entries[] = {
 };
 constexpr int kNumFp8Entries = sizeof(kFp8Entries) / sizeof(kFp8Entries[0]);
 
-// amax and cast of 16-bit inputs; e4m3 inputs (T = uint8_t: a pre-quantised V) are only cast.
-template <typename T, int D>
-void quantize_kernels(const Fp8QuantParams& p, dim3 grid, cudaStream_t stream) {
-  if constexpr (sizeof(T) != 1) fp8_amax_kernel<T, D><<<grid, kQuantThreads, 0, stream>>>(p);
-  fp8_cast_kernel<T, D><<<grid, kQuantThreads, 0, stream>>>(p);
-}
 // The tensor maps of the persistent kernels' TMA copies: q and k rows of head_dim bytes in the
-// swizzle of that width, V^T rows of block_n keys in the 128-byte one.
+// swizzle of that width, V^T rows of block_n keys in the 128-byte one (head_dim of them, or
+// with the rows of ones and zeros under them for the RSUM tiles).
 bool encode_fp8_maps(const Fp8Entry& e, Fp8FwdParams& f, char* why, size_t whylen) {
   FwdParams& p = f.p;
   const int d = e.cfg.head_dim;
   const CUtensorMapSwizzle rows = d == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
   const CUtensorMapDataType u8 = CU_TENSOR_MAP_DATA_TYPE_UINT8;
+  const int vrows = d + (e.cfg.math == kWgmmaFp8RowSum ? kFp8VtExtraRows : 0);
   return encode_map_4d(p.maps.q, "q", u8, 1, p.q, d, p.len_q, p.heads, p.batch, p.q_sl, p.q_sh, p.q_sb, d,
                        e.cfg.block_m, why, whylen, rows) &&
          encode_map_4d(p.maps.k, "k", u8, 1, p.k, d, p.len_k, p.kv_heads, p.batch, p.k_sl, p.k_sh, p.k_sb, d,
                        e.cfg.block_n, why, whylen, rows) &&
-         encode_map_4d(p.maps.v, "vt", u8, 1, p.v, f.vt_cols, d, p.kv_heads, p.batch, p.v_sl, p.v_sh, p.v_sb,
-                       e.cfg.block_n, d, why, whylen, CU_TENSOR_MAP_SWIZZLE_128B);
+         encode_map_4d(p.maps.v, "vt", u8, 1, p.v, f.vt_cols, vrows, p.kv_heads, p.batch, p.v_sl, p.v_sh, p.v_sb,
+                       e.cfg.block_n, vrows, why, whylen, CU_TENSOR_MAP_SWIZZLE_128B);
 }
 #else
 const Fp8Entry* const kFp8Entries = nullptr;
@@ -107,10 +106,11 @@ int fp8_fwd_num_configs() { return kNumFp8Entries; }
 
 FwdConfig fp8_fwd_config(int index) { return kFp8Entries[index].cfg; }
 
-int fp8_fwd_find_config(int out_dtype, int head_dim, int block_m, int block_n, int warps, int stages, int schedule) {
+int fp8_fwd_find_config(int math, int out_dtype, int head_dim, int block_m, int block_n, int warps, int stages,
+                        int schedule) {
   for (int i = 0; i < kNumFp8Entries; ++i) {
     const FwdConfig& c = kFp8Entries[i].cfg;
-    if (c.dtype == out_dtype && c.head_dim == head_dim && c.block_m == block_m && c.block_n == block_n &&
+    if (c.math == math && c.dtype == out_dtype && c.head_dim == head_dim && c.block_m == block_m && c.block_n == block_n &&
         c.warps == warps && c.stages == stages && c.schedule == schedule)
       return i;
   }
@@ -192,7 +192,7 @@ int fp8_fwd_kernel_info(int index, FwdKernelInfo* info, char* err, size_t errlen
   return 0;
 }
 
-int fp8_quantize_launch(const Fp8QuantParams& params, int in_dtype, void* stream_ptr, char* err, size_t errlen) {
+int fp8_quantize_launch(Fp8QuantParams& params, int in_dtype, void* stream_ptr, char* err, size_t errlen) {
 #if defined(FLASHWATT_WGMMA)
   const cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
   if (params.tensors < 1 || params.tensors > 3) {
@@ -203,32 +203,45 @@ int fp8_quantize_launch(const Fp8QuantParams& params, int in_dtype, void* stream
     if (err && errlen) snprintf(err, errlen, "fp8 quantisation: head_dim %d (64 or 128)", params.head_dim);
     return 1;
   }
-  int rows = 0, heads = 0;
+  long long blocks = 0;
   for (int i = 0; i < params.tensors; ++i) {
     const Fp8Tensor& t = params.t[i];
-    const int r = t.transposed ? t.vt_cols : t.len;
-    rows = r > rows ? r : rows;
-    heads = t.heads > heads ? t.heads : heads;
-    if (in_dtype != kFp8Input) {
-      const cudaError_t st =
-          cudaMemsetAsync(t.amax, 0, sizeof(float) * static_cast<size_t>(params.batch) * t.heads, stream);
-      if (st != cudaSuccess) return fp8_report(err, errlen, "fp8 quantisation: cudaMemsetAsync(amax)", st);
+    if (t.block_rows != kFp8QBlock && t.block_rows != kFp8KvBlock) {
+      if (err && errlen) snprintf(err, errlen, "fp8 quantisation: block_rows %d (%d or %d)", t.block_rows, kFp8QBlock,
+                                  kFp8KvBlock);
+      return 1;
+    }
+    if (t.transposed && t.block_rows != kFp8KvBlock) {
+      if (err && errlen) snprintf(err, errlen, "fp8 quantisation: V^T is written in blocks of %d keys", kFp8KvBlock);
+      return 1;
+    }
+    if ((in_dtype != kFp8Input) != (t.descale != nullptr)) {
+      if (err && errlen) snprintf(err, errlen, "fp8 quantisation: a descale buffer goes with 16-bit inputs only");
+      return 1;
+    }
+    params.first_block[i] = static_cast<int>(blocks);
+    blocks += static_cast<long long>(params.batch) * t.heads * ((t.len + t.block_rows - 1) / t.block_rows);
+    if (blocks > 0x7fffffffLL) {
+      if (err && errlen) snprintf(err, errlen, "fp8 quantisation: more than 2^31 blocks");
+      return 1;
     }
   }
-  const dim3 grid(params.batch * heads, (rows + kQuantRows - 1) / kQuantRows, params.tensors);
+  for (int i = params.tensors; i < 4; ++i) params.first_block[i] = static_cast<int>(blocks);
+  if (blocks == 0) return 0;
+  const dim3 grid(static_cast<unsigned>(blocks));
   const bool d64 = params.head_dim == 64;
   switch (in_dtype) {
     case kBf16:
-      d64 ? quantize_kernels<__nv_bfloat16, 64>(params, grid, stream)
-          : quantize_kernels<__nv_bfloat16, 128>(params, grid, stream);
+      d64 ? fp8_quantize_kernel<__nv_bfloat16, 64><<<grid, kQuantThreads, 0, stream>>>(params)
+          : fp8_quantize_kernel<__nv_bfloat16, 128><<<grid, kQuantThreads, 0, stream>>>(params);
       break;
     case kFp16:
-      d64 ? quantize_kernels<__half, 64>(params, grid, stream)
-          : quantize_kernels<__half, 128>(params, grid, stream);
+      d64 ? fp8_quantize_kernel<__half, 64><<<grid, kQuantThreads, 0, stream>>>(params)
+          : fp8_quantize_kernel<__half, 128><<<grid, kQuantThreads, 0, stream>>>(params);
       break;
     case kFp8Input:
-      d64 ? quantize_kernels<uint8_t, 64>(params, grid, stream)
-          : quantize_kernels<uint8_t, 128>(params, grid, stream);
+      d64 ? fp8_quantize_kernel<uint8_t, 64><<<grid, kQuantThreads, 0, stream>>>(params)
+          : fp8_quantize_kernel<uint8_t, 128><<<grid, kQuantThreads, 0, stream>>>(params);
       break;
     default:
       if (err && errlen) snprintf(err, errlen, "fp8 quantisation: input dtype code %d", in_dtype);

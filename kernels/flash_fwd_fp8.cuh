@@ -11,9 +11,12 @@
 //     the exponent): in [0, 256] it stays below e4m3's 448, and values down to 2^-14 of the
 //     row's maximum remain normal numbers (2^-6 unscaled). The row sum carries the same factor,
 //     so O / rowsum is unchanged; the LSE takes it out.
-//   * descale_q * descale_k of the work item's heads are folded into the softmax scale, and
-//     descale_v into O before the epilogue; O leaves as bf16 or fp16 (T), staged through the
-//     K/V rings (the Q tile holds 1 byte per element, O needs 2).
+//   * Scales per block (fp8_quantize.cuh): descale_q of the warpgroup's 64 rows times descale_k
+//     of tile j is folded into tile j's softmax scale. O is kept in units of the last V tile's
+//     descale: the rescale of O after P_{j-1} V_{j-1} (by alpha_j anyway) also takes the factor
+//     descale_v[j-1] / descale_v[j], and the epilogue multiplies by descale_v[last] (Fp8Scales).
+//     O leaves as bf16 or fp16 (T), staged through the K/V rings (the Q tile holds 1 byte per
+//     element, O needs 2).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -122,6 +125,23 @@ __device__ __forceinline__ float fp8_softmax_row(At&& at, float& row_max, float&
   return alpha;
 }
 
+// The block scales one warpgroup meets in a work item (module comment): its query block's
+// share of the softmax scale, and the K and V descales of its key blocks.
+struct Fp8Scales {
+  float q_log2;  // scale * log2(e) * descale_q of the warpgroup's 64 rows
+  const float* __restrict__ dk;
+  const float* __restrict__ dv;
+
+  __device__ __forceinline__ Fp8Scales(const Fp8FwdParams& f, int b, int h, int hk, int row0) {
+    const FwdParams& p = f.p;
+    const int qb = min(row0 / kFp8QBlock, f.q_blocks - 1);  // rows past len_q: any block, never stored
+    q_log2 = p.scale * kLog2e * f.descale_q[static_cast<int64_t>(b * p.heads + h) * f.q_blocks + qb];
+    const int64_t kv = static_cast<int64_t>(b * p.kv_heads + hk) * f.kv_blocks;
+    dk = f.descale_k + kv;
+    dv = f.descale_v + kv;
+  }
+};
+
 // T: the output type (bf16 or fp16).
 template <typename T, int D, int BN, int NWG, int ST, bool PP>
 __global__ void __launch_bounds__(NWG * 128, 1) flash_fwd_fp8_kernel(const Fp8FwdParams f) {
@@ -155,9 +175,8 @@ __global__ void __launch_bounds__(NWG * 128, 1) flash_fwd_fp8_kernel(const Fp8Fw
     const int hk = h / grid.group;
     const uint8_t* __restrict__ gK = w.k;
     const uint8_t* __restrict__ gV = w.v;  // V^T: D rows of vt_cols keys
-    const float scale_log2 =
-        p.scale * kLog2e * f.descale_q[b * p.heads + h] * f.descale_k[b * p.kv_heads + hk];
-    const float descale_v = f.descale_v[b * p.kv_heads + hk];
+    const Fp8Scales sc(f, b, h, hk, m0 + wg * 64);
+    float dv_prev = sc.dv[0];  // O's unit: the descale_v of the last P V it holds
 
     __syncthreads();  // the previous item's readers of shared memory are done
 
@@ -209,7 +228,7 @@ __global__ void __launch_bounds__(NWG * 128, 1) flash_fwd_fp8_kernel(const Fp8Fw
       for (int kk = 0; kk < KN; ++kk) wgmma_rs_e4m3(o, pf[kk], wgmma_desc_fp8<BN>(v_base + kk * 32), 1);
       wgmma_commit();
     };
-    auto softmax = [&](int j, float (&alpha)[2], auto mask) {
+    auto softmax = [&](int j, float (&alpha)[2], auto mask, float scale_log2) {
       constexpr bool kMask = decltype(mask)::value;
       const int n0 = j * BN;
       if (kMask && (n0 + BN > p.len_k || (p.causal && n0 + BN - 1 - p.causal_offset > m0 + warp_row0))) {
@@ -245,11 +264,12 @@ __global__ void __launch_bounds__(NWG * 128, 1) flash_fwd_fp8_kernel(const Fp8Fw
       if (lag) next_tile(1);
       wgmma_wait<0>();
       fence_regs(s);
-      softmax(0, alpha, std::true_type{});
+      softmax(0, alpha, std::true_type{}, sc.q_log2 * sc.dk[0]);
       pack_p();
     };
     auto step = [&](int j, auto mask, bool lag) {
       float alpha[2];
+      const float dk_j = sc.dk[j], dv_j = sc.dv[j];  // read before the waits, used after them
       if (!lag) next_tile(j);
       wgmma_fence();
       issue_s(j);
@@ -257,7 +277,11 @@ __global__ void __launch_bounds__(NWG * 128, 1) flash_fwd_fp8_kernel(const Fp8Fw
       if (lag) next_tile(j + 1);
       wgmma_wait<1>();
       fence_regs(s);
-      softmax(j, alpha, mask);
+      softmax(j, alpha, mask, sc.q_log2 * dk_j);
+      const float to_unit = dv_prev / dv_j;  // O holds P_{j-1} V_{j-1} in units of dv_prev
+      dv_prev = dv_j;
+      alpha[0] *= to_unit;
+      alpha[1] *= to_unit;
       wgmma_wait<0>();
       fence_regs(o);
       fence_regs(pf);
@@ -294,7 +318,7 @@ __global__ void __launch_bounds__(NWG * 128, 1) flash_fwd_fp8_kernel(const Fp8Fw
     // staged in the rings
     __syncthreads();
 #pragma unroll
-    for (int i = 0; i < ON; ++i) o[i] *= descale_v;
+    for (int i = 0; i < ON; ++i) o[i] *= dv_prev;
     const float lse_max[2] = {row_max[0] - kPShift, row_max[1] - kPShift};
     store_o_rows<T, D, BM>(p, o, lse_max, row_sum, sK, b, h, m0, warp_row0, lane);
   }

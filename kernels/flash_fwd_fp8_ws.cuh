@@ -8,13 +8,20 @@
 //     always encode: there is no thread-copy variant. The maps' swizzle is the tiles' own
 //     (Q and K rows of D bytes: 128-byte swizzle at head dim 128, 64-byte at 64; V^T rows of
 //     128 keys: 128-byte).
-//   * warpgroups 1 and 2, the consumers, 64 query rows each: S_j = Q K_j^T issued with
+//   * warpgroups 1 .. NWG (2, or 3 at head dim 64), the consumers, 64 query rows each: S_j = Q K_j^T issued with
 //     O += P_{j-1} V_{j-1}, P packed to e4m3 straight from the S registers; they release a
 //     slot on its "empty" mbarrier once the wgmma that read it has completed; with PP they
 //     take turns to issue their wgmma (named barriers 1 and 2), so one's softmax runs under
 //     the other's GEMMs.
 //   * the grid is persistent (one CTA per SM unless capped), work items by a fixed stride or,
 //     with a tile counter, the next one no CTA has taken; -1 in item_of_q stops the consumers.
+//   * scales per block as in flash_fwd_fp8.cuh (Fp8Scales): per consumer, its 64 query rows'
+//     descale_q and each K tile's descale_k in the softmax scale, O in units of the last V
+//     tile's descale_v.
+//   * RSUM: the row sums of P from the tensor cores. V^T has a row of e4m3 ones under the head
+//     dim's rows (fp8_quantize.cuh), so O += P V with N = D + 8 also accumulates each row's sum
+//     of P as rounded to e4m3 (the weights O is made of) in its column D, rescaled by alpha as
+//     O is: the softmax drops its FADD per score. The V^T slots hold D + 8 rows.
 //   * O leaves through a buffer of its own ([BM, D] 16-bit: the Q buffer holds 1 byte per
 //     element), each warp staging only its own rows (store_o_rows), so the next item's Q can
 //     land while the consumers still store this one's O.
@@ -45,35 +52,43 @@
 namespace flashwatt {
 namespace {
 
-template <int D, int BN, int ST, bool PP>
+template <int D, int BN, int NWG_, int ST, bool PP, bool RSUM_ = false>
 struct Fp8WsShape {
-  static constexpr int NWG = 2;  // consumer warpgroups, 64 q rows each
+  static constexpr int NWG = NWG_;  // consumer warpgroups, 64 q rows each
+  static constexpr bool RSUM = RSUM_;  // the row sums of P from the tensor cores (module comment)
   static constexpr int BM = 64 * NWG;
   static constexpr int kThreads = 128 * (NWG + 1);
+  static constexpr int VROWS = D + (RSUM ? kFp8VtExtraRows : 0);  // V^T rows a slot holds: P V's N
   static constexpr int kQBytes = BM * D;      // one of two Q buffers
-  static constexpr int kTileBytes = BN * D;   // one K or one V^T slot
+  static constexpr int kTileBytes = BN * D;   // one K slot
+  static constexpr int kVTileBytes = BN * VROWS;  // one V^T slot (a multiple of the 1 KB swizzle atom)
   static constexpr int kOBytes = BM * D * 2;  // the O staging buffer, 16-bit
   // + 1 KB: the dynamic shared-memory base is rounded up to the 1 KB swizzle atom.
-  static constexpr int kSmemBytes = 2 * kQBytes + 2 * ST * kTileBytes + kOBytes + 1024;
+  static constexpr int kSmemBytes = 2 * kQBytes + ST * (kTileBytes + kVTileBytes) + kOBytes + 1024;
   static constexpr int SN = BN / 2;
-  static constexpr int ON = D / 2;
+  static constexpr int ON = VROWS / 2;  // O accumulators per thread; with RSUM the last 4 hold the row sums
+  static constexpr int OD = D / 2;      // those of the output
   static constexpr int KD = D / 32;
   static constexpr int KN = BN / 32;
-  static constexpr int kProducerRegs = 24;
-  static constexpr int kConsumerRegs = 240;
+  // setmaxnreg: two consumers take 240 registers each; three (head dim 64 only: S 64, O 32 and
+  // P 16 registers) 160, the producer what is left (flash_fwd_wgmma_ws.cuh's split).
+  static constexpr int kProducerRegs = NWG == 2 ? 24 : 32;
+  static constexpr int kConsumerRegs = NWG == 2 ? 240 : 160;
   static constexpr int kBarriers = 4 + 4 * ST;
   static_assert(D == 64 || D == 128, "fp8 kernel: head_dim 64 or 128");
   static_assert(BN == 128, "fp8 kernel: block_n 128 (V^T rows of 128 bytes)");
   static_assert(ST >= 2, "fp8 warp-specialised kernel: at least two K/V slots");
+  static_assert(NWG == 2 || (NWG == 3 && D == 64), "fp8 warp-specialised kernel: three consumers at head dim 64 only");
+  static_assert(kVTileBytes % 1024 == 0, "fp8 warp-specialised kernel: V^T slots on the swizzle atom");
   static_assert(kSmemBytes <= 227 * 1024, "fp8 warp-specialised kernel: shared memory");
   static_assert(128 * kProducerRegs + 128 * NWG * kConsumerRegs <= 65536, "setmaxnreg: register file");
 };
 
-template <typename T, int D, int BN, int ST, bool PP>
-__global__ void __launch_bounds__(384, 1) flash_fwd_fp8_ws_kernel(const __grid_constant__ Fp8FwdParams f) {
+template <typename T, int D, int BN, int NWG, int ST, bool PP, bool RSUM>
+__global__ void __launch_bounds__(128 * (NWG + 1), 1) flash_fwd_fp8_ws_kernel(const __grid_constant__ Fp8FwdParams f) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using S = Fp8WsShape<D, BN, ST, PP>;
-  constexpr int BM = S::BM, SN = S::SN, ON = S::ON, KD = S::KD, KN = S::KN;
+  using S = Fp8WsShape<D, BN, NWG, ST, PP, RSUM>;
+  constexpr int BM = S::BM, SN = S::SN, ON = S::ON, OD = S::OD, KD = S::KD, KN = S::KN;
   constexpr int CONSUMERS = 128 * S::NWG;
   const FwdParams& p = f.p;
 
@@ -83,7 +98,7 @@ __global__ void __launch_bounds__(384, 1) flash_fwd_fp8_ws_kernel(const __grid_c
   const uint32_t sQ = (smem_addr(smem) + 1023u) & ~1023u;  // Q buffers 0 and 1
   const uint32_t sK = sQ + 2 * S::kQBytes;
   const uint32_t sV = sK + ST * S::kTileBytes;
-  const uint32_t sO = sV + ST * S::kTileBytes;
+  const uint32_t sO = sV + ST * S::kVTileBytes;
   const uint32_t q_full = smem_addr(bars);
   const uint32_t q_empty = q_full + 2 * 8;
   const uint32_t k_full = q_empty + 2 * 8;
@@ -143,8 +158,8 @@ __global__ void __launch_bounds__(384, 1) flash_fwd_fp8_ws_kernel(const __grid_c
         mbar_arrive_expect_tx(k_full + 8 * slot, S::kTileBytes);
         tma_load_4d(sK + slot * S::kTileBytes, p.maps.k, 0, j * BN, hk, w.b, k_full + 8 * slot);
         mbar_wait(v_empty + 8 * slot, par ^ 1);
-        mbar_arrive_expect_tx(v_full + 8 * slot, S::kTileBytes);
-        tma_load_4d(sV + slot * S::kTileBytes, p.maps.v, j * BN, 0, hk, w.b, v_full + 8 * slot);
+        mbar_arrive_expect_tx(v_full + 8 * slot, S::kVTileBytes);
+        tma_load_4d(sV + slot * S::kVTileBytes, p.maps.v, j * BN, 0, hk, w.b, v_full + 8 * slot);
         if (++slot == ST) {
           slot = 0;
           par ^= 1;
@@ -179,8 +194,8 @@ __global__ void __launch_bounds__(384, 1) flash_fwd_fp8_ws_kernel(const __grid_c
     const TileWork<uint8_t> w = grid.template work<uint8_t>(p, tile);
     const int b = w.b, h = w.h, m0 = w.m0, n_tiles = w.n_tiles;
     const int hk = h / grid.group;
-    const float scale_log2 =
-        p.scale * kLog2e * f.descale_q[b * p.heads + h] * f.descale_k[b * p.kv_heads + hk];
+    const Fp8Scales sc(f, b, h, hk, m0 + cw * 64);
+    float dv_prev = sc.dv[0];  // O's unit: the descale_v of the last P V it holds (flash_fwd_fp8.cuh)
     const uint32_t q_base = sQ + qb * S::kQBytes + cw * 64 * D;
 
     float o[ON];
@@ -209,12 +224,12 @@ __global__ void __launch_bounds__(384, 1) flash_fwd_fp8_ws_kernel(const __grid_c
       wgmma_commit();
     };
     auto issue_pv = [&](int j) {
-      const uint32_t v_base = sV + slot_of(j) * S::kTileBytes;
+      const uint32_t v_base = sV + slot_of(j) * S::kVTileBytes;
 #pragma unroll
       for (int kk = 0; kk < KN; ++kk) wgmma_rs_e4m3(o, pf[kk], wgmma_desc_fp8<BN>(v_base + kk * 32), 1);
       wgmma_commit();
     };
-    auto softmax = [&](int j, float (&alpha)[2], auto mask) {
+    auto softmax = [&](int j, float (&alpha)[2], auto mask, float scale_log2) {
       constexpr bool kMask = decltype(mask)::value;
       const int n0 = j * BN;
       if (kMask && (n0 + BN > p.len_k || (p.causal && n0 + BN - 1 > m0 + p.causal_offset + warp_row0))) {
@@ -242,6 +257,7 @@ __global__ void __launch_bounds__(384, 1) flash_fwd_fp8_ws_kernel(const __grid_c
     };
     auto step = [&](int j, auto mask) {
       float alpha[2];
+      const float dk_j = sc.dk[j], dv_j = sc.dv[j];  // read before the waits, used after them
       wait_full(k_full, j);
       wait_full(v_full, j - 1);
       turn_wait();
@@ -252,13 +268,16 @@ __global__ void __launch_bounds__(384, 1) flash_fwd_fp8_ws_kernel(const __grid_c
       wgmma_wait<1>();
       fence_regs(s);
       release(k_empty, j);
-      softmax(j, alpha, mask);
+      softmax(j, alpha, mask, sc.q_log2 * dk_j);
+      const float to_unit = dv_prev / dv_j;  // O holds P_{j-1} V_{j-1} in units of dv_prev
+      dv_prev = dv_j;
+      const float alpha_o[2] = {alpha[0] * to_unit, alpha[1] * to_unit};  // the row sums take alpha alone
       wgmma_wait<0>();
       fence_regs(o);
       fence_regs(pf);
       release(v_empty, j - 1);
 #pragma unroll
-      for (int i = 0; i < ON; ++i) o[i] *= alpha[(i >> 1) & 1];
+      for (int i = 0; i < ON; ++i) o[i] *= i < OD ? alpha_o[(i >> 1) & 1] : alpha[(i >> 1) & 1];
       pack_p();
     };
     {  // tile 0: no P V in flight yet
@@ -271,7 +290,7 @@ __global__ void __launch_bounds__(384, 1) flash_fwd_fp8_ws_kernel(const __grid_c
       wgmma_wait<0>();
       fence_regs(s);
       release(k_empty, 0);
-      softmax(0, alpha, std::true_type{});
+      softmax(0, alpha, std::true_type{}, sc.q_log2 * sc.dk[0]);
       pack_p();
     }
     const int n_clean = min(n_tiles, p.causal ? min(p.len_k, m0 + 1 + p.causal_offset) / BN : p.len_k / BN);
@@ -293,12 +312,16 @@ __global__ void __launch_bounds__(384, 1) flash_fwd_fp8_ws_kernel(const __grid_c
     mbar_arrive(q_empty + 8 * qb);  // every S of this item has read its Q
 
     // ---- epilogue, O staged through this warp's own rows of the O buffer
-    const float descale_v = f.descale_v[b * p.kv_heads + hk];
 #pragma unroll
-    for (int i = 0; i < ON; ++i) o[i] *= descale_v;
+    for (int i = 0; i < OD; ++i) o[i] *= dv_prev;
+    if constexpr (RSUM) {  // column D of row g (r = 0) and g + 8 (r = 1) at the quad's thread 0; the rest 0
+#pragma unroll
+      for (int r = 0; r < 2; ++r) row_sum[r] = o[OD + 2 * r] + o[OD + 2 * r + 1];
+    }
     const float lse_max[2] = {row_max[0] - kPShift, row_max[1] - kPShift};
     __syncwarp();  // this warp's reads of its O rows for the item before are done
-    store_o_rows<T, D, BM>(p, o, lse_max, row_sum, sO, b, h, m0, warp_row0, lane);
+    store_o_rows<T, D, BM>(p, reinterpret_cast<const float(&)[OD]>(o), lse_max, row_sum, sO, b, h, m0, warp_row0,
+                           lane);
   }
   // Consumer 0 takes the turn the last consumer passed after its last wgmma, so no arrival
   // on a named barrier is left pending when the CTA exits.

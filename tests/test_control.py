@@ -229,6 +229,16 @@ def test_controller_refuses_what_cannot_work_before_touching_a_gpu():
         Controller("static", configuration="sdpa_cudnn", knobs={"power_limit": [300]})
     with pytest.raises(ControlError, match="needs configuration"):
         Controller("static")
+    # a precision step runs only under the user's tolerance (its sampled check), fp8 only from its bound
+    with pytest.raises(ControlError, match="'custom fp8' runs fp8, which needs precision_tolerance"):
+        Controller("static", configuration="custom fp8", cache=None)
+    with pytest.raises(ControlError, match=r"fp8 needs precision_tolerance >= 0\.1 .*got 0\.05"):
+        Controller("static", configuration="custom fp8", cache=None, precision_tolerance=0.05)
+    with pytest.raises(ControlError, match="'sdpa_cudnn bf16' runs bf16, which needs precision_tolerance"):
+        Controller("static", configuration="sdpa_cudnn bf16", cache=None)
+    ctl = Controller("static", configuration="custom fp8", cache=None, precision_tolerance=0.1)
+    assert ctl.precision_tolerance == 0.1
+    ctl.close()
 
 
 def test_no_device_setting_is_ever_changed():

@@ -50,19 +50,23 @@ def test_fp8_tiles_fit_the_kernels():
     """kernels/flash_fwd_fp8.cuh (Fp8Shape): 128-key tiles (V^T rows of 128 bytes), 64 q rows per
     warpgroup, O staged through the K/V rings; flash_fwd_fp8_ws.cuh (Fp8WsShape): a producer
     warpgroup beside two consumers, two Q buffers, O staged in a buffer of its own; shared
-    memory within 227 KB."""
+    memory within 227 KB. The quantisation's blocks are the kernels' own: a K/V tile's keys share
+    one scale (KV_BLOCK), a warpgroup's 64 rows one (Q_BLOCK)."""
     from flashwatt.kernels.custom_variants import WS_SCHEDULES
+    from flashwatt.kernels.custom_variants import WGMMA_FP8_RSUM
+    from flashwatt.kernels.fp8_numerics import KV_BLOCK, Q_BLOCK, VT_EXTRA_ROWS
 
     fp8 = {name: t for name, t in TILES.items() if "fp8" in t.precisions}
     assert fp8 and all(t.precisions == ("fp8",) and t.mma in HOPPER_MATH for t in fp8.values())
     assert any(t.schedule in WS_SCHEDULES for t in fp8.values())
     for name, t in fp8.items():
         persistent = t.schedule in WS_SCHEDULES
-        assert t.block_n == 128 and t.block_m % 64 == 0, name
+        assert t.block_n == KV_BLOCK == 128 and t.block_m % Q_BLOCK == 0 and Q_BLOCK == 64, name
         assert t.warps == 4 * (t.block_m // 64 + persistent), name
         for D in t.head_dims:
             assert D in (64, 128)
-            rings, o = 2 * t.stages * t.block_n * D, t.block_m * D * 2
+            vrows = D + VT_EXTRA_ROWS if t.mma == WGMMA_FP8_RSUM else D  # V^T slots with the ones under them
+            rings, o = t.stages * t.block_n * (D + vrows), t.block_m * D * 2
             smem = (2 * t.block_m * D + rings + o if persistent else t.block_m * D + rings) + 1024
             assert (persistent or rings >= o) and smem <= 227 * 1024, (name, D)
 
@@ -242,9 +246,38 @@ def test_the_benchmark_times_fp8_beside_our_bf16_forward():
     assert runs == fp8_runs(True, 128)
     assert runs[0] == ("sdpa_flash", "", "", "bf16") and ("custom", "", "", "bf16") in runs
     assert ("custom", "", "", "fp8") in runs and ("custom", "", PART + "quantize", "fp8") in runs
-    assert {v for k, v, _, p in runs if p == "fp8" and v} == {n for n, t in TILES.items() if "fp8" in t.precisions}
+    assert {v for k, v, _, p in runs if p == "fp8" and v} == {n for n, t in TILES.items()
+                                                             if "fp8" in t.precisions and 128 in t.head_dims}
+    d64 = _runs(_parse_arguments(["--dtypes", "fp8", "--head-dims", "64"])[0], [], True, "fp8", 64)
+    assert {v for k, v, _, p in d64 if p == "fp8" and v} == {n for n, t in TILES.items() if "fp8" in t.precisions}
     line = fp8_summary_line({"custom": 800.0, "custom:attention": 1000.0, "custom@bf16": 500.0,
-                             "custom:quantize": 4000.0, "sdpa_cudnn": 600.0}, (4, 16, 4096, 128, 16), False)
+                             "custom:quantize": 4000.0, "sdpa_cudnn": 600.0,
+                             "custom:wgmma_fp8_ws_pp_m128_n128_s2": 790.0,
+                             "custom:wgmma_fp8_ws_pp_m128_n128_s3": 805.0}, (4, 16, 4096, 128, 16), False)
     assert " 1.600 " in line and " 2.000 " in line and " 20.0 " in line  # fp8/bf16, kernel/bf16, quantisation share
+    assert "  805.0 ws_pp_s3 " in line  # the best tile's call and its name
     with pytest.raises(SystemExit):
         _parse_arguments(["--dtypes", "fp8", "--pass", "bwd"])
+
+
+def test_the_cudnn_peer_says_which_module_is_missing(tmp_path, monkeypatch):
+    """The bench prints the first 160 characters of a peer's refusal: it starts with what failed,
+    the missing module's name and where the package was found."""
+    import sys
+    from pathlib import Path
+
+    from flashwatt.bench_peers import frontend_refusal
+
+    monkeypatch.delitem(sys.modules, "cudnn", raising=False)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if not (Path(p) / "cudnn").exists()])
+    why = frontend_refusal()
+    assert why.startswith("cudnn_fp8: import cudnn failed, ModuleNotFoundError (module 'cudnn')"), why
+    assert "no package 'cudnn' on sys.path" in why
+    package = tmp_path / "cudnn"
+    package.mkdir()
+    (package / "__init__.py").write_text("from . import _compiled_module\n")  # the wheel's native part missing
+    monkeypatch.syspath_prepend(str(tmp_path))
+    why = frontend_refusal()
+    assert why.startswith("cudnn_fp8: import cudnn failed, ImportError"), why
+    assert f"package at {package / '__init__.py'}" in why
+    monkeypatch.delitem(sys.modules, "cudnn", raising=False)

@@ -238,8 +238,8 @@ def test_sixteen_byte_rows_leave_in_one_store(tmp_path_factory):
 
 def test_fp8_kernels_compiled_for_sm90a_only(fp8_ptxas_report):
     """Every fp8 tile of custom_variants.TILES at each of its head dims, for a bf16 and an fp16
-    output; the quantisation's amax (bf16, fp16 inputs) and cast (bf16, fp16, e4m3 V) at head
-    dims 64 and 128. Elsewhere the translation unit compiles with none (the launches refuse)."""
+    output; the quantisation (bf16, fp16 inputs and an e4m3 V: one kernel each) at head dims
+    64 and 128. Elsewhere the translation unit compiles with none (the launches refuse)."""
     from flashwatt.kernels.custom_variants import TILES
 
     from flashwatt.kernels.custom_variants import WS_SCHEDULES
@@ -247,19 +247,21 @@ def test_fp8_kernels_compiled_for_sm90a_only(fp8_ptxas_report):
     arch, kernels, _ = fp8_ptxas_report
     fwd = [k for k in kernels if "flash_fwd_fp8_kernel" in k]
     ws = [k for k in kernels if "flash_fwd_fp8_ws_kernel" in k]
-    amax = [k for k in kernels if "fp8_amax_kernel" in k]
-    cast = [k for k in kernels if "fp8_cast_kernel" in k]
+    quant = [k for k in kernels if "fp8_quantize_kernel" in k]
     fp8 = [t for t in TILES.values() if "fp8" in t.precisions]
     tiles = sum(len(t.head_dims) for t in fp8 if t.schedule not in WS_SCHEDULES)
     ws_tiles = sum(len(t.head_dims) for t in fp8 if t.schedule in WS_SCHEDULES)
     hopper = arch == "90a"
     assert len(fwd) == (2 * tiles if hopper else 0), f"sm_{arch}: fp8 kernels {fwd}"
     assert len(ws) == (2 * ws_tiles if hopper else 0), f"sm_{arch}: warp-specialised fp8 kernels {ws}"
-    assert (len(amax), len(cast)) == ((4, 6) if hopper else (0, 0)), f"sm_{arch}: {amax} {cast}"
-    assert all("regs" in kernels[k] for k in fwd + ws + amax + cast), "ptxas reported no register count"
+    assert len(quant) == (6 if hopper else 0), f"sm_{arch}: {quant}"
+    assert all("regs" in kernels[k] for k in fwd + ws + quant), "ptxas reported no register count"
     # setmaxnreg moves registers inside the CTA's allocation: 384 threads x 168 at launch =
-    # 128 x 24 (producer) + 256 x 240 (consumers); fewer at launch and the consumers' inc waits forever
-    assert all(kernels[k]["regs"] == 168 for k in ws), {k: kernels[k]["regs"] for k in ws}
+    # 128 x 24 (producer) + 256 x 240 (consumers), with three consumers 512 x 128 = 128 x 32 +
+    # 384 x 160; fewer at launch and the consumers' inc waits forever
+    consumers = {k: int(re.search(r"Li(?:64|128)ELi128ELi(\d)E", k).group(1)) for k in ws}
+    assert sorted(set(consumers.values())) == ([2, 3] if hopper else []), consumers
+    assert all(kernels[k]["regs"] == {2: 168, 3: 128}[consumers[k]] for k in ws), {k: kernels[k]["regs"] for k in ws}
 
 
 def test_fp8_no_spills_no_stack_no_serialised_wgmma(fp8_ptxas_report):

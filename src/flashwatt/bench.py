@@ -404,7 +404,7 @@ def _results(entries: list[dict], pass_: str, device_name: str, precision: str, 
         if err is not None:
             failed_checks += entry["kname"] == "custom" and "compute capability" not in str(err)
             print(f"  {label} failed on {precision} {B}x{_heads(H, Hkv)}x{L}x{D} causal={causal}: "
-                  f"{str(err).splitlines()[0][:160]}", file=sys.stderr)
+                  f"{str(err).splitlines()[0][:300]}", file=sys.stderr)
         rounds_ms = entry["ms"] if err is None else []  # one median per round
         ms = statistics.median(rounds_ms) if rounds_ms else math.nan
         spread = max(rounds_ms) / min(rounds_ms) - 1 if rounds_ms else math.nan

@@ -51,13 +51,18 @@ def peer_kernel(name: str):
 
 def fp8_header() -> str:
     return (f"{'dtype':5} {'B':>3} {'H':>5} {'L':>6} {'D':>4} {'mask':6} {'fp8':>8} {'kernel':>8} {'bf16':>8} "
-            f"{'fp8/bf16':>8} {'kern/bf16':>9} {'quant%':>6} {'tile':>8} {'cudnn':>8} {'cudnn8':>8}")
+            f"{'fp8/bf16':>8} {'kern/bf16':>9} {'quant%':>6} {'tile':>8} {'best':>8} {'cudnn':>8} {'cudnn8':>8}")
+
+
+def short_tile(name: str) -> str:
+    """An fp8 tile's name without what every fp8 tile shares: wgmma_fp8_ws_pp_m128_n128_s3 -> ws_pp_s3."""
+    return name.removeprefix("wgmma_fp8_").replace("m128_n128_", "")
 
 
 def fp8_summary_line(result: dict[str, float], shape: tuple, causal: bool) -> str:
     """One shape's printed row: TFLOP/s of the fp8 call (quantisation included), of its kernel
     alone, of our bf16 forward; the two ratios; the quantisation's share of the call's time;
-    the best fp8 tile; cuDNN at bf16 and cuDNN's fp8 peer."""
+    the best fp8 tile's whole call and its name (short_tile); cuDNN at bf16 and cuDNN's fp8 peer."""
     B, H, L, D, Hkv = shape
     heads = f"{H}/{Hkv}" if Hkv != H else f"{H}"
     fp8, kern, bf16 = result.get("custom", math.nan), result.get("custom:attention", math.nan), \
@@ -65,7 +70,9 @@ def fp8_summary_line(result: dict[str, float], shape: tuple, causal: bool) -> st
     quant = result.get("custom:quantize", math.nan)
     # TFLOP/s are the call's FLOPs over each part's time: time shares are the inverse ratios.
     quant_share = fp8 / quant * 100 if quant == quant and quant else math.nan
-    tile = max((t for n, t in result.items() if n.startswith("custom:wgmma_fp8") and t == t), default=math.nan)
+    tiles = {n.removeprefix("custom:"): t for n, t in result.items() if n.startswith("custom:wgmma_fp8") and t == t}
+    best = max(tiles, key=tiles.get, default="")
     return (f"{'fp8':5} {B:>3} {heads:>5} {L:>6} {D:>4} {'causal' if causal else 'full':6} {fp8:8.1f} {kern:8.1f} "
-            f"{bf16:8.1f} {fp8 / bf16:8.3f} {kern / bf16:9.3f} {quant_share:6.1f} {tile:8.1f} "
-            f"{result.get('sdpa_cudnn', math.nan):8.1f} {result.get('cudnn_fp8', math.nan):8.1f}")
+            f"{bf16:8.1f} {fp8 / bf16:8.3f} {kern / bf16:9.3f} {quant_share:6.1f} {tiles.get(best, math.nan):8.1f} "
+            f"{short_tile(best) or '-':>8} {result.get('sdpa_cudnn', math.nan):8.1f} "
+            f"{result.get('cudnn_fp8', math.nan):8.1f}")

@@ -36,12 +36,7 @@ class CudnnFp8:
             return "cudnn_fp8: cuDNN's fp8 attention needs compute capability 9.0 or newer"
         if call.pass_ != "fwd":
             return "cudnn_fp8 is timed as a forward only"
-        try:
-            import cudnn  # noqa: F401
-        except Exception as err:  # noqa: BLE001 - any failure to load is the reason it is not a peer here
-            return (f"cudnn_fp8 needs the cuDNN frontend's Python package (pip wheel nvidia-cudnn-frontend, "
-                    f"in .whl/ on a machine without network): {type(err).__name__}: {err}")
-        return None
+        return frontend_refusal()
 
     def __call__(self, q, k, v, call):
         import torch
@@ -91,6 +86,27 @@ class CudnnFp8:
         workspace = torch.empty(max(1, graph.get_workspace_size()), dtype=torch.uint8, device=q8.device)
         self._graphs[key] = (graph, t, workspace)
         return self._graphs[key]
+
+
+def frontend_refusal() -> str | None:
+    """Why `import cudnn` (the cuDNN frontend) fails here, in one line that starts with what
+    failed: the missing module's name (the package itself, or one it imports) and where the
+    package was found, if it was; None when it imports."""
+    import importlib.util
+
+    try:
+        import cudnn  # noqa: F401
+    except Exception as err:  # noqa: BLE001 - any failure to load is the reason it is not a peer here
+        missing = getattr(err, "name", None)
+        try:
+            spec = importlib.util.find_spec("cudnn")
+        except Exception:  # noqa: BLE001 - a broken package: the error above says why
+            spec = None
+        where = f"package at {spec.origin}" if spec is not None and spec.origin else "no package 'cudnn' on sys.path"
+        return (f"cudnn_fp8: import cudnn failed, {type(err).__name__}"
+                + (f" (module {missing!r})" if missing else "") + f": {err}; {where} (the cuDNN frontend: pip wheel "
+                "nvidia-cudnn-frontend, in .whl/ on a machine without network)")
+    return None
 
 
 def _per_tensor(x):

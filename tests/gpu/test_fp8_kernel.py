@@ -9,21 +9,28 @@ Two references, both float64-checked measures ||out - ref|| / ||ref||:
   inputs (flashwatt.kernels.fp8_numerics, which tests/test_fp8_numerics.py measures on the CPU);
   the bound is twice that.
 - the emulation of the kernel's own arithmetic on the kernel's own e4m3 operands
-  (fp8_numerics.emulate_attention, in float32 on the GPU): bound EMULATION_TOL = 1e-2. What may
+  (fp8_numerics.emulate_attention, in float32 on the GPU; for the `_rsum` tiles with the row
+  sums of P as rounded to e4m3): bound EMULATION_TOL = 1e-2. What may
   differ there is summation order (the tensor cores' fp32 accumulation keeps fewer bits over long
   sums), ex2.approx against exp2 and, rarely, a P that rounds to the neighbouring e4m3 value:
   well under 1e-2, while a wrong layout (a key order, a swizzle, a descale) is off by tens of
   per cent. The LSE is held to the emulation's by the same bound.
 
-The quantisation step must equal its torch definition bit for bit (fp8_numerics.quantize_per_head,
+The quantisation step must equal its torch definition bit for bit (fp8_numerics.quantize_blocks,
 transpose_v). Outputs are NaN-filled before each launch, so an unwritten element fails.
-Off Hopper every fp8 call must be refused, naming the device's compute capability.
+Off Hopper every fp8 call must be refused, naming the device's compute capability. Calls that
+could take the host process down (capped grids, the extension's own C++ refusals) run in a child
+interpreter, so that a crash fails their test, naming the call, and the session goes on.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
+import os
+import subprocess
+import sys
 import zlib
+from pathlib import Path
 
 import pytest
 import torch
@@ -31,8 +38,8 @@ import torch
 from flashwatt.attention.cell import Cell
 from flashwatt.kernels import fp8_numerics as fn
 from flashwatt.kernels.custom import Custom, flash_forward
-from flashwatt.kernels.custom_fp8 import FP8_CAPABILITY, flash_forward_fp8, fp8_kernel_info, quantize
-from flashwatt.kernels.custom_variants import TILES, WS_SCHEDULES
+from flashwatt.kernels.custom_fp8 import FP8_CAPABILITY, block_descales, flash_forward_fp8, fp8_kernel_info, quantize
+from flashwatt.kernels.custom_variants import TILES, WGMMA_FP8_RSUM, WS_SCHEDULES, parse_variant
 from flashwatt.vocabulary import TOLERANCE
 
 pytestmark = [pytest.mark.gpu, pytest.mark.nvcc]  # builds the custom kernels
@@ -81,8 +88,9 @@ def check(q, k, v, causal, variant="", causal_align="top_left", **launch):
     got, lse = flash_forward_fp8(q, k, v, causal, variant, out=out, causal_align=causal_align, **launch)
     assert got.data_ptr() == out.data_ptr() and got.dtype == q.dtype
     ops = quantize(q, k, v)  # the kernel's own operands, V read back from its V^T
+    rsum = parse_variant(variant, "fp8", q.shape[-1], CAPABILITY, k.shape[2], causal).tile.mma == WGMMA_FP8_RSUM
     emu, emu_lse = fn.emulate_attention(ops.q, ops.k, _v_from_vt(ops.vt, k.shape[2]), ops.descale_q, ops.descale_k,
-                                        ops.descale_v, causal, causal_align=causal_align)
+                                        ops.descale_v, causal, causal_align=causal_align, sum_of_rounded_p=rsum)
     ref = reference(q, k, v, causal, causal_align)
     empty = torch.isneginf(emu_lse)
     if empty.any():
@@ -99,9 +107,10 @@ def check(q, k, v, causal, variant="", causal_align="top_left", **launch):
 def _v_from_vt(vt, len_k):
     """V (B, H, len_k, D) e4m3 read back from the kernel's V^T: inverts fp8_numerics.transpose_v."""
     keys = fn.column_keys(len_k).to(vt.device)
-    B, H, D, cols = vt.shape
+    B, H, rows, cols = vt.shape
+    D = rows - fn.VT_EXTRA_ROWS
     v = torch.zeros((B, H, cols, D), dtype=torch.float32, device=vt.device)
-    v[:, :, keys] = vt.float().transpose(2, 3)
+    v[:, :, keys] = vt[:, :, :D].float().transpose(2, 3)
     return v[:, :, :len_k].to(fn.E4M3)
 
 
@@ -116,20 +125,22 @@ def refused(fn_call, match=r"compute capability 9\.0.*this device has"):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("lq,lk,Hkv", [(1, 1, 2), (77, 130, 1), (1000, 333, 2), (256, 4097, 4)])
 def test_quantisation_is_its_torch_definition(D, dtype, lq, lk, Hkv):
-    """amax, descale, the e4m3 bits of q and k, and V^T (keys permuted, zeros past len_k)."""
+    """The descale of every block, the e4m3 bits of q and k, and V^T (keys permuted, zeros past
+    len_k), against fp8_numerics.quantize_blocks computed on the same device."""
     seed = zlib.crc32(f"quant-{D}-{dtype}-{lq}-{lk}".encode()) % 100_000
     q, k, v = qkv(2, 4, lq, D, seed, Hkv=Hkv, Lk=lk, dtype=dtype)
     v[0, 0] = 0  # a head of zeros: descale 1, values 0
+    q[1, 1, :min(lq, 64)] *= 2.0 ** -20  # a block far smaller than its neighbours: its own scale
     if not HOPPER:
         return refused(lambda: quantize(q, k, v))
     ops = quantize(q, k, v)
-    for got, x, descale in ((ops.q, q, ops.descale_q), (ops.k, k, ops.descale_k)):
-        x8, d = fn.quantize_per_head(x)
-        assert torch.equal(got.view(torch.uint8), x8.view(torch.uint8))
-        assert torch.equal(descale, d)
-    v8, dv = fn.quantize_per_head(v)
-    assert torch.equal(ops.descale_v, dv) and dv[0, 0] == 1
-    assert torch.equal(ops.vt.view(torch.uint8), fn.transpose_v(v8).view(torch.uint8))
+    (q8, dq), (k8, dk), (v8, dv) = fn.quantize_qkv(q, k, v)
+    for name, got, want in (("q", ops.q, q8), ("k", ops.k, k8), ("V^T", ops.vt, fn.transpose_v(v8))):
+        differ = (got.view(torch.uint8) != want.view(torch.uint8)).sum().item()
+        assert differ == 0, f"{name}: {differ} of {got.numel()} e4m3 values differ from the definition"
+    for name, got, want in (("q", ops.descale_q, dq), ("k", ops.descale_k, dk), ("v", ops.descale_v, dv)):
+        assert got.shape == want.shape and torch.equal(got, want), (name, (got - want).abs().max().item())
+    assert (dv[0, 0] == 1).all()
     assert torch.equal(_v_from_vt(ops.vt, lk).view(torch.uint8), v8.view(torch.uint8))
 
 
@@ -154,27 +165,107 @@ def test_matrix(tile, D, causal, L):
     args = qkv(B, H, L, D, seed)
     if not HOPPER:
         return refused(lambda: flash_forward_fp8(*args, causal, tile))
+    if D not in TILES[tile].head_dims:  # the three-consumer tiles: head dim 64 only
+        with pytest.raises(ValueError, match=rf"built for head_dim \(64,\), not {D}"):
+            flash_forward_fp8(*args, causal, tile)
+        return
     check(*args, causal, tile)
+
+
+def _in_child(code: str, timeout: int = 900) -> subprocess.CompletedProcess:
+    """`code` in a fresh interpreter with this one's import path (and tests/gpu on it), from the
+    repository root: a call that takes its process down fails the test that ran it, with the
+    child's output, instead of ending the session."""
+    root = Path(__file__).resolve().parents[2]
+    path = [str(Path(__file__).resolve().parent), *(p for p in sys.path if p)]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(path))
+    return subprocess.run([sys.executable, "-X", "faulthandler", "-c", code], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _child_report(proc: subprocess.CompletedProcess) -> str:
+    calls = [line for line in proc.stdout.splitlines() if line.startswith("CALL ")]
+    how = f"killed by signal {-proc.returncode}" if proc.returncode < 0 else f"exit code {proc.returncode}"
+    return (f"child process: {how}; its last call: {calls[-1] if calls else 'none'}\n"
+            f"--- stdout (tail)\n{proc.stdout[-2000:]}\n--- stderr (tail)\n{proc.stderr[-4000:]}")
+
+
+def capped_grid_calls(tile: str) -> None:
+    """The calls of test_capped_grids_visit_every_item, each announced on stdout before it runs
+    (run in a child process by the test)."""
+    args = qkv(2, 4, 1000, max(TILES[tile].head_dims), 21, Hkv=2)
+    calls = [(causal, f"{tile}_{cap}", None) for causal in (False, True) for cap in ("ctas3", "sm1")]
+    if TILES[tile].schedule in WS_SCHEDULES:  # items from a counter, or by a fixed stride
+        calls += [(True, variant, counter) for counter in (True, False) for variant in (tile, f"{tile}_ctas3")]
+    for causal, variant, counter in calls:
+        print(f"CALL causal={causal} variant={variant} tile_counter={counter}", flush=True)
+        check(*args, causal, variant, **({} if counter is None else {"tile_counter": counter}))
+    print("DONE", flush=True)
 
 
 @pytest.mark.parametrize("tile", FP8_TILES)
 def test_capped_grids_visit_every_item(tile):
     """A persistent grid of 3 CTAs, and of one per SM: each CTA takes item after item, the
     shared memory of one reused for the next (its O staged through the K/V rings, or the
-    persistent kernels' O buffer); the persistent tiles with and without a tile counter."""
-    args = qkv(2, 4, 1000, 128, 21, Hkv=2)
+    persistent kernels' O buffer); the persistent tiles with and without a tile counter. A
+    tile counter asked of a one-CTA-per-tile tile is refused before the extension."""
+    args = qkv(2, 4, 1000, max(TILES[tile].head_dims), 21, Hkv=2)
     if not HOPPER:
         return refused(lambda: flash_forward_fp8(*args, True, f"{tile}_ctas3"))
-    for causal in (False, True):
-        check(*args, causal, f"{tile}_ctas3")
-        check(*args, causal, f"{tile}_sm1")
-    if TILES[tile].schedule in WS_SCHEDULES:  # items from a counter, or by a fixed stride
-        for counter in (True, False):
-            check(*args, True, tile, tile_counter=counter)
-            check(*args, True, f"{tile}_ctas3", tile_counter=counter)
-    else:
-        with pytest.raises(RuntimeError, match="tile counter needs a persistent"):
+    proc = _in_child(f"import test_fp8_kernel as t; t.capped_grid_calls({tile!r})")
+    assert proc.returncode == 0 and "DONE" in proc.stdout, _child_report(proc)
+    if TILES[tile].schedule not in WS_SCHEDULES:
+        with pytest.raises(ValueError, match="only the persistent .* tiles take a tile counter"):
             flash_forward_fp8(*args, True, tile, tile_counter=True)
+
+
+def test_the_extensions_own_refusals_reach_python_as_errors():
+    """What the C++ binding refuses (TORCH_CHECK in kernels/flash_binding.cpp, before a launch or
+    on the launch's error code) must raise RuntimeError in Python, not end the process: the
+    fp8 forward with an lse of the wrong shape, with a tile counter on a one-CTA-per-tile
+    tile, with a tile that is not compiled; V^T of a bf16 v; the 16-bit forward with an lse of
+    the wrong shape. A crash names the call (_child_report)."""
+    if not HOPPER:
+        return
+    code = """
+import torch
+from flashwatt.build import load_extension
+from flashwatt.kernels.custom_fp8 import quantize
+import test_fp8_kernel as t
+q, k, v = t.qkv(1, 2, 256, 64, 5)
+ops, ext = quantize(q, k, v), load_extension()
+out, lse, bad = torch.empty_like(q), torch.empty((1, 2, 256), device="cuda"), torch.empty(3, device="cuda")
+lock = ext.SCHEDULE_LOCKSTEP
+cases = [("lse", bad, 128, lock, False), ("counter", lse, 128, lock, True), ("tile", lse, 64, lock, False)]
+for name, l, block_m, schedule, counter in cases:
+    print("CALL fp8", name, flush=True)
+    try:
+        ext.fp8_forward(ops.q, ops.k, ops.vt, ops.descale_q, ops.descale_k, ops.descale_v, out, l, False,
+                        ext.CAUSAL_TOP_LEFT, 0.125, ext.MATH_WGMMA_FP8, block_m, 128, 8, 2, schedule, 0, 0, counter)
+        print("NOT RAISED", name)
+    except RuntimeError as err:
+        print("RAISED", name, str(err).splitlines()[0])
+print("CALL fp8 transpose", flush=True)  # thrown from a frame without a 128-byte aligned parameter block
+try:
+    ext.fp8_transpose_v(v, ops.vt)
+    print("NOT RAISED transpose")
+except RuntimeError as err:
+    print("RAISED transpose", str(err).splitlines()[0])
+print("CALL bf16 lse", flush=True)
+try:
+    ext.forward(q, k, v, out, bad, False, ext.CAUSAL_TOP_LEFT, 0.125, ext.MATH_MMA_SYNC, 64, 64, 4, 2, lock, 0, 0,
+                False, 0)
+    print("NOT RAISED bf16")
+except RuntimeError as err:
+    print("RAISED bf16", str(err).splitlines()[0])
+"""
+    proc = _in_child(code)
+    assert proc.returncode == 0, _child_report(proc)
+    raised = {line.split()[1]: line for line in proc.stdout.splitlines() if line.startswith("RAISED")}
+    assert set(raised) == {"lse", "counter", "tile", "transpose", "bf16"}, proc.stdout
+    assert "lse must be a contiguous float32" in raised["lse"] and "lse must be" in raised["bf16"]
+    assert "tile counter needs a persistent" in raised["counter"]
+    assert "no compiled kernel" in raised["tile"] and "must be float8_e4m3fn" in raised["transpose"]
 
 
 # (Lq, Lk): fewer queries than keys, more (bottom-right: the first Lq - Lk see no key), off the grid
@@ -190,7 +281,7 @@ def test_causal_alignments_and_gqa(D, align):
             args = qkv(2, 4, lq, D, seed, Hkv=Hkv, Lk=lk)
             if not HOPPER:
                 return refused(lambda: flash_forward_fp8(*args, True, causal_align=align))
-            for tile in FP8_TILES:
+            for tile in (t for t in FP8_TILES if D in TILES[t].head_dims):
                 check(*args, True, tile, causal_align=align)
             check(*args, False, causal_align=align)
 
@@ -205,16 +296,26 @@ def test_pre_quantised_inputs(D):
     q8, k8, v8 = (fn.to_e4m3(x.float() / d[:, :, None, None]) for x, d in ((q, dq), (k, dk), (v, dv)))
     if not HOPPER:
         return refused(lambda: flash_forward_fp8(q8, k8, v8, True, descales=(dq, dk, dv)))
+    blocks = [block_descales(d, name, 2, d.shape[1], length, rows, "cuda")
+              for name, d, length, rows in (("q", dq, 500, "q"), ("k", dk, 700, "kv"), ("v", dv, 700, "kv"))]
     for causal in (False, True):
         out, lse = flash_forward_fp8(q8, k8, v8, causal, descales=(dq, dk, dv))
         assert out.dtype == torch.bfloat16
-        emu, emu_lse = fn.emulate_attention(q8, k8, v8, dq, dk, dv, causal)
+        emu, emu_lse = fn.emulate_attention(q8, k8, v8, *blocks, causal)
         assert rel(out, emu) <= EMULATION_TOL and rel(lse, emu_lse) <= EMULATION_TOL
         deq = [x.float() * d[:, :, None, None] for x, d in ((q8, dq), (k8, dk), (v8, dv))]
         assert rel(out, reference(*deq, causal)) <= TOL
     half, _ = flash_forward_fp8(q8, k8, v8, False, descales=(dq, dk, dv), out_dtype=torch.float16)
     assert half.dtype == torch.float16
-    assert rel(half, fn.emulate_attention(q8, k8, v8, dq, dk, dv, False)[0]) <= EMULATION_TOL
+    assert rel(half, fn.emulate_attention(q8, k8, v8, *blocks, False)[0]) <= EMULATION_TOL
+    # descales of the caller's own per block, each block's different: the kernel must apply each
+    # where its block is (a query block per warpgroup, a key block per K/V tile)
+    per_block = [b * (0.5 + torch.rand(b.shape, generator=g, device="cuda")) for b in blocks]
+    for causal in (False, True):
+        out, lse = flash_forward_fp8(q8, k8, v8, causal, descales=tuple(per_block))
+        emu, emu_lse = fn.emulate_attention(q8, k8, v8, *per_block, causal)
+        assert rel(out, emu) <= EMULATION_TOL and rel(lse, emu_lse) <= EMULATION_TOL, causal
+        assert rel(out, fn.emulate_attention(q8, k8, v8, *blocks, causal)[0]) > 0.05  # the blocks' scales count
     with pytest.raises(ValueError, match="need descales"):
         flash_forward_fp8(q8, k8, v8, False)
     with pytest.raises(ValueError, match=r"descale_k must be a \(2, 2\) tensor"):
@@ -314,7 +415,7 @@ def test_the_scheduler_runs_fp8_only_within_the_tolerance():
     assert not any(c.precision == "fp8" for c in candidates("bf16", precision_opt_in=True, tolerance=0.05))
     assert any(c.label == "custom fp8" for c in candidates("bf16", precision_opt_in=True, tolerance=0.1))
     q, k, v = qkv(4, 16, 2048, 128, 71)
-    ctl = Controller("static", configuration="custom fp8", cache=None)
+    ctl = Controller("static", configuration="custom fp8", cache=None, precision_tolerance=TOL)
     try:
         if not HOPPER:  # the one configuration refused (its reason: Custom.supports, tested above)
             with pytest.raises(ControlError, match="no configuration could run shape"):
@@ -323,6 +424,9 @@ def test_the_scheduler_runs_fp8_only_within_the_tolerance():
         with torch.no_grad():
             out = ctl.attention(q, k, v, causal=True)
         assert out.dtype == torch.bfloat16 and rel(out[0, :2], reference(q[0, :2], k[0, :2], v[0, :2], True)) <= TOL
+        checks = ctl.checks()  # the sampled float64 check ran and passed
+        assert list(checks["config"]) == ["custom fp8"] and bool(checks["passed"].iloc[0]), checks
+        assert 0 < checks["rel_err"].iloc[0] <= TOL
     finally:
         ctl.close()
 

@@ -39,13 +39,13 @@ from typing import Any
 import torch
 
 from flashwatt.attention.cell import Cell
-from flashwatt.control.configuration import Configuration, ControlError, candidates, check_knobs
+from flashwatt.control.configuration import Configuration, ControlError, candidates, check_knobs, step_allowed
 from flashwatt.control.governor import Governor, Reading, Work
 from flashwatt.control.sensor import DEFAULT_PERIOD_S, SensorThread, idle_power
 from flashwatt.kernels import get_kernel
 from flashwatt.kernels.base import UnsupportedCell
 from flashwatt.measure import DTYPES, check_rows, reference_attention, relative_error
-from flashwatt.vocabulary import STORED_AS
+from flashwatt.vocabulary import STORED_AS, TOLERANCE
 
 _PRECISION_OF = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
 # Query rows of batch 0, head 0 compared with float64 by a precision check.
@@ -93,9 +93,7 @@ class Controller:
         self.idle_w, self.limit_w = idle_w, limit
 
         if mode == "static":
-            if configuration is None:
-                raise ControlError("mode 'static' needs configuration (e.g. 'sdpa_cudnn' or 'custom[ctas66]')")
-            fixed = Configuration.parse(configuration) if isinstance(configuration, str) else configuration
+            fixed = _static_configuration(configuration, precision_tolerance)
             candidates_for = lambda shape: [fixed]  # noqa: E731
         else:
             candidates_for = self._candidates_for
@@ -393,3 +391,19 @@ def warm_start_key(device: torch.device, telemetry: Any) -> dict:
     return {"gpu": props.name, "uuid": str(getattr(props, "uuid", "")) or identity.get("uuid"),
             "driver": identity.get("driver_version"), "kernels": kernels, "torch": torch.__version__,
             "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version()}
+
+
+def _static_configuration(configuration: Configuration | str | None, tolerance: float | None) -> Configuration:
+    """Mode 'static''s one configuration. A precision step in it runs only with the user's
+    tolerance, which its sampled float64 check holds it to (and fp8 only where that tolerance
+    reaches fp8's bound: step_allowed), so a step without one is refused here, before any call."""
+    if configuration is None:
+        raise ControlError("mode 'static' needs configuration (e.g. 'sdpa_cudnn' or 'custom[ctas66]')")
+    fixed = Configuration.parse(configuration) if isinstance(configuration, str) else configuration
+    if fixed.precision and tolerance is None:
+        raise ControlError(f"configuration {fixed.label!r} runs {fixed.precision}, which needs precision_tolerance: "
+                           f"the relative error against float64 that its sampled check must stay within")
+    if fixed.precision and not step_allowed(fixed.precision, tolerance):
+        raise ControlError(f"configuration {fixed.label!r}: {fixed.precision} needs precision_tolerance >= "
+                           f"{TOLERANCE[fixed.precision]['fwd']:g} (its error bound), got {tolerance:g}")
+    return fixed

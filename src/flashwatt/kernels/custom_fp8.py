@@ -4,12 +4,14 @@ kernels/NOTES.md, "fp8 forward").
 Two ways in:
 
 - `flash_forward_fp8(q, k, v, causal)` with float16 or bfloat16 q, k, v: the call quantises
-  them (one scale per (batch, head): `quantize`), runs the e4m3 kernel and returns the output
+  them (one scale per block of 64 query rows or 128 keys of each (batch, head): `quantize`,
+  flashwatt.kernels.fp8_numerics.quantize_blocks), runs the e4m3 kernel and returns the output
   in the inputs' dtype. The quantisation is part of the call, so its time and energy are in
   the call's; `quantize` and `fp8_forward` time it apart (flashwatt.attention.job's parts).
 - `flash_forward_fp8(q8, k8, v8, causal, descales=(dq, dk, dv))` with float8_e4m3fn tensors
-  and their float32 descales per (batch, head) (x ~ x8 * descale): the call only transposes
-  V into the layout the kernel reads (`prepare`); the output is bf16 unless asked otherwise.
+  and their float32 descales (x ~ x8 * descale), one per (batch, head) ((B, H) and (B, Hkv)) or
+  one per block as `quantize` makes them: the call only transposes V into the layout the kernel
+  reads (`prepare`); the output is bf16 unless asked otherwise.
 
 Both need compute capability 9.0 (sm_90a: wgmma with e4m3 operands) and head dim 64 or 128;
 anything else is refused before any launch (`fp8_refusal`). Any lengths, causal (top-left or
@@ -26,7 +28,8 @@ from flashwatt.kernels import l2_sections
 from flashwatt.kernels.custom_inputs import capability, device_properties, kernel_ready
 from flashwatt.kernels.custom_mask import CAUSAL_TOP_LEFT, check_causal_align, extension_code
 from flashwatt.kernels.custom_variants import (
-    LOCKSTEP, PING_PONG, WARP_SPECIALIZED, WARP_SPECIALIZED_PING_PONG, WORK_TILE_COUNTER, Tile, parse_variant, work_order,
+    LOCKSTEP, PING_PONG, WARP_SPECIALIZED, WARP_SPECIALIZED_PING_PONG, WGMMA_FP8, WGMMA_FP8_RSUM, WORK_TILE_COUNTER,
+    WS_SCHEDULES, Tile, parse_variant, work_order,
 )
 
 FP8_CAPABILITY = (9, 0)
@@ -49,8 +52,8 @@ def fp8_refusal(device_capability: tuple[int, int] | None, head_dim: int | None 
 @dataclass(frozen=True)
 class Fp8Operands:
     """What the fp8 kernel reads: e4m3 q (B, H, Lq, D) and k (B, Hkv, Lk, D), V^T (B, Hkv, D,
-    Lk padded: flashwatt.kernels.fp8_numerics.transpose_v) and the float32 descales per
-    (batch, head) of each."""
+    Lk padded: flashwatt.kernels.fp8_numerics.transpose_v) and the float32 descales per block
+    (B, H, blocks of Q_BLOCK rows) for q, (B, Hkv, blocks of KV_BLOCK keys) for k and v."""
 
     q: object
     k: object
@@ -90,39 +93,44 @@ def _check_shapes(q, k, v) -> None:
 def _vt_buffer(B: int, Hkv: int, Lk: int, D: int, device):
     import torch
 
-    from flashwatt.kernels.fp8_numerics import padded_keys
+    from flashwatt.kernels.fp8_numerics import VT_EXTRA_ROWS, padded_keys
 
-    return torch.empty((B, Hkv, D, padded_keys(Lk)), dtype=torch.float8_e4m3fn, device=device)
+    return torch.empty((B, Hkv, D + VT_EXTRA_ROWS, padded_keys(Lk)), dtype=torch.float8_e4m3fn, device=device)
 
 
 def quantize(q, k, v) -> Fp8Operands:
-    """q, k, v (float16 or bfloat16, (B, H, L, D) views) in e4m3 with one scale per (batch,
-    head), V transposed: two kernel launches (amax, then scale and cast) for the three."""
+    """q, k, v (float16 or bfloat16, (B, H, L, D) views) in e4m3 with one scale per block of
+    rows (fp8_numerics.quantize_blocks), V transposed: one kernel launch for the three, each
+    input read once."""
     import torch
 
     from flashwatt.build import load_extension
+    from flashwatt.kernels.fp8_numerics import KV_BLOCK, Q_BLOCK, blocks
 
     _check_shapes(q, k, v)
     if not (q.dtype == k.dtype == v.dtype) or q.dtype not in (torch.float16, torch.bfloat16):
         raise ValueError(f"custom fp8: quantises float16 or bfloat16 q, k, v of one dtype (got {q.dtype}, "
                          f"{k.dtype}, {v.dtype})")
-    B, H, _, D = q.shape
+    B, H, Lq, D = q.shape
     Hkv, Lk = k.shape[1], k.shape[2]
     _check_device(q, D)
     q, k, v = kernel_ready(q), kernel_ready(k), kernel_ready(v)
     f32 = dict(dtype=torch.float32, device=q.device)
+    kv_blocks = (B, Hkv, blocks(Lk, KV_BLOCK))
     ops = Fp8Operands(torch.empty(q.shape, dtype=torch.float8_e4m3fn, device=q.device),
                       torch.empty(k.shape, dtype=torch.float8_e4m3fn, device=q.device),
                       _vt_buffer(B, Hkv, Lk, D, q.device),
-                      torch.empty((B, H), **f32), torch.empty((B, Hkv), **f32), torch.empty((B, Hkv), **f32))
-    amax = torch.empty(B * H + 2 * B * Hkv, **f32)
-    load_extension().fp8_quantize(q, k, v, ops.q, ops.k, ops.vt, ops.descale_q, ops.descale_k, ops.descale_v, amax)
+                      torch.empty((B, H, blocks(Lq, Q_BLOCK)), **f32), torch.empty(kv_blocks, **f32),
+                      torch.empty(kv_blocks, **f32))
+    load_extension().fp8_quantize(q, k, v, ops.q, ops.k, ops.vt, ops.descale_q, ops.descale_k, ops.descale_v)
     return ops
 
 
 def prepare(q8, k8, v8, descale_q, descale_k, descale_v) -> Fp8Operands:
-    """Pre-quantised float8_e4m3fn q8, k8, v8 (B, H, L, D) with their float32 descales ((B, H)
-    for q, (B, Hkv) for k and v) as the kernel reads them: V transposed (one launch)."""
+    """Pre-quantised float8_e4m3fn q8, k8, v8 (B, H, L, D) with their float32 descales, one per
+    (batch, head) ((B, H) for q, (B, Hkv) for k and v) or one per block ((B, H, blocks of
+    Q_BLOCK rows), (B, Hkv, blocks of KV_BLOCK keys)), as the kernel reads them: V transposed
+    (one launch), per-head descales spread over the blocks."""
     import torch
 
     from flashwatt.build import load_extension
@@ -131,18 +139,47 @@ def prepare(q8, k8, v8, descale_q, descale_k, descale_v) -> Fp8Operands:
     for name, t in (("q", q8), ("k", k8), ("v", v8)):
         if t.dtype != torch.float8_e4m3fn:
             raise ValueError(f"custom fp8: pre-quantised {name} must be float8_e4m3fn, got {t.dtype}")
-    B, H, _, D = q8.shape
+    B, H, Lq, D = q8.shape
     Hkv, Lk = k8.shape[1], k8.shape[2]
     _check_device(q8, D)
-    descales = []
-    for name, d, heads in (("descale_q", descale_q, H), ("descale_k", descale_k, Hkv), ("descale_v", descale_v, Hkv)):
-        if not isinstance(d, torch.Tensor) or tuple(d.shape) != (B, heads):
-            raise ValueError(f"custom fp8: {name} must be a ({B}, {heads}) tensor, one scale per (batch, head)"
-                             + (f"; got shape {tuple(d.shape)}" if isinstance(d, torch.Tensor) else ""))
-        descales.append(d.to(device=q8.device, dtype=torch.float32).contiguous())
+    descales = [block_descales(d, name, B, heads, length, rows, q8.device)
+                for name, d, heads, length, rows in (("descale_q", descale_q, H, Lq, "q"),
+                                                     ("descale_k", descale_k, Hkv, Lk, "kv"),
+                                                     ("descale_v", descale_v, Hkv, Lk, "kv"))]
     vt = _vt_buffer(B, Hkv, Lk, D, q8.device)
     load_extension().fp8_transpose_v(kernel_ready(v8), vt)
     return Fp8Operands(kernel_ready(q8), kernel_ready(k8), vt, *descales)
+
+
+def block_descales(d, name: str, batch: int, heads: int, length: int, rows: str, device):
+    """A caller's descales as the kernel reads them: float32 (batch, heads, blocks) contiguous on
+    `device`, from one per (batch, head) (spread over its blocks) or one per block already.
+    rows: "q" (blocks of Q_BLOCK query rows) or "kv" (blocks of KV_BLOCK keys)."""
+    import torch
+
+    from flashwatt.kernels.fp8_numerics import KV_BLOCK, Q_BLOCK, blocks
+
+    n = blocks(length, Q_BLOCK if rows == "q" else KV_BLOCK)
+    shape = tuple(d.shape) if isinstance(d, torch.Tensor) else None
+    if shape == (batch, heads):
+        d = d[:, :, None].expand(batch, heads, n)
+    elif shape != (batch, heads, n):
+        raise ValueError(f"custom fp8: {name} must be a ({batch}, {heads}) tensor, one scale per (batch, head), or "
+                         f"({batch}, {heads}, {n}), one per block of {Q_BLOCK if rows == 'q' else KV_BLOCK} rows"
+                         + (f"; got shape {shape}" if shape is not None else f"; got {type(d).__name__}"))
+    return d.to(device=device, dtype=torch.float32).contiguous()
+
+
+def counter_choice(tile: Tile, tile_name: str, causal: bool, len_k: int, tile_counter: bool | None) -> bool:
+    """Whether a launch takes its work items from a tile counter: work_order's choice where the
+    caller leaves it (None), the caller's where the tile can (the persistent, warp-specialised
+    ones); a counter asked of a one-CTA-per-tile tile is refused here, before the extension."""
+    if tile_counter is None:
+        return work_order(tile, causal, len_k) == WORK_TILE_COUNTER
+    if tile_counter and tile.schedule not in WS_SCHEDULES:
+        raise ValueError(f"custom fp8: tile {tile_name} runs one CTA per tile; only the persistent "
+                         f"(warp-specialised) tiles take a tile counter")
+    return bool(tile_counter)
 
 
 def fp8_forward(ops: Fp8Operands, causal: bool, variant: str = "", *, out=None, out_dtype=None,
@@ -178,15 +215,19 @@ def fp8_forward(ops: Fp8Operands, causal: bool, variant: str = "", *, out=None, 
                                                  bool(causal))
     ext = load_extension()
     t = launch.tile
-    if tile_counter is None:
-        tile_counter = work_order(t, bool(causal), ops.len_k) == WORK_TILE_COUNTER
+    tile_counter = counter_choice(t, launch.tile_name, bool(causal), ops.len_k, tile_counter)
     ext.fp8_forward(ops.q, ops.k, ops.vt, ops.descale_q, ops.descale_k, ops.descale_v, out_k, lse, bool(causal),
                     extension_code(ext, causal_align), float(scale if scale is not None else 1.0 / math.sqrt(D)),
-                    t.block_m, t.block_n, t.warps, t.stages, schedule_code(ext, t), int(grid_cap), int(l2_section),
-                    bool(tile_counter))
+                    math_code(ext, t), t.block_m, t.block_n, t.warps, t.stages, schedule_code(ext, t), int(grid_cap),
+                    int(l2_section), bool(tile_counter))
     if out_k is not target:
         target.copy_(out_k)
     return target, lse
+
+
+def math_code(ext, tile: Tile) -> int:
+    """The extension's FwdConfig.math of an fp8 tile (kWgmmaFp8, kWgmmaFp8RowSum)."""
+    return {WGMMA_FP8: ext.MATH_WGMMA_FP8, WGMMA_FP8_RSUM: ext.MATH_WGMMA_FP8_RSUM}[tile.mma]
 
 
 def schedule_code(ext, tile: Tile) -> int:
@@ -217,7 +258,7 @@ def flash_forward_fp8(q, k, v, causal: bool, variant: str = "", layout: str = "b
     if q.dtype == torch.float8_e4m3fn:
         if descales is None or len(descales) != 3:
             raise ValueError("custom fp8: pre-quantised float8_e4m3fn inputs need descales=(descale_q, descale_k, "
-                             "descale_v), float32 per (batch, head)")
+                             "descale_v), float32 per (batch, head) or per block")
         ops = prepare(q, k, v, *descales)
         dtype = out_dtype or torch.bfloat16
     else:
@@ -251,10 +292,11 @@ def fp8_kernel_info(head_dim: int, variant: str = "", len_k: int | None = None, 
     ext = load_extension()
     t = launch.tile
     code = {"fp16": ext.DTYPE_FP16, "bf16": ext.DTYPE_BF16}[out_dtype]
-    info = dict(ext.fp8_kernel_info(code, head_dim, t.block_m, t.block_n, t.warps, t.stages, schedule_code(ext, t)))
+    info = dict(ext.fp8_kernel_info(math_code(ext, t), code, head_dim, t.block_m, t.block_n, t.warps, t.stages,
+                                    schedule_code(ext, t)))
     info.update(tile=launch.tile_name, mma=t.mma, schedule=t.schedule, ctas_per_sm_cap=launch.ctas_per_sm,
                 max_ctas=launch.max_ctas, work_order=work_order(t, bool(causal), len_k),
                 copies="tma" if t.schedule in (WARP_SPECIALIZED, WARP_SPECIALIZED_PING_PONG) else "threads",
-                quantization="per (batch, head): descale = amax / 448",
+                quantization="per block of 64 query rows or 128 keys: descale = amax / 448",
                 p_scale=f"2^{P_SHIFT}")
     return info

@@ -21,8 +21,10 @@ from dataclasses import dataclass
 # The instructions a tile computes with (FwdMath in kernels/flash_fwd.cuh; WGMMA_FP8: the fp8
 # forward's wgmma with e4m3 operands, kernels/flash_fp8.cuh).
 MMA_SYNC, WGMMA, FFMA, MMA_TF32, WGMMA_FP8 = "mma.sync", "wgmma", "ffma", "mma.sync.tf32", "wgmma.e4m3"
+# the fp8 wgmma whose P V also sums each row of P (a row of ones under V^T; kWgmmaFp8RowSum)
+WGMMA_FP8_RSUM = "wgmma.e4m3+rowsum"
 # Tiles whose instructions exist only in the sm_90a build.
-HOPPER_MATH = (WGMMA, WGMMA_FP8)
+HOPPER_MATH = (WGMMA, WGMMA_FP8, WGMMA_FP8_RSUM)
 # wgmma kernels are built only for compute capability 9.0 (sm_90a); see flashwatt.build.
 WGMMA_CAPABILITY = (9, 0)
 # How a wgmma CTA's warpgroups share the tensor cores (FwdSchedule, kernels/flash_fwd_wgmma.cuh):
@@ -102,6 +104,15 @@ TILES: dict[str, Tile] = {
     # 2 consumer warpgroups taking turns, K and V^T rings of <stages> slots, O staged in a buffer of its own.
     "wgmma_fp8_ws_pp_m128_n128_s2": Tile(128, 128, 12, 2, (64, 128), ("fp8",), "fp8 wgmma warp-specialised ping-pong, persistent: producer warpgroup (TMA) + 2 consumer warpgroups x 64 q rows, 128-key tiles, 2 slots", WGMMA_FP8, WARP_SPECIALIZED_PING_PONG),
     "wgmma_fp8_ws_pp_m128_n128_s3": Tile(128, 128, 12, 3, (64, 128), ("fp8",), "as wgmma_fp8_ws_pp_m128_n128_s2 with 3 K/V slots", WGMMA_FP8, WARP_SPECIALIZED_PING_PONG),
+    # Head dim 64: 3 consumer warpgroups (192 q rows per K/V tile read, 160 registers each), as
+    # wgmma_ws_pp_m192_n128_s2 is for 16-bit inputs; blocks start at row 0 (a warpgroup's rows are one
+    # query block of the quantisation), not end-aligned under a causal mask as the 16-bit one's.
+    "wgmma_fp8_ws_pp_m192_n128_s2": Tile(192, 128, 16, 2, (64,), ("fp8",), "fp8 wgmma warp-specialised ping-pong, persistent: producer warpgroup (TMA) + 3 consumer warpgroups x 64 q rows, 128-key tiles, 2 slots", WGMMA_FP8, WARP_SPECIALIZED_PING_PONG),
+    "wgmma_fp8_ws_pp_m192_n128_s3": Tile(192, 128, 16, 3, (64,), ("fp8",), "as wgmma_fp8_ws_pp_m192_n128_s2 with 3 K/V slots", WGMMA_FP8, WARP_SPECIALIZED_PING_PONG),
+    # The row sums of P from the tensor cores (flash_fwd_fp8_ws.cuh, RSUM): P V with N = D + 8 over the row
+    # of ones under V^T, no FADD per score in the softmax; O normalised by the sum of P as rounded to e4m3.
+    "wgmma_fp8_ws_pp_m128_n128_s2_rsum": Tile(128, 128, 12, 2, (64, 128), ("fp8",), "as wgmma_fp8_ws_pp_m128_n128_s2 with the row sums of P from the tensor cores (P V over a row of ones under V^T)", WGMMA_FP8_RSUM, WARP_SPECIALIZED_PING_PONG),
+    "wgmma_fp8_ws_pp_m192_n128_s3_rsum": Tile(192, 128, 16, 3, (64,), ("fp8",), "as wgmma_fp8_ws_pp_m192_n128_s3 with the row sums of P from the tensor cores", WGMMA_FP8_RSUM, WARP_SPECIALIZED_PING_PONG),
 }
 
 DEFAULT_TILE = {
@@ -117,8 +128,10 @@ DEFAULT_TILE = {
     ("tf32", 64): "tf32",
     ("tf32", 128): "tf32",
     # fp8 runs on Hopper only (custom_fp8 refuses other devices before a tile is chosen): the
-    # warp-specialised tile, as for 16-bit inputs (not measured against the others yet).
-    ("fp8", 64): "wgmma_fp8_ws_pp_m128_n128_s2",
+    # fastest tile of the H100 bench (kernels/NOTES.md, "fp8 forward: measured"): at head dim
+    # 64 the third K/V slot is 1-3 % faster at every length and mask; at 128 the two slots
+    # and three are within 1 % of each other but for one shape, and two keep shared memory.
+    ("fp8", 64): "wgmma_fp8_ws_pp_m128_n128_s3",
     ("fp8", 128): "wgmma_fp8_ws_pp_m128_n128_s2",
 }
 
