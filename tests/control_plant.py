@@ -239,6 +239,28 @@ class Plant:
     telemetry_dead_after: float | None = None
     telemetry_dead: list[tuple[float, float]] = field(default_factory=list)  # (from t, to t): reads fail
     seed: int = 0
+    # First-order thermal model: the temperature relaxes toward ambient + c_per_w x power with
+    # a time constant of tens of seconds; NVML reads it in whole degrees.
+    ambient_c: float = 30.0
+    c_per_w: float = 0.08
+    thermal_tau_s: float = 30.0
+    start_temp_c: float | None = None  # None: the idle board's steady temperature
+    temp_noise_c: float = 0.3
+
+    def steady_temp_c(self, watts: float) -> float:
+        return self.ambient_c + self.c_per_w * watts
+
+    def holding_w(self, limit_c: float) -> float:
+        """The power at which the board's temperature settles at `limit_c`."""
+        return (limit_c - self.ambient_c) / self.c_per_w
+
+    def idle_cooling_s(self, from_c: float, to_c: float) -> float:
+        """Seconds the board takes to cool from `from_c` to `to_c` at idle: the fastest any
+        workload's side can cool it."""
+        import math
+
+        floor = self.steady_temp_c(self.idle_w)
+        return self.thermal_tau_s * math.log((from_c - floor) / (to_c - floor)) if to_c > floor else math.inf
 
     def _extra_w(self, t: float) -> float:
         extra = sum(w for start, w in self.disturbance if t >= start)
@@ -309,6 +331,9 @@ class Board:
         self.power = plant.idle_w
         self.energy_j = 0.0
         self.t = 0.0
+        # the temperature, and its noise apart so that the power's draws stay as they were
+        self.temp = plant.start_temp_c if plant.start_temp_c is not None else plant.steady_temp_c(plant.idle_w)
+        self._heat = random.Random(plant.seed + 2)
         self._drift = self.rng.gauss(0.0, plant.wander)  # a run starts anywhere in the drift's range
         stalling = self.rng.random() < COUNTER_STALLING
         self.stall = plant.counter_stall if plant.counter_stall is not None else (
@@ -337,6 +362,7 @@ class Board:
         self.power += (wanted - self.power) * (1.0 - math.exp(-p.dt / p.lag_s))
         self._history.append((self.t, self.energy_j))
         self.energy_j += self.power * p.dt
+        self.temp += (p.steady_temp_c(self.power) - self.temp) * p.dt / p.thermal_tau_s
         self._recent.append(self.power)
         self._last_tick.append(min(ceiling_w, drive_w))
         self.t += p.dt
@@ -353,6 +379,10 @@ class Board:
         above = max(0.0, mean - p.idle_w)
         sd = math.hypot(min(p.sensor_noise_max_w, p.sensor_noise * above), extra_noise * above)
         return mean + self.rng.gauss(0.0, sd) + (self.rng.gauss(0.0, p.noise_w) if p.noise_w else 0.0)
+
+    def temp_reading(self) -> int:
+        """NVML's temperature now: whole degrees."""
+        return round(self.temp + self._heat.gauss(0.0, self.plant.temp_noise_c))
 
     def energy_at_delay(self) -> float:
         """Joules the board drew until COUNTER_DELAY_S ago (what the counter shows now)."""
@@ -433,17 +463,19 @@ def _tick(governor: Governor, plant: Plant, board: Board, work: Work, workload: 
     dead = plant.dead(t)
     counter = board.counter_mj()
     reading = Reading(t, None if dead else board.reading(workload.reading_noise), None if dead else counter,
+                      temp_c=None if dead else board.temp_reading(),
                       error="NVMLError_Unknown: simulated sensor failure" if dead else None)
     row = governor.tick(reading, work)
     row.update(true_power_w=board.power, true_energy_mj=board.energy_j * 1e3, counter_mj=counter,
-               workload=workload.name)
+               true_temp_c=board.temp, workload=workload.name)
     return row
 
 
 def _first_tick(governor: Governor, board: Board, workload: str) -> dict:
     counter = board.counter_mj()
-    row = governor.tick(Reading(0.0, board.reading(), counter), Work())
-    row.update(true_power_w=board.power, true_energy_mj=board.energy_j * 1e3, counter_mj=counter, workload=workload)
+    row = governor.tick(Reading(0.0, board.reading(), counter, temp_c=board.temp_reading()), Work())
+    row.update(true_power_w=board.power, true_energy_mj=board.energy_j * 1e3, counter_mj=counter,
+               true_temp_c=board.temp, workload=workload)
     return row
 
 
@@ -537,3 +569,133 @@ def simulate(scenario: dict, governor: Governor, workload: str = "steady", plant
                           nvml_failures=[tuple(span) for span in scenario["nvml_failures"]],
                           phases=[(start, w.name) for start, w in phases])
     return trace, facts
+
+
+# ---- model steps on the simulated GPU -------------------------------------------------------
+@dataclass(frozen=True)
+class StepProfile:
+    """What one configuration of a model's step does on the simulated board: GPU seconds per
+    step at full duty and the watts drawn while it computes."""
+
+    seconds: float
+    watts: float
+
+
+class SimTelemetry:
+    """What the controller reads of NVML's identity for a simulated board (its readings come
+    from SimStepGpu, which ticks the controller itself)."""
+
+    available = True
+    reason = None
+
+    def __init__(self, cap_w: float):
+        self.devices = [{"power_limit_enforced_w": cap_w, "uuid": "GPU-sim"}]
+
+    def close(self) -> None:
+        pass
+
+
+class SimStepGpu:
+    """A simulated GPU running a model's steps, in simulated time.
+
+    A step computes for its GPU seconds, block after block (`blocks` pacing points per step,
+    as an attached model's block hooks give), drawing its configuration's watts; the
+    controller's pacer idles it by sleeping, which here advances the clock at idle power.
+    Power follows with the plant's lag, the energy counter integrates it, the temperature
+    follows the plant's thermal model, and every 0.1 s of simulated time the sensor's
+    reading ticks the controller (as its sensor thread does on a GPU), through `on_tick`."""
+
+    def __init__(self, plant: Plant, profiles: dict, tokens_per_step: int = 8192, blocks: int = 16,
+                 watts_scale: float = 1.0, seed: int = 0, sensor_window_s: float = 0.05):
+        self.plant, self.profiles, self.tokens_per_step, self.blocks = plant, profiles, tokens_per_step, blocks
+        self.watts_scale = watts_scale
+        self.t = 0.0
+        self.power = plant.idle_w
+        self.temp = plant.start_temp_c if plant.start_temp_c is not None else plant.steady_temp_c(plant.idle_w)
+        self.energy_j = 0.0
+        self.rng = random.Random(seed)
+        self.next_tick = plant.sensor_period_s
+        self.on_tick = None  # the controller's tick
+        self.rows: list[dict] = []  # the truth at each tick
+        self.steps = 0
+        self.nvml_dead: list[tuple[float, float]] = []
+        # NVML's "instant" power is the board's power over a short window of its own, not a
+        # point sample: a duty cycle of tens of milliseconds shows as its average, not its phase.
+        self.sensor_window_s = sensor_window_s
+        self._recent: list[tuple[float, float, float]] = []  # (end t, seconds, watts) of each slice
+
+    def clock(self) -> float:
+        return self.t
+
+    def sleep(self, seconds: float) -> None:
+        self.advance(seconds, None)
+
+    def advance(self, seconds: float, busy_w: float | None) -> None:
+        end = self.t + max(0.0, seconds)
+        while self.t < end - 1e-12:
+            dt = min(self.plant.dt, end - self.t, self.next_tick - self.t)
+            target = self.plant.idle_w if busy_w is None else min(self.plant.cap_w, busy_w)
+            self.power += (target - self.power) * min(1.0, dt / self.plant.lag_s)
+            self.temp += (self.plant.steady_temp_c(self.power) - self.temp) * dt / self.plant.thermal_tau_s
+            self.energy_j += self.power * dt
+            self.t += dt
+            self._recent.append((self.t, dt, self.power))
+            if self.t >= self.next_tick - 1e-12:
+                self.next_tick += self.plant.sensor_period_s
+                self._tick()
+
+    def _sensed_w(self) -> float:
+        since = self.t - self.sensor_window_s
+        self._recent = [(t, dt, w) for t, dt, w in self._recent if t > since + 1e-12]
+        spans = [(min(dt, t - since), w) for t, dt, w in self._recent]
+        seconds = sum(s for s, _ in spans)
+        watts = sum(s * w for s, w in spans) / seconds if seconds > 0 else self.power
+        return watts + self.rng.gauss(0.0, self.plant.noise_w)
+
+    def _tick(self) -> None:
+        dead = any(a <= self.t < b for a, b in self.nvml_dead)
+        reading = Reading(self.t, None if dead else self._sensed_w(),
+                          None if dead else self.energy_j * 1e3, temp_c=None if dead else round(self.temp),
+                          error="NVMLError_Unknown: simulated sensor failure" if dead else None)
+        self.rows.append({"t": self.t, "true_power_w": self.power, "true_energy_mj": self.energy_j * 1e3,
+                          "true_temp_c": self.temp, "steps": self.steps})
+        if self.on_tick is not None:
+            self.on_tick(reading)
+
+    def step_fn(self, ctl, profile_of=None):
+        """The step function a controller runs: block after block, a pacing point before each."""
+        def step(plan):
+            profile = (profile_of or (lambda p: self.profiles[p.label]))(plan)
+            for _ in range(self.blocks):
+                ctl.pace()
+                self.advance(profile.seconds / self.blocks, profile.watts * self.watts_scale)
+            self.steps += 1
+            return self.steps
+        return step
+
+
+def sim_controller(gpu: SimStepGpu, mode: str = "budget", budget_w: float | None = 450.0, **kw):
+    """A real Controller on the simulated board: its clock, sleep and sensor ticks are the board's."""
+    from flashwatt.control.controller import Controller
+    from flashwatt.control.pacing import DeviceOps
+
+    ctl = Controller(mode, budget_w, "cpu", telemetry=SimTelemetry(gpu.plant.cap_w), idle_w=gpu.plant.idle_w,
+                     sensor=False, clock=gpu.clock, sleep=gpu.sleep, device_ops=DeviceOps(None, gpu.clock),
+                     cache=None, **kw)
+    gpu.on_tick = ctl.tick
+    return ctl
+
+
+def run_steps(ctl, gpu: SimStepGpu, seconds: float, budget_schedule=(), step=None) -> pd.DataFrame:
+    """Steps under `ctl` for `seconds` of simulated time; the controller's trace beside the truth."""
+    fn = step or gpu.step_fn(ctl)
+    schedule = _budget_timeline(budget_schedule)
+    while gpu.t < seconds:
+        while schedule and schedule[0][0] <= gpu.t:
+            ctl.set_budget(schedule.pop(0)[1])
+        ctl.step(fn, tokens=gpu.tokens_per_step)
+    trace = ctl.trace()
+    truth = pd.DataFrame(gpu.rows)
+    if len(trace):
+        trace = pd.merge_asof(trace.sort_values("t"), truth, on="t", direction="nearest")
+    return trace

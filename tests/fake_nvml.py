@@ -129,6 +129,14 @@ class FakeNvml:
         self.init_error = init_error
         self.initialized = 0
         self.shutdowns = 0
+        self.setter_calls: list[tuple[str, tuple]] = []  # every NVML setter or reset asked for, with its arguments
+
+    def __getattr__(self, name: str):
+        # A device setting (power limit, clocks, modes) is never changed by flashwatt: any such
+        # function asked for is recorded (and does nothing), so a test can assert there was none.
+        if name.startswith(("nvmlDeviceSet", "nvmlDeviceReset", "nvmlSystemSet")):
+            return lambda *args: self.setter_calls.append((name, args))
+        raise AttributeError(name)
 
     # ---- plumbing ---------------------------------------------------------------------
     @staticmethod

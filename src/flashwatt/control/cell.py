@@ -13,6 +13,9 @@ where the scenario names what the run does, so that asking for a file reruns exa
     energy, energy-slowdown5pct            minimise joules per token (within 5% of the fastest)
     budget-500w-colocated_at8s             ...with another process's load from 8 s
     budget-450w-nvml_failure_at5s          ...with NVML failing from 5 s
+    budget-650w-hot_start_at30s            ...on a board preheated for 30 s at full duty first,
+                                           with a temperature limit held alongside the budget
+                                           (`hot_start.below_c` under where the preheat left it)
     random-41-7                            the 8th scenario generated from seed 41
                                            (flashwatt.control.scenario_generator)
 
@@ -32,7 +35,7 @@ WORKLOADS = ("steady", "stream")
 NO_CUDA_REASON = "control cells drive a CUDA GPU; none is visible"
 CONTROL_PRECISIONS = ("bf16", "fp16", "fp32")
 CONTROL_MODES = ("budget", "energy", "oracle", "random")
-DISTURBANCES = ("colocated", "nvml_failure")
+DISTURBANCES = ("colocated", "nvml_failure", "hot_start")
 
 CONTROL_FOLDER = "control"
 _WHERE = "/{suite}/" + CONTROL_FOLDER + "/{group}/{scenario}"

@@ -1,9 +1,14 @@
-"""What the controller may change: one `Configuration` per way of computing attention.
+"""What the controller may change: one `Configuration` per way of computing attention, or
+of running a model's step.
 
 Every knob is on the workload's side: the backend (and for our kernel its tile or CTA
-cap), how a large call is split into chunks, and the precision when the user opts in.
-Pacing (the duty cycle) is a continuous knob of the loop, not part of a configuration.
-Nothing here touches a device setting: no power limit, no clocks.
+cap), how a large call is split into chunks, and the precision when the user opts in. A
+step (`Controller.step`) has its own: the attention backend inside the model (through the
+backend registry), the batch split into micro-batches with gradient accumulation (the
+`chunks` of a step), activation recompute on a share of the model's blocks, and the
+precision when the user opts in. Pacing (the duty cycle) is a continuous knob of the loop,
+not part of a configuration. Nothing here touches a device setting: no power limit, no
+clocks.
 """
 from __future__ import annotations
 
@@ -18,7 +23,15 @@ from flashwatt.vocabulary import TOLERANCE
 CONTROL_BACKENDS = registry.control_backend_names()
 
 # The knobs a user may restrict (Controller(knobs={...})); anything else is refused by name.
-KNOBS = ("backend", "variant", "chunks", "precision", "duty")
+# `micro_batches` and `recompute` are a step's (Controller.step), `variant` and `chunks` an
+# attention call's.
+KNOBS = ("backend", "variant", "chunks", "precision", "duty", "micro_batches", "recompute")
+# A step whose model is not attached to the controller keeps its own attention: its
+# configurations name this instead of a backend.
+KEEP_BACKEND = "unchanged"
+# Activation recompute: the share of a model's blocks (percent) whose activations are
+# recomputed in the backward instead of kept.
+RECOMPUTE_SHARES = (0, 50, 100)
 
 # Precision steps the controller may take when the user opts in with a tolerance: from the
 # inputs' precision towards cheaper arithmetic, never the other way. fp8 quantises 16-bit
@@ -43,11 +56,12 @@ class ControlError(ValueError):
 class Configuration:
     backend: str
     variant: str = ""  # our kernel's launch (tile and/or CTA cap), "" its default
-    chunks: int = 1  # the batch split into this many sequential calls
+    chunks: int = 1  # the batch split into this many sequential calls (a step's micro-batches)
     precision: str = ""  # "" runs the inputs' own precision; else the opted-in cheaper one
+    recompute: int = 0  # a step's: percent of the model's blocks whose activations are recomputed
 
     def __post_init__(self) -> None:
-        if self.backend not in CONTROL_BACKENDS:
+        if self.backend not in CONTROL_BACKENDS and self.backend != KEEP_BACKEND:
             raise ControlError(f"backend {self.backend!r}: allowed {', '.join(CONTROL_BACKENDS)}")
         if self.variant and not registry.backend(self.backend).variants:
             raise ControlError(f"variant {self.variant!r} names a launch of our kernel; backend is {self.backend}")
@@ -55,32 +69,44 @@ class Configuration:
             raise ControlError(f"chunks={self.chunks!r}: must be a positive integer")
         if self.precision and self.precision not in PRECISION_LADDER:
             raise ControlError(f"precision {self.precision!r}: allowed {', '.join(PRECISION_LADDER)}")
+        if self.recompute not in RECOMPUTE_SHARES:
+            raise ControlError(f"recompute={self.recompute!r}: allowed {', '.join(map(str, RECOMPUTE_SHARES))} "
+                               "(percent of the blocks)")
+
+    @property
+    def micro_batches(self) -> int:
+        """A step's: the batch split into this many micro-batches, gradients accumulated."""
+        return self.chunks
 
     @property
     def label(self) -> str:
         parts = [self.backend + (f"[{self.variant}]" if self.variant else "")]
         if self.chunks > 1:
             parts.append(f"x{self.chunks}")
+        if self.recompute:
+            parts.append(f"rc{self.recompute}")
         if self.precision:
             parts.append(self.precision)
         return " ".join(parts)
 
     @classmethod
     def parse(cls, text: str) -> "Configuration":
-        """The inverse of `label` ("custom[ctas66] x2 tf32"), for configs and traces."""
+        """The inverse of `label` ("custom[ctas66] x2 tf32", "sdpa_cudnn x2 rc50"), for configs and traces."""
         words = text.split()
         if not words:
             raise ControlError("empty configuration")
         head, rest = words[0], words[1:]
         backend, _, variant = head.partition("[")
         variant = variant.rstrip("]")
-        chunks, precision = 1, ""
+        chunks, precision, recompute = 1, "", 0
         for word in rest:
             if word.startswith("x") and word[1:].isdigit():
                 chunks = int(word[1:])
+            elif word.startswith("rc") and word[2:].isdigit():
+                recompute = int(word[2:])
             else:
                 precision = word
-        return cls(backend, variant, chunks, precision)
+        return cls(backend, variant, chunks, precision, recompute)
 
 
 def check_knobs(knobs: dict | None) -> dict:
@@ -98,8 +124,16 @@ def check_knobs(knobs: dict | None) -> dict:
         if isinstance(values, (str, int)) or not values:
             raise ControlError(f"knob {name}: give a non-empty list of allowed values, not {values!r}")
     for backend in knobs.get("backend", ()):
-        if backend not in CONTROL_BACKENDS:
-            raise ControlError(f"knob backend: {backend!r} is not allowed; allowed: {', '.join(CONTROL_BACKENDS)}")
+        if backend not in CONTROL_BACKENDS and backend != KEEP_BACKEND:
+            raise ControlError(f"knob backend: {backend!r} is not allowed; allowed: {', '.join(CONTROL_BACKENDS)}, "
+                               f"or {KEEP_BACKEND!r} (a step's model keeps its own)")
+    for count in knobs.get("micro_batches", ()):
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise ControlError(f"knob micro_batches: {count!r} is not a positive whole number")
+    for share in knobs.get("recompute", ()):
+        if share not in RECOMPUTE_SHARES:
+            raise ControlError(f"knob recompute: {share!r} is not allowed; allowed: "
+                               f"{', '.join(map(str, RECOMPUTE_SHARES))} (percent of the blocks)")
     return knobs
 
 
@@ -121,7 +155,7 @@ def candidates(precision: str, knobs: dict | None = None, precision_opt_in: bool
     `sdpa_default` is PyTorch's own choice: the baseline, not a candidate unless named.
     """
     knobs = check_knobs(knobs)
-    backends = knobs.get("backend", [b for b in CONTROL_BACKENDS if b != "sdpa_default"])
+    backends = [b for b in knobs.get("backend", [b for b in CONTROL_BACKENDS if b != "sdpa_default"]) if b != KEEP_BACKEND]
     variants = knobs.get("variant", ["", *(f"ctas{n}" for n in cta_caps)])
     chunk_counts = knobs.get("chunks", [1])
     precisions = [""]
@@ -140,3 +174,36 @@ def candidates(precision: str, knobs: dict | None = None, precision_opt_in: bool
     if not out:
         raise ControlError(f"no configuration left for {precision} inputs with knobs {knobs}")
     return out
+
+
+# A cheaper precision for a whole step, from the model's own (the rungs a step may take with
+# the user's opt-in): tf32 matmuls for a float32 model, then autocast to bf16. Not fp16: a
+# training step under fp16 autocast needs a gradient scaler, which is the user's loop's.
+STEP_PRECISION_LADDER = {"fp32": ("tf32", "bf16"), "tf32": ("bf16",), "fp16": (), "bf16": ()}
+
+
+def step_candidates(precision: str, knobs: dict | None = None, precision_opt_in: bool = False,
+                    backends: tuple[str, ...] | None = None) -> list[Configuration]:
+    """The configurations the controller explores for a model's step.
+
+    `backends`: the registry backends the attached model can take (None: the model is not
+    attached, and the step keeps its own attention). Defaults: those backends (the user's
+    `backend` knob restricts them), one micro-batch, no recompute, the model's own
+    precision; micro-batches and recompute join only where the user's knobs allow them,
+    cheaper precisions only with the opt-in (each checked before it is used).
+    """
+    knobs = check_knobs(knobs)
+    if backends is None:
+        names = [KEEP_BACKEND]
+    else:
+        names = [b for b in knobs.get("backend", backends) if b in backends or b == KEEP_BACKEND]
+        if not names:
+            raise ControlError(f"knob backend {knobs.get('backend')}: none of them plugs into this model "
+                               f"(it takes {', '.join(backends)})")
+    precisions = [""]
+    if precision_opt_in:
+        ladder = STEP_PRECISION_LADDER.get(precision, ())
+        precisions += [p for p in knobs.get("precision", ladder) if p in ladder]
+    return [Configuration(backend, "", int(chunks), prec, int(share)) for backend in names
+            for chunks in knobs.get("micro_batches", [1]) for share in knobs.get("recompute", [0])
+            for prec in precisions]

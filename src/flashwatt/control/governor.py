@@ -61,6 +61,7 @@ from flashwatt.control.reading_noise import MIX_PRIOR_SHARE, ReadingNoise
 from flashwatt.control.shape_choices import PROBE_SAMPLES, ShapeChoices
 from flashwatt.control.shape_state import EXPLOIT, EXPLORE, PROBE, RECHECK, ShapeState
 from flashwatt.control.table_error import COUNTER_LAG, TableError
+from flashwatt.control.thermal_holding import FLOOR_ABOVE_IDLE_W, ThermalLimit
 
 MODES = ("budget", "energy", "static")
 # Others' watts over this share of the set point (of the power in energy mode): the model
@@ -117,7 +118,7 @@ class Governor(ShapeChoices, PowerHolding, TableError):
                  prune_below: float = 0.4, hysteresis: float = 0.05, stale_s: float = 0.5,
                  duty_range: tuple[float, float] = (0.01, 1.0), recheck_after_s: float = 4.0,
                  recheck_max_s: float = 32.0, recheck_within: float = 0.85, warm_start=None,
-                 clock: Callable[[], float] = time.monotonic):
+                 temp_limit_c: float | None = None, clock: Callable[[], float] = time.monotonic):
         if mode not in MODES:
             raise ControlError(f"mode {mode!r}: allowed {', '.join(MODES)}")
         if not callable(candidates):
@@ -129,6 +130,9 @@ class Governor(ShapeChoices, PowerHolding, TableError):
             raise ControlError("mode 'budget' needs budget_w (watts)")
         if max_slowdown is not None and not 0 <= max_slowdown < 1:
             raise ControlError(f"max_slowdown={max_slowdown!r}: give a fraction in [0, 1)")
+        if temp_limit_c is not None and mode != "budget":
+            raise ControlError(f"temp_limit_c={temp_limit_c!r}: a temperature limit is held alongside a power "
+                               f"budget (mode 'budget'), not in mode {mode!r}")
         self.mode = mode
         self.candidates_for = candidates
         self.idle_w = idle_w
@@ -170,8 +174,11 @@ class Governor(ShapeChoices, PowerHolding, TableError):
         self._fresh_table_t = -float("inf")  # when another table last took over (power_holding._aim_w)
         self._tenant_step = False  # this tick saw a step in the watts of others
         self._offset_moved_t = -float("inf")  # when the estimate of the others' watts last moved
+        self.thermal: ThermalLimit | None = None  # the temperature loop (flashwatt.control.thermal_holding)
         if budget_w is not None:
             self.set_budget(budget_w)
+            if temp_limit_c is not None:
+                self.thermal = ThermalLimit(temp_limit_c, (idle_w or 0.0) + FLOOR_ABOVE_IDLE_W, self.budget_w)
             if mode == "budget":
                 self.loop.duty = self._start_duty()  # start low, let the loop climb
         self.power_filtered: float | None = None
@@ -199,6 +206,8 @@ class Governor(ShapeChoices, PowerHolding, TableError):
             raise ControlError(f"budget {budget_w:.0f} W is over this GPU's enforced power limit "
                                f"({self.limit_w:.0f} W); the card cannot draw more than the limit")
         before, self.budget_w = self.budget_w, budget_w
+        if self.thermal is not None:
+            self.thermal.set_ceiling(budget_w)
         if before is None or abs(budget_w - before) < STEP_MIN_W:
             return
         now = self.clock()
@@ -232,8 +241,16 @@ class Governor(ShapeChoices, PowerHolding, TableError):
         return self._noise_by_mix[self._several_shapes]
 
     @property
+    def held_w(self) -> float | None:
+        """The power the loop holds: the budget, or under it the temperature loop's cap."""
+        if self.budget_w is None:
+            return None
+        return min(self.budget_w, self.thermal.cap_w) if self.thermal is not None else self.budget_w
+
+    @property
     def setpoint_w(self) -> float | None:
-        return None if self.budget_w is None else self.budget_w * (1 - self.margin)
+        held = self.held_w
+        return None if held is None else held * (1 - self.margin)
 
     @property
     def duty(self) -> float:
@@ -289,6 +306,8 @@ class Governor(ShapeChoices, PowerHolding, TableError):
         dt = 0.1 if self._last_tick_t is None else max(1e-3, now - self._last_tick_t)
         self._last_tick_t = now
         power = reading.power_w
+        if self.thermal is not None:
+            self.thermal.update(now, reading.temp_c)
         self._adapt_margin(now, self._counter_joules(now, reading.energy_mj, power))
         if power is not None:
             self.last_valid_t = now
@@ -336,6 +355,8 @@ class Governor(ShapeChoices, PowerHolding, TableError):
             "clock_reasons": reading.clock_reasons, "duty": self.loop.duty, "offset_w": self.offset_w,
             "table_share": self.table_share, "noise_share": self.noise.share,
             "aim_w": self._aim_w() if self.mode == "budget" and self.budget_w is not None else None,
+            "temp_limit_c": self.thermal.limit_c if self.thermal is not None else None,
+            "thermal_cap_w": self.thermal.cap_w if self.thermal is not None else None,
             "config": dominant.label if dominant else None, "choice": self._choice_label(),
             "configs": len(work.by_key),
             "calls": sum(c for c, _ in work.by_key.values()), "tokens": work.tokens, "tokens_per_s": tokens_per_s,

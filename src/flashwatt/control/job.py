@@ -53,9 +53,12 @@ def scenario_of(cell: ControlCell, spec: dict):
         tenants = (Tenant("gemm", float(load.get("duty", 0.3)), float(cell.disturbance_at_s),
                           float(load.get("seconds", 7.0))),)
     tolerance = spec.get("precision_tolerance")
+    hot = cell.disturbance == "hot_start"
     return Scenario(
         cell.scenario, workload, cell.mode,
         precision_tolerance=float(tolerance) if tolerance is not None else None,
+        preheat_s=float(cell.disturbance_at_s) if hot else 0.0,
+        temp_below_c=float(spec.get("hot_start", {}).get("below_c", 4.0)) if hot else None,
         budget_w=float(cell.budget_w) if len(cell.budgets) == 1 else None,
         schedule=tuple((float(t), float(w)) for t, w in cell.budgets) if len(cell.budgets) > 1 else (),
         seconds=float(spec.get("seconds", 14.0)),

@@ -4,11 +4,13 @@
       seconds: 14                    # length of a controlled run (a run may set its own)
       oracle: {configurations: [...], paced: [...], duties: [...], seconds: 2}
       colocated: {duty: 0.3, seconds: 7}
+      hot_start: {below_c: 4}        # runs with disturbance hot_start: the limit this far under the preheat's temperature
       warm_start: true               # runs start from what earlier runs learned (flashwatt.control.warm_start)
       runs:
         - {mode: budget, budgets_w: [300, 450, 600]}           # one cell per budget
         - {mode: budget, schedule: [[0, 600], [6, 400], [11, 550]], seconds: 16}
         - {mode: budget, budgets_w: [500], disturbance: colocated, disturbance_at_s: 8}
+        - {mode: budget, budgets_w: [650], disturbance: hot_start, disturbance_at_s: 30}   # preheated 30 s
         - {mode: energy, workload: steady, precision: bf16}
         - {mode: energy, precision_tolerance: 0.1}             # cheaper precisions (fp8 from 0.1) may join
       random:                        # generated scenarios (flashwatt.control.scenario_generator)
@@ -41,6 +43,9 @@ DEFAULT_ORACLE = {
     "seconds": 2.0,
 }
 DEFAULT_COLOCATED = {"duty": 0.3, "seconds": 7.0}
+# A run that starts hot (disturbance hot_start, at = seconds of preheat at full duty): the
+# temperature limit held alongside its budget is this far under where the preheat left the board.
+DEFAULT_HOT_START = {"below_c": 4.0}
 DEFAULT_RANDOM = {"seeds": [41], "count": 20, "workloads": ["steady"], "precision": "bf16", "causal": False,
                   "seconds": 10.0, "budget_range_w": [250, 650], "step_w": [50, 300]}
 
@@ -114,7 +119,9 @@ def _runs_cells(name: str, section: dict, seed: int) -> dict[ControlCell, dict]:
             schedules = [()]
         disturbance = run.get("disturbance", "")
         at = int(run.get("disturbance_at_s", 0))
-        if disturbance and not 0 < at < seconds:
+        if disturbance == "hot_start" and at <= 0:
+            raise ConfigError(f"config key {key}.disturbance_at_s: hot_start needs the seconds of preheat (> 0)")
+        if disturbance and disturbance != "hot_start" and not 0 < at < seconds:
             raise ConfigError(f"config key {key}.disturbance_at_s: {at} s must fall inside the run's "
                                      f"{seconds:g} s")
         for budgets in schedules:
@@ -132,6 +139,8 @@ def _runs_cells(name: str, section: dict, seed: int) -> dict[ControlCell, dict]:
                 spec["precision_tolerance"] = float(run["precision_tolerance"])
             if disturbance == "colocated":
                 spec["colocated"] = colocated
+            if disturbance == "hot_start":
+                spec["hot_start"] = {**DEFAULT_HOT_START, **section.get("hot_start", {})}
             add(cell, spec, key)
             oracle_cell = ControlCell(name, cell.workload, cell.precision, cell.causal, "oracle")
             add(oracle_cell, {"seed": seed, "oracle": oracle}, f"{where}.oracle")

@@ -44,6 +44,9 @@ MERIT_COLUMNS = [
     "check_rel_err", "check_tol", "check_passed", "idle_w", "limit_w",
     "windows_over_10pct", "sliding_over_10pct", "worst_sliding_overshoot_pct", "infeasible_windows",
     "step_settle_p50_s", "step_settle_p95_s", "front_excluded_s", "after_5s_j_per_token",
+    # a temperature limit (a hot start; flashwatt.control.thermal_merit)
+    "preheat_temp_c", "temp_limit_c", "temp_windows", "temp_windows_within_pct", "temp_cooling_windows",
+    "temp_cooled_s", "temp_worst_window_c",
 ]
 # What a run's scenario was (flashwatt.control.summary._scenario_columns), and its lists as text.
 SCENARIO_COLUMNS = ["schedule", "tenants", "nvml_failures", "mix_change", "scenario_classes", "tenant_spans",

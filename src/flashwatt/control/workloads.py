@@ -86,6 +86,8 @@ class Scenario:
     # The relative error against float64 the user accepts: cheaper precisions may be taken
     # (flashwatt.control.controller), and the run's final check holds the output to it.
     precision_tolerance: float | None = None
+    preheat_s: float = 0.0  # a hot start: the workload at full duty this long before the run
+    temp_below_c: float | None = None  # ... and a temperature limit this far under where it left the board
 
     def budget(self) -> BudgetSchedule | None:
         if self.schedule:

@@ -45,15 +45,21 @@ class RegistryAttention:
         # GQA path): always for a backend declared without grouped-query attention, and for
         # one that refuses it when called (asked once, then always expanded).
         self.kv_expanded = False
-        self._calls: dict[tuple, AttentionCall] = {}
+        self._calls: dict[tuple, tuple[AttentionCall, str | None]] = {}
 
     def attention_call(self, batch: int, heads: int, seq_len: int, head_dim: int, causal: bool,
-                       kv_heads: int) -> AttentionCall:
+                       kv_heads: int, device=None) -> AttentionCall:
+        """The call's description; `UnsupportedCell` with the backend's reason where it cannot
+        run it on `device` (asked once per call shape)."""
         key = (batch, heads, seq_len, head_dim, causal, kv_heads)
         if key not in self._calls:
-            self._calls[key] = AttentionCall(precision=self.precision, seq_len=seq_len, batch=batch, heads=heads,
-                                             head_dim=head_dim, causal=causal, pass_=self.pass_, kv_heads=kv_heads)
-        return self._calls[key]
+            call = AttentionCall(precision=self.precision, seq_len=seq_len, batch=batch, heads=heads,
+                                 head_dim=head_dim, causal=causal, pass_=self.pass_, kv_heads=kv_heads)
+            self._calls[key] = (call, self.kernel.supports(call, device) if device is not None else None)
+        call, refusal = self._calls[key]
+        if refusal is not None:
+            raise UnsupportedCell(f"{self.kernel.name}: {refusal}")
+        return call
 
     def __call__(self, module, query, key, value, attention_mask, scaling: float | None = None, dropout: float = 0.0,
                  is_causal: bool | None = None, **kwargs):
@@ -64,12 +70,13 @@ class RegistryAttention:
             self.kv_expanded = True
             key, value = _expand(key, H), _expand(value, H)
         try:
-            out = self.kernel(query, key, value, self.attention_call(B, H, Lq, D, causal, key.shape[1]))
+            out = self.kernel(query, key, value, self.attention_call(B, H, Lq, D, causal, key.shape[1], query.device))
         except UnsupportedCell:
             if key.shape[1] == H:
                 raise
             self.kv_expanded = True
-            out = self.kernel(query, _expand(key, H), _expand(value, H), self.attention_call(B, H, Lq, D, causal, H))
+            out = self.kernel(query, _expand(key, H), _expand(value, H),
+                              self.attention_call(B, H, Lq, D, causal, H, query.device))
         return out.transpose(1, 2), None
 
 

@@ -1,13 +1,18 @@
 """A model cell: one step of a whole model (prefill or a training step) with one attention
 backend, on one GPU or several, the single source of its names and paths.
 
-    results/cells/<suite>/model/<model>/<backend>/<precision>/<phase>-L<L>-B<B>[-recompute][-compiled][-G<gpus>-<strategy>].json
+    results/cells/<suite>/model/<model>/<backend>/<precision>/<phase>-L<L>-B<B>[-recompute][-compiled][-G<gpus>-<strategy>][-gov-<governor>].json
 
 A one-GPU cell has strategy `none` and no suffix (the names one-GPU cells always had);
 a cell on several GPUs names its world size and strategy: `fsdp` (data parallel, FSDP2,
 B sequences per GPU) or a context-parallel strategy (`ring`, `zigzag`, `ulysses`,
 `hybrid`: B sequences, each split over the GPUs). `ModelCell.from_path(cell.path) == cell`
 holds, so asking for a file reruns that cell.
+
+A cell with a `governor` runs its steps under the step-level controller
+(flashwatt.control.governor_setting: `budget450w`, `budget600w-400w_at20s`, `energy`,
+`budget450w-limit83c`) for the suite's seconds, starting from its backend, or, with
+`front`, runs the static front of (backend x pacing x micro-batch) it is judged against.
 """
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ import re
 from dataclasses import dataclass
 
 from flashwatt.cell_files import CellFiles, file_patterns
+from flashwatt.control.governor_setting import GOVERNOR_RE, GovernorSetting
 from flashwatt.kernels.registry import model_backend_names
 
 # Backends transformers implements itself, by the name a model cell gives them, and the
@@ -51,7 +57,8 @@ _WHERE = "/{suite}/" + FOLDER + "/{mmodel}/{mbackend}/{mprecision}/{mname}"
 RECORD_PATTERN, TRACE_PATTERN, LOG_PATTERN = file_patterns(_WHERE)
 _NAME_RE = (rf"(?P<phase>{'|'.join(PHASES)})-L(?P<seq_len>\d+)-B(?P<batch>\d+)"
             r"(?P<recompute>-recompute)?(?P<compiled>-compiled)?"
-            rf"(?:-G(?P<gpus>\d+)-(?P<strategy>{'|'.join(MODEL_STRATEGIES[1:])}))?")
+            rf"(?:-G(?P<gpus>\d+)-(?P<strategy>{'|'.join(MODEL_STRATEGIES[1:])}))?"
+            rf"(?:-gov-(?P<governor>{GOVERNOR_RE}))?")
 _NAME = re.compile(f"^{_NAME_RE}$")
 _TOKEN = re.compile(f"^{_TOKEN_RE}$")
 WILDCARD_CONSTRAINTS = {
@@ -78,6 +85,7 @@ class ModelCell(CellFiles):
     compiled: bool = False   # torch.compile of the model
     gpus: int = 1            # world size: one process per GPU
     strategy: str = "none"   # how the GPUs share the step (none on one GPU)
+    governor: str = ""       # the step-level controller's setting (flashwatt.control.governor_setting), "" none
 
     def __post_init__(self) -> None:
         def refuse(what: str) -> None:
@@ -114,6 +122,14 @@ class ModelCell(CellFiles):
         if self.strategy in CONTEXT_PARALLEL and self.seq_len % (2 * self.gpus):
             refuse(f"seq_len={self.seq_len} is not divisible by 2 x world size ({2 * self.gpus}) for strategy "
                    f"{self.strategy}")
+        if self.governor:
+            try:
+                GovernorSetting.parse(self.governor)
+            except ValueError as err:
+                refuse(f"governor={self.governor!r}: {err}")
+            if self.control is not None:
+                refuse(f"governor with backend {self.backend}: the step-level controller and the attention-level "
+                       "one would both pace the GPU; give one")
         if self.strategy == "hybrid" and (self.gpus < 4 or self.gpus % 2):
             refuse(f"strategy hybrid runs a ring of 2 across Ulysses groups of gpus/2: it needs an even world size "
                    f"of at least 4 (gpus={self.gpus})")
@@ -122,7 +138,8 @@ class ModelCell(CellFiles):
     def name(self) -> str:
         return (f"{self.phase}-L{self.seq_len}-B{self.batch}" + ("-recompute" if self.recompute else "")
                 + ("-compiled" if self.compiled else "")
-                + (f"-G{self.gpus}-{self.strategy}" if self.gpus > 1 else ""))
+                + (f"-G{self.gpus}-{self.strategy}" if self.gpus > 1 else "")
+                + (f"-gov-{self.governor}" if self.governor else ""))
 
     @property
     def control(self) -> tuple[str, float | None] | None:
@@ -160,11 +177,12 @@ class ModelCell(CellFiles):
                              "prefill-L8192-B1-compiled or train-L8192-B1-G4-zigzag)")
         g = match.groupdict()
         return cls(suite, mmodel, mbackend, mprecision, g["phase"], int(g["seq_len"]), int(g["batch"]),
-                   bool(g["recompute"]), bool(g["compiled"]), int(g["gpus"] or 1), g["strategy"] or "none")
+                   bool(g["recompute"]), bool(g["compiled"]), int(g["gpus"] or 1), g["strategy"] or "none",
+                   g["governor"] or "")
 
 
     def as_row(self) -> dict:
         return {"suite": self.suite, "model": self.model, "backend": self.backend, "precision": self.precision,
                 "phase": self.phase, "seq_len": self.seq_len, "batch": self.batch, "recompute": self.recompute,
-                "compiled": self.compiled, "gpus": self.gpus, "strategy": self.strategy,
+                "compiled": self.compiled, "gpus": self.gpus, "strategy": self.strategy, "governor": self.governor,
                 "global_batch": self.global_batch, "tokens": self.tokens, "cell_id": self.id}

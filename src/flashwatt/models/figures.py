@@ -6,7 +6,9 @@
   activation recompute;
 - model_attention_share: the attention's share of the step per backend;
 - model_paired: each paired cell's speed and joules per token against the SDPA default
-  in the same process on the same GPU (flashwatt.models.paired), with the rounds' range.
+  in the same process on the same GPU (flashwatt.models.paired), with the rounds' range;
+- model_governed_power: power against time of each run under a budget, per GPU and in
+  total (flashwatt.models.governed_figures).
 
 Only cells that finished `ok` are drawn; a figure with nothing to draw says why, a bar
 missing beside its cell's other backends is marked with its outcome, and a quantity not
@@ -20,6 +22,7 @@ import pandas as pd
 import seaborn as sns
 
 from flashwatt.figure_base import FigureSpec, not_measured_panel, nothing_to_draw, parquet_table, registry
+from flashwatt.models.governed_figures import GOVERNED_FIGURES
 from flashwatt.placeholder import Rows, energy_reasons, missing_bar, no_values, rows_or_why
 from flashwatt.plot_axes import bar_slots, mark_missing_bars, plain_log_x
 
@@ -163,4 +166,5 @@ MODEL_FIGURES = registry(
                "in one process, alternating ABBA; each round's step-time ratio (CUDA events, median of the "
                "round's steps) and joules-per-token ratio (an NVML window of each); the point is the median "
                "over the rounds, the bar their range.", draw_paired, TABLE),
+    *GOVERNED_FIGURES,
 )

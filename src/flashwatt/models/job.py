@@ -74,6 +74,10 @@ def _measure(cell: ModelCell, spec: dict, settings, device, telemetry, record: d
 
     model = build_model(spec["model"], cell.precision, device, seed)
     shape, body, record["model"] = model_record(model, spec["model"])
+    if cell.governor:
+        from flashwatt.models.governed_job import measure_governed
+
+        return measure_governed(cell, spec, device, telemetry, record, stage, model, shape)
     if cell.control is not None:
         return _measure_controlled(cell, spec, settings, device, telemetry, record, stage, model, shape, body)
     adapter = use_backend(model, cell.backend, cell.precision, train)

@@ -41,6 +41,9 @@ KIND = _ModelKind(
     tables=(
         TableFile("table", "models.parquet"),
         TableFile("csv", "models.csv", "models_table.rst", "models", about="model cells against the SDPA default"),
+        TableFile("front", "models_front.csv", about="the static front of governed cells: every backend, micro-batch "
+                                                      "split and duty"),
+        TableFile("governed_traces", "models_governed_traces.parquet"),
     ),
     write_tables="flashwatt.models.summary:write_tables",
     figures=MODEL_FIGURES,

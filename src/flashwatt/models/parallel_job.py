@@ -188,6 +188,13 @@ def _measure(cell: ModelCell, spec: dict, settings, device, record: dict, stage)
         record["parallel"]["kv_expanded"] = parallel.attention.kv_expanded
 
     step = _parallel_step(cell, parallel, model, shape, seed, device, train)
+    if cell.governor:  # the job's steps under one budget instead of the timed steps and the energy window
+        from flashwatt.models.governed_parallel import measure_governed_parallel
+
+        trace = measure_governed_parallel(cell, spec, step, model, device, uuid, rank, record, stage)
+        if record.get("status") is None:
+            _set_status(record)
+        return trace
     timing = _time_steps(cell, step, device, steps, rank, train, record, stage)
     record["flops"] = step_utilisation(
         shape, body, cell.global_batch, cell.seq_len, cell.phase, timing["step_ms"] / 1e3,

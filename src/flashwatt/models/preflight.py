@@ -19,6 +19,9 @@ def why_not(cell: ModelCell, shape, device, telemetry=None) -> str | None:
     if cell.phase == "decode" and (cell.backend in REGISTRY or cell.control is not None):
         return (f"{cell.backend} runs self-attention over a whole context only (a decode step's query reads a KV "
                 "cache); eager and sdpa_default decode")
+    if cell.governor and cell.gpus == 1 and (telemetry is None or not telemetry.available):
+        return (f"governor {cell.governor}: the step-level controller needs live power readings from NVML "
+                f"({getattr(telemetry, 'reason', None) or 'no telemetry'})")
     if cell.control is not None:
         if device.type != "cuda":
             return f"{cell.backend}: the controller runs on a CUDA device (running on {device.type})"

@@ -13,6 +13,8 @@ from typing import Callable
 
 import torch
 
+from flashwatt.kernels.base import UnsupportedCell
+
 DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
@@ -117,15 +119,18 @@ class Step:
     def __post_init__(self):
         self.parts = ("forward", "backward", "optimizer") if self.phase == "train" else ("forward",)
 
-    def _go(self, clock: StepClock | None) -> None:
+    def _go(self, clock: StepClock | None, micro_batches: int = 1) -> None:
         mark = clock.mark if clock else (lambda: None)
         mark()
         if self.phase == "prefill":
             with torch.no_grad():
-                self.forward(input_ids=self.tokens, use_cache=False, logits_to_keep=1)
+                for part in self._parts(micro_batches):
+                    self.forward(input_ids=part, use_cache=False, logits_to_keep=1)
             mark()
             return
         if self.phase == "decode":
+            if micro_batches > 1:
+                raise UnsupportedCell("a decode step does not split into micro-batches (its KV cache is one batch)")
             context = self.tokens.shape[1]
             with torch.no_grad():
                 self.forward(input_ids=self.next_tokens, past_key_values=self.cache, use_cache=True,
@@ -133,16 +138,28 @@ class Step:
             mark()
             crop_cache(self.cache, context)  # every step sees the same context (outside the timing)
             return
-        loss = self.forward(input_ids=self.tokens, labels=self.tokens, use_cache=False).loss
-        mark()
-        loss.backward()
-        mark()
+        for part in self._parts(micro_batches):  # gradients accumulate over the micro-batches
+            loss = self.forward(input_ids=part, labels=part, use_cache=False).loss
+            if micro_batches == 1:
+                mark()
+            (loss / micro_batches).backward()
+            if micro_batches == 1:
+                mark()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         mark()
 
-    def run(self) -> None:
-        self._go(None)
+    def _parts(self, micro_batches: int) -> tuple[torch.Tensor, ...]:
+        """The step's batch as `micro_batches` equal parts (the step's loss is their mean)."""
+        if micro_batches == 1:
+            return (self.tokens,)
+        if self.tokens.shape[0] % micro_batches:
+            raise UnsupportedCell(f"batch {self.tokens.shape[0]} does not split into {micro_batches} micro-batches")
+        return self.tokens.chunk(micro_batches)
+
+    def run(self, plan=None) -> None:
+        """One step; `plan` (a controller's configuration) may split it into micro-batches."""
+        self._go(None, plan.micro_batches if plan is not None else 1)
 
     def timed(self, clock: StepClock) -> dict[str, float]:
         self._go(clock)

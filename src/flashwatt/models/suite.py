@@ -17,6 +17,22 @@
           gpus: [1, 2, 4]            # world sizes (default [1])
           strategies: [fsdp, zigzag] # how several GPUs share a step (flashwatt.models.parallel)
           steps: {paired_rounds: 5}  # this grid's cells: any `steps` key, over the section's
+        - models: [llama_3_2_1b]         # under the step-level controller (flashwatt.control.model_steps)
+          backends: [sdpa_default]       # the backend the steps start with
+          precisions: [bf16]
+          phases: [train]
+          seq_lens: [4096]
+          batches: [2]
+          governors:                     # one cell each (flashwatt.control.governor_setting)
+            - {mode: front}              # the static front of (backend x pacing x micro-batch)
+            - {mode: budget, budgets_w: [300, 450, 650]}
+            - {mode: budget, schedule: [[0, 600], [20, 400]], temp_limit_c: 83}
+            - {mode: energy}
+          governor:                      # over the section's `governor` (defaults: step_defaults.GOVERNOR_DEFAULTS)
+            seconds: 30                  # each governed run
+            knobs: {micro_batches: [1, 2]}   # what the controller may turn (backends: the front's)
+            front: {backends: [sdpa_default, sdpa_cudnn, custom], micro_batches: [1, 2],
+                    duties: [1.0, 0.8, 0.6, 0.45, 0.3], seconds: 3}
 
 A prefill or decode with recompute is not a combination (checkpointing applies to
 training) and is left out of the product, and so are a compiled cell on several GPUs
@@ -30,7 +46,10 @@ communication split) goes to the multi-GPU cells' specs only, and `steps.control
 `control_energy` or `control_<W>w`), so every other cell keeps the spec it always had;
 `steps.paired_rounds` (0: none) goes to the one-GPU cells that time their backend beside
 the SDPA default in alternating rounds (flashwatt.models.paired): neither the default's
-own cells nor compiled or controller cells.
+own cells nor compiled or controller cells. A grid with `governors` makes governed cells
+only (one per setting; name suffix `-gov-<setting>`), each with the merged `governor`
+settings in its spec, and only they; a governor with a controller backend (control_*) is
+refused.
 An unknown model, or a context longer than a preset's positions, is refused with the grid's key before any job starts; a batch that does not
 fit is a cell recorded `oom`, and a backend that cannot run the model one recorded
 `skipped`, while the rest of the suite goes on.
@@ -42,6 +61,7 @@ import itertools
 from flashwatt.config_error import ConfigError
 from flashwatt.models.cell import ModelCell
 from flashwatt.models.job import DEFAULT_SETTLE_S, DEFAULT_STEPS
+from flashwatt.models.step_defaults import GOVERNOR_DEFAULTS
 from flashwatt.models.paired import why_unpaired
 from flashwatt.models.parallel_job import PARALLEL_STEPS
 from flashwatt.models.presets import model_spec
@@ -85,6 +105,25 @@ def cell_steps(steps: dict, cell: ModelCell) -> dict:
     return {k: v for k, v in steps.items() if k not in drop}
 
 
+def governor_settings(section: dict, grid: dict) -> dict:
+    """A grid's governor settings over the section's over the defaults (the front's and the
+    knobs' entries merged key by key)."""
+    out = {**GOVERNOR_DEFAULTS, "front": dict(GOVERNOR_DEFAULTS["front"])}
+    for layer in (section.get("governor", {}), grid.get("governor", {})):
+        for key, value in layer.items():
+            out[key] = {**out[key], **value} if key in ("front", "knobs") else value
+    return out
+
+
+def grid_governors(grid: dict, key: str) -> list[str]:
+    """The governor tokens of a grid (`governors`), or [""] for a grid without."""
+    from flashwatt.control.governor_setting import settings_from_config
+
+    if not grid.get("governors"):
+        return [""]
+    return [setting.token for setting in settings_from_config(grid["governors"], f"{key}.governors")]
+
+
 def model_runs(config: dict, suite: str, measure: dict | None = None) -> dict[ModelCell, dict]:
     """Each model cell of the suite and its job spec (plain data), in a stable order; empty
     for a suite without a models section. `measure`: the suite's measure settings."""
@@ -108,9 +147,12 @@ def model_runs(config: dict, suite: str, measure: dict | None = None) -> dict[Mo
         placements = [(1, "none")] if 1 in grid.get("gpus", [1]) else []
         placements += [(g, s) for g in grid.get("gpus", [1]) if g > 1 for s in strategies
                        if s != "none" and not (s == "hybrid" and (g < 4 or g % 2))]
-        for name, backend, precision, phase, seq_len, batch, recompute, compiled, (gpus, strategy) in itertools.product(
-                grid["models"], grid["backends"], grid["precisions"], grid["phases"], grid["seq_lens"],
-                grid["batches"], grid.get("recompute", [False]), grid.get("compiled", [False]), placements):
+        governors = grid_governors(grid, key)
+        governed = governor_settings(section, grid)
+        for name, backend, precision, phase, seq_len, batch, recompute, compiled, (gpus, strategy), governor in \
+                itertools.product(grid["models"], grid["backends"], grid["precisions"], grid["phases"], grid["seq_lens"],
+                                  grid["batches"], grid.get("recompute", [False]), grid.get("compiled", [False]),
+                                  placements, governors):
             controlled = backend.startswith("control_")
             if ((recompute and phase != "train") or (compiled and gpus > 1) or (controlled and (compiled or gpus > 1))
                     or (phase == "decode" and (compiled or gpus > 1))):
@@ -121,9 +163,11 @@ def model_runs(config: dict, suite: str, measure: dict | None = None) -> dict[Mo
                                   f"{positions} positions")
             try:
                 cell = ModelCell(suite, name, backend, precision, phase, seq_len, batch, recompute, compiled, gpus,
-                                 strategy)
+                                 strategy, governor)
             except ValueError as err:
                 raise ConfigError(f"config key {key}: {err}") from None
             cells[cell] = {"model": specs[name], "steps": cell_steps(grid_steps, cell), "seed": seed,
                            "measure": dict(measure or {})}
+            if governor:
+                cells[cell]["governor"] = governed
     return {cell: cells[cell] for cell in sorted(cells)}

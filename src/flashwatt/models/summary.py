@@ -18,6 +18,16 @@ from flashwatt.models.cell import ModelCell
 from flashwatt.records import read_record
 
 BASELINE = "sdpa_default"
+# A governed cell's run (flashwatt.models.governed_job): its budget and windows, the
+# configurations it ran, and how it compares with the static front of the same step
+# measured in the suite (flashwatt.control.step_study.judge).
+GOVERNED_COLUMNS = [
+    "control_budget_w", "control_schedule", "control_temp_limit_c", "control_windows", "control_windows_within_pct",
+    "control_worst_overshoot_pct", "control_settling_max_s", "control_explore_s", "control_run_tokens_per_s",
+    "control_run_j_per_token", "control_temp_windows_within_pct", "control_temp_worst_window_c", "control_slept_s",
+    "control_fault", "front_points", "front_same_device", "best_static", "vs_best_static", "steady_vs_best_static",
+    "vs_front", "steady_vs_front", "vs_static_default_j", "steady_vs_static_default_j", "vs_best_static_j",
+]
 COLUMNS = [
     "status", "reason", "device", "device_type", "device_uuid", "parameters", "step_ms", "forward_ms", "backward_ms",
     "grad_sync_ms", "optimizer_ms", "communication_ms", "exposed_communication_ms", "exposed_share_of_step",
@@ -29,6 +39,7 @@ COLUMNS = [
     "grad_tolerance", "loss", "control_configurations", "control_settle_s", "control_settled", "compile_s", "oom_stage", "speedup_vs_sdpa_default", "energy_vs_sdpa_default",
     "baseline_same_gpu", "paired_rounds", "paired_speed", "paired_speed_min", "paired_speed_max", "paired_energy",
     "paired_energy_min", "paired_energy_max", "paired_reason", "speedup_vs_one_gpu", "scaling_efficiency", "duration_s",
+    *GOVERNED_COLUMNS,
 ]
 _SAME_STEP = ["suite", "model", "precision", "phase", "seq_len", "batch", "recompute", "compiled", "gpus", "strategy"]
 # One GPU's cell of the same step: the same sequences per GPU for fsdp (the same per-GPU
@@ -87,7 +98,28 @@ def _row(cell: ModelCell, record: dict) -> dict:
             "paired_speed": paired.get("speed"), "paired_speed_min": speed_range[0],
             "paired_speed_max": speed_range[1], "paired_energy": paired.get("energy"),
             "paired_energy_min": energy_range[0], "paired_energy_max": energy_range[1],
-            "paired_reason": paired.get("reason"), "duration_s": record.get("duration_s")}
+            "paired_reason": paired.get("reason"), "duration_s": record.get("duration_s"), **_governed(record)}
+
+
+def _governed(record: dict) -> dict:
+    """A governed cell's columns from its record's `control` (empty for any other cell)."""
+    control = record.get("control") or {}
+    merit = control.get("merit") or {}
+    if "setting" not in control:
+        return {}
+    schedule = control.get("schedule") or []
+    fault = control.get("fault") or merit.get("fault")
+    return {"control_budget_w": schedule[0][1] if schedule else None,
+            "control_schedule": " ".join(f"{w:g}W@{t:g}s" for t, w in schedule) or None,
+            "control_temp_limit_c": control.get("temp_limit_c"), "control_windows": merit.get("windows"),
+            "control_windows_within_pct": merit.get("windows_within_pct"),
+            "control_worst_overshoot_pct": merit.get("worst_overshoot_pct"),
+            "control_settling_max_s": merit.get("settling_max_s"), "control_explore_s": merit.get("explore_s"),
+            "control_run_tokens_per_s": merit.get("tokens_per_s"), "control_run_j_per_token": merit.get("j_per_token"),
+            "control_temp_windows_within_pct": merit.get("temp_windows_within_pct"),
+            "control_temp_worst_window_c": merit.get("temp_worst_window_c"), "control_slept_s": merit.get("slept_s"),
+            "control_fault": f"{fault['kind']}: {fault['action']}" if fault else None,
+            "control_configurations": _shares(merit.get("calls")) or _shares(control.get("calls"))}
 
 
 def _check_summary(check: dict) -> dict:
@@ -117,7 +149,8 @@ def _shares(calls: dict | None) -> str | None:
 
 
 def model_table(paths: list[str | Path]) -> pd.DataFrame:
-    rows = [_row(ModelCell.from_path(str(p)), read_record(p)) for p in paths]
+    records = [(ModelCell.from_path(str(p)), read_record(p)) for p in paths]
+    rows = [_row(cell, record) for cell, record in records]
     columns = [*ModelCell("x", "x", "eager", "fp32", "prefill", 1, 1).as_row(), *COLUMNS]
     table = pd.DataFrame(rows).reindex(columns=columns)
     if table.empty:
@@ -138,7 +171,73 @@ def model_table(paths: list[str | Path]) -> pd.DataFrame:
     table["baseline_same_gpu"] = (table["device_uuid"] == table["_base_uuid"]).where(known).astype("boolean")
     table["speedup_vs_one_gpu"] = (table["tokens_per_s"] / table["_one_tps"]).where(ok)
     table["scaling_efficiency"] = table["speedup_vs_one_gpu"] / table["gpus"]
-    return table.drop(columns=["_base_tps", "_base_jpt", "_base_uuid", "_one_tps"]).reindex(columns=columns)
+    table = table.drop(columns=["_base_tps", "_base_jpt", "_base_uuid", "_one_tps"]).reindex(columns=columns)
+    return judge_governed(table, records)
+
+
+_FRONT_KEY = [*_SAME_STEP, "backend"]
+
+
+def judge_governed(table: pd.DataFrame, records: list[tuple[ModelCell, dict]]) -> pd.DataFrame:
+    """Each governed run against the static front of the same step (its `front` cell in the
+    suite: same model, backend, precision, phase, context, batch, options, GPUs, strategy)."""
+    from flashwatt.control.governor_setting import GovernorSetting
+    from flashwatt.control.step_study import judge
+
+    fronts = {}
+    for cell, record in records:
+        if cell.governor == "front" and record.get("status") == "ok":
+            key = tuple(cell.as_row()[k] for k in _FRONT_KEY)
+            fronts[key] = (record.get("front") or [], (record.get("device") or {}).get("uuid"))
+    for i, (cell, record) in enumerate(records):
+        control = record.get("control") or {}
+        if not cell.governor or cell.governor == "front" or record.get("status") != "ok" or "merit" not in control:
+            continue
+        found = fronts.get(tuple(cell.as_row()[k] for k in _FRONT_KEY))
+        if found is None:
+            continue
+        front, uuid = found
+        setting = GovernorSetting.parse(cell.governor)
+        budget = setting.schedule[0][1] if len(setting.schedule) == 1 else None  # a schedule's budget moves
+        verdict = judge(control["merit"], front, setting.mode, budget, control["merit"].get("idle_w"))
+        verdict["front_points"] = sum(1 for r in front if r.get("tokens_per_s") is not None)
+        verdict["front_same_device"] = uuid is not None and uuid == (record.get("device") or {}).get("uuid")
+        row = table.index[table["cell_id"] == cell.id]
+        for column in GOVERNED_COLUMNS:
+            if column in verdict:
+                table.loc[row, column] = verdict[column]
+    return table
+
+
+def front_table(paths: list[str | Path]) -> pd.DataFrame:
+    """One row per static point of every front cell: configuration, duty, throughput, power,
+    joules per token."""
+    rows = []
+    for path in paths:
+        cell = ModelCell.from_path(str(path))
+        if cell.governor != "front":
+            continue
+        record = read_record(path)
+        for point in record.get("front") or []:
+            rows.append({**cell.as_row(), "status": record.get("status"),
+                         "device": (record.get("device") or {}).get("name"), **point})
+    return pd.DataFrame(rows)
+
+
+def governed_traces(paths: list[str | Path]) -> pd.DataFrame:
+    """The controller's ticks of every governed run (its `.trace.parquet`), one frame."""
+    frames = []
+    for path in paths:
+        cell = ModelCell.from_path(str(path))
+        trace_path = Path(str(path)[: -len(".json")] + ".trace.parquet")
+        if not cell.governor or cell.governor == "front" or not trace_path.exists():
+            continue
+        frame = pd.read_parquet(trace_path)
+        if len(frame) and "source" in frame:
+            frames.append(frame[frame["source"] == "controller"].assign(cell_id=cell.id, governor=cell.governor,
+                                                                         model=cell.model, phase=cell.phase,
+                                                                         gpus=cell.gpus))
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["cell_id", "t", "power_w"])
 
 
 def write_tables(records: list[str], out: dict[str, str]) -> str:
@@ -148,4 +247,8 @@ def write_tables(records: list[str], out: dict[str, str]) -> str:
     table = model_table(records)
     atomic_write(out["table"], lambda tmp: table.to_parquet(tmp, index=False))
     atomic_write(out["csv"], lambda tmp: table.to_csv(tmp, index=False, float_format="%.6g"))
+    front = front_table(records)
+    atomic_write(out["front"], lambda tmp: front.to_csv(tmp, index=False, float_format="%.6g"))
+    traces = governed_traces(records)
+    atomic_write(out["governed_traces"], lambda tmp: traces.to_parquet(tmp, index=False))
     return table["status"].value_counts().to_string() if len(table) else "no model cells"

@@ -4,6 +4,10 @@ backend, optimizer, schedule and seed; the single source of its names and paths.
     results/cells/<suite>/train/<model>/<backend>/<precision>/
         <optimizer>-<schedule>-lr<lr>-do<dropout>-wd<weight_decay>-B<batch>-L<context>-T<tokens>-s<seed>.json
 
+A run under the step-level controller names its setting before the seed
+(`...-T<tokens>-gov-budget450w-s<seed>`; flashwatt.control.governor_setting: a budget, a
+schedule, energy mode, a temperature limit alongside a budget).
+
 `TrainCell.from_path(cell.path) == cell` holds, so asking for a file reruns that run.
 Numbers in the name are written with `format(x, "g")` (3e-4 -> 0.0003), which reads back
 to the same float, so a learning rate of more than six significant digits is refused
@@ -15,6 +19,7 @@ import re
 from dataclasses import dataclass
 
 from flashwatt.cell_files import CellFiles, file_patterns
+from flashwatt.control.governor_setting import GOVERNOR_RE, GovernorSetting
 from flashwatt.models.cell import MODEL_BACKENDS
 
 # Mixed precision: weights, gradients and optimizer states in float32; the forward and
@@ -41,7 +46,8 @@ _WHERE = "/{suite}/" + FOLDER + "/{tmodel}/{tbackend}/{tprecision}/{tname}"
 RECORD_PATTERN, TRACE_PATTERN, LOG_PATTERN = file_patterns(_WHERE)
 _NAME_RE = (rf"(?P<optimizer>{'|'.join(TRAIN_OPTIMIZERS)})-(?P<schedule>{'|'.join(TRAIN_SCHEDULES)})"
             rf"-lr(?P<lr>{_NUMBER_RE})-do(?P<dropout>{_NUMBER_RE})-wd(?P<weight_decay>{_NUMBER_RE})"
-            r"-B(?P<batch>\d+)-L(?P<context>\d+)-T(?P<tokens>\d+)-s(?P<seed>\d+)")
+            r"-B(?P<batch>\d+)-L(?P<context>\d+)-T(?P<tokens>\d+)"
+            rf"(?:-gov-(?P<governor>{GOVERNOR_RE}))?-s(?P<seed>\d+)")
 _NAME = re.compile(f"^{_NAME_RE}$")
 _TOKEN = re.compile(f"^{_TOKEN_RE}$")
 WILDCARD_CONSTRAINTS = {
@@ -74,6 +80,7 @@ class TrainCell(CellFiles):
     context: int         # tokens per sequence
     tokens: int          # token budget: steps = tokens // (batch * context)
     seed: int            # weights, batches and dropout
+    governor: str = ""   # the step-level controller's setting (flashwatt.control.governor_setting), "" none
 
     def __post_init__(self) -> None:
         def refuse(what: str) -> None:
@@ -103,6 +110,14 @@ class TrainCell(CellFiles):
             if float(number(value)) != value:
                 refuse(f"{key}={value!r}: at most 6 significant digits (the file name holds {number(value)})")
             object.__setattr__(self, key, value)
+        if self.governor:
+            try:
+                setting = GovernorSetting.parse(self.governor)
+            except ValueError as err:
+                refuse(f"governor={self.governor!r}: {err}")
+            if setting.mode == "front":
+                refuse("governor front: a training run is judged against a model cell's static front "
+                       "(the models section's governors)")
         if self.tokens < self.batch * self.context:
             refuse(f"tokens={self.tokens}: the budget is smaller than one batch ({self.batch} x {self.context} "
                    f"= {self.batch * self.context} tokens)")
@@ -110,7 +125,8 @@ class TrainCell(CellFiles):
     @property
     def name(self) -> str:
         return (f"{self.optimizer}-{self.schedule}-lr{number(self.lr)}-do{number(self.dropout)}"
-                f"-wd{number(self.weight_decay)}-B{self.batch}-L{self.context}-T{self.tokens}-s{self.seed}")
+                f"-wd{number(self.weight_decay)}-B{self.batch}-L{self.context}-T{self.tokens}"
+                + (f"-gov-{self.governor}" if self.governor else "") + f"-s{self.seed}")
 
     @property
     def tokens_per_step(self) -> int:
@@ -143,12 +159,13 @@ class TrainCell(CellFiles):
         g = match.groupdict()
         return cls(suite, tmodel, tbackend, tprecision, g["optimizer"], g["schedule"], float(g["lr"]),
                    float(g["dropout"]), float(g["weight_decay"]), int(g["batch"]), int(g["context"]),
-                   int(g["tokens"]), int(g["seed"]))
+                   int(g["tokens"]), int(g["seed"]), g["governor"] or "")
 
 
     def as_row(self) -> dict:
         return {"suite": self.suite, "model": self.model, "backend": self.backend, "precision": self.precision,
                 "optimizer": self.optimizer, "schedule": self.schedule, "lr": self.lr, "dropout": self.dropout,
                 "weight_decay": self.weight_decay, "batch": self.batch, "context": self.context,
-                "token_budget": self.tokens, "seed": self.seed, "steps": self.steps, "setting": self.setting,
+                "token_budget": self.tokens, "seed": self.seed, "governor": self.governor, "steps": self.steps,
+                "setting": self.setting,
                 "cell_id": self.id}

@@ -6,7 +6,9 @@
 - training_to_target: seconds and kilojoules to the target loss per setting, the bar at
   the mean over seeds, each seed a dot (the spread);
 - training_throughput: training tokens per second per attention backend and model, mean
-  over the runs with each seed a dot.
+  over the runs with each seed a dot;
+- training_budgets: validation loss against kilojoules and seconds for the runs under a
+  power budget (flashwatt.training.governed), a line per run coloured by its budget.
 
 Only runs that finished `ok` are drawn; a figure with nothing to draw says why. Energy is
 drawn where the runs measured it (NVML, on an NVIDIA GPU): elsewhere the titles leave it
@@ -28,7 +30,7 @@ ROWS = Rows("training run", "the suite's training table")
 # The fields a setting label is made of, when they vary in the suite (the seed never: the
 # runs of one setting share a colour).
 _LABELLED = ["model", "backend", "precision", "optimizer", "schedule", "lr", "dropout", "weight_decay", "batch",
-             "context", "token_budget"]
+             "context", "token_budget", "governor"]
 
 
 def _runs_of(curves: pd.DataFrame) -> pd.DataFrame:
@@ -168,6 +170,31 @@ def draw_throughput(runs: pd.DataFrame) -> plt.Figure:
     return fig
 
 
+def draw_budgets(curves: pd.DataFrame) -> plt.Figure:
+    """Validation loss against kilojoules and wall seconds for the runs under a budget (and the
+    runs of the same settings without one), a line per run coloured by its governor."""
+    data = _ok_curves(curves)
+    governed = data[data["governor"].fillna("").ne("")] if "governor" in data else data.iloc[:0]
+    if governed.empty:
+        return nothing_to_draw("No training run under a budget finished: the suite has no training grid with "
+                               "`governors`, or none of those runs finished ok.")
+    if not _measured(governed, "energy_j"):
+        return nothing_to_draw(no_values(_runs_of(curves), "energy_j", "an energy measurement", energy_reasons, ROWS))
+    data = data.assign(kJ=data["energy_j"] / 1e3,
+                       budget=data["governor"].fillna("").replace("", "no controller"))
+    fig, axes = plt.subplots(1, 2, figsize=(11.0, 4.0), squeeze=False)
+    for ax, (x, xlabel) in zip(axes[0], [("kJ", "kilojoules (NVML counter, evaluations included)"),
+                                         ("wall_s", "wall seconds")]):
+        sns.lineplot(data=data, x=x, y="val_loss", hue="budget", units="cell_id", estimator=None, ax=ax,
+                     linewidth=1.0, legend=ax is axes[0][1])
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("validation loss (nats/token)")
+    if axes[0][1].get_legend() is not None:
+        sns.move_legend(axes[0][1], "upper left", bbox_to_anchor=(1.02, 1), title="governor (one line per run)")
+    fig.tight_layout()
+    return fig
+
+
 TRAINING_FIGURES = registry(
     FigureSpec("training_curves", "pdf", curves_title,
                "Mean cross-entropy over the suite's fixed validation windows at each evaluation; time and "
@@ -180,4 +207,8 @@ TRAINING_FIGURES = registry(
     FigureSpec("training_throughput", "pdf", "Training throughput per attention backend",
                "Tokens trained over seconds spent in training steps (evaluations excluded); a backend's "
                "missing bar is marked with its runs' outcome.", draw_throughput, RUNS),
+    FigureSpec("training_budgets", "pdf", "Validation loss against energy and time under power budgets",
+               "Runs under the step-level controller (a grid's governors: a budget, a schedule or energy mode; "
+               "flashwatt.training.governed) beside the runs of the suite without one; energy from the NVML counter "
+               "from the run's start, evaluations included.", draw_budgets, CURVES),
 )

@@ -84,6 +84,9 @@ def _train(cell: TrainCell, spec: dict, device, telemetry, record: dict, stage, 
     config = build_config(spec["model"], cell.dropout, vocab_size=vocab)
     shape = shape_of(config)
     reason = why_not(cell, spec, shape, config.model_type, device)
+    if reason is None and cell.governor and not telemetry.available:
+        reason = f"governor {cell.governor}: the step-level controller needs live power readings from NVML " \
+                 f"({telemetry.reason})"
     if reason is not None:
         record.update(status="skipped", reason=reason)
         return
@@ -107,6 +110,7 @@ def _train(cell: TrainCell, spec: dict, device, telemetry, record: dict, stage, 
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+    governed = _govern(cell, spec, trainer, device, telemetry)
     meter = RunMeter(telemetry, sync, carried)
     try:
         _train_and_evaluate(cell, spec, trainer, optimizer, checkpoints, meter, resumes, record["run"]["eval_steps"],
@@ -116,9 +120,24 @@ def _train(cell: TrainCell, spec: dict, device, telemetry, record: dict, stage, 
         # Kept whatever ends the run: an out-of-memory or a crash keeps the evaluations and steps done.
         record["curve"] = trainer.curve
         steps[:] = trainer.steps
+        if governed is not None:
+            record["control"], ticks = governed.close(trainer.step * cell.tokens_per_step)
+            steps.extend(ticks)
     stage.enter("summary")
     _summarise(cell, spec, record, trainer, totals, device, telemetry)
     checkpoints.clear()
+
+
+def _govern(cell: TrainCell, spec: dict, trainer, device, telemetry):
+    """The run's controller (flashwatt.training.governed), its steps and evaluations put
+    under it; None for a run without a governor."""
+    if not cell.governor:
+        return None
+    from flashwatt.training.governed import GovernedRun
+
+    governed = GovernedRun(cell, spec, trainer.model, device, telemetry)
+    trainer.controller, trainer.before_step = governed.controller, governed.before_step
+    return governed
 
 
 def _open_shards(spec: dict, record: dict):

@@ -77,6 +77,8 @@ class Trainer:
         self.curve: list[dict] = []
         self.steps: list[dict] = []  # one row per step: the trace
         self.diverged: dict | None = None
+        self.controller = None  # a flashwatt.control Controller the steps run under, or None
+        self.before_step = None  # called before each step under it (a budget schedule's follower)
 
     # -- state ---------------------------------------------------------------------------
     def state(self) -> dict:
@@ -100,27 +102,23 @@ class Trainer:
     # -- work ----------------------------------------------------------------------------
     def train_until(self, stop: int) -> None:
         """Steps self.step .. stop - 1; then reads their losses and stops at the first
-        non-finite one."""
-        model, optimizer, scaler = self.model, self.optimizer, self.scaler
-        model.train()
+        non-finite one. Under a controller (`self.controller`, flashwatt.control), each step
+        is one of its steps: paced, and split into the micro-batches its plan says."""
+        self.model.train()
         losses, rates, first = [], [], self.step
         for step in range(first, stop):
             inputs, targets = self.data.sampler.batch(step)
             inputs = inputs.to(self.device, non_blocking=True)
             targets = targets.to(self.device, non_blocking=True)
-            rates.append(optimizer.param_groups[0]["lr"])
-            with self.autocast():
-                logits = model(input_ids=inputs, use_cache=False).logits
-            loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
-            scaler.scale(loss).backward()
-            if self.grad_clip > 0:
-                scaler.unscale_(optimizer)
-                torch.nn.utils.clip_grad_norm_(model.parameters(), self.grad_clip)
-            scaler.step(optimizer)
-            scaler.update()
-            optimizer.zero_grad(set_to_none=True)
-            self.schedule.step()
-            losses.append(loss.detach())
+            rates.append(self.optimizer.param_groups[0]["lr"])
+            if self.controller is None:
+                loss = self._one_step(inputs, targets, None)
+            else:
+                if self.before_step is not None:
+                    self.before_step()
+                loss = self.controller.step(lambda plan: self._one_step(inputs, targets, plan),
+                                            tokens=self.cell.tokens_per_step)
+            losses.append(loss)
         values = torch.stack(losses).double().cpu().tolist() if losses else []
         per_step = self.cell.tokens_per_step
         for offset, (value, lr) in enumerate(zip(values, rates)):
@@ -132,10 +130,39 @@ class Trainer:
                 return
         self.step = stop
 
+    def _one_step(self, inputs: torch.Tensor, targets: torch.Tensor, plan) -> torch.Tensor:
+        """Forward, backward (gradients accumulated over the plan's micro-batches), clipping,
+        the optimizer and the schedule; the step's mean loss (not synchronised)."""
+        model, optimizer, scaler = self.model, self.optimizer, self.scaler
+        parts = plan.micro_batches if plan is not None else 1
+        if inputs.shape[0] % parts:
+            from flashwatt.kernels.base import UnsupportedCell
+
+            raise UnsupportedCell(f"batch {inputs.shape[0]} does not split into {parts} micro-batches")
+        total = torch.zeros((), device=inputs.device)
+        for x, y in zip(inputs.chunk(parts), targets.chunk(parts)):
+            with self.autocast():
+                logits = model(input_ids=x, use_cache=False).logits
+            loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten()) / parts
+            scaler.scale(loss).backward()
+            total = total + loss.detach()
+        if self.grad_clip > 0:
+            scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), self.grad_clip)
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+        self.schedule.step()
+        return total
+
     def segment_loss(self, since: int) -> float | None:
         """Mean training loss of the steps since step `since` (None at step 0)."""
         values = [r["loss"] for r in self.steps[since:]]
         return sum(values) / len(values) if values else None
 
     def evaluate(self) -> float:
-        return evaluate(self.model, self.data, self.autocast)
+        if self.controller is None:
+            return evaluate(self.model, self.data, self.autocast)
+        # paced as the steps are (the budget holds through evaluations too), nothing else changed
+        return self.controller.step(lambda: evaluate(self.model, self.data, self.autocast), name="evaluation",
+                                    pacing_only=True)

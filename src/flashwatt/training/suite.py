@@ -28,11 +28,18 @@
           contexts: [256]
           token_budgets: [4000000]
           seeds: [0, 1, 2]
+          governors:                              # runs under the step-level controller, one cell each
+            - {mode: budget, budgets_w: [300, 450, 650]}   # (flashwatt.control.governor_setting)
+      governor: {knobs: {micro_batches: [1, 2]}, on_peer_loss: end}   # what the controller may turn
 
 Bad values are refused with their key before any job starts: an unknown model, optimizer
 or schedule, a learning rate list missing for an optimizer of the grid, a context longer
 than the model's positions, a budget smaller than one batch, dropout on a model that has
-no residual dropout, a schedule whose warm-up and decay overlap. The corpus itself is
+no residual dropout, a schedule whose warm-up and decay overlap. A grid with `governors`
+makes one run per setting and everything else of the grid, under the step-level
+controller (`-gov-<setting>` in the name): its losses against tokens, seconds and joules
+as any run's, its 1 s windows judged against the budget. The controller may turn the
+knobs of the section's `governor.knobs` (default: the run's own backend, pacing only). The corpus itself is
 read by the suite's data rule (flashwatt.training.data), which names the same key when
 the path does not exist or holds no text.
 """
@@ -42,13 +49,13 @@ import itertools
 
 from flashwatt.config_error import ConfigError
 from flashwatt.models.presets import has_residual_dropout
-from flashwatt.models.suite import grid_model_specs, positions_of
+from flashwatt.models.suite import grid_governors, grid_model_specs, positions_of
 from flashwatt.training.cell import TrainCell
 
 DATA_MANIFEST = "results/{suite}/training-data.json"
 DEFAULTS = {"cache": "results/training-cache", "evaluation": {"evals": 16, "validation_windows": 32},
             "target_loss": None, "warmup_fraction": 0.05, "schedule": {}, "betas": {}, "grad_clip": 1.0,
-            "checkpoint_every_s": 60.0}
+            "checkpoint_every_s": 60.0, "governor": {"knobs": {}, "on_peer_loss": "end"}}
 
 
 def _per_optimizer(grid: dict, name: str, optimizer: str, key: str, default: list | None = None) -> list[float]:
@@ -67,7 +74,8 @@ def training_section(config: dict, suite: str) -> dict | None:
     section = config["suites"][suite].get("training")
     if not section:
         return None
-    return {**DEFAULTS, **section, "evaluation": {**DEFAULTS["evaluation"], **section.get("evaluation", {})}}
+    return {**DEFAULTS, **section, "evaluation": {**DEFAULTS["evaluation"], **section.get("evaluation", {})},
+            "governor": {**DEFAULTS["governor"], **section.get("governor", {})}}
 
 
 def training_runs(config: dict, suite: str, measure: dict | None = None) -> dict[TrainCell, dict]:
@@ -88,13 +96,15 @@ def training_runs(config: dict, suite: str, measure: dict | None = None) -> dict
     for i, grid in enumerate(section["grids"]):
         key = f"{where}.grids[{i}]"
         specs = grid_model_specs(grid, user, key)
+        governors = grid_governors(grid, key)
         for optimizer in grid["optimizers"]:
             lrs = _per_optimizer(grid, "lrs", optimizer, key)
             decays = _per_optimizer(grid, "weight_decays", optimizer, key, [0.1])
-            for (name, backend, precision, schedule, lr, dropout, wd, batch, context, budget, seed) in itertools.product(
-                    grid["models"], grid["backends"], grid["precisions"], grid["schedules"], lrs,
-                    grid.get("dropouts", [0.0]), decays, grid["batches"],
-                    grid["contexts"], grid["token_budgets"], grid["seeds"]):
+            for (name, backend, precision, schedule, lr, dropout, wd, batch, context, budget, seed,
+                 governor) in itertools.product(grid["models"], grid["backends"], grid["precisions"],
+                                                grid["schedules"], lrs, grid.get("dropouts", [0.0]), decays,
+                                                grid["batches"], grid["contexts"], grid["token_budgets"],
+                                                grid["seeds"], governors):
                 spec = specs[name]
                 positions = positions_of(spec)
                 if positions is not None and context > positions:
@@ -106,7 +116,7 @@ def training_runs(config: dict, suite: str, measure: dict | None = None) -> dict
                                       f"kernels do not take it); use a gpt2-family model or dropout 0")
                 try:
                     cell = TrainCell(suite, name, backend, precision, optimizer, schedule, lr, dropout, wd,
-                                     batch, context, budget, seed)
+                                     batch, context, budget, seed, governor)
                 except ValueError as err:
                     raise ConfigError(f"config key {key}: {err}") from None
                 warmup = warmup_steps(cell.steps, section["warmup_fraction"])
@@ -117,4 +127,6 @@ def training_runs(config: dict, suite: str, measure: dict | None = None) -> dict
                 except ValueError as err:
                     raise ConfigError(f"config key {key}: {cell.name}: {err}") from None
                 cells[cell] = {"model": spec, **shared}
+                if governor:
+                    cells[cell]["governor"] = section["governor"]
     return {cell: cells[cell] for cell in sorted(cells)}

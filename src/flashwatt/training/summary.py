@@ -29,15 +29,42 @@ RUN_COLUMNS = [
     "tokens_per_s", "steady_tokens_per_s", "train_s", "eval_s", "checkpoint_s", "wall_s", "eval_share", "energy_j", "j_per_token",
     "mean_power_w", "peak_power_w", "peak_allocated_bytes", "target_loss", "target_reached", "tokens_to_target",
     "wall_s_to_target", "energy_j_to_target", "diverged_step", "resumes", "lost_steps", "oom_stage", "duration_s",
+    # a run under the step-level controller (flashwatt.training.governed): its budget, judged by 1 s windows
+    "control_budget_w", "control_schedule", "control_temp_limit_c", "control_windows", "control_windows_within_pct",
+    "control_worst_overshoot_pct", "control_avg_power_w", "control_temp_windows_within_pct", "control_slept_s",
+    "control_configurations", "control_fault",
 ]
 # A run without its seed (the setting column is these, written as a path).
 SETTING_KEYS = ["suite", "model", "backend", "precision", "optimizer", "schedule", "lr", "dropout", "weight_decay",
-                "batch", "context", "token_budget"]
+                "batch", "context", "token_budget", "governor"]
 CURVE_COLUMNS = ["status", "reason", "device", "device_type", "target_loss", "step", "tokens", "val_loss", "train_loss", "current_lr", "train_s", "eval_s", "checkpoint_s", "wall_s",
                  "energy_j"]
 SPREAD_OF = ["wall_s_to_target", "energy_j_to_target", "tokens_to_target", "final_val_loss", "tokens_per_s",
              "steady_tokens_per_s",
              "j_per_token"]
+
+
+def _control(record: dict) -> dict:
+    """A governed run's columns (empty for a run without a controller)."""
+    control = record.get("control") or {}
+    if not control:
+        return {}
+    merit = control.get("merit") or {}
+    schedule = control.get("schedule") or []
+    calls = control.get("calls") or {}
+    total = sum(calls.values())
+    fault = control.get("fault")
+    return {"control_budget_w": schedule[0][1] if schedule else None,
+            "control_schedule": " ".join(f"{w:g}W@{t:g}s" for t, w in schedule) or None,
+            "control_temp_limit_c": control.get("temp_limit_c"), "control_windows": merit.get("windows"),
+            "control_windows_within_pct": merit.get("windows_within_pct"),
+            "control_worst_overshoot_pct": merit.get("worst_overshoot_pct"),
+            "control_avg_power_w": merit.get("avg_power_w"),
+            "control_temp_windows_within_pct": merit.get("temp_windows_within_pct"),
+            "control_slept_s": control.get("slept_s"),
+            "control_configurations": ", ".join(f"{label} {n / total:.0%}" for label, n in
+                                                sorted(calls.items(), key=lambda kv: -kv[1])) if total else None,
+            "control_fault": f"{fault['kind']}: {fault['action']}" if fault else None}
 
 
 def _row(cell: TrainCell, record: dict) -> dict:
@@ -68,7 +95,7 @@ def _row(cell: TrainCell, record: dict) -> dict:
             "energy_j_to_target": target.get("energy_j"),
             "diverged_step": (record.get("diverged") or {}).get("step"), "resumes": len(resumes),
             "lost_steps": sum(r.get("lost_steps", 0) for r in resumes), "oom_stage": record.get("oom_stage"),
-            "duration_s": record.get("duration_s")}
+            "duration_s": record.get("duration_s"), **_control(record)}
 
 
 def _columns() -> list[str]:

@@ -1,0 +1,183 @@
+"""Pacing: idle time on the GPU, made by the host between launches, at the duty the governor
+sets. The one mechanism behind attention calls and model steps.
+
+The host owes `busy x (1 - duty) / duty` seconds of idle time for every `busy` second of
+GPU work; once that is worth a sleep (`quantum_s`) it waits for the GPU's queue to drain
+and sleeps, so the GPU really idles. Two ways of counting the busy time:
+
+- `after_call(gpu_s, duty)`, for attention calls (each a fraction of a millisecond to a few
+  milliseconds): the GPU time of the call as the online model knows it; the queue is kept
+  to at most `max_in_flight_s` of work (a stamp per ~1 ms of work, the oldest waited on
+  past the bound), so a new duty acts within milliseconds.
+- `point(duty)`, for steps (tens of milliseconds to seconds): at a pacing point (between
+  steps, and within a step where the model's blocks begin, forward and backward) the queue
+  is drained and the time since the GPU last resumed is the busy time.
+
+A pacing point does nothing inside a CUDA graph being captured or a region torch.compile is
+tracing (`DeviceOps.capturing`): pacing is a host-side sleep between launches, never part of
+a captured graph, so a compiled or graphed step is paced between steps only. Nothing here
+touches a device setting.
+"""
+from __future__ import annotations
+
+import collections
+import time
+from typing import Any, Callable
+
+
+class DeviceOps:
+    """The device queue as pacing and timing need it: drain it, stamp a point in it, ask
+    whether a stamp has passed, the seconds between two stamps. CUDA events on a GPU; the
+    host's clock elsewhere (the CPU, the simulated GPU of the tests), where work is done
+    when it is issued."""
+
+    def __init__(self, device: Any = None, clock: Callable[[], float] = time.perf_counter):
+        self.cuda = getattr(device, "type", None) == "cuda"
+        self.device = device
+        self.clock = clock
+
+    def sync(self) -> None:
+        if self.cuda:
+            import torch
+
+            torch.cuda.current_stream(self.device).synchronize()
+
+    def stamp(self, timing: bool = True) -> Any:
+        if not self.cuda:
+            return self.clock()
+        import torch
+
+        event = torch.cuda.Event(enable_timing=timing)
+        event.record()
+        return event
+
+    def done(self, stamp: Any) -> bool:
+        return stamp.query() if self.cuda else True
+
+    def wait(self, stamp: Any) -> None:
+        if self.cuda:
+            stamp.synchronize()
+
+    def seconds(self, start: Any, end: Any) -> float:
+        return start.elapsed_time(end) / 1e3 if self.cuda else end - start
+
+    @staticmethod
+    def capturing() -> bool:
+        """Inside a CUDA graph capture or a torch.compile trace: no host-side sleep belongs there."""
+        import torch
+
+        compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
+        if compiling():
+            return True
+        return bool(torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+
+
+# Idle time is paid in slices of at most this long, the debt re-read at the duty in force
+# before each: a duty that rose meanwhile (the governor decides ten times a second) owes less.
+MAX_SLICE_S = 0.05
+
+
+def idle_ratio(duty: float) -> float:
+    """Idle seconds owed per busy second at `duty`."""
+    return (1.0 - duty) / duty if duty < 1.0 else 0.0
+
+
+class Pacer:
+    """Owes and pays idle time (module docstring). The debt is kept in busy seconds not yet
+    paid for, and turned into idle time at the duty in force when it is paid (`duty()`): a
+    step's busy time owes what the duty says when the step reaches a pacing point, and a
+    duty that moves during the payment (a cut, then the loop's climb back) moves the rest of
+    it, so a momentary cut to the lowest duty cannot hold a long step's idle for seconds."""
+
+    def __init__(self, ops: DeviceOps, duty: Callable[[], float], quantum_s: float = 0.002,
+                 max_in_flight_s: float = 0.02, clock: Callable[[], float] = time.perf_counter,
+                 sleep: Callable[[float], None] = time.sleep, capturing: Callable[[], bool] | None = None):
+        self.ops = ops
+        self.duty = duty
+        self.quantum_s = quantum_s
+        self.max_in_flight_s = max_in_flight_s
+        self.clock = clock
+        self.sleep = sleep
+        self.capturing = capturing if capturing is not None else ops.capturing
+        self.slept_s = 0.0  # idle time paid so far
+        self.points = 0  # pacing points reached (steps)
+        self.cycle_s = 0.0  # a step's pacing cycle: seconds between the starts of two payments (averaged)
+        self._last_pay_t: float | None = None
+        self._owed_busy_s = 0.0
+        self._in_flight: collections.deque = collections.deque()  # (stamp, estimated GPU seconds)
+        self._unmarked_s = 0.0
+        self._resumed_t: float | None = None
+
+    def _owed_idle_s(self) -> float:
+        return self._owed_busy_s * idle_ratio(self.duty())
+
+    # ---- attention calls -----------------------------------------------------------------
+    def after_call(self, gpu_s: float) -> None:
+        """One call of `gpu_s` GPU seconds was issued: bound the queue, pay what is owed."""
+        self._unmarked_s += gpu_s
+        if self._unmarked_s >= 1e-3:
+            self._in_flight.append((self.ops.stamp(timing=False), self._unmarked_s))
+            self._unmarked_s = 0.0
+            queued = sum(s for _, s in self._in_flight)
+            while queued > self.max_in_flight_s and len(self._in_flight) > 1:
+                stamp, s = self._in_flight.popleft()
+                self.ops.wait(stamp)
+                queued -= s
+        if self.duty() < 1.0 and gpu_s:
+            self._owed_busy_s += gpu_s
+            if self._owed_idle_s() >= self.quantum_s:
+                self.ops.sync()
+                self._in_flight.clear()
+                self._unmarked_s = 0.0
+                self._pay()
+
+    # ---- steps -----------------------------------------------------------------------------
+    def resume(self) -> None:
+        """The GPU is busy from now (a step starts)."""
+        self._resumed_t = self.clock()
+
+    def point(self, drained: Callable[[], None] | None = None) -> float:
+        """A pacing point of a step: the seconds slept here (0 at full duty, inside a capture or
+        a compiled region, or while less than `quantum_s` is owed). `drained` is called once
+        the queue is empty, before the sleep (at full duty: at once, nothing is waited for)."""
+        if self.capturing():  # first, and nothing else: a compiler tracing this sees no side effect
+            return 0.0
+        self.points += 1
+        if self.duty() >= 1.0:
+            self._resumed_t = self._last_pay_t = None
+            self._owed_busy_s = self.cycle_s = 0.0
+            if drained is not None:
+                drained()
+            return 0.0
+        self.ops.sync()
+        if drained is not None:
+            drained()
+        if self._resumed_t is not None:
+            self._owed_busy_s += max(0.0, self.clock() - self._resumed_t)
+        slept = 0.0
+        if self._owed_idle_s() >= self.quantum_s:
+            now = self.clock()
+            if self._last_pay_t is not None:
+                self.cycle_s += 0.3 * ((now - self._last_pay_t) - self.cycle_s)
+            self._last_pay_t = now
+            slept = self._pay()
+        self._resumed_t = self.clock()
+        return slept
+
+    def _pay(self) -> float:
+        """Sleep off the debt, slice by slice, at the duty in force before each slice."""
+        slept = 0.0
+        while True:
+            ratio = idle_ratio(self.duty())
+            owed = self._owed_busy_s * ratio
+            if ratio <= 0.0 or owed < min(self.quantum_s, 1e-4) or owed <= 0.0:
+                if ratio <= 0.0:
+                    self._owed_busy_s = 0.0
+                break
+            t0 = self.clock()
+            self.sleep(min(owed, MAX_SLICE_S))
+            took = self.clock() - t0
+            slept += took
+            self._owed_busy_s -= took / ratio  # a sleep that overran paid ahead
+        self.slept_s += slept
+        return slept
