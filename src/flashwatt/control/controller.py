@@ -92,6 +92,7 @@ class Controller(AttentionCalls, ModelSteps):
         self._shared = self._open_job_power(group, on_peer_loss, peer_timeout_s, budget_w, period_s)
         if self._shared is not None:  # the job's GPUs as one: their idle powers and limits summed
             idle_w, limit = self._shared.job_totals(idle_w, limit)
+            self.idle_w, self.limit_w = idle_w, limit
 
         if mode == "static":
             if configuration is None:
