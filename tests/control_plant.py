@@ -1,8 +1,14 @@
 """A simulated GPU for the control logic's tests, calibrated to an H100: what a duty draws
 and delivers, how fast the board's power follows it, what NVML's instant reading and its
-energy counter show of it (lag, averaging, noise), a cap that clips, and what a shared
-node adds: other tenants' watts (and the GPU time they take), NVML read failures, a shape
-mix that changes, a budget that steps and ramps.
+energy counter show of it (lag, averaging, noise), a cap that clips, a first-order thermal
+model (the temperature relaxes toward ambient + c x power with a time constant of tens of
+seconds, read in whole degrees), and what a shared node adds: other tenants' watts (and the
+GPU time they take), NVML read failures, a shape mix that changes, a budget that steps and
+ramps.
+
+Model steps (`SimStepGpu`, `sim_controller`, `run_steps`): the real Controller drives a
+simulated board whose clock, sleep and sensor ticks are the board's, so its pacer's sleeps
+idle the board and a step's blocks compute on it, all in simulated time.
 
 The governor under test is the real one; only the GPU and the clock are simulated, in
 simulated time, so a 20 s scenario takes a fraction of a second and is the same every run.

@@ -138,3 +138,22 @@ def test_a_cheaper_precision_is_taken_only_where_the_probe_agrees_within_the_tol
         assert bool(refused) != taken and all("precision check failed" in why for why in refused)
     with pytest.raises(ControlError, match="knob precision needs precision_tolerance"):
         Controller("static", configuration="sdpa_default", device="cpu", knobs={"precision": ["bf16"]})
+
+
+def test_pacing_points_in_a_compiled_module_are_traced_away_without_a_graph_break():
+    """torch.compile traces the blocks' hooks with the rest (fullgraph: a graph break would
+    raise): a pacing point sees the trace and does nothing there, and the compiled step is
+    paced between steps only."""
+    net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64))
+    gpu, nvml, telemetry = board()
+    ctl = Controller("static", configuration="unchanged", duty=0.5, device="cpu", telemetry=telemetry, idle_w=IDLE_W,
+                     cache=None)
+    with ctl:
+        for block in net:
+            block.register_forward_pre_hook(lambda module, args: ctl.pace())
+        compiled = torch.compile(net, backend="eager", fullgraph=True)
+        x = torch.randn(8, 64)
+        for _ in range(4):
+            ctl.step(lambda: compiled(x).sum().item())
+        assert ctl._pacer.points == 4  # between the steps only: none traced into the graph
+        assert ctl.slept_s > 0

@@ -26,7 +26,8 @@ from flashwatt.figure_base import (FORMATS, NOT_MEASURED, NOTHING_TO_DRAW, Figur
 from flashwatt.models.cell import ModelCell
 from flashwatt.models.figures import MODEL_FIGURES
 from flashwatt.kinds import envelope_of
-from flashwatt.models.summary import model_table
+from flashwatt.models.governed_figures import GovernedTables
+from flashwatt.models.summary import governed_traces, model_table
 from flashwatt.kinds import kind_named
 from flashwatt.placeholder import CPU_ENERGY_REASON
 from flashwatt.plot_axes import MISSING_BAR
@@ -44,7 +45,7 @@ KINDS = {
     "attention": (FIGURES, {"summary"}),
     "control": (CONTROL_FIGURES, {"runs", "oracle", "traces"}),
     "distributed": (DISTRIBUTED_FIGURES, {"table"}),
-    "model": (MODEL_FIGURES, {"table"}),
+    "model": (MODEL_FIGURES, {"table", "governed_traces"}),
     "train": (TRAINING_FIGURES, {"runs", "curves"}),
 }
 
@@ -201,7 +202,9 @@ def empty_tables(kind: str, root: Path) -> dict[str, pd.DataFrame]:
     if kind == "train":
         runs, curves = run_table([])
         return {"runs": runs, "curves": curves}
-    return {"table": distributed_table([]) if kind == "distributed" else model_table([])}
+    if kind == "model":
+        return {"table": model_table([]), "governed_traces": governed_traces([])}
+    return {"table": distributed_table([])}
 
 
 @pytest.mark.parametrize("kind", list(KINDS))
@@ -335,7 +338,8 @@ def test_a_model_figure_with_no_energy_says_why_in_words(tmp_path):
 def test_no_model_figure_names_a_column_for_a_reason(tmp_path):
     table = cpu_model_table(tmp_path)
     for name, spec in MODEL_FIGURES.items():
-        said = " ".join(texts(spec.render(table)))
+        data = table if spec.source.inputs == ("table",) else GovernedTables(table, governed_traces([]))
+        said = " ".join(texts(spec.render(data)))
         assert "j_per_token" not in said and "j per token" not in said, (name, said)
         assert "paired_speed" not in said and "peak_allocated" not in said, (name, said)
 

@@ -317,10 +317,16 @@ def test_the_table_says_how_busy_the_gpu_was_over_the_energy_window(tmp_path):
 
 
 def test_every_model_figure_draws_or_says_why(table):
+    from flashwatt.models.governed_figures import GovernedTables
+    from flashwatt.models.summary import governed_traces
+
     nothing = table.assign(status="skipped", reason="custom needs a CUDA device (running on cpu)")
     for name, figure in MODEL_FIGURES.items():
-        text = " ".join(t.get_text() for ax in figure.render(nothing).axes for t in ax.texts)
-        expected = "no train cells" if name == "model_memory" else "CUDA device"  # the table holds prefill cells
+        data = nothing if figure.source.inputs == ("table",) else GovernedTables(nothing, governed_traces([]))
+        text = " ".join(t.get_text() for ax in figure.render(data).axes for t in ax.texts)
+        # the table holds prefill cells, and none governed
+        expected = {"model_memory": "no train cells", "model_governed_power": "no model cell with a budget"}.get(
+            name, "CUDA device")
         assert text.startswith("Nothing to draw.") and expected in text, (name, text)
     figure = MODEL_FIGURES["model_throughput"].render(table)
     assert figure.axes and any(len(ax.patches) for ax in figure.axes)

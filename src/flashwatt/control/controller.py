@@ -93,9 +93,10 @@ class Controller(AttentionCalls, ModelSteps):
             raise ControlError(f"mode {mode!r} needs live power readings from NVML, which are not available "
                                f"({why}); mode 'static' runs without them")
         self.idle_w, self.limit_w = idle_w, limit
-        self._shared = self._open_job_power(group, on_peer_loss, peer_timeout_s, budget_w, period_s)
+        self._shared = self._open_job_power(group, on_peer_loss, peer_timeout_s, period_s)
         if self._shared is not None:  # the job's GPUs as one: their idle powers and limits summed
             idle_w, limit = self._shared.job_totals(idle_w, limit)
+            self.idle_w, self.limit_w = idle_w, limit
 
         if mode == "static":
             fixed = _static_configuration(configuration, precision_tolerance)
@@ -157,8 +158,7 @@ class Controller(AttentionCalls, ModelSteps):
             return None
         return WarmStartCache(root, warm_start_key(self.device, telemetry))
 
-    def _open_job_power(self, group: Any, on_peer_loss: str, timeout_s: float | None, budget_w: float | None,
-                        period_s: float):
+    def _open_job_power(self, group: Any, on_peer_loss: str, timeout_s: float | None, period_s: float):
         """The job's shared budget over `group` (flashwatt.control.job_power), or None on one GPU."""
         if group is None:
             return None

@@ -242,11 +242,10 @@ def precision_rung(precision: str, device_type: str):
 
 
 def _takes_plan(fn: Callable) -> bool:
-    """Whether `fn` takes the plan: a first positional parameter without a default."""
+    """Whether `fn` takes the plan: it has a positional parameter (`step.run(plan=None)` does)."""
     try:
         parameters = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):
         return False
     return bool(parameters) and parameters[0].kind in (parameters[0].POSITIONAL_ONLY,
-                                                       parameters[0].POSITIONAL_OR_KEYWORD) \
-        and parameters[0].default is parameters[0].empty
+                                                       parameters[0].POSITIONAL_OR_KEYWORD)

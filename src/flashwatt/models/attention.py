@@ -45,21 +45,26 @@ class RegistryAttention:
         # GQA path): always for a backend declared without grouped-query attention, and for
         # one that refuses it when called (asked once, then always expanded).
         self.kv_expanded = False
-        self._calls: dict[tuple, tuple[AttentionCall, str | None]] = {}
+        self._calls: dict[tuple, AttentionCall] = {}
+        self._refusals: dict[tuple, str | None] = {}  # (call, device) -> the backend's reason, or None
 
     def attention_call(self, batch: int, heads: int, seq_len: int, head_dim: int, causal: bool,
-                       kv_heads: int, device=None) -> AttentionCall:
-        """The call's description; `UnsupportedCell` with the backend's reason where it cannot
-        run it on `device` (asked once per call shape)."""
+                       kv_heads: int) -> AttentionCall:
         key = (batch, heads, seq_len, head_dim, causal, kv_heads)
         if key not in self._calls:
-            call = AttentionCall(precision=self.precision, seq_len=seq_len, batch=batch, heads=heads,
-                                 head_dim=head_dim, causal=causal, pass_=self.pass_, kv_heads=kv_heads)
-            self._calls[key] = (call, self.kernel.supports(call, device) if device is not None else None)
-        call, refusal = self._calls[key]
-        if refusal is not None:
-            raise UnsupportedCell(f"{self.kernel.name}: {refusal}")
-        return call
+            self._calls[key] = AttentionCall(precision=self.precision, seq_len=seq_len, batch=batch, heads=heads,
+                                             head_dim=head_dim, causal=causal, pass_=self.pass_, kv_heads=kv_heads)
+        return self._calls[key]
+
+    def _run(self, query, key, value, call: AttentionCall):
+        """The kernel on the call; `UnsupportedCell` with the backend's reason where it cannot
+        run it on this device (asked once per call and device), never an error of its own."""
+        where = (call, query.device)
+        if where not in self._refusals:
+            self._refusals[where] = self.kernel.supports(call, query.device)
+        if self._refusals[where] is not None:
+            raise UnsupportedCell(f"{self.kernel.name}: {self._refusals[where]}")
+        return self.kernel(query, key, value, call)
 
     def __call__(self, module, query, key, value, attention_mask, scaling: float | None = None, dropout: float = 0.0,
                  is_causal: bool | None = None, **kwargs):
@@ -70,13 +75,12 @@ class RegistryAttention:
             self.kv_expanded = True
             key, value = _expand(key, H), _expand(value, H)
         try:
-            out = self.kernel(query, key, value, self.attention_call(B, H, Lq, D, causal, key.shape[1], query.device))
+            out = self._run(query, key, value, self.attention_call(B, H, Lq, D, causal, key.shape[1]))
         except UnsupportedCell:
             if key.shape[1] == H:
                 raise
             self.kv_expanded = True
-            out = self.kernel(query, _expand(key, H), _expand(value, H),
-                              self.attention_call(B, H, Lq, D, causal, H, query.device))
+            out = self._run(query, _expand(key, H), _expand(value, H), self.attention_call(B, H, Lq, D, causal, H))
         return out.transpose(1, 2), None
 
 

@@ -41,10 +41,11 @@ COLUMNS = [
     "paired_energy_min", "paired_energy_max", "paired_reason", "speedup_vs_one_gpu", "scaling_efficiency", "duration_s",
     *GOVERNED_COLUMNS,
 ]
-_SAME_STEP = ["suite", "model", "precision", "phase", "seq_len", "batch", "recompute", "compiled", "gpus", "strategy"]
+_SAME_STEP = ["suite", "model", "precision", "phase", "seq_len", "batch", "recompute", "compiled", "gpus", "strategy",
+              "governor"]
 # One GPU's cell of the same step: the same sequences per GPU for fsdp (the same per-GPU
 # work), the same sequences for context parallelism (the same work, split).
-_ONE_GPU = ["suite", "model", "backend", "precision", "phase", "seq_len", "batch", "recompute", "compiled"]
+_ONE_GPU = ["suite", "model", "backend", "precision", "phase", "seq_len", "batch", "recompute", "compiled", "governor"]
 
 
 def _row(cell: ModelCell, record: dict) -> dict:
@@ -175,7 +176,11 @@ def model_table(paths: list[str | Path]) -> pd.DataFrame:
     return judge_governed(table, records)
 
 
-_FRONT_KEY = [*_SAME_STEP, "backend"]
+# A governed run's front: the same step from the same backend, its governor `front`.
+_FRONT_KEY = [*(k for k in _SAME_STEP if k != "governor"), "backend"]
+# What judge_governed fills (flashwatt.control.step_study.judge and the front's facts).
+_VERDICT_COLUMNS = ["front_points", "front_same_device", "best_static", "vs_best_static", "steady_vs_best_static",
+                    "vs_front", "steady_vs_front", "vs_static_default_j", "steady_vs_static_default_j", "vs_best_static_j"]
 
 
 def judge_governed(table: pd.DataFrame, records: list[tuple[ModelCell, dict]]) -> pd.DataFrame:
@@ -184,6 +189,7 @@ def judge_governed(table: pd.DataFrame, records: list[tuple[ModelCell, dict]]) -
     from flashwatt.control.governor_setting import GovernorSetting
     from flashwatt.control.step_study import judge
 
+    table = table.astype({column: object for column in _VERDICT_COLUMNS})  # filled per row: names, ratios, flags
     fronts = {}
     for cell, record in records:
         if cell.governor == "front" and record.get("status") == "ok":
@@ -203,7 +209,7 @@ def judge_governed(table: pd.DataFrame, records: list[tuple[ModelCell, dict]]) -
         verdict["front_points"] = sum(1 for r in front if r.get("tokens_per_s") is not None)
         verdict["front_same_device"] = uuid is not None and uuid == (record.get("device") or {}).get("uuid")
         row = table.index[table["cell_id"] == cell.id]
-        for column in GOVERNED_COLUMNS:
+        for column in _VERDICT_COLUMNS:
             if column in verdict:
                 table.loc[row, column] = verdict[column]
     return table

@@ -1,0 +1,55 @@
+"""A governed model cell on several GPUs, on CPU: two gloo processes run a tiny Llama's FSDP2
+training step as the multi-GPU job does (flashwatt.models.governed_parallel), each rank
+reading a fake NVML board of its own (tests/control_cell_worker.py): its uniform static front,
+then a budget run whose ranks share one budget. What it proves: the job's glue (the ranks
+agree on every step, the front and the run land in rank 0's record, every GPU's power and the
+total in its trace, no NVML setter asked for); how well the budget is held on simulated GPUs
+is tests/test_control_job_power.py's."""
+from __future__ import annotations
+
+import copy
+import json
+
+import torch.multiprocessing as mp
+
+import control_cell_worker
+from flashwatt.config import validate_config
+from flashwatt.models.cell import ModelCell
+from flashwatt.models.suite import model_runs
+from support import free_ports
+
+
+def specs() -> dict[ModelCell, dict]:
+    config = validate_config({"suites": {"m": {"models": {"grids": [{
+        "models": ["llama_tiny"], "backends": ["sdpa_default"], "precisions": ["fp32"], "phases": ["train"],
+        "seq_lens": [32], "batches": [1], "gpus": [2], "strategies": ["fsdp"],
+        "governors": [{"mode": "front"}, {"mode": "budget", "budgets_w": [400]}],
+        "governor": {"seconds": 2.0, "front": {"duties": [1.0, 0.5], "seconds": 0.8}},
+        "steps": {"warmup_steps": 1}}]}}}})
+    return {cell: copy.deepcopy(spec) for cell, spec in model_runs(config, "m").items()}
+
+
+def test_a_governed_two_rank_cell_runs_its_front_and_a_shared_budget(tmp_path):
+    cells = specs()
+    order = sorted(cells, key=lambda c: c.governor != "front")  # the front first, as a suite would
+    mp.spawn(control_cell_worker.main, args=(2, free_ports(len(order)), str(tmp_path),
+                                             [(c.path, cells[c]) for c in order]), nprocs=2, join=True)
+    errors = sorted(tmp_path.glob("error-rank*.txt"))
+    assert not errors, errors[0].read_text()
+    for rank in range(2):
+        assert json.loads((tmp_path / f"setters-rank{rank}.json").read_text()) == []
+    front = json.loads((tmp_path / "train-L32-B1-G2-fsdp-gov-front.json").read_text())
+    assert front["status"] == "ok", front.get("traceback") or front.get("reason")
+    assert [(r["config"], r["duty"]) for r in front["front"]] == [("unchanged", 1.0), ("unchanged", 0.5)]
+    assert all(r.get("tokens_per_s") for r in front["front"])
+    assert front["front"][1]["tokens_per_s"] < 0.8 * front["front"][0]["tokens_per_s"]  # paced at half duty
+    run = json.loads((tmp_path / "train-L32-B1-G2-fsdp-gov-budget400w.json").read_text())
+    assert run["status"] == "ok", run.get("traceback") or run.get("reason")
+    control = run["control"]
+    assert control["nvml_answering"] == [True, True] and control["fault"] is None
+    assert control["merit"]["windows"] >= 1 and control["merit"]["idle_w"] > 200  # both boards' idle, summed
+    trace = json.loads((tmp_path / "train-L32-B1-G2-fsdp-gov-budget400w.trace.json").read_text())
+    assert trace and all(row["source"] == "controller" for row in trace)
+    late = trace[-1]
+    assert late["power_w_rank0"] < late["power_w_rank1"]  # each board's own reading (100 W and 120 W)
+    assert abs(late["power_w"] - (late["power_w_rank0"] + late["power_w_rank1"])) < 1.0  # and the job's total
