@@ -85,8 +85,8 @@ def probe(site: Path, cwd: Path, **env: str) -> dict:
 
 def test_installed_copy_validates_configs_with_its_packaged_schema(site, tmp_path):
     assert (site / "flashwatt" / "config.schema.yaml").is_file()
-    assert probe(site, tmp_path)["suites"] == ["control", "control_heldout",
-                                               "distributed", "distributed_nodes", "models", "models_smoke",
+    assert probe(site, tmp_path)["suites"] == ["control", "control_heldout", "control_step",
+                                               "control_step_gpus", "distributed", "distributed_nodes", "models", "models_smoke",
                                                "seed", "smoke", "sweep", "training", "training_backends",
                                                "training_full", "training_smoke"]
 

@@ -1,6 +1,6 @@
-"""A governed model cell on several GPUs, on CPU: two gloo processes run a tiny Llama's FSDP2
-training step as the multi-GPU job does (flashwatt.models.governed_parallel), each rank
-reading a fake NVML board of its own (tests/control_cell_worker.py): its uniform static front,
+"""A governed model cell on several GPUs, on CPU: the cell's rank supervisor starts two gloo
+ranks that run a tiny Llama's FSDP2 training step as the multi-GPU job does
+(flashwatt.models.governed_parallel), each rank reading a fake NVML board of its own (tests/control_cell_worker.py): its uniform static front,
 then a budget run whose ranks share one budget. What it proves: the job's glue (the ranks
 agree on every step, the front and the run land in rank 0's record, every GPU's power and the
 total in its trace, no NVML setter asked for); how well the budget is held on simulated GPUs
@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+from pathlib import Path
 
-import torch.multiprocessing as mp
-
-import control_cell_worker
 from flashwatt.config import validate_config
 from flashwatt.models.cell import ModelCell
 from flashwatt.models.suite import model_runs
-from support import free_ports
+
+TESTS = Path(__file__).resolve().parent
 
 
 def specs() -> dict[ModelCell, dict]:
@@ -29,15 +29,22 @@ def specs() -> dict[ModelCell, dict]:
     return {cell: copy.deepcopy(spec) for cell, spec in model_runs(config, "m").items()}
 
 
-def test_a_governed_two_rank_cell_runs_its_front_and_a_shared_budget(tmp_path):
+def test_a_governed_two_rank_cell_runs_its_front_and_a_shared_budget(tmp_path, monkeypatch):
+    from flashwatt.models.parallel_job import run_parallel_cell
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS.parent / "src"), str(TESTS),
+                                                      os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
     cells = specs()
-    order = sorted(cells, key=lambda c: c.governor != "front")  # the front first, as a suite would
-    mp.spawn(control_cell_worker.main, args=(2, free_ports(len(order)), str(tmp_path),
-                                             [(c.path, cells[c]) for c in order]), nprocs=2, join=True)
-    errors = sorted(tmp_path.glob("error-rank*.txt"))
-    assert not errors, errors[0].read_text()
-    for rank in range(2):
-        assert json.loads((tmp_path / f"setters-rank{rank}.json").read_text()) == []
+    for cell in sorted(cells, key=lambda c: c.governor != "front"):  # the front first, as a suite would
+        # the cell's rank supervisor starts its two ranks, as the multi-GPU job does on a node
+        outcome = run_parallel_cell(cell, {**cells[cell], "fake_board": {"out": str(tmp_path)}},
+                                    rank_job="control_cell_worker:measure_on_fake_board")
+        name = Path(cell.path).stem
+        (tmp_path / f"{name}.json").write_text(json.dumps(outcome.record, default=str))
+        (tmp_path / f"{name}.trace.json").write_text(json.dumps(outcome.trace, default=str))
+    setters = sorted(tmp_path.glob("setters-*-rank*.json"))
+    assert len(setters) == 4 and all(json.loads(f.read_text()) == [] for f in setters), setters
     front = json.loads((tmp_path / "train-L32-B1-G2-fsdp-gov-front.json").read_text())
     assert front["status"] == "ok", front.get("traceback") or front.get("reason")
     assert [(r["config"], r["duty"]) for r in front["front"]] == [("unchanged", 1.0), ("unchanged", 0.5)]

@@ -43,9 +43,21 @@ class Rendezvous:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port that is free now, and the one above it (the supervisors' store takes port + 1):
+    a cell whose neighbour's port lands on its port + 1 fails to listen (EADDRINUSE)."""
+    for _ in range(64):
+        with socket.socket() as low:
+            low.bind(("127.0.0.1", 0))
+            port = low.getsockname()[1]
+            if port >= 65535:
+                continue
+            with socket.socket() as high:
+                try:
+                    high.bind(("127.0.0.1", port + 1))
+                except OSError:
+                    continue
+                return port
+    raise OSError("no two free ports side by side on 127.0.0.1")
 
 
 def _first_slurm_host() -> str:
