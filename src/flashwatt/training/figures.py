@@ -23,7 +23,7 @@ import seaborn as sns
 
 from flashwatt.figure_base import (FigureSpec, Source, not_measured_panel, nothing_to_draw, parquet_table, registry,
                                    spoken_list)
-from flashwatt.placeholder import Rows, energy_reasons, missing_bar, no_values, rows_or_why
+from flashwatt.placeholder import Rows, energy_reasons, missing_bar, no_cells_ok, no_values, rows_or_why
 from flashwatt.plot_axes import bar_slots, mark_missing_bars
 
 ROWS = Rows("training run", "the suite's training table")
@@ -173,6 +173,9 @@ def draw_throughput(runs: pd.DataFrame) -> plt.Figure:
 def draw_budgets(curves: pd.DataFrame) -> plt.Figure:
     """Validation loss against kilojoules and wall seconds for the runs under a budget (and the
     runs of the same settings without one), a line per run coloured by its governor."""
+    nothing_ok = no_cells_ok(_runs_of(curves), ROWS)
+    if nothing_ok:
+        return nothing_to_draw(nothing_ok)
     data = _ok_curves(curves)
     governed = data[data["governor"].fillna("").ne("")] if "governor" in data else data.iloc[:0]
     if governed.empty:
