@@ -59,4 +59,8 @@ def test_a_governed_two_rank_cell_runs_its_front_and_a_shared_budget(tmp_path, m
     assert trace and all(row["source"] == "controller" for row in trace)
     late = trace[-1]
     assert late["power_w_rank0"] < late["power_w_rank1"]  # each board's own reading (100 W and 120 W)
-    assert abs(late["power_w"] - (late["power_w_rank0"] + late["power_w_rank1"])) < 1.0  # and the job's total
+    # and the job's total: the boards' readings summed, or, where a step's pacing cycle outlasts
+    # a tick (a loaded machine), the summed energy counters' average over the cycle, the same
+    # watts on these steady boards but for the counters' timing
+    total = late["power_w_rank0"] + late["power_w_rank1"]
+    assert abs(late["power_w"] - total) < 0.02 * total
