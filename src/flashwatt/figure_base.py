@@ -21,15 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-import matplotlib
+import pandas as pd
 
-# Figures are written to files, on machines without a display: never a GUI backend.
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-import seaborn as sns  # noqa: E402
-
-from flashwatt.records import atomic_write  # noqa: E402
+from flashwatt.plotting import plt, sns
+from flashwatt.records import atomic_write
 
 FORMATS = ("png", "pdf")
 DPI = 130  # raster figures (PNG); a PDF's vector parts do not depend on it

@@ -13,10 +13,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
-import seaborn as sns
 
 from flashwatt.attention.cell import Cell
 from flashwatt.attention.summary import read_summary
@@ -24,6 +22,7 @@ from flashwatt.figure_base import FigureSpec, Source, not_measured_panel, nothin
 from flashwatt.placeholder import energy_reasons, missing_bar, no_baseline, no_cells_ok, no_values
 from flashwatt.plot_axes import (bar_slots, drop_empty_facets, mark_missing_bars, plain_log_y, sequence_length_label,
                                  sequence_length_x)
+from flashwatt.plotting import plt, sns
 
 # Dense fp16/bf16 matmul rate measured on the device kinds we test on (docs/measurement.md:
 # an 8192^3 bf16 product, 770-800 TFLOP/s on H100 and H200). Drawn as the ceiling line.

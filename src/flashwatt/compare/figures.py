@@ -16,14 +16,13 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
-import seaborn as sns
 
 from flashwatt.figure_base import FigureSpec, Source, nothing_to_draw, write_figure
 from flashwatt.kind import CompareMetric
 from flashwatt.kinds import kind_named
+from flashwatt.plotting import plt, sns
 
 MAX_PANELS = 12  # shape families drawn in one heat map; the rest are in the tables
 MARKS = {"worse": "*", "better": "*", "no interval": "?"}

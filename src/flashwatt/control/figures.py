@@ -22,15 +22,14 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-import matplotlib.pyplot as plt
 import pandas as pd
-import seaborn as sns
 
 from flashwatt.control.metrics import TOLERANCE, window_power
 from flashwatt.control.pooled import pooled_table
 from flashwatt.control.summary import least_energy_static, pareto_front, static_default, usable_static
 from flashwatt.figure_base import FigureSpec, Source, nothing_to_draw, registry
 from flashwatt.placeholder import Rows, no_cells_ok
+from flashwatt.plotting import plt, sns
 
 PANEL_COLUMNS = 3
 # Switches labelled in a panel (after exploration); more would overprint one another.

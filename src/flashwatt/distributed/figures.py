@@ -13,13 +13,12 @@ from the suite's distributed table.
 """
 from __future__ import annotations
 
-import matplotlib.pyplot as plt
 import pandas as pd
-import seaborn as sns
 
 from flashwatt.figure_base import FigureSpec, nothing_to_draw, parquet_table, registry
 from flashwatt.placeholder import Rows, energy_reasons, rows_or_why
 from flashwatt.plot_axes import drop_empty_facets
+from flashwatt.plotting import plt, sns
 
 ROWS = Rows("distributed cell", "the suite's distributed table")
 TABLE = parquet_table("table")

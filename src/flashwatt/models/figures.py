@@ -17,14 +17,13 @@ flashwatt.figure_base, drawn from the suite's model table.
 """
 from __future__ import annotations
 
-import matplotlib.pyplot as plt
 import pandas as pd
-import seaborn as sns
 
 from flashwatt.figure_base import FigureSpec, not_measured_panel, nothing_to_draw, parquet_table, registry
 from flashwatt.models.governed_figures import GOVERNED_FIGURES
 from flashwatt.placeholder import Rows, energy_reasons, missing_bar, no_values, rows_or_why
 from flashwatt.plot_axes import bar_slots, mark_missing_bars, plain_log_x
+from flashwatt.plotting import plt, sns
 
 ROWS = Rows("model cell", "the suite's model table")
 TABLE = parquet_table("table")

@@ -7,10 +7,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import matplotlib.pyplot as plt
 import pandas as pd
 
 from flashwatt.figure_base import FigureSpec, Source, nothing_to_draw
+from flashwatt.plotting import plt
 
 PANEL_COLUMNS = 2
 MAX_PANELS = 8

@@ -17,14 +17,13 @@ flashwatt.figure_base, drawn from the runs table or the curves table.
 """
 from __future__ import annotations
 
-import matplotlib.pyplot as plt
 import pandas as pd
-import seaborn as sns
 
 from flashwatt.figure_base import (FigureSpec, Source, not_measured_panel, nothing_to_draw, parquet_table, registry,
                                    spoken_list)
 from flashwatt.placeholder import Rows, energy_reasons, missing_bar, no_cells_ok, no_values, rows_or_why
 from flashwatt.plot_axes import bar_slots, mark_missing_bars
+from flashwatt.plotting import plt, sns
 
 ROWS = Rows("training run", "the suite's training table")
 # The fields a setting label is made of, when they vary in the suite (the seed never: the
