@@ -1,6 +1,7 @@
-"""Snakemake entry point of every kind's `figure` rule: one figure, drawn from the kind's tables."""
-from flashwatt.figure_base import write_rule_figure
+"""Snakemake entry point of every kind's `figures` rule: the kind's figures of a suite, drawn
+from its tables in one process."""
+from flashwatt.figure_base import write_rule_figures
 from flashwatt.kinds import kind_named
 
 snakemake = globals()["snakemake"]  # injected by Snakemake's script directive
-write_rule_figure(kind_named(snakemake.params.kind).figures, snakemake)
+write_rule_figures(kind_named(snakemake.params.kind).figures, snakemake)

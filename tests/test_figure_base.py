@@ -22,7 +22,7 @@ from flashwatt.control.summary import runs_table, traces_table
 from flashwatt.distributed.figures import DISTRIBUTED_FIGURES
 from flashwatt.distributed.summary import distributed_table
 from flashwatt.figure_base import (FORMATS, NOT_MEASURED, NOTHING_TO_DRAW, FigureSpec, measured_where, parquet_table,
-                                   write_figure, write_rule_figure)
+                                   write_figure, write_rule_figures)
 from flashwatt.models.cell import ModelCell
 from flashwatt.models.figures import MODEL_FIGURES
 from flashwatt.kinds import envelope_of
@@ -186,9 +186,9 @@ def test_one_figure_script_draws_every_kinds_figures():
     tree = ast.parse((REPO / "scripts" / "figure.py").read_text())
     docstring, *imports, assignment, call = tree.body
     assert isinstance(docstring.value, ast.Constant)
-    assert sorted(ast.unparse(i) for i in imports) == ["from flashwatt.figure_base import write_rule_figure",
+    assert sorted(ast.unparse(i) for i in imports) == ["from flashwatt.figure_base import write_rule_figures",
                                                         "from flashwatt.kinds import kind_named"]
-    assert ast.unparse(call) == "write_rule_figure(kind_named(snakemake.params.kind).figures, snakemake)"
+    assert ast.unparse(call) == "write_rule_figures(kind_named(snakemake.params.kind).figures, snakemake)"
     assert not [p.name for p in (REPO / "scripts").glob("*figure*.py") if p.name != "figure.py"]
 
 
@@ -222,20 +222,21 @@ def test_each_script_writes_its_figure_through_the_base(tmp_path, monkeypatch, k
         atomic_write(path, write)
 
     monkeypatch.setattr("flashwatt.figure_base.atomic_write", recorded)
-    for spec in figures.values():
-        out = tmp_path / "figures" / f"{spec.name}.{spec.ext}"
-        rule = SimpleNamespace(input=InputFiles(fromdict=inputs), output=OutputFiles([str(out)]),
-                               params=Params(fromdict={"kind": kind, "options": {}, "caption": spec.caption}))
-        runpy.run_path(str(REPO / "scripts" / "figure.py"), init_globals={"snakemake": rule})
-        assert out.read_bytes()[:4] == MAGIC[spec.ext]
+    outs = {spec.name: str(tmp_path / "figures" / f"{spec.name}.{spec.ext}") for spec in figures.values()}
+    rule = SimpleNamespace(input=InputFiles(fromdict=inputs), output=OutputFiles(fromdict=outs),
+                           params=Params(fromdict={"kind": kind, "options": {},
+                                                   "captions": {s.name: s.caption for s in figures.values()}}))
+    runpy.run_path(str(REPO / "scripts" / "figure.py"), init_globals={"snakemake": rule})  # every figure, one process
+    for out in outs.values():
+        assert Path(out).read_bytes()[:4] == MAGIC[Path(out).suffix[1:]]
     assert writes == [f"{s.name}.{s.ext}" for s in figures.values()]
 
 
 def test_a_rule_whose_output_names_no_figure_is_refused(tmp_path):
-    rule = SimpleNamespace(input=InputFiles(fromdict={}), output=OutputFiles([str(tmp_path / "nosuch.pdf")]),
-                           params=Params(fromdict={}))
+    rule = SimpleNamespace(input=InputFiles(fromdict={}),
+                           output=OutputFiles(fromdict={"nosuch": str(tmp_path / "nosuch.pdf")}), params=Params(fromdict={}))
     with pytest.raises(ValueError, match="no figure named 'nosuch'"):
-        write_rule_figure(MODEL_FIGURES, rule)
+        write_rule_figures(MODEL_FIGURES, rule)
 
 
 # ---- training on a machine without a GPU ----------------------------------------------

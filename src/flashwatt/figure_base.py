@@ -114,15 +114,16 @@ def write_figure(spec: FigureSpec, inputs: Mapping[str, str | Path], out: str | 
         plt.close(fig)
 
 
-def write_rule_figure(figures: Mapping[str, FigureSpec], rule) -> None:
-    """A workflow rule's figure: the one named by its output file (figures/<suite>/<name>.<ext>),
-    drawn from the rule's named inputs with its `options` parameter, where it has one.
-    `rule` is the `snakemake` object of a `script:` directive."""
-    out = Path(rule.output[0])
-    if out.stem not in figures:
-        raise ValueError(f"{out}: no figure named {out.stem!r} (figures: {', '.join(figures)})")
+def write_rule_figures(figures: Mapping[str, FigureSpec], rule) -> None:
+    """A workflow rule's figures: each named output (figures/<suite>/<name>.<ext>, named by
+    the figure) drawn from the rule's named inputs with its `options` parameter, where it has
+    one, in one process. `rule` is the `snakemake` object of a `script:` directive."""
     inputs = {name: rule.input[name] for name in rule.input.keys()}
-    write_figure(figures[out.stem], inputs, out, rule.params.get("options"))
+    for name in rule.output.keys():
+        out = Path(rule.output[name])
+        if name not in figures or out.stem != name:
+            raise ValueError(f"{out}: no figure named {name!r} (figures: {', '.join(figures)})")
+        write_figure(figures[name], inputs, out, rule.params.get("options"))
 
 
 def device_labels(cells: pd.DataFrame) -> pd.Series:

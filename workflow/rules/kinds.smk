@@ -3,7 +3,9 @@
 #                      subprocess, Slurm job, or in-process), its record written once
 #                      (flashwatt.cell_job, which also says why the executor is not a param)
 #   <prefix>aggregate  every record of the suite into the kind's tables
-#   <prefix>figure     one figure per job, registered in the report with its caption
+#   <prefix>figures    the kind's figures of the suite in one job (one Python process
+#                      importing pyplot and seaborn, not one per figure), each file
+#                      registered in the report with its own caption
 # Attention's prefix is empty (rules cell, aggregate, figure), so `--set-resources cell:...`
 # and `--forcerun aggregate` read as they always did.
 import os
@@ -12,6 +14,26 @@ import os
 def report_file(name):
     """A caption file: workflow/report/<name>, or a kind's own file given by its absolute path."""
     return name if os.path.isabs(name) else f"../report/{name}"
+
+
+def figure_caption(kind, name):
+    """The caption file of one figure in the report: its kind's caption template, whose
+    `{{ caption }}` is that figure's own text (FigureSpec.caption, the job's params.captions).
+    Snakemake renders a caption with the job's parameters only, and one job writes all of a
+    kind's figures, so each figure gets a file naming its caption, written here from the
+    template (under .snakemake/, like Snakemake's own state)."""
+    template = kind.figure_caption if os.path.isabs(kind.figure_caption) else os.path.join(
+        workflow.basedir, "workflow", "report", kind.figure_caption)
+    with open(template) as source:
+        text = source.read()
+    folder = os.path.abspath(os.path.join(".snakemake", "flashwatt", "captions", kind.name))
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"{name}.rst")
+    body = f"{{% set caption = snakemake.params.captions[{name!r}] %}}\n{text}"
+    if not os.path.exists(path) or open(path).read() != body:
+        with open(path, "w") as out:
+            out.write(body)
+    return path
 
 
 for kind in all_kinds():
@@ -78,25 +100,25 @@ for kind in all_kinds():
 
         rule:
             name:
-                f"{kind.rule_prefix}figure"
+                f"{kind.rule_prefix}figures"
             input:
                 **kind.figure_tables("{suite}"),
             output:
-                report(
-                    "figures/{suite}/{figure}.{ext}",
-                    caption=report_file(kind.figure_caption),
-                    category="Figures",
-                    labels={"suite": "{suite}", "figure": "{figure}"},
-                ),
+                **{
+                    name: report(
+                        f"figures/{{suite}}/{name}.{spec.ext}",
+                        caption=figure_caption(kind, name),
+                        category="Figures",
+                        labels={"suite": "{suite}", "figure": name},
+                    )
+                    for name, spec in kind.figures.items()
+                },
             log:
-                "results/logs/{suite}/figure-{figure}-{ext}.log",
+                f"results/logs/{{suite}}/{kind.rule_prefix}figures.log",
             params:
                 kind=kind.name,
-                caption=lambda wc, kind=kind: kind.figures[wc.figure].caption,
+                captions={name: spec.caption for name, spec in kind.figures.items()},
                 options={"trace_filter": config.get("trace_filter", "")},
-            wildcard_constraints:
-                figure="|".join(kind.figures),
-                ext="|".join(sorted({f.ext for f in kind.figures.values()})),
             localrule: True
             conda:
                 "../../envs/plot.yaml"
