@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 
-import pandas as pd
 import pytest
 import torch
 
