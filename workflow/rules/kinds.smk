@@ -9,6 +9,7 @@
 # Attention's prefix is empty (rules cell, aggregate, figure), so `--set-resources cell:...`
 # and `--forcerun aggregate` read as they always did.
 import os
+from pathlib import Path
 
 
 def report_file(name):
@@ -30,9 +31,8 @@ def figure_caption(kind, name):
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, f"{name}.rst")
     body = f"{{% set caption = snakemake.params.captions[{name!r}] %}}\n{text}"
-    if not os.path.exists(path) or open(path).read() != body:
-        with open(path, "w") as out:
-            out.write(body)
+    if not os.path.exists(path) or Path(path).read_text() != body:
+        Path(path).write_text(body)
     return path
 
 
