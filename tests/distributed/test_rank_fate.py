@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from flashwatt.distributed.rank_fate import RankFate, cause, how, status_of
+from flashwatt.distributed.rank_fate import RankFate, cause, how, read_watchdog_report, status_of
 from flashwatt.distributed.rank_supervisor import RanksOutcome
 from flashwatt.distributed.rendezvous import NodeLayout
 from flashwatt.submit.failure_policy import FailurePolicy
@@ -64,6 +64,42 @@ def test_the_nccl_watchdogs_abort_is_a_timeout_not_a_kill():
                   fate(2, "signal", 24.05, signal="SIGABRT", exit_code=-6))
     assert got.culprit.rank == 0 and got.status() == "error" and got.not_answering == [1]
     assert got.record_fields()["how"] == "timeout" and "NCCL watchdog" in got.reason()
+
+
+def _monitor_line(rank: int, source: str, enqueued: int, completed: int, pg: str = "0(default_pg)") -> str:
+    """A line as ProcessGroupNCCL's heartbeat monitor writes it to a rank's stderr."""
+    return (f"[rank{rank}]:[E1126 18:02:11.108 ProcessGroupNCCL.cpp:1987] [PG ID 0 PG GUID {pg} Rank {rank}] "
+            f"Received a dump signal due to a collective timeout from {source} and we will try our best to dump "
+            f"the debug info. Last enqueued NCCL work: {enqueued}, last completed NCCL work: {completed}.This is "
+            "most likely caused by incorrect usages of collectives, e.g., wrong sizes used across ranks\n")
+
+
+def test_the_watchdogs_line_says_whose_timeout_ended_the_rank():
+    text = "noise\n" + _monitor_line(1, "rank 0", 41, 41) + "[rank1]: terminate called\n"
+    assert read_watchdog_report(text) == {"pg": "0(default_pg)", "from_rank": 0, "last_enqueued": 41,
+                                          "last_completed": 41}
+    assert read_watchdog_report(_monitor_line(0, "this local rank", 42, 41))["from_rank"] is None
+    assert read_watchdog_report("Traceback (most recent call last):\n  ValueError\n") is None
+
+
+def test_over_nccl_the_rank_that_hung_is_told_apart_by_what_it_enqueued():
+    # Rank 1 hung outside any collective; rank 0 timed out in collective 42 and its watchdog
+    # told rank 1's, which ended rank 1 with SIGABRT 1.8 s later: both end the same way.
+    waiting = fate(0, "signal", 34.9, signal="SIGABRT", exit_code=-6,
+                   watchdog=read_watchdog_report(_monitor_line(0, "this local rank", 42, 41)))
+    hung = fate(1, "signal", 36.7, signal="SIGABRT", exit_code=-6,
+                watchdog=read_watchdog_report(_monitor_line(1, "rank 0", 41, 41)))
+    got = outcome(waiting, hung)
+    assert got.culprit.rank == 0 and got.not_answering == [1] and got.record_fields()["how"] == "timeout"
+    assert "rank(s) 1 did not answer" in got.reason()
+    # A rank that had enqueued the collective was waiting in it too: it answered.
+    answered = fate(1, "signal", 35.0, signal="SIGABRT", exit_code=-6,
+                    watchdog=read_watchdog_report(_monitor_line(1, "rank 0", 42, 41)))
+    assert outcome(waiting, answered).not_answering == []
+    # Sequence numbers of two different groups say nothing about each other.
+    other_group = fate(1, "signal", 36.7, signal="SIGABRT", exit_code=-6,
+                       watchdog=read_watchdog_report(_monitor_line(1, "rank 0", 3, 3, pg="2(zigzag)")))
+    assert outcome(waiting, other_group).not_answering == []
 
 
 def test_a_clean_end_is_not_a_failure():

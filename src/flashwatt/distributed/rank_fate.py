@@ -22,6 +22,15 @@ that ended by another communication error after the first timeout, a connection 
 the waiting ranks' exit (gloo tells a rank blocked in a receive that its peer is gone). A
 rank that timed out too was waiting with the others.
 
+Over NCCL the watchdog of the rank whose collective timed out tells every other rank
+through the store, and their heartbeat monitors end them with SIGABRT too, the rank that
+hung included; all end the same way. What tells them apart is the line each monitor
+writes to its rank's stderr before the abort (`read_watchdog_report`): the rank the
+signal came from ("this local rank" for the one that timed out) and the process group's
+last enqueued and last completed collective. A rank ended for another rank's timeout that
+never enqueued the collective that timed out (its last enqueued sequence number is below
+the waiting rank's first incomplete one, on the same group) did not answer it.
+
 The record's status follows the project's meanings: `oom` for an out-of-memory error,
 `error` for any other exception (a timeout included: the waiting rank raised it, or the
 watchdog ended it), and `job_failed` for a rank that died without returning (a signal,
@@ -29,6 +38,7 @@ an exit status).
 """
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field
 
 COMMUNICATION_HINTS = ("gloo/", "nccl", "timed out", "connection reset", "connection closed", "socket timeout",
@@ -36,6 +46,26 @@ COMMUNICATION_HINTS = ("gloo/", "nccl", "timed out", "connection reset", "connec
 COMMUNICATION_TYPES = ("DistError", "DistBackendError", "DistNetworkError", "DistStoreError", "DistQueueEmptyError")
 _MESSAGE_CHARS = 600
 WATCHDOG_SIGNAL = "SIGABRT"
+# ProcessGroupNCCL's heartbeat monitor, on a collective timeout seen by this rank or another
+# ("Last enqueued NCCL work" in PyTorch 2.x; newer versions name the backend the same way).
+_WATCHDOG_REPORT = re.compile(
+    r"\[PG ID (?P<pg_id>\S+) PG GUID (?P<pg>[^\]]*?) Rank (?P<rank>\d+)\] Received a dump signal due to a "
+    r"collective timeout from\s+(?P<source>this local rank|rank\s+\d+).*?"
+    r"Last enqueued \w*\s?work: (?P<enqueued>-?\d+), last completed \w*\s?work: (?P<completed>-?\d+)")
+
+
+def read_watchdog_report(text: str) -> dict | None:
+    """What a rank's NCCL heartbeat monitor said before it ended the rank (module docstring):
+    {"pg", "from_rank" (None: this rank's own collective timed out), "last_enqueued",
+    "last_completed"}, from the last such line of `text`; None when there is none."""
+    found = None
+    for found in _WATCHDOG_REPORT.finditer(text):
+        pass
+    if found is None:
+        return None
+    source = found["source"]
+    return {"pg": found["pg"], "from_rank": None if source == "this local rank" else int(source.split()[-1]),
+            "last_enqueued": int(found["enqueued"]), "last_completed": int(found["completed"])}
 
 
 @dataclass
@@ -53,11 +83,17 @@ class RankFate:
     message: str | None = None
     oom: bool = False
     stage: str | None = None
+    watchdog: dict | None = None  # read_watchdog_report of its stderr, after a watchdog abort
     traceback: str | None = field(default=None, repr=False)
 
     @property
     def watchdog_abort(self) -> bool:
         return self.state == "signal" and self.signal == WATCHDOG_SIGNAL
+
+    @property
+    def ended_for_another(self) -> bool:
+        """Ended by the watchdog because another rank's collective timed out."""
+        return self.watchdog_abort and self.watchdog is not None and self.watchdog["from_rank"] is not None
 
     @property
     def communication_error(self) -> bool:
@@ -69,7 +105,7 @@ class RankFate:
     @property
     def timed_out(self) -> bool:
         """A collective (or the rendezvous) this rank waited in timed out."""
-        return self.watchdog_abort or (self.state == "raised" and "timed out" in (self.message or "").lower())
+        return (self.watchdog_abort and not self.ended_for_another) or (self.state == "raised" and "timed out" in (self.message or "").lower())
 
     @property
     def bad(self) -> bool:
@@ -108,8 +144,10 @@ def _cause_order(fate: RankFate) -> tuple[int, float]:
         kind = 1
     elif fate.state == "exit":
         kind = 2
-    else:
+    elif not fate.ended_for_another:
         kind = 3
+    else:
+        kind = 4  # its watchdog only passed on another rank's timeout
     return kind, fate.ended_s if fate.ended_s is not None else float("inf")
 
 
@@ -125,13 +163,25 @@ def status_of(culprit: RankFate) -> str:
     return "error" if culprit.watchdog_abort else "job_failed"
 
 
+def _never_enqueued(fate: RankFate, by_rank: dict[int, RankFate]) -> bool:
+    """An NCCL rank ended for another's timeout that never enqueued the collective that timed
+    out on the same group (module docstring)."""
+    if not fate.ended_for_another:
+        return False
+    source = by_rank.get(fate.watchdog["from_rank"])
+    if source is None or source.watchdog is None or source.watchdog["pg"] != fate.watchdog["pg"]:
+        return False
+    return fate.watchdog["last_enqueued"] <= source.watchdog["last_completed"]
+
+
 def not_answering(fates: list[RankFate]) -> list[int]:
     """The ranks that did not answer a collective that timed out (module docstring)."""
     timed_out = [f.ended_s or 0.0 for f in fates if f.timed_out]
     if not timed_out:
         return []
     first = min(timed_out)
-    return sorted(f.rank for f in fates if f.state == "stopped" or (
+    by_rank = {f.rank: f for f in fates}
+    return sorted(f.rank for f in fates if f.state == "stopped" or _never_enqueued(f, by_rank) or (
         f.state == "raised" and f.communication_error and not f.timed_out and (f.ended_s or 0.0) >= first))
 
 

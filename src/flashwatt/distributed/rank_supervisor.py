@@ -45,7 +45,7 @@ from typing import Any, Iterator
 
 from flashwatt.submit.failure_policy import FailurePolicy
 from flashwatt.distributed.node_watch import NodeWatch
-from flashwatt.distributed.rank_fate import RankFate, cause, how, not_answering, status_of
+from flashwatt.distributed.rank_fate import RankFate, cause, how, not_answering, read_watchdog_report, status_of
 from flashwatt.distributed.rank_process import ENV_SUPERVISOR_PID, failure_path, result_path
 from flashwatt.distributed.rendezvous import MULTICAST_OFF, NodeLayout
 
@@ -175,7 +175,7 @@ def _rank_environments(layout: NodeLayout, policy: FailurePolicy) -> dict[int, d
 
 
 def _start(target: str, args: tuple, layout: NodeLayout, policy: FailurePolicy, workdir: Path):
-    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, start_processes
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std, start_processes
 
     call = workdir / "call.pkl"
     call.write_bytes(pickle.dumps((target, tuple(args))))
@@ -183,7 +183,53 @@ def _start(target: str, args: tuple, layout: NodeLayout, policy: FailurePolicy, 
     entry = ("-m", RANK_MODULE, str(call), str(workdir))
     return start_processes(name=f"flashwatt-{target.rpartition(':')[2]}", entrypoint=sys.executable,
                            args={local: entry for local in envs}, envs=envs,
-                           logs_specs=DefaultLogsSpecs(log_dir=str(workdir / "elastic")))
+                           # stderr to a file per rank (_StderrCopy copies it to the cell's log):
+                           # after a watchdog abort, its last lines say whose timeout it was
+                           logs_specs=DefaultLogsSpecs(log_dir=str(workdir / "elastic"), redirects=Std.ERR))
+
+
+class _StderrCopy:
+    """Copies every rank's stderr file to this process's stderr (the cell's log) as it grows,
+    whole lines at a time, from a daemon thread. PyTorch's own tee runs its tailers in a
+    thread pool that interpreter exit waits for: an interrupted supervisor would never exit,
+    and its ranks, which end with it (PR_SET_PDEATHSIG), would live on."""
+
+    def __init__(self, paths: dict[int, str]):
+        self.paths, self.done = paths, threading.Event()
+        self.thread = threading.Thread(target=self._run, name="flashwatt-rank-stderr", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        handles, partial = {}, dict.fromkeys(self.paths, "")
+        try:
+            while True:
+                last_round = self.done.is_set()
+                moved = False
+                for local, path in self.paths.items():
+                    if local not in handles:
+                        try:
+                            handles[local] = open(path, errors="replace")  # noqa: SIM115 (closed below)
+                        except OSError:
+                            continue  # not created yet
+                    text = partial[local] + handles[local].read()
+                    cut = len(text) if last_round else text.rfind("\n") + 1
+                    if cut:
+                        sys.stderr.write(text[:cut])
+                        moved = True
+                    partial[local] = text[cut:]
+                if moved:
+                    sys.stderr.flush()
+                if last_round:
+                    return
+                if not moved:
+                    time.sleep(POLL_S)
+        finally:
+            for handle in handles.values():
+                handle.close()
+
+    def close(self, timeout_s: float = 2.0) -> None:
+        self.done.set()
+        self.thread.join(timeout_s)
 
 
 class _Watch:
@@ -216,6 +262,8 @@ class _Watch:
             self.first_clean_end = self.first_clean_end if self.first_clean_end is not None else when
         elif code < 0:
             fate.state, fate.signal = "signal", signal.Signals(-code).name
+            if fate.watchdog_abort:
+                fate.watchdog = self._watchdog_report(fate)
         elif failure.exists():
             data = json.loads(failure.read_text())
             fate.state = "raised"
@@ -223,6 +271,13 @@ class _Watch:
                 setattr(fate, key, data.get(key))
         else:
             fate.state = "exit"
+
+    def _watchdog_report(self, fate: RankFate) -> dict | None:
+        stderr = self.context.stderrs.get(fate.local_rank)
+        try:
+            return read_watchdog_report(Path(stderr).read_text(errors="replace")) if stderr else None
+        except OSError:
+            return None
 
     def stop_running(self, grace_s: float) -> None:
         """SIGTERM every running rank's process group, SIGKILL after `grace_s` (PyTorch's
@@ -302,7 +357,11 @@ def run_ranks(target: str, args: tuple, layout: NodeLayout, policy: FailurePolic
     try:
         with _signals_end_the_wait():
             watch = _Watch(_start(target, args, layout, policy, workdir), layout, workdir)
-            stop, began = _supervise(watch, nodes, policy)
+            copy = _StderrCopy(dict(watch.context.stderrs))
+            try:
+                stop, began = _supervise(watch, nodes, policy)
+            finally:
+                copy.close()
         fates = list(watch.fates.values())
         nodes.tell_ended(fates)
         remote, silent = nodes.other_nodes(policy.failure_timeout_s)
