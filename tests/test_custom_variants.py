@@ -5,7 +5,7 @@ import pytest
 
 from flashwatt.kernels.custom_variants import (
     DEFAULT_TILE, HOPPER_MATH, LOCKSTEP, PING_PONG, TILES, VARIANTS, WARP_SPECIALIZED, WARP_SPECIALIZED_PING_PONG,
-    WGMMA, WGMMA_DEFAULT_TILE, WS_SCHEDULES, default_tile, parse_variant,
+    RSUM_MAX_KEYS, WGMMA, WGMMA_DEFAULT_TILE, WGMMA_FP8_RSUM, WS_SCHEDULES, default_tile, parse_variant,
 )
 
 HOPPER, AMPERE, ADA = (9, 0), (8, 0), (8, 9)
@@ -96,6 +96,17 @@ def test_refusals_name_the_problem():
         parse_variant("wgmma_m192_n64_s2", "bf16", 64, HOPPER)
     with pytest.raises(ValueError, match="fp32"):
         parse_variant("wgmma_m128_n128_s2", "fp32", 64, HOPPER)
+
+
+def test_tiles_summing_rows_in_the_fp8_accumulator_refuse_rows_too_long_for_it():
+    rsum = [name for name, tile in TILES.items() if tile.mma == WGMMA_FP8_RSUM]
+    assert rsum
+    for name in rsum:
+        assert parse_variant(name, "fp8", 64, HOPPER, RSUM_MAX_KEYS, False).tile_name == name
+        with pytest.raises(ValueError, match=f"not {RSUM_MAX_KEYS + 1}; take its tile without _rsum"):
+            parse_variant(name, "fp8", 64, HOPPER, RSUM_MAX_KEYS + 1, True)
+        plain = name.removesuffix("_rsum")
+        assert parse_variant(plain, "fp8", 64, HOPPER, 65536, False).tile_name == plain
 
 
 def test_ping_pong_tiles_have_what_the_lagging_warpgroup_needs():

@@ -39,7 +39,7 @@ from flashwatt.attention.cell import Cell
 from flashwatt.kernels import fp8_numerics as fn
 from flashwatt.kernels.custom import Custom, flash_forward
 from flashwatt.kernels.custom_fp8 import FP8_CAPABILITY, block_descales, flash_forward_fp8, fp8_kernel_info, quantize
-from flashwatt.kernels.custom_variants import TILES, WGMMA_FP8_RSUM, WS_SCHEDULES, parse_variant
+from flashwatt.kernels.custom_variants import RSUM_MAX_KEYS, TILES, WGMMA_FP8_RSUM, WS_SCHEDULES, parse_variant
 from flashwatt.vocabulary import TOLERANCE
 
 pytestmark = [pytest.mark.gpu, pytest.mark.nvcc]  # builds the custom kernels
@@ -167,6 +167,10 @@ def test_matrix(tile, D, causal, L):
         return refused(lambda: flash_forward_fp8(*args, causal, tile))
     if D not in TILES[tile].head_dims:  # the three-consumer tiles: head dim 64 only
         with pytest.raises(ValueError, match=rf"built for head_dim \(64,\), not {D}"):
+            flash_forward_fp8(*args, causal, tile)
+        return
+    if TILES[tile].mma == WGMMA_FP8_RSUM and L > RSUM_MAX_KEYS:
+        with pytest.raises(ValueError, match=rf"accurate to 1 % up to {RSUM_MAX_KEYS} keys, not {L}"):
             flash_forward_fp8(*args, causal, tile)
         return
     check(*args, causal, tile)
