@@ -28,7 +28,7 @@ run: setup
 	$(BIN)/flashwatt run $(SNAKEMAKE_ARGS)
 
 # Every test but the GPU ones, in one parallel run: unit, workflow (Snakemake end to end),
-# slow (marked: a minute or more of CPU each), nvcc (the kernels compiled for sm_80/sm_90/
+# slow (marked: a minute or more of CPU each), nvcc (the kernels compiled for sm_80/
 # sm_90a; they fail without the CUDA compiler, which CI has) and slurm (they need the
 # single-node Slurm that .ci/slurm/up.sh starts, and down.sh stops afterwards).
 # Tests marked browser open the reports in headless Chromium, which .ci/chromium.sh installs
