@@ -92,6 +92,8 @@ def test_a_failed_rank_ends_the_cell_in_bounded_time_and_is_recorded(kind, rank,
         assert ranks["per_rank"][rank]["signal"] == "SIGKILL"
     if kind in ("oom", "backend_error", "fail_beside_blocked"):
         assert record["traceback"] and "fault_worker.py" in record["traceback"]
+        # what the rank printed reaches the cell's log (each rank's stderr goes through a file)
+        assert f"{says.split()[-1]}" in (tmp_path / "cell.log").read_text()
     blocked = rank if how == "timeout" else 1 - rank
     if kind in ("hang", "never_joins"):
         assert states[blocked] == "stopped", states  # only the supervisor could end it
