@@ -212,13 +212,17 @@ class Controller(AttentionCalls, ModelSteps):
 
     def _step_reading(self, reading: Reading) -> Reading:
         """While a step's pacing cycle is longer than a tick, the power over the last cycles
-        from the energy counter in place of the instant reading (flashwatt.control.counter_power)."""
-        self._counter.add(reading.t, reading.energy_mj)
+        from the energy counter in place of the instant reading, with the duty realized over
+        the same window (flashwatt.control.counter_power): the governor learns and acts on
+        the pair, never on the window's power against the duty set now."""
+        self._counter.add(reading.t, reading.energy_mj, self._pacer.idle_s())
         cycle = self._pacer.cycle_s
         if reading.power_w is None or cycle <= self.period_s:
             return reading
-        average = self._counter.average_w(reading.t, cycle)
-        return reading if average is None else dataclasses.replace(reading, power_w=average)
+        seen = self._counter.window(reading.t, cycle)
+        if seen is None:
+            return reading
+        return dataclasses.replace(reading, power_w=seen.watts, duty=seen.duty, window_s=seen.seconds)
 
     # ---- public --------------------------------------------------------------------------
     def set_budget(self, budget_w: float) -> None:

@@ -62,6 +62,7 @@ from flashwatt.control.shape_choices import PROBE_SAMPLES, ShapeChoices
 from flashwatt.control.shape_state import EXPLOIT, EXPLORE, PROBE, RECHECK, ShapeState
 from flashwatt.control.table_error import COUNTER_LAG, TableError
 from flashwatt.control.thermal_holding import FLOOR_ABOVE_IDLE_W, ThermalLimit
+from flashwatt.control.window_readings import WindowReadings
 
 MODES = ("budget", "energy", "static")
 # Others' watts over this share of the set point (of the power in energy mode): the model
@@ -92,6 +93,10 @@ class Reading:
     sm_clock_mhz: float | None = None
     clock_reasons: int | None = None
     error: str | None = None
+    # Set where power_w is the energy counter's average over a window of a step's pacing
+    # cycles (flashwatt.control.counter_power): the duty realized in it and its seconds.
+    duty: float | None = None
+    window_s: float | None = None
 
 
 @dataclass
@@ -110,7 +115,7 @@ class Work:
         return sum(t for _, t in self.by_key.values())
 
 
-class Governor(ShapeChoices, PowerHolding, TableError):
+class Governor(ShapeChoices, PowerHolding, TableError, WindowReadings):
     def __init__(self, mode: str, candidates: list[Configuration] | Callable[[tuple], list[Configuration]], *,
                  budget_w: float | None = None, idle_w: float | None = None, limit_w: float | None = None,
                  max_slowdown: float | None = None, static_duty: float = 1.0, margin: float = 0.02,
@@ -186,6 +191,7 @@ class Governor(ShapeChoices, PowerHolding, TableError):
         # shapes (whose readings scatter more); `noise` is the one for what runs now.
         self._noise_by_mix = {False: ReadingNoise(idle_w), True: ReadingNoise(idle_w, MIX_PRIOR_SHARE)}
         self._init_table_error()
+        self._init_window_readings()
         self._last_reading: float | None = None  # the reading before (two in a row over the budget cut)
         self._settled_since: float | None = None
         self.last_valid_t: float | None = None
@@ -303,6 +309,7 @@ class Governor(ShapeChoices, PowerHolding, TableError):
     def tick(self, reading: Reading, work: Work) -> dict:
         """Take one reading and the work since the last tick; set the duty; return a trace row."""
         now = reading.t
+        self._take_window(reading, work)
         dt = 0.1 if self._last_tick_t is None else max(1e-3, now - self._last_tick_t)
         self._last_tick_t = now
         power = reading.power_w
@@ -344,7 +351,10 @@ class Governor(ShapeChoices, PowerHolding, TableError):
                     # board draws now, at the set point less the watts of others
                     # (flashwatt.control.table_error: both learned from the readings, averaged).
                     # A tick without a reading leaves the duty alone.
-                    self.loop.update(self._aim_w(), self.power_filtered, dt, self._feed_forward(table))
+                    feed_forward = self._feed_forward(table)
+                    if feed_forward is None:  # no table yet: a window's line from idle, if the reading is one
+                        feed_forward = self._window_duty(power)
+                    self.loop.update(self._aim_w(), self.power_filtered, dt, feed_forward)
                     self._cut_overshoot(power, table)
                 self._tenant_step = False
         dominant = self._dominant(work)
@@ -398,6 +408,9 @@ class Governor(ShapeChoices, PowerHolding, TableError):
         same = single is not None and single == self._last_single
         self._last_single, self._prev_duty, self._last_duty = single, self._last_duty, self.loop.duty
         if power is None or self.idle_w is None or self.mode == "static":
+            return
+        if self._window is not None:  # a window of pacing cycles (flashwatt.control.window_readings)
+            self._learn_window(power)
             return
         self._record_counter(self.model.power.get(single) if single is not None else (
             self.model.mix_power if len(shapes) > 1 and self.model.mix_power.bins else None))

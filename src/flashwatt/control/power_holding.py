@@ -187,14 +187,14 @@ class PowerHolding:
             return
         if self._just_changed():
             return  # a step or a switch just moved the duty: this reading is from before it
-        ours = self.table_power(table, self.loop.duty)
+        ours = self.table_power(table, self._ran_duty())
         if ours is not None:
             excess = power - ours - self.offset_w
             if excess > 0:
                 self._take_step(excess, ours)
             duty = self._feed_forward(table)
         else:
-            duty = self.loop.duty * (max(0.0, self.setpoint_w - self.idle_w) / (power - self.idle_w)) ** (1 / PRIOR_EXPONENT)
+            duty = self._ran_duty() * (max(0.0, self.setpoint_w - self.idle_w) / (power - self.idle_w)) ** (1 / PRIOR_EXPONENT)
         if duty is None or duty >= self.loop.duty:
             return
         self.loop.reset(duty)

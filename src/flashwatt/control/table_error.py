@@ -88,7 +88,7 @@ class TableError:
     def _observe(self, power: float, table, steady: bool) -> bool:
         """Take one reading's innovation into the others' watts or the share. Whether the tick
         may be learned from (no step of others' watts being taken in)."""
-        ours = self.table_power(table, self.loop.duty)
+        ours = self.table_power(table, self._ran_duty())
         if ours is None:
             return True
         # (a tenant's watts scatter as ours do: the noise is that of everything on the board)
