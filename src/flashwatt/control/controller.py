@@ -216,7 +216,9 @@ class Controller(AttentionCalls, ModelSteps):
         the same window (flashwatt.control.counter_power): the governor learns and acts on
         the pair, never on the window's power against the duty set now."""
         self._counter.add(reading.t, reading.energy_mj, self._pacer.idle_s())
-        cycle = self._pacer.cycle_s
+        # (a step's own phases, forward, backward, optimizer, draw differently: a step longer
+        # than a tick is a cycle too, however finely its pacing points idle it)
+        cycle = max(self._pacer.cycle_s, self._pacer.step_s)
         if reading.power_w is None or cycle <= self.period_s:
             return reading
         seen = self._counter.window(reading.t, cycle)

@@ -103,6 +103,8 @@ class Pacer:
         self._sleeping: tuple[float, float] | None = None  # (start, slept_s then) of the slice being slept
         self.points = 0  # pacing points reached (steps)
         self.cycle_s = 0.0  # a step's pacing cycle: seconds between the starts of two payments (averaged)
+        self.step_s = 0.0  # seconds between the starts of two steps, their idle included (averaged)
+        self._step_t: float | None = None
         self._last_pay_t: float | None = None
         self._owed_busy_s = 0.0
         self._in_flight: collections.deque = collections.deque()  # (stamp, estimated GPU seconds)
@@ -145,7 +147,10 @@ class Pacer:
     # ---- steps -----------------------------------------------------------------------------
     def resume(self) -> None:
         """The GPU is busy from now (a step starts)."""
-        self._resumed_t = self.clock()
+        self._resumed_t = now = self.clock()
+        if self._step_t is not None:
+            self.step_s += 0.3 * ((now - self._step_t) - self.step_s)
+        self._step_t = now
 
     def point(self, drained: Callable[[], None] | None = None) -> float:
         """A pacing point of a step: the seconds slept here (0 at full duty, inside a capture or
