@@ -33,10 +33,28 @@ def steps_per_s(trace, after_s: float) -> float:
     return late["tokens"].sum() / 8192 / (late["t"].iloc[-1] - late["t"].iloc[0] + 0.1)
 
 
-def static_point(label: str, duty: float, blocks: int = 16) -> tuple[float, float]:
+def between_steps_only(ctl, gpu: SimStepGpu):
+    """The board's step run as a graphed or compiled step is: its pacing points report a
+    capture (as torch.compile's tracing or a graph capture does), so it is paced between
+    steps only."""
+    inside = {"step": False}
+    ctl._pacer.capturing = lambda: inside["step"]
+    body = gpu.step_fn(ctl)
+
+    def step(plan):
+        inside["step"] = True
+        try:
+            return body(plan)
+        finally:
+            inside["step"] = False
+    return step
+
+
+def static_point(label: str, duty: float, blocks: int = 16, paced_inside: bool = True) -> tuple[float, float]:
     """(average W, steps/s) of one static configuration and duty: a point of the front."""
     gpu = SimStepGpu(Plant(PROFILES), STEP, blocks=blocks)
-    trace = run_steps(sim_controller(gpu, "static", None, configuration=label, duty=duty), gpu, 8.0)
+    ctl = sim_controller(gpu, "static", None, configuration=label, duty=duty)
+    trace = run_steps(ctl, gpu, 8.0, step=None if paced_inside else between_steps_only(ctl, gpu))
     late = trace[trace["t"] > 2]
     watts = (late["true_energy_mj"].iloc[-1] - late["true_energy_mj"].iloc[0]) / 1e3 / (late["t"].iloc[-1] - late["t"].iloc[0])
     return watts, steps_per_s(trace, 2)
@@ -46,6 +64,13 @@ def static_point(label: str, duty: float, blocks: int = 16) -> tuple[float, floa
 def front():
     """The static front of (micro-batches x pacing), every point measured as a run."""
     return [static_point(label, duty) for label in STEP for duty in np.arange(1.0, 0.05, -0.1)]
+
+
+@pytest.fixture(scope="module")
+def front_between_steps():
+    """The same front with the step paced between steps only (a compiled or graphed step)."""
+    return [static_point(label, duty, blocks=8, paced_inside=False) for label in STEP
+            for duty in np.arange(1.0, 0.05, -0.1)]
 
 
 def best_static(points, budget: float) -> float:
@@ -118,24 +143,90 @@ def test_energy_mode_runs_steps_at_full_duty():
 def test_a_step_inside_a_capture_or_compiled_region_is_paced_between_steps_only():
     gpu = SimStepGpu(Plant(PROFILES), STEP, blocks=8)
     ctl = sim_controller(gpu, budget_w=350.0)
-    inside = {"step": False}
-    ctl._pacer.capturing = lambda: inside["step"]  # as torch.compile's tracing or a graph capture reports
-    body = gpu.step_fn(ctl)
-
-    def step(plan):
-        inside["step"] = True
-        try:
-            return body(plan)
-        finally:
-            inside["step"] = False
-
-    trace = with_counter(run_steps(ctl, gpu, 20.0, step=step))
+    trace = with_counter(run_steps(ctl, gpu, 20.0, step=between_steps_only(ctl, gpu)))
     assert ctl._pacer.points == ctl.calls  # only the points between steps counted
     assert ctl.slept_s > 0  # and they paced
     late = trace[trace["t"] > 8]
     assert late["duty"].mean() < 0.7
+    # no limit cycle: the loop reads the counter's window against the duty realized in it
+    # (read against the duty set now, it swung from 0.01 to 0.89 every 2.6 s)
+    assert late["duty"].max() - late["duty"].min() < 0.2, late["duty"].describe()
     windows = window_power(trace)
-    assert (windows[windows["start"] >= 8]["power_w"] <= 350 * 1.03).mean() >= 0.8
+    assert (windows[windows["start"] >= 8]["power_w"] <= 350 * 1.03).mean() >= 0.95
+
+
+@pytest.mark.parametrize("budget", [300.0, 450.0, 600.0])
+def test_steps_paced_between_steps_only_use_the_budget(front_between_steps, budget):
+    """A 0.2 s step paced only between steps draws 570-650 W for its length, then idles: the
+    steady throughput is that of the fastest static point within the budget. Its 1 s windows
+    hold one or two busy phases (at 300 W a cycle is 0.65 s), so they scatter by about 45 W
+    whatever the controller does: the margin widens for them, and at 300 W about one window
+    in seven is still over the budget's 3%."""
+    gpu = SimStepGpu(Plant(PROFILES), STEP, blocks=8)
+    ctl = sim_controller(gpu, budget_w=budget, knobs=KNOBS)
+    trace = with_counter(run_steps(ctl, gpu, 30.0, step=between_steps_only(ctl, gpu)))
+    assert ctl._pacer.points == ctl.calls
+    windows = window_power(trace)
+    steady = windows[windows["start"] >= 10]
+    assert (steady["power_w"] <= budget * 1.03).mean() >= 0.8, steady
+    assert (steady["power_w"] <= budget * 1.05).all(), steady
+    speed = steps_per_s(trace, 10)
+    best = best_static(front_between_steps, budget)
+    assert speed >= 0.95 * best, (speed, best)
+
+
+# A longer step whose phases draw differently, as a model's training step does: forward
+# blocks lighter, backward blocks heavier (the board's cap clips them), and an optimizer tail
+# with no pacing point in it.
+PHASED = {"unchanged": StepProfile(0.5, 600.0), "unchanged x2": StepProfile(0.52, 540.0)}
+PHASES = [0.7] * 8 + [1.25] * 16
+TAIL = 0.15  # of the step's seconds, at 1.1 x its watts
+
+
+def phased_step(ctl, gpu: SimStepGpu):
+    def step(plan):
+        profile = PHASED[plan.label]
+        for scale in PHASES:
+            ctl.pace()
+            gpu.advance(profile.seconds * (1 - TAIL) / len(PHASES), profile.watts * scale)
+        gpu.advance(profile.seconds * TAIL, profile.watts * 1.1)
+        gpu.steps += 1
+        return gpu.steps
+    return step
+
+
+@pytest.fixture(scope="module")
+def phased_front():
+    points = []
+    for label in PHASED:
+        for duty in np.arange(1.0, 0.05, -0.05):
+            gpu = SimStepGpu(Plant(PROFILES), PHASED)
+            ctl = sim_controller(gpu, "static", None, configuration=label, duty=duty)
+            trace = run_steps(ctl, gpu, 10.0, step=phased_step(ctl, gpu))
+            late = trace[trace["t"] > 2]
+            joules = (late["true_energy_mj"].iloc[-1] - late["true_energy_mj"].iloc[0]) / 1e3
+            points.append((joules / (late["t"].iloc[-1] - late["t"].iloc[0]), steps_per_s(trace, 2)))
+    return points
+
+
+@pytest.mark.parametrize("budget, share", [(300.0, 0.8), (450.0, 0.9), (600.0, 0.95)])
+def test_a_step_whose_phases_draw_differently_uses_the_budget(phased_front, budget, share):
+    """Paced inside the step, its payment cycle is short, but a heavy phase read alone is
+    over the budget: read tick by tick it was taken for another tenant's watts (50-110 W),
+    and the steps made 0.09 and 0.41 of the best static throughput at 300 and 450 W. Read
+    over whole steps, against the duty realized in them, no tenant is seen. What is left of
+    the gap is the margin: a 1 s window holds a varying share of the heavy phases of a step
+    of about 1.2 s, those windows scatter, and the set point keeps 2.5 deviations of them
+    under the budget (the margin widens to 6-8% at 300-450 W)."""
+    gpu = SimStepGpu(Plant(PROFILES), PHASED)
+    ctl = sim_controller(gpu, budget_w=budget, knobs=KNOBS)
+    trace = with_counter(run_steps(ctl, gpu, 40.0, step=phased_step(ctl, gpu)))
+    steady = window_power(trace)
+    steady = steady[steady["start"] >= 15]
+    assert (steady["power_w"] <= budget * 1.03).mean() >= 0.95, steady
+    assert trace[trace["t"] > 15]["offset_w"].max() < 25.0  # no tenant seen: none is there
+    speed = steps_per_s(trace, 15)
+    assert speed >= share * best_static(phased_front, budget), (speed, best_static(phased_front, budget))
 
 
 def test_micro_batches_need_a_step_function_that_takes_the_plan():

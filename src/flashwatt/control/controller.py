@@ -212,13 +212,19 @@ class Controller(AttentionCalls, ModelSteps):
 
     def _step_reading(self, reading: Reading) -> Reading:
         """While a step's pacing cycle is longer than a tick, the power over the last cycles
-        from the energy counter in place of the instant reading (flashwatt.control.counter_power)."""
-        self._counter.add(reading.t, reading.energy_mj)
-        cycle = self._pacer.cycle_s
+        from the energy counter in place of the instant reading, with the duty realized over
+        the same window (flashwatt.control.counter_power): the governor learns and acts on
+        the pair, never on the window's power against the duty set now."""
+        self._counter.add(reading.t, reading.energy_mj, self._pacer.idle_s())
+        # (a step's own phases, forward, backward, optimizer, draw differently: a step longer
+        # than a tick is a cycle too, however finely its pacing points idle it)
+        cycle = max(self._pacer.cycle_s, self._pacer.step_s)
         if reading.power_w is None or cycle <= self.period_s:
             return reading
-        average = self._counter.average_w(reading.t, cycle)
-        return reading if average is None else dataclasses.replace(reading, power_w=average)
+        seen = self._counter.window(reading.t, cycle)
+        if seen is None:
+            return reading
+        return dataclasses.replace(reading, power_w=seen.watts, duty=seen.duty, window_s=seen.seconds)
 
     # ---- public --------------------------------------------------------------------------
     def set_budget(self, budget_w: float) -> None:

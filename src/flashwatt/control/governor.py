@@ -1,6 +1,8 @@
 """The decisions of the power-aware controller, free of torch and of NVML: the loop and the
 budget here; choosing a configuration per call shape in flashwatt.control.shape_choices;
-moving the duty to hold the budget between ticks in flashwatt.control.power_holding.
+moving the duty to hold the budget between ticks in flashwatt.control.power_holding; what
+the tables do not explain (the board's drift, other tenants' watts) in
+flashwatt.control.table_error; how noisy one reading is in flashwatt.control.reading_noise.
 
 The `Governor` is fed two things: each sensor tick's reading (about 10 Hz) with the work
 done since the last tick, and GPU-time samples of single calls. From them it keeps the
@@ -28,9 +30,12 @@ above `hysteresis`, so two configurations of near-equal merit never alternate. A
 step (a change of STEP_MIN_W or more) re-decides at once and moves the duty at once, from
 the configuration's duty -> power table; smaller changes (a ramp) are tracked by the loop.
 
-Others' watts: what the running configuration's table does not explain is another
-tenant's; a step in it is taken whole (the duty follows at once), and while it is on the
-board nothing is learned (docs/control.md, "Others' watts").
+Others' watts: what the running configuration's table does not explain is the board's
+drift (a share of the table's watts) or another tenant's; a step in it is taken whole as a
+tenant's (the duty follows at once), and while one is on the board nothing is learned
+(docs/control.md, "What the tables miss"). The tables learn from the energy counter over the last
+ticks at one duty (steadier than one reading), a few ticks late and only if no tenant's step
+came meanwhile.
 
 Telemetry failure: when no valid reading arrives for `stale_s`, the governor falls back to
 the most frugal operating point it knows (the configuration and duty with the lowest power
@@ -51,25 +56,30 @@ from flashwatt.control.configuration import Configuration, ControlError
 from flashwatt.control.duty_loop import DutyLoop
 from flashwatt.control.model import DUTY_BINS, OnlineModel
 from flashwatt.control.power_bound import prior_duty
-from flashwatt.control.power_holding import NOISE_CLIP_W, PowerHolding
+from flashwatt.control.power_holding import PowerHolding
+from flashwatt.control.reading_noise import MIX_PRIOR_SHARE, ReadingNoise
 from flashwatt.control.shape_choices import PROBE_SAMPLES, ShapeChoices
 from flashwatt.control.shape_state import EXPLOIT, EXPLORE, PROBE, RECHECK, ShapeState
+from flashwatt.control.table_error import COUNTER_LAG, TableError
 from flashwatt.control.thermal_holding import FLOOR_ABOVE_IDLE_W, ThermalLimit
+from flashwatt.control.window_readings import WindowReadings
 
 MODES = ("budget", "energy", "static")
-# The model learns from a tick only while the estimate of the watts it cannot explain moved
-# less than this (or twice the readings' noise) in the tick.
-OFFSET_SETTLED_W = 5.0
-# A change of the unexplained watts this large in one tick is a tenant arriving or leaving.
-TENANT_STEP_W = 25.0
 # Others' watts over this share of the set point (of the power in energy mode): the model
 # learns nothing (Governor._others_present).
 OTHERS_PRESENT = 0.05
-# For this long after a switch, a difference between power and the table is the table's to
-# learn, not the others' watts.
-TABLE_FIRST_S = 1.0
 # After a budget step, the runner-up is re-checked this soon (once the loop has settled).
 RECHECK_AFTER_STEP_S = 1.5
+# The set point's margin keeps this many standard deviations of the 1 s averages of power
+# under the budget plus the tolerance the budget is judged with (flashwatt.control.metrics).
+MARGIN_SIGMAS = 2.5
+WINDOW_TOLERANCE = 0.03
+# The sensor's period, seconds (flashwatt.control.sensor): one tick.
+SENSOR_PERIOD_S = 0.1
+# Weight of a new reading in the filtered power (what settling and a budget step read), and
+# the filtered power's scatter for a reading's: sqrt(w / (2 - w)).
+FILTER_NEW = 0.5
+FILTERED_SPREAD = (FILTER_NEW / (2 - FILTER_NEW)) ** 0.5
 
 
 @dataclass
@@ -83,6 +93,10 @@ class Reading:
     sm_clock_mhz: float | None = None
     clock_reasons: int | None = None
     error: str | None = None
+    # Set where power_w is the energy counter's average over a window of a step's pacing
+    # cycles (flashwatt.control.counter_power): the duty realized in it and its seconds.
+    duty: float | None = None
+    window_s: float | None = None
 
 
 @dataclass
@@ -101,7 +115,7 @@ class Work:
         return sum(t for _, t in self.by_key.values())
 
 
-class Governor(ShapeChoices, PowerHolding):
+class Governor(ShapeChoices, PowerHolding, TableError, WindowReadings):
     def __init__(self, mode: str, candidates: list[Configuration] | Callable[[tuple], list[Configuration]], *,
                  budget_w: float | None = None, idle_w: float | None = None, limit_w: float | None = None,
                  max_slowdown: float | None = None, static_duty: float = 1.0, margin: float = 0.02,
@@ -134,7 +148,13 @@ class Governor(ShapeChoices, PowerHolding):
         self.margin = margin  # base_margin, widened while 1 s averages of power spread (see _adapt_margin)
         self._energy: collections.deque = collections.deque(maxlen=40)  # (t, joules, set point, budget)
         self._debt_j = 0.0  # energy the last second drew over its budget (see _aim_w)
-        self._window_w: collections.deque = collections.deque(maxlen=30)  # 1 s averages less the set point, one per tick
+        self._counter_last: tuple | None = None  # (t, joules) of the last read of the energy counter
+        self._stall_j = 0.0  # joules a stalled read of the counter held back, until it catches up
+        self._stalls: collections.deque = collections.deque(maxlen=20)  # (t, joules) of stalled reads
+        # (t, joules) the counter will put in the windows starting then (a stall, a step down)
+        self._held_back: collections.deque = collections.deque(maxlen=20)
+        self._recent_w: collections.deque = collections.deque()  # (t, filtered power) of the last second
+        self._window_w: collections.deque = collections.deque(maxlen=30)  # 1 s averages less the aim, one per tick
         self._quiet_since: float | None = None  # windows from here on hold no step of ours
         self.dwell_s = dwell_s
         self.explore_dwell_s = explore_dwell_s
@@ -156,6 +176,7 @@ class Governor(ShapeChoices, PowerHolding):
         self._events: list[str] = []
         self._last_single: tuple | None = None  # the (shape, config) of the last tick, if only one ran
         self._several_shapes = False  # the last tick with work ran several shapes
+        self._fresh_table_t = -float("inf")  # when another table last took over (power_holding._aim_w)
         self._tenant_step = False  # this tick saw a step in the watts of others
         self._offset_moved_t = -float("inf")  # when the estimate of the others' watts last moved
         self.thermal: ThermalLimit | None = None  # the temperature loop (flashwatt.control.thermal_holding)
@@ -166,7 +187,12 @@ class Governor(ShapeChoices, PowerHolding):
             if mode == "budget":
                 self.loop.duty = self._start_duty()  # start low, let the loop climb
         self.power_filtered: float | None = None
-        self._noise_w = 0.0  # mean absolute deviation of readings from the filtered power
+        # How far one reading strays from the board's power: one shape's calls, and a mix of
+        # shapes (whose readings scatter more); `noise` is the one for what runs now.
+        self._noise_by_mix = {False: ReadingNoise(idle_w), True: ReadingNoise(idle_w, MIX_PRIOR_SHARE)}
+        self._init_table_error()
+        self._init_window_readings()
+        self._last_reading: float | None = None  # the reading before (two in a row over the budget cut)
         self._settled_since: float | None = None
         self.last_valid_t: float | None = None
         self.fallback_reason: str | None = None
@@ -192,11 +218,18 @@ class Governor(ShapeChoices, PowerHolding):
             return
         now = self.clock()
         self._events.append(f"budget {budget_w:.0f} W")
+        if budget_w < before and self._recent_w and self.mode == "budget":
+            # The counter reads COUNTER_LAG of a tick behind the board: a 1 s window that began
+            # in the last second, at up to the highest power of that second, and ends at the
+            # new budget, holds that much more than the board drew in it.
+            fall = max(0.0, max(w for _, w in self._recent_w) - self.setpoint_w)
+            self._held_back.append((now, fall * COUNTER_LAG * SENSOR_PERIOD_S))
         if self.fallback_reason is not None:
             return  # blind: the frugal fallback holds until readings return, whatever the budget
         self.loop.hold()
         self._window_w.clear()  # spread around the old budget says nothing of the new one
         self._quiet_since = now
+        self._move_share()
         switched = False
         for shape, state in list(self.shapes.items()):
             if state.phase == RECHECK:  # a re-check across a step compares nothing: back to the choice
@@ -208,6 +241,10 @@ class Governor(ShapeChoices, PowerHolding):
                 state.recheck_every_s = self.recheck_after_s
         if not switched:
             self._retarget()
+
+    @property
+    def noise(self) -> ReadingNoise:
+        return self._noise_by_mix[self._several_shapes]
 
     @property
     def held_w(self) -> float | None:
@@ -272,18 +309,27 @@ class Governor(ShapeChoices, PowerHolding):
     def tick(self, reading: Reading, work: Work) -> dict:
         """Take one reading and the work since the last tick; set the duty; return a trace row."""
         now = reading.t
+        self._take_window(reading, work)
         dt = 0.1 if self._last_tick_t is None else max(1e-3, now - self._last_tick_t)
         self._last_tick_t = now
         power = reading.power_w
         if self.thermal is not None:
             self.thermal.update(now, reading.temp_c)
-        self._adapt_margin(now, reading.energy_mj)
+        self._adapt_margin(now, self._counter_joules(now, reading.energy_mj, power))
         if power is not None:
             self.last_valid_t = now
-            if self.power_filtered is not None:  # the readings' noise, as a mean absolute deviation
-                # (clipped: a step of the load is not noise)
-                self._noise_w += 0.05 * (min(abs(power - self.power_filtered), NOISE_CLIP_W) - self._noise_w)
-            self.power_filtered = power if self.power_filtered is None else 0.3 * self.power_filtered + 0.7 * power
+            still = (abs(self.loop.duty - self._last_duty) < 0.03 and abs(self._last_duty - self._prev_duty) < 0.03
+                     and work.tokens > 0 and not self._just_changed())
+            self.noise.add(power, self.power_filtered if self.power_filtered is not None else power, still)
+            # (a reading before our first call shows the board without us: not what we hold)
+            if self.shapes:
+                self.power_filtered = power if self.power_filtered is None else (
+                    (1 - FILTER_NEW) * self.power_filtered + FILTER_NEW * power)
+                self._recent_w.append((now, self.power_filtered))
+            while self._recent_w and self._recent_w[0][0] < now - 1.0:
+                self._recent_w.popleft()
+        else:
+            self.noise.forget_previous()
         tokens_per_s = work.tokens / dt
         self._learn(work, power, tokens_per_s)
         stale = self.last_valid_t is None or now - self.last_valid_t > self.stale_s
@@ -301,15 +347,14 @@ class Governor(ShapeChoices, PowerHolding):
                 phase = self._phase()
                 if self.mode == "budget" and self.power_filtered is not None and power is not None:
                     table = self._running_table()  # what runs from now, not what ran before
-                    # The feed-forward reads the table of our own watts at the set point less the
-                    # watts of others (offset_w); the integral carries only what both got wrong.
-                    # A tick without a reading leaves the duty alone: no integration of an old error.
-                    ff = self._feed_forward(table)
-                    self.loop.update(self._aim_w(), self.power_filtered, dt, ff)
-                    if self._tenant_step and ff is not None:
-                        self.loop.reset(ff)  # the others' watts are in the feed-forward now
-                        self.loop.hold(1)
-                        self._events.append(f"others' watts now {self.offset_w:.0f} W")
+                    # The feed-forward reads the table of our own watts, scaled by the share the
+                    # board draws now, at the set point less the watts of others
+                    # (flashwatt.control.table_error: both learned from the readings, averaged).
+                    # A tick without a reading leaves the duty alone.
+                    feed_forward = self._feed_forward(table)
+                    if feed_forward is None:  # no table yet: a window's line from idle, if the reading is one
+                        feed_forward = self._window_duty(power)
+                    self.loop.update(self._aim_w(), self.power_filtered, dt, feed_forward)
                     self._cut_overshoot(power, table)
                 self._tenant_step = False
         dominant = self._dominant(work)
@@ -318,6 +363,8 @@ class Governor(ShapeChoices, PowerHolding):
             "margin": self.margin, "power_w": power, "power_filtered_w": self.power_filtered,
             "energy_mj": reading.energy_mj, "temp_c": reading.temp_c, "sm_clock_mhz": reading.sm_clock_mhz,
             "clock_reasons": reading.clock_reasons, "duty": self.loop.duty, "offset_w": self.offset_w,
+            "table_share": self.table_share, "noise_share": self.noise.share,
+            "aim_w": self._aim_w() if self.mode == "budget" and self.budget_w is not None else None,
             "temp_limit_c": self.thermal.limit_c if self.thermal is not None else None,
             "thermal_cap_w": self.thermal.cap_w if self.thermal is not None else None,
             "config": dominant.label if dominant else None, "choice": self._choice_label(),
@@ -347,6 +394,8 @@ class Governor(ShapeChoices, PowerHolding):
         single = next(iter(work.by_key)) if len(work.by_key) == 1 else None
         shapes = {shape for shape, _ in work.by_key}
         if shapes:
+            if self._several_shapes != (len(shapes) > 1):
+                self._fresh_table_t = self.clock()  # the mix's table takes over, or gives back
             self._several_shapes = len(shapes) > 1
         for shape in shapes:
             state = self.shapes.get(shape)
@@ -360,58 +409,35 @@ class Governor(ShapeChoices, PowerHolding):
         self._last_single, self._prev_duty, self._last_duty = single, self._last_duty, self.loop.duty
         if power is None or self.idle_w is None or self.mode == "static":
             return
+        if self._window is not None:  # a window of pacing cycles (flashwatt.control.window_readings)
+            self._learn_window(power)
+            return
+        self._record_counter(self.model.power.get(single) if single is not None else (
+            self.model.mix_power if len(shapes) > 1 and self.model.mix_power.bins else None))
         if same:
             table = self.model.power.get(single)
         elif len(shapes) > 1:
             table = self.model.mix_power
         else:
             return
-        # While the duty moves, the reading lags it: only a step too large for that (a tenant
-        # that left while the loop climbed) is taken, and nothing is learned.
-        if not self._track_others(power, table, steps_only=not steady_duty) or not steady_duty:
+        # While the duty moves, the reading may still show part of the duty before: only a step
+        # too large for that (a tenant that left) is taken, and nothing is learned.
+        if not self._observe(power, table, steady_duty) or not steady_duty:
             return
         if self._others_present():
             return
+        # The energy counter over the last ticks at this duty knows the board's power better
+        # than this one reading; without it (a counter that fails or stalls, a duty that
+        # just moved), the reading.
+        counted = self._counter_power(table)
+        ours = (counted if counted is not None else power) - self.offset_w
         if single is None:
-            table.add(self.loop.duty, power - self.offset_w)
+            table.add(self.loop.duty, ours)
             return
-        near_setpoint = self.setpoint_w is not None and abs(power - self.setpoint_w) <= 0.1 * self.setpoint_w
-        self.model.add_tick(*single, tokens_per_s, power - self.offset_w, self.idle_w, self.loop.duty,
+        board = ours + self.offset_w
+        near_setpoint = self.setpoint_w is not None and abs(board - self.setpoint_w) <= 0.1 * self.setpoint_w
+        self.model.add_tick(*single, tokens_per_s, ours, self.idle_w, self.loop.duty,
                             comparable=near_setpoint or self.loop.duty >= 0.98)
-
-    def _track_others(self, power: float, table, steps_only: bool = False) -> bool:
-        """Update the estimate of watts on the board that our table does not explain (another
-        tenant, warming up): an offset common to every configuration, so that a disturbance
-        is neither learned as one configuration's cost nor makes another look cheaper.
-        Whether the tick may be learned from: only once the offset has settled (while it is
-        still catching up with a tenant that came or went, power less the offset is not
-        ours, and would be written into our table, and a warm start would keep it)."""
-        expected = table.power_at(self.loop.duty, self.idle_w) if table is not None else None
-        if expected is None:
-            return True
-        if self._quiet_since is not None and self.clock() - self._quiet_since < TABLE_FIRST_S:
-            # Just after a switch (or a warm start), a difference is first the table's error
-            # (a warm start's older table, a configuration's table read at a new duty): the
-            # table learns it, the others' watts stay as they were.
-            return True
-        innovation = (power - expected) - self.offset_w
-        # (while the duty moves the reading lags it; a mix of shapes, which takes no step
-        # whole, follows the others' watts anyway, smoothed)
-        moved = 0.0 if steps_only and not self._several_shapes else 0.3 * innovation
-        # (a mix of shapes changes its watts whenever one shape changes its configuration:
-        # only a step three times as large is surely another tenant's there)
-        threshold = max(TENANT_STEP_W, 4.0 * self._noise_w) * (2.0 if steps_only else 1.0) * (
-            3.0 if self._several_shapes else 1.0)
-        if abs(innovation) > threshold and not self._just_changed():
-            # A step in watts we did not make: a tenant came or went. Take it whole now, and
-            # move the duty to meet the set point with it, instead of over several ticks.
-            moved = innovation
-            self._tenant_step = True
-        self.offset_w += moved
-        settled = abs(moved) <= max(OFFSET_SETTLED_W, 2.0 * self._noise_w)
-        if not settled:
-            self._offset_moved_t = self.clock()
-        return settled
 
     def _decide(self, now: float) -> None:
         """Per tick: advance re-checks, start one when due, and compare configurations once
@@ -427,15 +453,17 @@ class Governor(ShapeChoices, PowerHolding):
                 else:
                     self._choose(shape, state, now)
 
-    def _adapt_margin(self, now: float, energy_mj: float | None) -> None:
+    def _adapt_margin(self, now: float, joules: float | None) -> None:
         """Widen the set point's margin under the budget while the 1 s averages of power (the
-        quantity a budget is judged by, from the energy counter) spread: with a bursty
-        tenant on the board the loop cannot cancel every burst, and a set point 1.645
-        standard deviations under the budget keeps about 95% of windows within it.
+        quantity a budget is judged by, from the energy counter) spread about what the loop
+        aimed at: with a bursty tenant on the board the loop cannot cancel every burst. The
+        margin keeps MARGIN_SIGMAS standard deviations of those averages under the budget's
+        tolerance (about 0.6% of windows over it), never less than the base margin: the
+        board's own scatter (on the H100 1-2% of the budget) leaves the base margin alone.
         Windows that hold a budget step or a switch of ours are left out."""
-        if energy_mj is None or self.mode != "budget" or self.budget_w is None:
+        if joules is None or self.mode != "budget" or self.budget_w is None:
             return
-        self._energy.append((now, energy_mj / 1e3, self.setpoint_w, self.budget_w))
+        self._energy.append((now, joules, self._aim_w(), self.budget_w))
         self._update_debt(now)
         older = [(t, j) for t, j, _, _ in self._energy if t <= now - 1.0]
         if not older:
@@ -443,24 +471,27 @@ class Governor(ShapeChoices, PowerHolding):
         t0, j0 = older[-1]
         quiet = self._quiet_since is None or t0 >= self._quiet_since
         if quiet and now > t0:
-            # the window's power about the set point it was aiming at (a ramp moves both)
-            aimed = statistics.fmean(sp for t, _, sp, _ in self._energy if t > t0)
-            self._window_w.append((energy_mj / 1e3 - j0) / (now - t0) - aimed)
+            # the window's power about what the loop aimed at (a ramp, a debt move both)
+            aimed = statistics.fmean(aim for t, _, aim, _ in self._energy if t > t0)
+            self._window_w.append((joules - j0) / (now - t0) - aimed)
         if len(self._window_w) >= 10:
             spread = statistics.pstdev(self._window_w)
-            self.margin = min(self.max_margin, max(self.base_margin, 1.645 * spread / self.budget_w))
+            wanted = MARGIN_SIGMAS * spread / self.budget_w - WINDOW_TOLERANCE
+            self.margin = min(self.max_margin, max(self.base_margin, wanted))
 
     def _settled(self, now: float) -> bool:
-        """Power within 5% of the set point for the last second, and the unexplained watts on
-        the board steady for as long (while another tenant comes or goes, the model's
-        attribution is uncertain; a steady offset is taken out of every prediction alike);
-        energy mode: always."""
+        """Power within 5% of what the loop aims at (or two deviations of the filtered readings)
+        for the last second, and the unexplained watts on the board steady for as long (while
+        another tenant comes or goes, the model's attribution is uncertain; a steady offset is
+        taken out of every prediction alike); energy mode: always."""
         if self.mode != "budget":
             return True
         if now - self._offset_moved_t < 1.0:  # the others' watts moved: attribution is uncertain
             self._settled_since = None
             return False
-        if self.power_filtered is None or abs(self.power_filtered - self.setpoint_w) > 0.05 * self.setpoint_w:
+        # (the filtered readings scatter too: a band of two of their deviations at least)
+        band = max(0.05 * self.setpoint_w, 2.0 * FILTERED_SPREAD * self.noise.sigma_w(self.setpoint_w))
+        if self.power_filtered is None or abs(self.power_filtered - self._aim_w()) > band:
             self._settled_since = None
             return False
         if self._settled_since is None:

@@ -42,6 +42,12 @@ ETA_NEAR = 0.10
 BIN_AGREE = 0.10
 # Duty bins of the duty -> power table.
 DUTY_BINS = 20
+# A call this much slower than the average GPU time of its configuration is another
+# process's doing (it shares the GPU's time) unless SLOW_RUN samples in a row are: only
+# then does the average follow (a co-located tenant the others' watts did not show would
+# otherwise make a configuration look slow for every later run, through the warm start).
+SLOW_FACTOR = 1.2
+SLOW_RUN = 100
 
 
 def _ewma(old: float | None, new: float, alpha: float = ALPHA) -> float:
@@ -64,6 +70,7 @@ class Stats:
     j_power_sum: float = 0.0
     j_rate_sum: float = 0.0
     pace_efficiency: float | None = None  # tokens/s at a duty over duty x tokens/s at full duty
+    slow_samples: int = 0  # latency samples in a row far slower than the average (Stats not moved by them yet)
 
     @property
     def j_per_token(self) -> float | None:
@@ -175,6 +182,12 @@ class OnlineModel:
         if not (seconds > 0 and math.isfinite(seconds)):
             return
         s = self.entry(shape, config)
+        if s.s_per_call is not None and s.latency_samples >= 3 and seconds > SLOW_FACTOR * s.s_per_call:
+            s.slow_samples += 1
+            if s.slow_samples < SLOW_RUN:
+                return
+        else:
+            s.slow_samples = 0
         s.s_per_call = _ewma(s.s_per_call, seconds)
         s.latency_samples += 1
         s.tokens_per_call = tokens

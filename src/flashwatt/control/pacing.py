@@ -99,14 +99,27 @@ class Pacer:
         self.clock = clock
         self.sleep = sleep
         self.capturing = capturing if capturing is not None else ops.capturing
-        self.slept_s = 0.0  # idle time paid so far
+        self.slept_s = 0.0  # idle time paid so far (whole slices)
+        self._sleeping: tuple[float, float] | None = None  # (start, slept_s then) of the slice being slept
         self.points = 0  # pacing points reached (steps)
         self.cycle_s = 0.0  # a step's pacing cycle: seconds between the starts of two payments (averaged)
+        self.step_s = 0.0  # seconds between the starts of two steps, their idle included (averaged)
+        self._step_t: float | None = None
         self._last_pay_t: float | None = None
         self._owed_busy_s = 0.0
         self._in_flight: collections.deque = collections.deque()  # (stamp, estimated GPU seconds)
         self._unmarked_s = 0.0
         self._resumed_t: float | None = None
+
+    def idle_s(self) -> float:
+        """Idle time paid so far, the slice being slept included up to now: what a sensor's
+        tick, which may come in the middle of a sleep, needs to know the duty the board ran at
+        over a window (flashwatt.control.counter_power)."""
+        sleeping = self._sleeping  # one read: the sleeping thread replaces it whole
+        if sleeping is None:
+            return self.slept_s
+        start, before = sleeping
+        return before + max(0.0, self.clock() - start)
 
     def _owed_idle_s(self) -> float:
         return self._owed_busy_s * idle_ratio(self.duty())
@@ -134,7 +147,10 @@ class Pacer:
     # ---- steps -----------------------------------------------------------------------------
     def resume(self) -> None:
         """The GPU is busy from now (a step starts)."""
-        self._resumed_t = self.clock()
+        self._resumed_t = now = self.clock()
+        if self._step_t is not None:
+            self.step_s += 0.3 * ((now - self._step_t) - self.step_s)
+        self._step_t = now
 
     def point(self, drained: Callable[[], None] | None = None) -> float:
         """A pacing point of a step: the seconds slept here (0 at full duty, inside a capture or
@@ -175,9 +191,11 @@ class Pacer:
                     self._owed_busy_s = 0.0
                 break
             t0 = self.clock()
+            self._sleeping = (t0, self.slept_s)
             self.sleep(min(owed, MAX_SLICE_S))
             took = self.clock() - t0
             slept += took
+            self.slept_s += took
+            self._sleeping = None
             self._owed_busy_s -= took / ratio  # a sleep that overran paid ahead
-        self.slept_s += slept
         return slept

@@ -1,8 +1,15 @@
 """How the controller moves the duty to hold the budget, beyond the pacing loop's own
 steps: where a configuration starts (bumpless, within the power bound), the feed-forward
-from the running configuration's duty -> power table less the others' watts, what the loop
-aims at (the set point less energy a window drew over its budget), the cut of a reading
-over the budget, and the duty after a budget step.
+from the running configuration's duty -> power table (scaled by the share of its watts the
+board draws now, less the others' watts: flashwatt.control.table_error), what the loop aims
+at, the cut of a reading far over the budget, and the duty after a budget step.
+
+What the loop aims at is the set point less what the budget's 1 s windows, as the energy
+counter measures them, will hold beyond the board's power: energy a window already drew
+over its budget; a stalled read of the counter (the windows starting there count a tick
+twice); after a step down, the counter's lag (the windows starting then hold some of the
+power from before); after a switch to another table, a margin for that table's unknown
+error, fading over a second.
 
 A part of flashwatt.control.governor.Governor (a mixin): it reads the governor's model,
 loop, set point, others' watts and clock.
@@ -12,20 +19,35 @@ from __future__ import annotations
 import statistics
 
 from flashwatt.control.configuration import Configuration
+from flashwatt.control.model import DUTY_BINS
 from flashwatt.control.power_bound import PRIOR_EXPONENT, bounded_duty, prior_duty
 
-# A reading this far over the budget (and three times the readings' noise, up to
-# NOISE_ALLOWANCE of the budget) is cut at once (Governor._cut_overshoot); the noise is
-# estimated from deviations of at most NOISE_CLIP_W.
+# A reading this far over the budget and CUT_SIGMAS standard deviations of a reading's
+# noise (flashwatt.control.reading_noise), or two in a row CUT_SIGMAS_TWICE over it, is a
+# disturbance, cut at once (Governor._cut_overshoot); one reading less far over is noise
+# the loop averages.
 OVERSHOOT_CUT = 0.02
-NOISE_CLIP_W = 20.0
-NOISE_ALLOWANCE = 0.03  # of the budget, at most, for the readings' noise
+CUT_SIGMAS = 4.0
+CUT_SIGMAS_TWICE = 2.5
 # Energy drawn over the budget in the last second is repaid over this long, by at most this
 # share of the budget (Governor._aim_w).
 DEBT_REPAY_S = 0.5
 DEBT_MAX = 0.15
 # Readings this soon after a budget step or a switch still show the power from before it.
 STALE_AFTER_CHANGE_S = 0.25
+# A read of the energy counter that moved by less than this share of the idle power's energy
+# in a tick while the readings showed more than STALL_ABOVE_IDLE x the idle power: the
+# counter stalled, and the next read catches up (on the H100: 6 in 898 reads, 5 of them in
+# one run). Every 1 s window starting at the stalled read then counts a tick's energy twice,
+# so for the next second the loop aims that much lower (Governor._aim_w).
+STALL_SHARE = 0.5
+STALL_ABOVE_IDLE = 1.2
+# The feed-forward goes at most this far past the highest duty a table has seen.
+EXTRAPOLATE_DUTY = 0.1
+# After a switch to another table, the aim is lower by this share of the watts above idle,
+# fading over this long (Governor._aim_w).
+FRESH_TABLE_MARGIN = 0.05
+FRESH_TABLE_S = 1.0
 
 
 class PowerHolding:
@@ -50,20 +72,18 @@ class PowerHolding:
         room = self.setpoint_w - max(0.0, self.offset_w)
         table = self.model.power.get((shape, config))
         if table is not None and self.idle_w is not None:
-            # The table holds our own watts; offset_w the rest (another tenant, the table's
-            # error). Start where our watts plus those meet the set point; the feed-forward
-            # keeps the same compensation after the hold, and the integral keeps any
-            # difference, so neither the switch nor the end of the hold drops it.
-            duty = table.duty_for(room, self.idle_w)
-            ff = self._feed_forward(table)
+            # The table holds our own watts (scaled by the share the board draws now);
+            # offset_w the rest (another tenant). Start where our watts plus those meet the
+            # set point; the feed-forward keeps the same compensation from then on.
+            duty = self.table_duty(table, room)
             lowest = table.extrapolated_power(self.loop.d_min, self.idle_w)
             if duty is not None:
-                if lowest is not None and lowest > room:
+                if lowest is not None and self.idle_w + self.table_share * (lowest - self.idle_w) > room:
                     return False
-                self._quiet_since = self.clock()
-                self.loop.reset(duty)
-                self.loop.integral = self.loop.duty - ff if ff is not None else 0.0
-                self.loop.hold()
+                self._quiet_since = self._fresh_table_t = self.clock()
+                self._move_share()
+                duty = self.table_duty(table, room)
+                self.loop.reset(min(duty, self._feed_forward(table) or duty))
                 return True
         if self.idle_w is None:
             duty = min(self.loop.duty, self._start_duty())
@@ -83,18 +103,57 @@ class PowerHolding:
         return self._quiet_since is not None and self.clock() - self._quiet_since < STALE_AFTER_CHANGE_S
 
     def _feed_forward(self, table) -> float | None:
-        """The duty at which our table draws what the loop aims at less the watts of others."""
-        if table is None or self.idle_w is None:
-            return None
-        return table.duty_for(self._aim_w() - max(0.0, self.offset_w), self.idle_w)
+        """The duty at which our table, scaled by the share the board draws now, draws what
+        the loop aims at less the watts of others; past the highest duty the table has seen,
+        at most EXTRAPOLATE_DUTY further (its line from idle there may be far off, as near
+        the cap, where power stops rising): the table learns the new duty first."""
+        watts = self._aim_w() - max(0.0, self.offset_w)
+        duty = self.table_duty(table, watts)
+        if duty is None or not table.bins:
+            return duty
+        # (the power prior's duty is safe anywhere: it predicts more watts than any curve measured)
+        prior = prior_duty(watts, self.idle_w, self.limit_w, self.loop.d_min, self.loop.d_max)
+        return min(duty, max(max(table.bins) / DUTY_BINS + EXTRAPOLATE_DUTY, prior))
 
     def _aim_w(self) -> float:
         """What the loop aims at: the set point, less the energy the last second drew over its
         budget, repaid over DEBT_REPAY_S (a tenant that arrived, a step the loop met a tick
         late): the budget is judged by 1 s averages, and the rest of the window can still
         keep this one within it. At most DEBT_MAX of the budget: a larger excess is a tenant
-        no one can offset (the windows it makes are infeasible), not a debt to repay."""
-        return self.setpoint_w - min(DEBT_MAX * self.budget_w, self._debt_j / DEBT_REPAY_S)
+        no one can offset (the windows it makes are infeasible), not a debt to repay. Right
+        after a switch to another table (a configuration, a mix of shapes starting or
+        ending), also less FRESH_TABLE_MARGIN of the watts above idle, fading over
+        FRESH_TABLE_S: that table's error at this moment is not known yet (on the H100 a
+        table learned in an earlier run was off by 4-8%), and the share learns it meanwhile."""
+        aim = self.setpoint_w - min(DEBT_MAX * self.budget_w, self._debt_j / DEBT_REPAY_S)
+        now = self.clock()
+        # (each 1 s window starts at one read: the largest excess of any is the saving needed)
+        aim -= max((joules for t, joules in self._held_back if now - t < 1.0), default=0.0)  # over 1 s: J are W
+        since = now - self._fresh_table_t
+        if self.idle_w is not None and since < FRESH_TABLE_S:
+            aim -= FRESH_TABLE_MARGIN * max(0.0, self.setpoint_w - self.idle_w) * (1.0 - since / FRESH_TABLE_S)
+        return aim
+
+    def _counter_joules(self, now: float, energy_mj: float | None, power: float | None) -> float | None:
+        """The energy counter's joules, a stalled read (STALL_SHARE) replaced by the readings'
+        estimate until the counter catches up; a stall is remembered for _aim_w."""
+        if energy_mj is None:
+            return None
+        joules = energy_mj / 1e3
+        last, self._counter_last = self._counter_last, (now, joules)
+        if last is None or self.idle_w is None or now <= last[0]:
+            return joules + self._stall_j
+        dt = now - last[0]
+        level = self.power_filtered if self.power_filtered is not None else power
+        if self._stall_j and joules - last[1] > (level or 0.0) * dt + 0.5 * self._stall_j:
+            self._stall_j = 0.0  # caught up
+        elif joules - last[1] < STALL_SHARE * self.idle_w * dt and power is not None \
+                and power > STALL_ABOVE_IDLE * self.idle_w:
+            self._stall_j += power * dt
+            self._stalls.append((now, power * dt))
+            self._held_back.append((now, power * dt))
+            self._events.append(f"energy counter stalled: {power * dt:.0f} J held back for 1 s")
+        return joules + self._stall_j
 
     def _update_debt(self, now: float) -> None:
         window = [(t, j, b) for t, j, _, b in self._energy if t >= now - 1.0 - 1e-9]
@@ -114,32 +173,36 @@ class PowerHolding:
         return self.model.power.get(running) if running is not None else None
 
     def _cut_overshoot(self, power: float, table) -> None:
-        """A reading over the budget, beyond the readings' noise (another tenant arrived, a
-        table was wrong): the duty that meets the set point now, not after the loop's ticks. From the configuration's
-        table, taking every watt it does not explain as another tenant's; without one, by
-        the power prior's curve (which cuts more than any measured curve needs)."""
-        threshold = self.budget_w * (1 + OVERSHOOT_CUT) + min(3.0 * self._noise_w, NOISE_ALLOWANCE * self.budget_w)
-        if self.idle_w is None or power <= threshold or power <= self.idle_w:
+        """A reading over the budget beyond the readings' noise (CUT_SIGMAS deviations, or two
+        in a row CUT_SIGMAS_TWICE): a tenant arrived or a table is wrong, and the duty that
+        meets the set point is set now, not after the loop's averaging. With a table, every
+        watt it does not explain is taken as another tenant's (flashwatt.control.table_error;
+        the feed-forward then holds the duty); without one, the power prior's curve cuts
+        (more than any measured curve needs)."""
+        sigma = self.noise.sigma_w(self.power_filtered)
+        base = self.budget_w * (1 + OVERSHOOT_CUT)
+        twice = self._last_reading is not None and min(power, self._last_reading) > base + CUT_SIGMAS_TWICE * sigma
+        self._last_reading = power
+        if self.idle_w is None or power <= self.idle_w or not (power > base + CUT_SIGMAS * sigma or twice):
             return
         if self._just_changed():
             return  # a step or a switch just moved the duty: this reading is from before it
-        ours = table.power_at(self.loop.duty, self.idle_w) if table is not None else None
+        ours = self.table_power(table, self._ran_duty())
         if ours is not None:
-            duty = table.duty_for(self.setpoint_w - (power - ours), self.idle_w)
-            ff = self._feed_forward(table)
+            excess = power - ours - self.offset_w
+            if excess > 0:
+                self._take_step(excess, ours)
+            duty = self._feed_forward(table)
         else:
-            duty = self.loop.duty * (max(0.0, self.setpoint_w - self.idle_w) / (power - self.idle_w)) ** (1 / PRIOR_EXPONENT)
-            ff = None
+            duty = self._ran_duty() * (max(0.0, self.setpoint_w - self.idle_w) / (power - self.idle_w)) ** (1 / PRIOR_EXPONENT)
         if duty is None or duty >= self.loop.duty:
             return
         self.loop.reset(duty)
-        self.loop.integral = self.loop.duty - ff if ff is not None else 0.0
-        self.loop.hold(1)  # the next reading may still show power from before the cut
         self._events.append(f"cut: {power:.0f} W over the budget, duty {self.loop.duty:.2f}")
 
     def _retarget(self) -> None:
         """After a budget step with no switch: the duty for the new set point now, not a tick
-        later. From the running configuration's table (the loop's integral kept); on a step
+        later. From the running configuration's table (scaled by the share); on a step
         down, never above what the power prior's curve gives from where power is now (it
         cuts more than any measured curve needs), so a table that is wrong there, or a mix of
         shapes whose table is thin, cannot keep power over the new budget for the hold."""
@@ -149,7 +212,7 @@ class PowerHolding:
         candidates = []
         ff = self._feed_forward(self._running_table())
         if ff is not None:
-            candidates.append(ff + self.loop.integral)
+            candidates.append(ff)
         else:
             running = self._running()
             if running is not None:
@@ -163,8 +226,7 @@ class PowerHolding:
             candidates.append(self.loop.duty * min(1.0, share) ** (1 / PRIOR_EXPONENT))
         if candidates:
             self.loop.duty = min(self.loop.d_max, max(self.loop.d_min, min(candidates)))
-            if ff is None:
-                self.loop.integral = 0.0
+            self.loop.integral = 0.0
 
     def _running(self) -> tuple | None:
         """(shape, configuration) running now: the last tick's only shape with its present

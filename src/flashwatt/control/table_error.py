@@ -1,0 +1,225 @@
+"""What the running configuration's duty -> power table does not explain, in two parts: the
+board drawing a different share of the table's watts above idle for the same work (its
+temperature and clocks drift; a warm start's table is older), and other tenants' watts (an
+offset common to every configuration).
+
+Each reading is compared with what the table, scaled by the share, plus the others' watts
+predict at the duty that ran: the innovation, in units of one reading's noise
+(flashwatt.control.reading_noise; on the H100 about 10% of the watts above idle):
+
+- a step of watts we did not make (a tenant arriving or leaving) is a jump of the innovation:
+  one reading TENANT_SIGMAS deviations (and TENANT_STEP_W) off, or a run of readings whose
+  cumulative sum (a CUSUM with slack CUSUM_SLACK deviations per reading) passes CUSUM_ALARM.
+  It is taken whole into the others' watts at once, and the duty follows through the
+  feed-forward (a fall below what no tenant explains goes to the share);
+- with no other tenant on the board, the share follows what the energy counter measured over
+  the last COUNTER_WINDOW ticks against what the table predicted for the duties that ran
+  then (COUNTER_GAIN of the difference per tick): the counter integrates every millisecond,
+  so half a second of it knows the board's power to a few watts where half a second of
+  readings scatters by 15 W (H100); without a counter, the share follows the readings'
+  innovation, SHARE_GAIN of it per reading. Either way a drift of the board is followed
+  within a second, and the readings' noise does not move the duty tick by tick;
+- while others' watts are on the board they follow it instead (a tenant's load varies), and
+  the share holds.
+
+A part of flashwatt.control.governor.Governor (a mixin): it reads the governor's noise,
+offset, duty and clock.
+"""
+from __future__ import annotations
+
+TENANT_STEP_W = 25.0
+TENANT_SIGMAS = 4.0
+CUSUM_SLACK = 1.0
+CUSUM_ALARM = 3.0
+# While either CUSUM is this high, a shift may be building (a small tenant arriving): the share
+# waits rather than absorb it (it would then scale our watts at the next budget for them).
+CUSUM_HOLD = 2.5
+SHARE_GAIN = 0.12
+COUNTER_WINDOW = 5
+COUNTER_GAIN = 0.3
+COUNTER_LAG = 0.45  # of a tick: how far behind the board the counter reads (H100)
+# What the tables learn: the counter over this many ticks at one duty (within STILL_DUTY).
+LEARN_WINDOW = 3
+STILL_DUTY = 0.03
+SHARE_RANGE = (0.85, 1.15)
+# A tenant seen in a reading had been drawing for about this long (half a tick, the reading's
+# window, the board's lag) before the duty could answer it.
+ARRIVED_BEFORE_S = 0.15
+OTHERS_GAIN = 0.5  # of the innovation per reading, while others' watts are on the board
+# For this long after a switch, a budget step or a warm start, a difference is the table's
+# (read at a duty or for a configuration it has seen little of): the share learns it faster,
+# and only a step twice as large is taken for a tenant's.
+TABLE_FIRST_S = 1.0
+TABLE_FIRST_GAIN = 0.3
+# A share is learned where the board runs: a table's error is partly its own at each duty (a
+# bin seen in few ticks, pacing at low duty), so after a budget step or a switch only this
+# much of the share's distance from one is kept (Governor._move_share).
+SHARE_KEPT = 0.5
+# Watts above idle a table is read at, at least (the share is a ratio).
+MIN_ABOVE_W = 20.0
+
+
+class TableError:
+    """The governor's estimate of what its tables miss (module docstring)."""
+
+    def _init_table_error(self) -> None:
+        self.table_share = 1.0  # the share of the table's watts above idle the board draws now
+        self._cusum = [0.0, 0.0]  # (up, down) in deviations
+        self._cusum_sum = [0.0, 0.0]  # innovations (watts) summed while each CUSUM is above zero
+        self._cusum_n = [0, 0]
+        # (t, counter joules, the table's watts above idle unscaled, others' watts, table) per tick
+        self._counter_seen: list[tuple] = []
+        self._below_last = False  # the last reading showed under half the others' watts
+
+    def table_power(self, table, duty: float) -> float | None:
+        """What our configuration draws at `duty` now: its table (past the highest duty seen,
+        along the line from idle through it), scaled by the share."""
+        expected = table.extrapolated_power(duty, self.idle_w) if table is not None else None
+        if expected is None:
+            return None
+        return self.idle_w + self.table_share * (expected - self.idle_w)
+
+    def table_duty(self, table, watts: float) -> float | None:
+        """The duty at which our configuration draws `watts` now (the table, scaled)."""
+        if table is None or self.idle_w is None:
+            return None
+        return table.duty_for(self.idle_w + (watts - self.idle_w) / self.table_share, self.idle_w)
+
+    def _observe(self, power: float, table, steady: bool) -> bool:
+        """Take one reading's innovation into the others' watts or the share. Whether the tick
+        may be learned from (no step of others' watts being taken in)."""
+        ours = self.table_power(table, self._ran_duty())
+        if ours is None:
+            return True
+        # (a tenant's watts scatter as ours do: the noise is that of everything on the board)
+        sigma = self.noise.sigma_w(ours + max(0.0, self.offset_w))
+        innovation = power - ours - self.offset_w
+        table_first = self._quiet_since is not None and self.clock() - self._quiet_since < TABLE_FIRST_S
+        # (a mix of shapes changes its watts whenever one shape changes its configuration:
+        # only a step twice as large is surely another tenant's there; while the duty moves,
+        # or right after a switch, the reading may still show part of what ran before)
+        scale = (2.0 if self._several_shapes else 1.0) * (1.0 if steady else 1.5) * (1.5 if table_first else 1.0)
+        step = self._step(innovation, sigma, scale)
+        if step is None and self.offset_w > TENANT_STEP_W and innovation < -0.5 * self.offset_w \
+                and self._below_last:
+            step = innovation  # two readings in a row without half the others' watts: they left
+        self._below_last = self.offset_w > TENANT_STEP_W and innovation < -0.5 * self.offset_w
+        if step is not None and not self._just_changed():
+            self._take_step(step, ours)
+            return False
+        bounded = max(-3.0 * sigma, min(3.0 * sigma, innovation))
+        counted = self._counter_window()
+        if self._others_present():
+            # their load varies, and faster than the counter's window: follow the readings
+            self.offset_w += OTHERS_GAIN * bounded
+        elif max(self._cusum) > CUSUM_HOLD:
+            pass  # a shift may be building: the step detection decides first
+        elif counted is not None:
+            self._follow_share((counted[0] - max(0.0, self.offset_w)) / counted[1], counted[1], ours)
+        elif steady and not self._just_changed():
+            gain = TABLE_FIRST_GAIN if table_first else SHARE_GAIN
+            self._set_share(self.table_share * (1.0 + gain * bounded / max(MIN_ABOVE_W, ours - self.idle_w)))
+        return True
+
+    def _follow_share(self, measured: float, predicted_w: float, ours: float) -> None:
+        """Move the share towards what the counter measured. Past SHARE_RANGE's top, the
+        board draws more than any drift of ours explains: the rest is another tenant's
+        (one that arrived with a budget step, or while the board was at its cap, where its
+        readings could not show a step), taken into the others' watts."""
+        excess = (measured - SHARE_RANGE[1]) * predicted_w
+        if excess > TENANT_STEP_W:
+            self._set_share(SHARE_RANGE[1])
+            self._take_step(excess, ours)
+            return
+        self._set_share(self.table_share + COUNTER_GAIN * (measured - self.table_share))
+
+    def _move_share(self) -> None:
+        """The board moves to another operating point (a budget step, a switch): the share
+        learned where it ran transfers in part (SHARE_KEPT)."""
+        self.table_share = 1.0 + SHARE_KEPT * (self.table_share - 1.0)
+
+    def _set_share(self, share: float) -> None:
+        self.table_share = min(SHARE_RANGE[1], max(SHARE_RANGE[0], share))
+
+    def _record_counter(self, table) -> None:
+        """Remember this tick for the counter's share: the counter's joules now, and the watts
+        above idle the table of what ran since the tick before predicts at the duty that ran
+        (None where nothing known ran alone)."""
+        read = self._energy[-1] if self._energy and self._energy[-1][0] == self.clock() else None
+        expected = table.extrapolated_power(self.loop.duty, self.idle_w) if table is not None else None
+        above = expected - self.idle_w if expected is not None else None
+        entry = (self.clock(), read[1] if read else None, above, self.offset_w, table, self.loop.duty)
+        self._counter_seen = [*self._counter_seen[-COUNTER_WINDOW:], entry]
+
+    def _counter_power(self, table) -> float | None:
+        """The board's watts by the energy counter over the last LEARN_WINDOW ticks, where all
+        of them ran `table`'s configuration at one duty (within STILL_DUTY), the others' watts
+        held and the counter did not stall: what a table learns, far steadier than one reading
+        (on the H100 0.3 s of the counter scatter by about 3% of the watts above idle where a
+        reading scatters by 10%). None otherwise."""
+        window = self._counter_seen[-(LEARN_WINDOW + 1):]
+        if len(window) <= LEARN_WINDOW or any(e[1] is None or e[4] is not table for e in window):
+            return None
+        if any(e[3] != window[0][3] or abs(e[5] - window[-1][5]) > STILL_DUTY for e in window):
+            return None
+        if self._stall_j or any(window[0][0] <= t for t, _ in self._stalls):
+            return None
+        seconds = window[-1][0] - window[0][0]
+        return (window[-1][1] - window[0][1]) / seconds if seconds > 0 else None
+
+    def _counter_window(self) -> tuple[float, float] | None:
+        """(watts above idle the energy counter measured, watts above idle the tables predicted
+        for the duties that ran) over the last COUNTER_WINDOW ticks (the counter shows the
+        energy of about COUNTER_LAG of a tick before: each tick's prediction is blended with
+        the one before); None unless every tick of the window is known and the counter did
+        not stall."""
+        window = self._counter_seen
+        if len(window) <= COUNTER_WINDOW or any(e[1] is None or e[2] is None for e in window):
+            return None
+        if self._stall_j or any(window[0][0] <= t for t, _ in self._stalls):
+            return None
+        seconds = window[-1][0] - window[1][0]
+        predicted = sum((1 - COUNTER_LAG) * e[2] + COUNTER_LAG * before[2]
+                        for before, e in zip(window[1:], window[2:])) / (COUNTER_WINDOW - 1)
+        if seconds <= 0 or predicted < MIN_ABOVE_W:
+            return None
+        return (window[-1][1] - window[1][1]) / seconds - self.idle_w, predicted
+
+    def _step(self, innovation: float, sigma: float, scale: float) -> float | None:
+        """The size of a step in the innovation, if this reading shows one (module docstring)."""
+        if abs(innovation) > scale * max(TENANT_STEP_W, TENANT_SIGMAS * sigma):
+            self._reset_cusum()
+            return innovation
+        z = innovation / (scale * sigma)
+        for side, signed in ((0, z), (1, -z)):
+            self._cusum[side] = max(0.0, self._cusum[side] + signed - CUSUM_SLACK)
+            if self._cusum[side] > 0.0:
+                self._cusum_sum[side] += innovation
+                self._cusum_n[side] += 1
+            else:
+                self._cusum_sum[side], self._cusum_n[side] = 0.0, 0
+            if self._cusum[side] > CUSUM_ALARM:
+                size = self._cusum_sum[side] / self._cusum_n[side]
+                self._reset_cusum()
+                return size if abs(size) >= TENANT_STEP_W else None
+        return None
+
+    def _reset_cusum(self) -> None:
+        self._cusum, self._cusum_sum, self._cusum_n = [0.0, 0.0], [0.0, 0.0], [0, 0]
+
+    def _take_step(self, step: float, ours: float) -> None:
+        """Watts we did not make came or went: the others' watts take them (never below none;
+        what falls below is our board drawing less, the share's)."""
+        taken = step if step > 0 else max(step, -max(0.0, self.offset_w))
+        self.offset_w += taken
+        rest = step - taken
+        if rest:
+            share = self.table_share * (1.0 + rest / max(MIN_ABOVE_W, ours - self.idle_w))
+            self.table_share = min(SHARE_RANGE[1], max(SHARE_RANGE[0], share))
+        self._offset_moved_t = self.clock()
+        self._tenant_step = True
+        if taken > 0:
+            # they drew since before this reading: every 1 s window holding their arrival
+            # holds that much more than we could answer, repaid over the next second
+            self._held_back.append((self.clock(), taken * ARRIVED_BEFORE_S))
+        self._events.append(f"others' watts now {self.offset_w:.0f} W")

@@ -1,0 +1,96 @@
+"""Readings that average a window of a step's pacing cycles: what the governor learns from
+them, and the duty it sets from one before a table knows the configuration.
+
+While a step's pacing cycle is longer than a tick (a step paced between steps only), the
+controller hands the governor the energy counter's average over the last cycles with the
+duty realized in that window (flashwatt.control.counter_power; `Reading.duty`,
+`Reading.window_s`). Such a reading is one exact point of the duty -> power curve, but of
+the window, not of the last tick: a tick's work is bursty (a step's tokens are credited
+while it runs, none while the pacer sleeps) and the duty the loop set a tick ago has not
+shown in it yet. So, for it:
+
+- the duty the reading was drawn at is the realized one (tables, the innovation the others'
+  watts and the share follow, a cut), never the duty set now;
+- a table learns the point with the tokens per second of the whole window, where one
+  configuration ran in every tick of the window that ran any (a switch inside the window
+  mixes two tables); a reading at one tick's duty cannot be had (the duty of the window is
+  what it is) and needs none;
+- before a table exists, the duty is the one the line from idle through the window's point
+  gives for what the loop aims at (a step's average power over whole cycles is idle plus the
+  busy share of its watts above idle: a line), at most the loop's climb above the duty now;
+  a window that shows no watts above idle (all of it slept) gives the power prior's duty,
+  which no measured curve draws more than (flashwatt.control.power_bound). An incremental
+  loop acting on a reading a second late climbs for that second and swings (on the
+  simulated board from duty 0.01 to 0.89 every 2.6 s).
+
+A part of flashwatt.control.governor.Governor (a mixin): it reads the governor's loop,
+model, offset, idle power and aim.
+"""
+from __future__ import annotations
+
+import collections
+
+from flashwatt.control.counter_power import MAX_WINDOW_S
+from flashwatt.control.power_bound import prior_duty
+
+# Watts above idle a window must show for its line from idle (as the tables' MIN_ABOVE_W).
+MIN_WINDOW_ABOVE_W = 20.0
+
+
+class WindowReadings:
+    """The governor's use of readings that average a window (module docstring)."""
+
+    def _init_window_readings(self) -> None:
+        self._window: tuple[float, float] | None = None  # (realized duty, seconds) of this tick's reading
+        self._tick_work: collections.deque = collections.deque()  # (t, (shape, config) keys, tokens) per tick
+
+    def _take_window(self, reading, work) -> None:
+        """This tick's reading and work: whether the reading averages a window, and the work
+        kept for the windows to come."""
+        averaged = reading.duty is not None and reading.window_s and reading.power_w is not None
+        self._window = (reading.duty, reading.window_s) if averaged else None
+        self._tick_work.append((reading.t, frozenset(work.by_key), work.tokens))
+        while self._tick_work and self._tick_work[0][0] < reading.t - MAX_WINDOW_S - 1.0:
+            self._tick_work.popleft()
+
+    def _ran_duty(self) -> float:
+        """The duty this tick's reading was drawn at: the window's realized one, or the
+        loop's since the last tick."""
+        return self._window[0] if self._window is not None else self.loop.duty
+
+    def _window_work(self, now: float) -> tuple[tuple | None, float]:
+        """((shape, configuration) that ran alone in the window, or None; tokens per second
+        over the window)."""
+        _, seconds = self._window
+        ticks = [entry for entry in self._tick_work if entry[0] > now - seconds + 1e-9]
+        keys = frozenset().union(*(keys for _, keys, _ in ticks))
+        tokens = sum(tokens for _, _, tokens in ticks)
+        return (next(iter(keys)) if len(keys) == 1 else None), tokens / seconds
+
+    def _learn_window(self, power: float) -> None:
+        """Fold a window's reading into the model (module docstring)."""
+        self._counter_seen = []  # the per-tick counter's share reads the duty of one tick: not here
+        now = self.clock()
+        key, tokens_per_s = self._window_work(now)
+        if key is None:
+            return
+        table = self.model.power.get(key)
+        if not self._observe(power, table, True) or self._others_present():
+            return
+        ours = power - self.offset_w
+        duty = self._ran_duty()
+        near_setpoint = self.setpoint_w is not None and abs(power - self.setpoint_w) <= 0.1 * self.setpoint_w
+        self.model.add_tick(*key, tokens_per_s, ours, self.idle_w, duty, comparable=near_setpoint or duty >= 0.98)
+
+    def _window_duty(self, power: float | None) -> float | None:
+        """Without a table: the duty from the window's line from idle, or the prior's (module
+        docstring); None for a reading of one tick (the loop's own climb then)."""
+        if self._window is None or power is None or self.idle_w is None:
+            return None
+        watts = self._aim_w() - max(0.0, self.offset_w)
+        above = power - max(0.0, self.offset_w) - self.idle_w
+        duty = self._window[0]
+        if above < MIN_WINDOW_ABOVE_W or duty <= 0.0:
+            return prior_duty(watts, self.idle_w, self.limit_w, self.loop.d_min, self.loop.d_max)
+        line = duty * max(0.0, watts - self.idle_w) / above
+        return max(self.loop.d_min, min(line, self.loop.duty + self.loop.max_rise, self.loop.d_max))
