@@ -155,6 +155,23 @@ def test_a_step_inside_a_capture_or_compiled_region_is_paced_between_steps_only(
     assert (windows[windows["start"] >= 8]["power_w"] <= 350 * 1.03).mean() >= 0.95
 
 
+def test_a_step_that_barely_loads_the_board_runs_unpaced():
+    """A step whose watts stay within a few of idle (a launch-bound step, a board that does not
+    move) leaves nothing above idle in any window: the budget is far away, so the duty climbs
+    to full and stays there (it stayed at the power prior's duty for good: 0.14 here, 0.02 for
+    two 700 W boards under 400 W, where steps then slept past a collective's timeout)."""
+    plant = Plant(PROFILES)
+    # its watts are idle's: no window shows any work (a step whose few watts above idle the
+    # readings' scatter hides, a board that does not move: the CPU tests' fake NVML)
+    light = {"unchanged": StepProfile(0.2, plant.idle_w), "unchanged x2": StepProfile(0.21, plant.idle_w)}
+    gpu = SimStepGpu(plant, light, blocks=8)
+    ctl = sim_controller(gpu, budget_w=350.0)
+    trace = run_steps(ctl, gpu, 12.0, step=between_steps_only(ctl, gpu))
+    late = trace[trace["t"] > 4]
+    assert late["duty"].min() >= 0.95, late["duty"].describe()
+    assert steps_per_s(trace, 4) >= 0.9 / 0.21
+
+
 @pytest.mark.parametrize("budget", [300.0, 450.0, 600.0])
 def test_steps_paced_between_steps_only_use_the_budget(front_between_steps, budget):
     """A 0.2 s step paced only between steps draws 570-650 W for its length, then idles: the

@@ -18,8 +18,9 @@ shown in it yet. So, for it:
 - before a table exists, the duty is the one the line from idle through the window's point
   gives for what the loop aims at (a step's average power over whole cycles is idle plus the
   busy share of its watts above idle: a line), at most the loop's climb above the duty now;
-  a window that shows no watts above idle (all of it slept) gives the power prior's duty,
-  which no measured curve draws more than (flashwatt.control.power_bound). An incremental
+  a window that shows no watts above idle (all of it slept, or a step that barely loads the
+  board) gives the higher of the power prior's duty, which no measured curve draws more
+  than (flashwatt.control.power_bound), and the loop's climb from the duty now. An incremental
   loop acting on a reading a second late climbs for that second and swings (on the
   simulated board from duty 0.01 to 0.89 every 2.6 s).
 
@@ -91,6 +92,11 @@ class WindowReadings:
         above = power - max(0.0, self.offset_w) - self.idle_w
         duty = self._window[0]
         if above < MIN_WINDOW_ABOVE_W or duty <= 0.0:
-            return prior_duty(watts, self.idle_w, self.limit_w, self.loop.d_min, self.loop.d_max)
+            # No line to draw. The prior's duty is safe whatever the board; a window that ran
+            # and still shows nothing above idle says more may run: climb from there as the
+            # loop does (a step that barely loads the GPU, a board that does not move, would
+            # otherwise stay at the prior's duty for good, 0.02 at 400 W on two 700 W boards)
+            prior = prior_duty(watts, self.idle_w, self.limit_w, self.loop.d_min, self.loop.d_max)
+            return max(prior, min(self.loop.duty + self.loop.max_rise, self.loop.d_max))
         line = duty * max(0.0, watts - self.idle_w) / above
         return max(self.loop.d_min, min(line, self.loop.duty + self.loop.max_rise, self.loop.d_max))
