@@ -50,11 +50,13 @@ def between_steps_only(ctl, gpu: SimStepGpu):
     return step
 
 
-def static_point(label: str, duty: float, blocks: int = 16, paced_inside: bool = True) -> tuple[float, float]:
-    """(average W, steps/s) of one static configuration and duty: a point of the front."""
-    gpu = SimStepGpu(Plant(PROFILES), STEP, blocks=blocks)
+def static_point(label: str, duty: float, profiles: dict = STEP, blocks: int = 16, step=None,
+                 seconds: float = 8.0) -> tuple[float, float]:
+    """(average W, steps/s) of one static configuration and duty: a point of the front.
+    `step(ctl, gpu)` builds the step function (None: the board's own, paced at every block)."""
+    gpu = SimStepGpu(Plant(PROFILES), profiles, blocks=blocks)
     ctl = sim_controller(gpu, "static", None, configuration=label, duty=duty)
-    trace = run_steps(ctl, gpu, 8.0, step=None if paced_inside else between_steps_only(ctl, gpu))
+    trace = run_steps(ctl, gpu, seconds, step=None if step is None else step(ctl, gpu))
     late = trace[trace["t"] > 2]
     watts = (late["true_energy_mj"].iloc[-1] - late["true_energy_mj"].iloc[0]) / 1e3 / (late["t"].iloc[-1] - late["t"].iloc[0])
     return watts, steps_per_s(trace, 2)
@@ -69,7 +71,7 @@ def front():
 @pytest.fixture(scope="module")
 def front_between_steps():
     """The same front with the step paced between steps only (a compiled or graphed step)."""
-    return [static_point(label, duty, blocks=8, paced_inside=False) for label in STEP
+    return [static_point(label, duty, blocks=8, step=between_steps_only) for label in STEP
             for duty in np.arange(1.0, 0.05, -0.1)]
 
 
@@ -214,16 +216,8 @@ def phased_step(ctl, gpu: SimStepGpu):
 
 @pytest.fixture(scope="module")
 def phased_front():
-    points = []
-    for label in PHASED:
-        for duty in np.arange(1.0, 0.05, -0.05):
-            gpu = SimStepGpu(Plant(PROFILES), PHASED)
-            ctl = sim_controller(gpu, "static", None, configuration=label, duty=duty)
-            trace = run_steps(ctl, gpu, 10.0, step=phased_step(ctl, gpu))
-            late = trace[trace["t"] > 2]
-            joules = (late["true_energy_mj"].iloc[-1] - late["true_energy_mj"].iloc[0]) / 1e3
-            points.append((joules / (late["t"].iloc[-1] - late["t"].iloc[0]), steps_per_s(trace, 2)))
-    return points
+    return [static_point(label, duty, PHASED, step=phased_step, seconds=10.0) for label in PHASED
+            for duty in np.arange(1.0, 0.05, -0.05)]
 
 
 @pytest.mark.parametrize("budget, share", [(300.0, 0.8), (450.0, 0.9), (600.0, 0.95)])

@@ -33,9 +33,8 @@ import collections
 
 from flashwatt.control.counter_power import MAX_WINDOW_S
 from flashwatt.control.power_bound import prior_duty
-
-# Watts above idle a window must show for its line from idle (as the tables' MIN_ABOVE_W).
-MIN_WINDOW_ABOVE_W = 20.0
+# Watts above idle a window must show for its line from idle: the tables' own floor.
+from flashwatt.control.table_error import MIN_ABOVE_W
 
 
 class WindowReadings:
@@ -91,7 +90,7 @@ class WindowReadings:
         watts = self._aim_w() - max(0.0, self.offset_w)
         above = power - max(0.0, self.offset_w) - self.idle_w
         duty = self._window[0]
-        if above < MIN_WINDOW_ABOVE_W or duty <= 0.0:
+        if above < MIN_ABOVE_W or duty <= 0.0:
             # No line to draw. The prior's duty is safe whatever the board; a window that ran
             # and still shows nothing above idle says more may run: climb from there as the
             # loop does (a step that barely loads the GPU, a board that does not move, would
