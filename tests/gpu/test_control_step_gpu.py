@@ -4,8 +4,9 @@ step measured in the same process on the same GPU (the issue's targets):
 - Llama-3.2-1B training at L4096 (B2, bf16) and Llama-3-8B prefill at L8192 (B1, bf16): the
   static front of (backend x pacing x micro-batch), then budgets from 300 to 650 W and the
   energy mode, each a governed run of the same step; every run's 1 s windows within budget
-  + 3% in at least 95% of them, throughput after exploration at least 0.95 of the fastest
-  static point within the budget, the energy mode within 3% of the least-energy static
+  + 3% in at least 95% of them, throughput after exploration at least 0.95 of the front at
+  the budget (the line between its static points: pacing time-shares two of them; below the
+  lowest, the line to idle, so a budget under every point measured is judged too), the energy mode within 3% of the least-energy static
   point (and its joules per token against the PyTorch default's printed);
 - a board made hot first (full-duty steps), then held under a temperature limit a few
   degrees below where it got: the share of 1 s windows at or below the limit + 1 degC from
@@ -107,7 +108,7 @@ def study(bench: Bench, micro_batches: list[int], duties: list[float], tmp_path)
 def assert_targets(table: pd.DataFrame) -> None:
     budget = table[table["mode"] == "budget"]
     assert (budget["windows_within_pct"] >= 95.0).all(), budget
-    assert (budget["steady_vs_best_static"] >= 0.95).all(), budget
+    assert (budget["steady_vs_front"] >= 0.95).all(), budget
     energy = table[table["mode"] == "energy"].iloc[0]
     # At or below the least-energy static point (within 3%): where PyTorch's default is that
     # point the energy mode cannot beat it, and the printed vs_static_default_j says by how much.
