@@ -8,7 +8,8 @@ differs while their step takes as long. Each case writes one JSON file per rank:
 truth at every tick, its step count and idle time, its controller's trace (rank 0's holds
 every rank's readings), and what happened to the job (the fault, and whether it ended).
 
-Cases, run in order in the same processes: `nvml` (rank 1's NVML fails for a while), `die`
+Cases, run in order in the same processes: `late_rank` (that rank starts its controller
+`late_s` of real time after the others, as a rank still closing the last one does), `nvml` (rank 1's NVML fails for a while), `die`
 (rank `die_rank` exits at `die_at_s` without a word: its peers must neither hang nor go
 over budget, and end or go on as `on_peer_loss` says).
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import traceback
 from datetime import timedelta
 from pathlib import Path
@@ -36,6 +38,8 @@ def run_case(rank: int, case: dict, out: Path) -> None:
     from flashwatt.control.model_steps import PeerLost
 
     gpu = board(rank)
+    if case.get("late_rank") == rank:  # reaches the controller's setup later than a tick's timeout
+        time.sleep(case["late_s"])
     if case.get("nvml_dead_rank") == rank:
         gpu.nvml_dead = [tuple(case["nvml_dead_s"])]
     ctl = sim_controller(gpu, budget_w=case["budget_w"], group=dist.group.WORLD,

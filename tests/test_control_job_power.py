@@ -73,7 +73,9 @@ def spawn(world: int, cases: list[dict], out) -> None:
 
 @pytest.mark.parametrize("world, budget", [(2, 900.0)])
 def test_ranks_hold_one_budget_together_at_the_best_uniform_pacing(tmp_path, world, budget):
-    spawn(world, [{"name": "shared", "budget_w": budget, "seconds": 24.0}], tmp_path)
+    # the last rank reaches the controller's setup 4 s after the others, past a tick's 3 s timeout
+    spawn(world, [{"name": "shared", "budget_w": budget, "seconds": 24.0, "late_rank": world - 1, "late_s": 4.0}],
+          tmp_path)
     ranks = read(tmp_path, "shared", world)
     assert len(ranks) == world
     windows = total_windows(ranks)

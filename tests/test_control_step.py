@@ -8,6 +8,7 @@ micro-batches (a little slower, fewer watts)."""
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -299,3 +300,28 @@ def test_pacing_owes_idle_at_the_duty_in_force_when_it_pays():
     clock["t"] += 0.2  # a 0.2 s step
     slept = pacer.point()
     assert 0 < slept < 0.5  # not 0.2 x 0.99 / 0.01 = 19.8 s
+
+
+def test_a_static_front_records_a_configurations_error_on_one_rank_and_ends_on_a_jobs_fault():
+    """One GPU: a point that raises is a row with its reason, and the front goes on. A job's
+    fault (another rank stopped answering) is no configuration's: it ends the front. On
+    several ranks every error ends it, since a rank that went on to the next point would
+    leave its peers waiting at this point's collectives."""
+    from flashwatt.control.model_steps import PeerLost
+    from flashwatt.control.step_study import front_rows
+
+    def run_static(label, duty):
+        if duty == 0.5:
+            raise RuntimeError("this backend cannot run the step")
+        return {"tokens_per_s": 100.0 * duty, "avg_power_w": 300.0, "steps": 3}, pd.DataFrame({"t": [0.0]})
+
+    rows, traces = front_rows(run_static, ["a"], [1.0, 0.5, 0.3])
+    assert [r["duty"] for r in rows] == [1.0, 0.5, 0.3] and "cannot run" in rows[1]["error"] and len(traces) == 2
+    with pytest.raises(RuntimeError, match="cannot run"):
+        front_rows(run_static, ["a"], [1.0, 0.5, 0.3], ranks=2)
+
+    def peer_lost(label, duty):
+        raise PeerLost("rank 1 stopped answering")
+
+    with pytest.raises(PeerLost):
+        front_rows(peer_lost, ["a"], [1.0])

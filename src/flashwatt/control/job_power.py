@@ -46,6 +46,10 @@ ON_PEER_LOSS = ("end", "continue")
 # (bit 0 power, bit 1 energy, bit 2 temperature), closing (1).
 _SLOTS = 5
 _POWER, _ENERGY, _TEMP = 1, 2, 4
+# The setup's collective (the job's idle powers and limits, when a controller starts) waits
+# this long: the ranks reach it as each finishes what came before (the last controller's
+# close, a static point's end), seconds apart on GPUs. A tick's exchange waits timeout_s.
+SETUP_TIMEOUT_S = 60.0
 
 
 class JobPower:
@@ -62,7 +66,8 @@ class JobPower:
         self.timeout_s = float(timeout_s if timeout_s is not None else max(2.0, 20 * period_s))
         ranks = dist.get_process_group_ranks(group)
         self.rank, self.world = ranks.index(dist.get_rank()), len(ranks)
-        self.group = dist.new_group(ranks, backend="gloo", timeout=timedelta(seconds=self.timeout_s))
+        self.group = dist.new_group(ranks, backend="gloo",
+                                    timeout=timedelta(seconds=max(self.timeout_s, SETUP_TIMEOUT_S)))
         self.fault: dict | None = None
         self.finished = False  # a rank closed: no more exchanges
         self.local_idle_w: float | None = None
@@ -82,7 +87,7 @@ class JobPower:
         """The job's idle power and enforced limit: every GPU's, summed (None if any is unknown)."""
         self.local_idle_w, self.local_limit_w = idle_w, limit_w
         values = self._reduce([idle_w if idle_w is not None else -1.0, limit_w if limit_w is not None else -1.0],
-                              slots=2)
+                              slots=2, timeout_s=max(self.timeout_s, SETUP_TIMEOUT_S))
         idles, limits = values[0::2], values[1::2]
         return (sum(idles) if min(idles) >= 0 else None, sum(limits) if min(limits) >= 0 else None)
 
@@ -186,13 +191,14 @@ class JobPower:
             self.exchange(Reading(time.monotonic(), None), ctl)
 
     # ---- collectives ---------------------------------------------------------------------
-    def _reduce(self, mine: list[float], slots: int) -> list[float]:
+    def _reduce(self, mine: list[float], slots: int, timeout_s: float | None = None) -> list[float]:
         import torch
         import torch.distributed as dist
 
         tensor = torch.zeros(self.world * slots, dtype=torch.float64)
         tensor[self.rank * slots:(self.rank + 1) * slots] = torch.tensor(mine, dtype=torch.float64)
-        dist.all_reduce(tensor, group=self.group)
+        work = dist.all_reduce(tensor, group=self.group, async_op=True)
+        work.wait(timeout=timedelta(seconds=timeout_s or self.timeout_s))
         return tensor.tolist()
 
     def _broadcast(self, duty: float | None) -> float:
@@ -200,5 +206,6 @@ class JobPower:
         import torch.distributed as dist
 
         tensor = torch.tensor([duty if duty is not None else 0.0], dtype=torch.float64)
-        dist.broadcast(tensor, group=self.group, group_src=0)
+        work = dist.broadcast(tensor, group=self.group, group_src=0, async_op=True)
+        work.wait(timeout=timedelta(seconds=self.timeout_s))
         return float(tensor.item())

@@ -57,16 +57,26 @@ def governed_run(ctl, step: Callable, tokens: int, seconds: float, schedule=None
 
 
 def front_rows(run_static: Callable[[str, float], tuple[dict, Any]], labels: list[str],
-               duties: list[float]) -> tuple[list[dict], list[pd.DataFrame]]:
+               duties: list[float], ranks: int = 1) -> tuple[list[dict], list[pd.DataFrame]]:
     """Every (configuration, duty) as a static run: (rows, their traces). A configuration
     the model refuses (a batch that does not split, a backend that cannot run it) is a row
-    with its reason, not a crash."""
+    with its reason, not a crash. A job's fault (PeerLost: another rank stopped answering)
+    is no configuration's and ends the front. On several ranks (`ranks` > 1) every error
+    ends it: a rank that skipped to the next point while its peers still ran steps of this
+    one would leave them waiting at the step's collectives until the NCCL watchdog ends the
+    job, and the record would name the wrong cause."""
+    from flashwatt.control.model_steps import PeerLost
+
     rows, traces = [], []
     for label in labels:
         for duty in duties:
             try:
                 merit, trace = run_static(label, duty)
+            except PeerLost:
+                raise
             except Exception as err:  # noqa: BLE001 - the front records what could not run
+                if ranks > 1:
+                    raise
                 rows.append({"config": label, "duty": duty, "error": f"{type(err).__name__}: {err}"})
                 continue
             refused = merit.get("refusals") or {}

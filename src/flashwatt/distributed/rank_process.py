@@ -15,12 +15,17 @@ process then ends at once with os._exit(1): no interpreter teardown, so no proce
 destructor can wait on peers that will never answer, and the supervisor sees the failure
 the moment it happens. A rank that succeeds ends with os._exit(0) for the same reason.
 
+A fatal signal (SIGABRT from PyTorch's NCCL watchdog, SIGSEGV) first prints every thread's
+Python stack to stderr (faulthandler), which the cell's log receives: a rank ended because
+its peer stopped answering shows where that peer's Python was.
+
 The process dies with its parent: PR_SET_PDEATHSIG sends it SIGKILL when the supervisor
 that started it dies, even by SIGKILL, so a rank never outlives its cell.
 """
 from __future__ import annotations
 
 import ctypes
+import faulthandler
 import importlib
 import json
 import os
@@ -89,6 +94,7 @@ def _flush_and_exit(code: int) -> None:
 
 def main(argv: list[str]) -> None:
     die_with_parent()
+    faulthandler.enable(all_threads=True)
     call_file, out_dir = argv
     rank = int(os.environ.get("RANK", "0"))
     try:

@@ -90,6 +90,7 @@ def _controller(mode: str, budget_w, device, telemetry, idle_w, model, settings:
 
 def _front(cell, settings, step, model, device, telemetry, idle_w, rank, record, sync, agree) -> list[dict]:
     import pandas as pd
+    import torch.distributed as dist
 
     from flashwatt.control.step_study import front_rows, governed_run
 
@@ -100,7 +101,7 @@ def _front(cell, settings, step, model, device, telemetry, idle_w, rank, record,
                          duty=duty) as ctl:
             return governed_run(ctl, step.run, cell.tokens, float(front["seconds"]), sync=sync, agree=agree)
 
-    rows, traces = front_rows(run_static, ["unchanged"], list(front["duties"]))
+    rows, traces = front_rows(run_static, ["unchanged"], list(front["duties"]), ranks=dist.get_world_size())
     record["front"] = rows if rank == 0 else None
     record["control"] = {"setting": cell.governor, "idle_w": idle_w, "front_settings": front,
                          "paced": "uniform static pacing: one duty on every rank"}
