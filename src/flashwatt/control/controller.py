@@ -97,6 +97,8 @@ class Controller(AttentionCalls, ModelSteps):
         if self._shared is not None:  # the job's GPUs as one: their idle powers and limits summed
             idle_w, limit = self._shared.job_totals(idle_w, limit)
             self.idle_w, self.limit_w = idle_w, limit
+            # every rank idles at the same pacing points for as long (flashwatt.control.pacing)
+            self._pacer.agree = lambda owed_s: self._shared.agree_idle(owed_s, self)
 
         if mode == "static":
             fixed = _static_configuration(configuration, precision_tolerance)

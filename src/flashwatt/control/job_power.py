@@ -50,6 +50,10 @@ _POWER, _ENERGY, _TEMP = 1, 2, 4
 # this long: the ranks reach it as each finishes what came before (the last controller's
 # close, a static point's end), seconds apart on GPUs. A tick's exchange waits timeout_s.
 SETUP_TIMEOUT_S = 60.0
+# How long a rank waits at a pacing point for its peers (flashwatt.control.pacing: the ranks
+# agree there on the idle all pay): as long as a peer may spend between two steps (an
+# evaluation, a checkpoint). A peer that died fails the collective at once.
+PACE_TIMEOUT_S = 300.0
 
 
 class JobPower:
@@ -68,6 +72,9 @@ class JobPower:
         self.rank, self.world = ranks.index(dist.get_rank()), len(ranks)
         self.group = dist.new_group(ranks, backend="gloo",
                                     timeout=timedelta(seconds=max(self.timeout_s, SETUP_TIMEOUT_S)))
+        # The pacing points' agreement runs on the step's thread: a group of its own, apart
+        # from the sensor thread's exchanges.
+        self.pace_group = dist.new_group(ranks, backend="gloo", timeout=timedelta(seconds=PACE_TIMEOUT_S))
         self.fault: dict | None = None
         self.finished = False  # a rank closed: no more exchanges
         self.local_idle_w: float | None = None
@@ -120,6 +127,23 @@ class JobPower:
                 self._lose_peers(ctl, err)
             return None
         return self._job_reading(reading)
+
+    def agree_idle(self, owed_s: float, ctl) -> float:
+        """At a pacing point, on every rank: the idle all ranks pay there, the smallest any
+        owes (flashwatt.control.pacing). Alone (after a fault, or once a rank closed), this
+        rank's own."""
+        if not self.shared:
+            return owed_s
+        import torch
+        import torch.distributed as dist
+
+        tensor = torch.tensor([owed_s], dtype=torch.float64)
+        try:
+            dist.all_reduce(tensor, op=dist.ReduceOp.MIN, group=self.pace_group)
+        except Exception as err:  # noqa: BLE001 - a peer died or stopped answering
+            self._lose_peers(ctl, err)
+            return owed_s
+        return float(tensor.item())
 
     def decided(self, ctl) -> None:
         """Rank 0, after its governor's tick: every rank paces at its duty from now."""

@@ -13,6 +13,13 @@ and sleeps, so the GPU really idles. Two ways of counting the busy time:
   steps, and within a step where the model's blocks begin, forward and backward) the queue
   is drained and the time since the GPU last resumed is the busy time.
 
+On several ranks of one job (`agree`, flashwatt.control.job_power), every rank idles at the
+same pacing points for as long: the smallest idle any rank owes there. A rank's busy time
+counts the time it waited at a collective for a peer that was idling; paid back on its own,
+that wait became (1 - d) / d times as much idle, which its peer then waited out in turn:
+below duty 0.5 the idle grew point after point (on two H100s until the NCCL watchdog ended
+the job). Paid together, nobody waits on another's idle, and the rank that waited least sets it.
+
 A pacing point does nothing inside a CUDA graph being captured or a region torch.compile is
 tracing (`DeviceOps.capturing`): pacing is a host-side sleep between launches, never part of
 a captured graph, so a compiled or graphed step is paced between steps only. Nothing here
@@ -110,6 +117,9 @@ class Pacer:
         self._in_flight: collections.deque = collections.deque()  # (stamp, estimated GPU seconds)
         self._unmarked_s = 0.0
         self._resumed_t: float | None = None
+        # On a job's ranks: the idle this rank owes at a pacing point -> the idle every rank
+        # pays there (the smallest owed), called at every point on every rank alike.
+        self.agree: Callable[[float], float] | None = None
 
     def idle_s(self) -> float:
         """Idle time paid so far, the slice being slept included up to now: what a sensor's
@@ -159,6 +169,8 @@ class Pacer:
         if self.capturing():  # first, and nothing else: a compiler tracing this sees no side effect
             return 0.0
         self.points += 1
+        if self.agree is not None:
+            return self._point_together(drained)
         if self.duty() >= 1.0:
             self._resumed_t = self._last_pay_t = None
             self._owed_busy_s = self.cycle_s = 0.0
@@ -180,8 +192,40 @@ class Pacer:
         self._resumed_t = self.clock()
         return slept
 
-    def _pay(self) -> float:
-        """Sleep off the debt, slice by slice, at the duty in force before each slice."""
+    def _point_together(self, drained: Callable[[], None] | None) -> float:
+        """A pacing point on one of a job's ranks (module docstring): what this rank owes, then
+        the idle all pay, the same on every rank. A rank at full duty owes nothing, so while
+        the duty passes 1 on its way to the ranks nobody idles."""
+        duty = self.duty()
+        owed = 0.0
+        if duty >= 1.0:
+            self._resumed_t = self._last_pay_t = None
+            self._owed_busy_s = self.cycle_s = 0.0
+        else:
+            self.ops.sync()
+            if self._resumed_t is not None:
+                self._owed_busy_s += max(0.0, self.clock() - self._resumed_t)
+            owed = self._owed_busy_s * idle_ratio(duty)
+        if drained is not None:
+            drained()
+        common = self.agree(owed)
+        slept = 0.0
+        if common >= self.quantum_s:
+            now = self.clock()
+            if self._last_pay_t is not None:
+                self.cycle_s += 0.3 * ((now - self._last_pay_t) - self.cycle_s)
+            self._last_pay_t = now
+            slept = self._pay(common)
+            self._owed_busy_s = max(0.0, self._owed_busy_s - slept / idle_ratio(duty))
+        if duty < 1.0:
+            self._resumed_t = self.clock()
+        return slept
+
+    def _pay(self, total_s: float | None = None) -> float:
+        """Sleep off the debt, slice by slice, at the duty in force before each slice; or,
+        given `total_s` (the idle a job's ranks agreed on), exactly that long."""
+        if total_s is not None:
+            return self._sleep_for(total_s)
         slept = 0.0
         while True:
             ratio = idle_ratio(self.duty())
@@ -198,4 +242,16 @@ class Pacer:
             self.slept_s += took
             self._sleeping = None
             self._owed_busy_s -= took / ratio  # a sleep that overran paid ahead
+        return slept
+
+    def _sleep_for(self, seconds: float) -> float:
+        slept = 0.0
+        while seconds - slept > 1e-4:
+            t0 = self.clock()
+            self._sleeping = (t0, self.slept_s)
+            self.sleep(min(seconds - slept, MAX_SLICE_S))
+            took = self.clock() - t0
+            slept += took
+            self.slept_s += took
+            self._sleeping = None
         return slept
