@@ -12,6 +12,8 @@ import json
 import os
 from pathlib import Path
 
+import pytest
+
 from flashwatt.config import validate_config
 from flashwatt.models.cell import ModelCell
 from flashwatt.models.suite import model_runs
@@ -29,6 +31,10 @@ def specs() -> dict[ModelCell, dict]:
     return {cell: copy.deepcopy(spec) for cell, spec in model_runs(config, "m").items()}
 
 
+# Heavy: two gloo ranks training through four governed runs; `make test` keeps a governed
+# model cell's front and budget on one rank (tests/test_control_governed_cells.py) and ranks
+# sharing one budget (tests/test_control_job_power.py).
+@pytest.mark.heavy
 def test_a_governed_two_rank_cell_runs_its_front_and_a_shared_budget(tmp_path, monkeypatch):
     from flashwatt.models.parallel_job import run_parallel_cell
 

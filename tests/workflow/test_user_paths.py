@@ -79,6 +79,9 @@ def test_filter_selecting_nothing_is_refused_and_nothing_changes(mini):
     assert outputs(workdir) == before
 
 
+# Heavy: three runs of the CLI; tests/workflow/test_failed_cells.py fails a cell, exits with
+# FAILED_CELLS_EXIT and measures it again in the next run in `make test`.
+@pytest.mark.heavy
 def test_a_failed_cell_gives_a_nonzero_exit_and_the_counts_then_the_next_run_measures_it_again(mini):
     workdir, args, _ = mini
     cell = Cell("mini", "naive", "fp32", 16, 1, 1, 16)
