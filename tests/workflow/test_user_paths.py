@@ -213,10 +213,6 @@ suites:
 """
 
 
-# Heavy: a workflow run of two-rank cells, each rank importing torch; `make test` keeps
-# two-rank jobs through submitit's local executor (tests/distributed/test_job_cpu.py,
-# test_rank_faults.py) and the workflow's path for a kind (the other tests here).
-@pytest.mark.heavy
 def test_distributed_cells_run_as_one_job_supervising_a_process_per_gpu(tmp_path):
     """Two-rank cells through submitit's local executor (one task supervising two processes
     that meet over gloo; each record says how every rank ended),
