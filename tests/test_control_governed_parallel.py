@@ -55,7 +55,13 @@ def test_a_governed_two_rank_cell_runs_its_front_and_a_shared_budget(tmp_path, m
     assert front["status"] == "ok", front.get("traceback") or front.get("reason")
     assert [(r["config"], r["duty"]) for r in front["front"]] == [("unchanged", 1.0), ("unchanged", 0.5)]
     assert all(r.get("tokens_per_s") for r in front["front"])
-    assert front["front"][1]["tokens_per_s"] < 0.8 * front["front"][0]["tokens_per_s"]  # paced at half duty
+    # Paced at half duty: every rank idled for about as long as it worked in each step. (Not
+    # the two points' rates compared: each is measured in its own second, and on a shared
+    # machine the load of one second is not the next one's.)
+    for rank in (0, 1):
+        full, half = json.loads((tmp_path / f"runs-front-rank{rank}.json").read_text())
+        assert full["slept_s"] == 0 and half["steps"] >= 1, (rank, full, half)
+        assert 0.3 < half["slept_s"] / half["wall_s"] < 0.7, (rank, half)
     run = json.loads((tmp_path / "train-L32-B1-G2-fsdp-gov-budget400w.json").read_text())
     assert run["status"] == "ok", run.get("traceback") or run.get("reason")
     control = run["control"]
