@@ -56,9 +56,9 @@ test-heavy: setup
 test-unit: setup
 	$(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS) -m "not gpu and not slurm and not heavy"
 
-# The quick loop while editing: no Slurm, GPU, workflow, slow or nvcc tests.
+# The quick loop while editing: no Slurm, GPU, workflow, slow, nvcc or heavy tests.
 test-quick: setup
-	$(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS) -m "not gpu and not slurm and not workflow and not slow and not nvcc"
+	$(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS) -m "not gpu and not slurm and not workflow and not slow and not nvcc and not heavy"
 
 # Snakemake's linter over the workflow; a finding fails the command (and `make test`).
 lint: setup
