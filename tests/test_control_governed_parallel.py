@@ -12,6 +12,8 @@ import json
 import os
 from pathlib import Path
 
+import pytest
+
 from flashwatt.config import validate_config
 from flashwatt.models.cell import ModelCell
 from flashwatt.models.suite import model_runs
@@ -29,6 +31,10 @@ def specs() -> dict[ModelCell, dict]:
     return {cell: copy.deepcopy(spec) for cell, spec in model_runs(config, "m").items()}
 
 
+# Heavy: two gloo ranks training through four governed runs; `make test` keeps a governed
+# model cell's front and budget on one rank (tests/test_control_governed_cells.py) and ranks
+# sharing one budget (tests/test_control_job_power.py).
+@pytest.mark.heavy
 def test_a_governed_two_rank_cell_runs_its_front_and_a_shared_budget(tmp_path, monkeypatch):
     from flashwatt.models.parallel_job import run_parallel_cell
 
@@ -49,7 +55,13 @@ def test_a_governed_two_rank_cell_runs_its_front_and_a_shared_budget(tmp_path, m
     assert front["status"] == "ok", front.get("traceback") or front.get("reason")
     assert [(r["config"], r["duty"]) for r in front["front"]] == [("unchanged", 1.0), ("unchanged", 0.5)]
     assert all(r.get("tokens_per_s") for r in front["front"])
-    assert front["front"][1]["tokens_per_s"] < 0.8 * front["front"][0]["tokens_per_s"]  # paced at half duty
+    # Paced at half duty: every rank idled for about as long as it worked in each step. (Not
+    # the two points' rates compared: each is measured in its own second, and on a shared
+    # machine the load of one second is not the next one's.)
+    for rank in (0, 1):
+        full, half = json.loads((tmp_path / f"runs-front-rank{rank}.json").read_text())
+        assert full["slept_s"] == 0 and half["steps"] >= 1, (rank, full, half)
+        assert 0.3 < half["slept_s"] / half["wall_s"] < 0.7, (rank, half)
     run = json.loads((tmp_path / "train-L32-B1-G2-fsdp-gov-budget400w.json").read_text())
     assert run["status"] == "ok", run.get("traceback") or run.get("reason")
     control = run["control"]

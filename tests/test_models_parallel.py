@@ -31,7 +31,11 @@ TOLERANCE = {"float64": 1e-10, "float32": 2e-6}
 
 
 # ---- the numerics, 2 and 4 processes ----------------------------------------------
-@pytest.fixture(scope="module", params=[2, 4])
+# Four processes on the CPU are the heavy tier (`make test-heavy`): the only strategy they add
+# is hybrid, whose attention tests/distributed/test_sequence_parallel_cpu.py checks on four
+# ranks and whose 2 x 2 job tests/distributed/test_job_cpu.py runs; two processes check every
+# other strategy in `make test`.
+@pytest.fixture(scope="module", params=[2, pytest.param(4, marks=pytest.mark.heavy)])
 def report(request, tmp_path_factory):
     world = request.param
     path = tmp_path_factory.mktemp(f"world{world}") / "report.json"
@@ -257,6 +261,9 @@ def test_a_two_process_context_parallel_cell_runs_end_to_end(tmp_path, monkeypat
 
 
 @pytest.mark.slow  # a two-process job through run_job
+# Heavy: the context-parallel cell above runs the same two-process job through run_job, and
+# FSDP's numerics are the report fixture's.
+@pytest.mark.heavy
 def test_a_two_process_fsdp_cell_runs_end_to_end(tmp_path, monkeypatch):
     cell = ModelCell("t", "llama_tiny", "sdpa_default", "fp32", "train", 64, 1, gpus=2, strategy="fsdp")
     record = _run(cell, tmp_path, monkeypatch)
@@ -271,6 +278,9 @@ def test_a_two_process_fsdp_cell_runs_end_to_end(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow  # a two-process job through run_job
+# Heavy: tests/distributed/test_rank_faults.py's `oom` case ends an attention cell the same
+# way (the same failure policy and rank supervisor) in a third of the CPU.
+@pytest.mark.heavy
 def test_a_rank_out_of_memory_ends_the_cell_as_oom_naming_the_rank_and_stage(tmp_path, monkeypatch):
     """Rank 1 runs out of memory in its timed steps while rank 0 goes on to the collective
     after them: the cell ends within the failure policy's bound, recorded `oom` with the

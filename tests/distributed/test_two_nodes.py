@@ -19,7 +19,9 @@ import pytest
 from cell_processes import assert_nothing_left, fault_time
 from support import free_ports
 
-pytestmark = pytest.mark.slow  # two supervisors and four gloo ranks per test, each importing torch
+# Two supervisors and four gloo ranks per test, each importing torch. Heavy: `make test` runs
+# the same two cells over the real Slurm's two nodes (tests/slurm/test_multi_node_slurm.py).
+pytestmark = [pytest.mark.slow, pytest.mark.heavy]
 
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parents[1] / "src"

@@ -22,7 +22,10 @@ from flashwatt.training.data import prepare_data
 from flashwatt.training.job import run_train_cell
 from flashwatt.training.suite import training_runs, training_section
 
-pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm", "fast_wait")]
+# Heavy: two training runs of 240 steps and a requeue (about 2 min). `make test` keeps USR2's
+# requeue on Slurm (test_submit_slurm.py) and a killed run's resume
+# (tests/test_training_cells.py).
+pytestmark = [pytest.mark.slurm, pytest.mark.heavy, pytest.mark.usefixtures("slurm", "fast_wait")]
 
 
 def test_a_preempted_training_job_resumes_where_it_stopped(tmp_path):

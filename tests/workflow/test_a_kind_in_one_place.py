@@ -52,6 +52,10 @@ def test_the_toy_kind_is_planned_and_validated_from_its_own_module(toy_env, tmp_
         load_config(config_file)
 
 
+# Heavy: tests/workflow/test_failed_cells.py runs the same kind from FLASHWATT_KINDS through
+# Snakemake (its jobs, table and figure) in `make test`; this one adds the CLI's counts, the
+# report and `flashwatt failed`.
+@pytest.mark.heavy
 def test_the_toy_kind_runs_through_the_workflow_and_the_cli(workdir, toy_env):
     _config_with_toys(workdir)
     run = subprocess.run([sys.executable, "-m", "flashwatt.cli", "run", "--config", "suite=toys"], cwd=workdir,

@@ -11,7 +11,9 @@ from .conftest import REPO, snakemake
 pytestmark = pytest.mark.workflow
 
 
-@pytest.mark.parametrize("suite", ["smoke", "seed", "sweep"])
+# The sweep's plan (hundreds of cells) is the heavy tier's: smoke and seed go through the same
+# planning in `make test`.
+@pytest.mark.parametrize("suite", ["smoke", "seed", pytest.param("sweep", marks=pytest.mark.heavy)])
 def test_dry_run_of_every_suite(suite, workdir):
     # A fresh copy of the workflow, so that every cell is still to run and must be planned.
     proc = snakemake(workdir, "-n", "--config", f"suite={suite}")

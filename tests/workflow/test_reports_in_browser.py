@@ -15,7 +15,10 @@ from support import copy_workflow
 
 from .conftest import snakemake
 
-pytestmark = [pytest.mark.workflow, pytest.mark.browser]
+# Heavy: two runs of the slice and a browser on their report; `make test` keeps the report's
+# contents (test_local_run.py), the comparison page in Chromium (tests/test_compare_page_browser.py)
+# and the repeats' bookkeeping (tests/test_repeat.py).
+pytestmark = [pytest.mark.workflow, pytest.mark.browser, pytest.mark.heavy]
 # two cells, forward and forward-backward: enough for every figure and table of the report
 SLICE = ["suite=smoke", 'filter=kernel == "naive" and seq_len == 32']
 

@@ -16,7 +16,10 @@ from support import copy_workflow, synthetic_corpus
 
 from .conftest import snakemake
 
-pytestmark = pytest.mark.workflow
+# Heavy: about 4 min of CPU (eight training runs, each a process importing transformers and
+# torch). `make test` keeps a training cell's job, resume and records in
+# tests/test_training_cells.py and the workflow's paths in the other workflow tests.
+pytestmark = [pytest.mark.workflow, pytest.mark.heavy]
 
 
 @pytest.fixture(scope="module")

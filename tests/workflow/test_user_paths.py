@@ -79,6 +79,9 @@ def test_filter_selecting_nothing_is_refused_and_nothing_changes(mini):
     assert outputs(workdir) == before
 
 
+# Heavy: three runs of the CLI; tests/workflow/test_failed_cells.py fails a cell, exits with
+# FAILED_CELLS_EXIT and measures it again in the next run in `make test`.
+@pytest.mark.heavy
 def test_a_failed_cell_gives_a_nonzero_exit_and_the_counts_then_the_next_run_measures_it_again(mini):
     workdir, args, _ = mini
     cell = Cell("mini", "naive", "fp32", 16, 1, 1, 16)
@@ -154,6 +157,10 @@ suites:
 """
 
 
+# Heavy: `make test` keeps cells this host cannot run recorded without a job and counted
+# (tests/workflow/test_failed_cells.py), a control cell skipped without a GPU with its reason,
+# and the control kind's tables and figures (tests/test_control_pipeline.py).
+@pytest.mark.heavy
 def test_control_suite_without_a_gpu_records_why_and_still_reports(tmp_path):
     """A user trying the control suite on a laptop: every control cell says why it did not
     run, the tables and figures are made (saying there is nothing to draw), the report too."""
@@ -210,6 +217,10 @@ suites:
 """
 
 
+# Heavy: a workflow run of two-rank cells, each rank importing torch; `make test` keeps
+# two-rank jobs through submitit's local executor (tests/distributed/test_job_cpu.py,
+# test_rank_faults.py) and the workflow's rules for a kind (the other tests here).
+@pytest.mark.heavy
 def test_distributed_cells_run_as_one_job_supervising_a_process_per_gpu(tmp_path):
     """Two-rank cells through submitit's local executor (one task supervising two processes
     that meet over gloo; each record says how every rank ended),
