@@ -128,12 +128,12 @@ def test_model_rows_say_where_the_step_went_against_one_gpu(tables):
 def test_the_targets_are_checked_against_the_cells_that_speak_to_them(tables):
     text = parallel_markdown(*tables, command="x")
     four = _row(text, "L 128k, fwd+bwd, 4 GPUs")
-    assert "zigzag/cudnn: 3.67" in four and "ulysses/cudnn: 3.72" in four and four.rstrip().endswith("| met |")
+    assert "zigzag/cudnn on 4: 3.67" in four and "ulysses/cudnn on 4: 3.72" in four and four.rstrip().endswith("| met |")
     assert "not measured" in _row(text, "8 GPUs: speedup")
     fsdp = _row(text, "Llama-3.2-1B training step, 4 GPUs")  # 4 x 191.5 / 205 tokens per second
-    assert "fsdp/sdpa_default: 3.74" in fsdp and fsdp.rstrip().endswith("| met |")
+    assert "fsdp/sdpa_default on 4: 3.74" in fsdp and fsdp.rstrip().endswith("| met |")
     eight_b = _row(text, "Llama-3-8B training step")
-    assert "fsdp/sdpa_default: 0.36" in eight_b and eight_b.rstrip().endswith("| not met |")
+    assert "fsdp/sdpa_default on 4: 0.36" in eight_b and eight_b.rstrip().endswith("| not met |")
 
 
 def test_main_writes_the_file_from_the_suites_tables(tables, tmp_path):
@@ -153,3 +153,26 @@ def test_a_cell_without_its_one_gpu_time_says_so_instead_of_guessing():
     row = {"status": "ok", "total_ms": 10.0, "single_gpu_total_ms": None, "gpus": 2}
     assert attention_reason(row) == "no one-GPU time in the same job to compare with"
     assert model_rows(model_table([])).empty
+
+
+def test_folders_from_two_machines_go_into_one_document_each_row_against_its_own_one_gpu_cell(tmp_path):
+    base = dict(suite="models", model="llama_3_2_1b", backend="sdpa_default", precision="bf16", phase="train",
+                seq_len=8192, batch=1)
+    machines = {"results-g2": [(ModelCell(**base), 240.0), (ModelCell(gpus=2, strategy="fsdp", **base), 250.0)],
+                "results-g4": [(ModelCell(**base), 190.0), (ModelCell(gpus=4, strategy="fsdp", **base), 200.0)]}
+    for root, cells in machines.items():
+        paths = []
+        for cell, step in cells:
+            write_record(tmp_path / root / "cells" / cell.path, model_record(cell, step, 5.0, 20.0, 0.02))
+            paths.append(tmp_path / root / "cells" / cell.path)
+        (tmp_path / root / "models").mkdir(parents=True)
+        model_table(paths).to_parquet(tmp_path / root / "models" / "models.parquet")
+    out = tmp_path / "parallel.md"
+    assert main(["--results", str(tmp_path / "results-g2"), str(tmp_path / "results-g4"), "--suites", "models",
+                 "--out", str(out)]) == 0
+    text = out.read_text()
+    assert f"--results {tmp_path / 'results-g2'} {tmp_path / 'results-g4'} --suites models" in text
+    # each machine's ideal is its own one-GPU step: 240 ms on the first, 190 ms on the second
+    two, four = _row(text, "| 2, fsdp |"), _row(text, "| 4, fsdp |")
+    assert "96% of linear" in two and "240 ms" in two and "1.92x" in two
+    assert "95% of linear" in four and "190 ms" in four and "3.80x" in four

@@ -1,9 +1,9 @@
 """docs/parallel.md from the suites' tables: every multi-GPU cell measured, against one GPU.
 
-    python -m flashwatt.distributed.parallel_tables [--results results] [--suites distributed models]
-        [--out docs/parallel.md]
+    python -m flashwatt.distributed.parallel_tables [--results results [results-g4 ...]]
+        [--suites distributed models] [--out docs/parallel.md]
 
-Reads results/<suite>/distributed.parquet (attention across GPUs) and results/<suite>/models.parquet
+Reads <results>/<suite>/distributed.parquet (attention across GPUs) and <results>/<suite>/models.parquet
 (whole model steps) of the named suites, keeps the cells on more than one GPU, and writes:
 
 - attention: per cell its time, the one-GPU time in the same job, speedup, efficiency,
@@ -15,6 +15,9 @@ Reads results/<suite>/distributed.parquet (attention across GPUs) and results/<s
 - the targets of issue 40, each with the cells that speak to it;
 - the cells that did not end ok, with their reasons;
 - every device the rows ran on.
+
+Several results folders (one per machine: a run on 2 GPUs, another on 4) go into one document;
+a model cell is compared with the one-GPU cell of its own folder, measured on the same machine.
 
 Nothing is written by hand: rerun it after any run and the file follows the tables.
 """
@@ -28,7 +31,8 @@ import pandas as pd
 from flashwatt.distributed.parallel_reasons import attention_reason, model_reason
 
 GIB = 2 ** 30
-ONE_GPU_KEYS = ["suite", "model", "backend", "precision", "phase", "seq_len", "batch", "recompute", "compiled"]
+# a model cell's one-GPU cell: the same step in the same suite of the same results folder
+ONE_GPU_KEYS = ["results", "suite", "model", "backend", "precision", "phase", "seq_len", "batch", "recompute", "compiled"]
 # (what, table, row filter, column, at least)
 TARGETS = [
     ("zigzag and Ulysses, Llama-3-8B attention, L 128k, fwd+bwd, 4 GPUs: speedup", "attention",
@@ -56,8 +60,9 @@ def _markdown(rows: list[list[str]], header: list[str]) -> str:
     return "\n".join(lines)
 
 
-def _read(results: Path, suites: list[str], name: str) -> pd.DataFrame:
-    frames = [pd.read_parquet(path) for suite in suites if (path := results / suite / name).exists()]
+def _read(roots: list[Path], suites: list[str], name: str) -> pd.DataFrame:
+    frames = [pd.read_parquet(path).assign(results=str(root))
+              for root in roots for suite in suites if (path := root / suite / name).exists()]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
@@ -74,7 +79,7 @@ def attention_rows(table: pd.DataFrame) -> pd.DataFrame:
 
 def _one_gpu_rows(table: pd.DataFrame) -> dict[tuple, pd.Series]:
     ok = table[(table["gpus"] == 1) & (table["status"] == "ok")]
-    return {tuple(row[k] for k in ONE_GPU_KEYS): row for _, row in ok.iterrows()}
+    return {tuple(row.get(k) for k in ONE_GPU_KEYS): row for _, row in ok.iterrows()}
 
 
 def model_rows(table: pd.DataFrame) -> pd.DataFrame:
@@ -83,7 +88,7 @@ def model_rows(table: pd.DataFrame) -> pd.DataFrame:
         return table
     one = _one_gpu_rows(table)
     many = table[table["gpus"] > 1].copy()
-    many["why"] = [model_reason(row, one.get(tuple(row[k] for k in ONE_GPU_KEYS))) for _, row in many.iterrows()]
+    many["why"] = [model_reason(row, one.get(tuple(row.get(k) for k in ONE_GPU_KEYS))) for _, row in many.iterrows()]
     return many.sort_values(["model", "backend", "seq_len", "strategy", "gpus"])
 
 
@@ -131,7 +136,7 @@ def targets_markdown(attention: pd.DataFrame, models: pd.DataFrame) -> str:
             body.append([what, f"{least:g}", "not measured", "–"])
             continue
         label = "block" if source == "attention" else "backend"
-        values = [f"{r['strategy']}/{r[label]}: {r[column]:.3g}" for _, r in ok.iterrows()]
+        values = [f"{r['strategy']}/{r[label]} on {int(r['gpus'])}: {r[column]:.3g}" for _, r in ok.iterrows()]
         met = all(r[column] >= least for _, r in ok.iterrows())
         body.append([what, f"{least:g}", "; ".join(values), "met" if met else "not met"])
     return _markdown(body, ["target", "at least", "measured", ""])
@@ -176,11 +181,15 @@ def parallel_markdown(distributed: pd.DataFrame, models: pd.DataFrame, command: 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--results", default="results", type=Path)
+    parser.add_argument("--results", nargs="+", default=[Path("results")], type=Path,
+                        help="results folders, one per machine")
     parser.add_argument("--suites", nargs="+", default=["distributed", "models"])
     parser.add_argument("--out", default="docs/parallel.md", type=Path)
     args = parser.parse_args(argv)
-    command = "python -m flashwatt.distributed.parallel_tables --suites " + " ".join(args.suites)
+    command = "python -m flashwatt.distributed.parallel_tables"
+    if args.results != [Path("results")]:
+        command += " --results " + " ".join(str(root) for root in args.results)
+    command += " --suites " + " ".join(args.suites)
     text = parallel_markdown(_read(args.results, args.suites, "distributed.parquet"),
                              _read(args.results, args.suites, "models.parquet"), command)
     args.out.parent.mkdir(parents=True, exist_ok=True)
