@@ -324,7 +324,9 @@ class Governor(ShapeChoices, PowerHolding, TableError, WindowReadings):
             self.last_valid_t = now
             still = (abs(self.loop.duty - self._last_duty) < 0.03 and abs(self._last_duty - self._prev_duty) < 0.03
                      and work.tokens > 0 and not self._just_changed())
-            self.noise.add(power, self.power_filtered if self.power_filtered is not None else power, still)
+            self._reading_lag = self._window_lag(dt)
+            self.noise.add(power, self.power_filtered if self.power_filtered is not None else power, still,
+                           lag=self._reading_lag, duty=self._ran_duty())
             # (a reading before our first call shows the board without us: not what we hold)
             if self.shapes:
                 self.power_filtered = power if self.power_filtered is None else (

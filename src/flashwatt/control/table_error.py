@@ -191,8 +191,12 @@ class TableError:
             self._reset_cusum()
             return innovation
         z = innovation / (scale * sigma)
+        # A reading that averages a window of `lag` ticks shares most of its error with the
+        # readings before it: each adds 1/lag of a reading's evidence (a shift must last as
+        # long in windows as CUSUM_ALARM readings' worth of independent evidence).
+        weight = 1.0 / max(1, self._reading_lag)
         for side, signed in ((0, z), (1, -z)):
-            self._cusum[side] = max(0.0, self._cusum[side] + signed - CUSUM_SLACK)
+            self._cusum[side] = max(0.0, self._cusum[side] + weight * (signed - CUSUM_SLACK))
             if self._cusum[side] > 0.0:
                 self._cusum_sum[side] += innovation
                 self._cusum_n[side] += 1

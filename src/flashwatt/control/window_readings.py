@@ -43,6 +43,7 @@ class WindowReadings:
     def _init_window_readings(self) -> None:
         self._window: tuple[float, float] | None = None  # (realized duty, seconds) of this tick's reading
         self._tick_work: collections.deque = collections.deque()  # (t, (shape, config) keys, tokens) per tick
+        self._reading_lag = 1  # readings this tick's reading's window spans (1: an instant reading)
 
     def _take_window(self, reading, work) -> None:
         """This tick's reading and work: whether the reading averages a window, and the work
@@ -52,6 +53,13 @@ class WindowReadings:
         self._tick_work.append((reading.t, frozenset(work.by_key), work.tokens))
         while self._tick_work and self._tick_work[0][0] < reading.t - MAX_WINDOW_S - 1.0:
             self._tick_work.popleft()
+
+    def _window_lag(self, tick_s: float) -> int:
+        """How many ticks this tick's reading's window spans: readings that far apart share
+        no part of their windows (their errors are independent), closer ones share most."""
+        if self._window is None:
+            return 1
+        return max(1, round(self._window[1] / max(1e-3, tick_s)))
 
     def _ran_duty(self) -> float:
         """The duty this tick's reading was drawn at: the window's realized one, or the
