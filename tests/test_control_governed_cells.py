@@ -134,9 +134,10 @@ def test_a_model_cells_front_and_budget_run_are_judged_against_each_other(fake_b
             assert set(front) == {(c, d) for c in ("sdpa_default", "sdpa_default x2") for d in (1.0, 0.5)}
             ran = [r for r in front.values() if r.get("tokens_per_s")]
             assert ran and all(r["avg_power_w"] > 0 for r in ran)
-            # pacing at duty 0.5 halves the throughput of the same configuration, or near it
+            # pacing at duty 0.5 idles the board about half of the point's time (its throughput
+            # against the full-duty point's also moves with the host's load between the two)
             full, half = front[("sdpa_default", 1.0)], front[("sdpa_default", 0.5)]
-            assert half["tokens_per_s"] < 0.75 * full["tokens_per_s"]
+            assert full["idle_share"] < 0.05 and 0.4 < half["idle_share"] < 0.6, (full, half)
         else:
             control = record["control"]
             assert control["schedule"] == [[0, 450]] and control["merit"]["windows"] >= 1

@@ -85,9 +85,16 @@ def front_rows(run_static: Callable[[str, float], tuple[dict, Any]], labels: lis
                 continue
             rows.append({"config": label, "duty": duty, "tokens_per_s": merit["tokens_per_s"],
                          "avg_power_w": merit.get("avg_power_w"), "j_per_token": merit.get("j_per_token"),
-                         "steps": merit["steps"], "check_passed": True})
+                         "steps": merit["steps"], "idle_share": _idle_share(merit), "check_passed": True})
             traces.append(trace.assign(point=f"{label} d{duty:g}"))
     return rows, traces
+
+
+def _idle_share(merit: dict) -> float | None:
+    """The share of a static point's wall time its pacer idled: what its duty made of it,
+    whatever the step took (the point's throughput also moves with the host's load)."""
+    wall = merit.get("wall_s")
+    return merit["slept_s"] / wall if wall and merit.get("slept_s") is not None else None
 
 
 def judge(merit: dict, front: list[dict], mode: str, budget_w: float | None, idle_w: float | None) -> dict:
