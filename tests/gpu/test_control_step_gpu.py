@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -44,6 +45,16 @@ FRONT_SECONDS = float(os.environ.get("FLASHWATT_FRONT_SECONDS", 3))
 BUDGETS = (300.0, 450.0, 650.0)
 pd.set_option("display.width", 250)
 pd.set_option("display.max_columns", 40)
+
+
+def keep_trace(trace: pd.DataFrame, name: str) -> None:
+    """Each governed run's trace, tick by tick, to $OUT/control-traces where the device run
+    collects its files (tests/gpu/run_on_device.sh): what a missed target is read from."""
+    out = os.environ.get("OUT")
+    if out and len(trace):
+        folder = Path(out) / "control-traces"
+        folder.mkdir(parents=True, exist_ok=True)
+        trace.to_parquet(folder / f"{name}.parquet")
 
 
 class Bench:
@@ -88,7 +99,8 @@ class Bench:
 
     def governed(self, front: list[dict], mode: str, budget_w, knobs: dict, cache) -> dict:
         with self.controller(mode, budget_w, knobs=knobs, cache=cache) as ctl:
-            merit, _ = governed_run(ctl, self.step.run, self.cell.tokens, SECONDS, sync=self.sync)
+            merit, trace = governed_run(ctl, self.step.run, self.cell.tokens, SECONDS, sync=self.sync)
+        keep_trace(trace, f"{self.cell.model}-{self.cell.phase}-{mode}" + (f"-{budget_w:g}w" if budget_w else ""))
         return {"mode": mode, "budget_w": budget_w, **{k: merit.get(k) for k in (
             "windows", "windows_within_pct", "worst_overshoot_pct", "explore_s", "tokens_per_s", "steady_tokens_per_s",
             "avg_power_w", "steady_avg_power_w", "j_per_token", "steady_j_per_token", "slept_s", "final_config")},
