@@ -344,3 +344,30 @@ def test_the_study_on_a_host_without_cuda_ends_in_one_line(tmp_path):
     assert proc.stderr.splitlines() == [proc.stderr.strip()]  # one line, no traceback
     assert proc.stderr.startswith("flashwatt.control.bench: the study drives a CUDA GPU; none is visible (torch ")
     assert not (tmp_path / "study").exists()  # nothing written for a study that cannot start
+
+
+def test_a_budget_step_between_two_ticks_charges_the_energy_before_it_at_the_old_budget():
+    """A window is judged against each budget for the time it was in force. A step down
+    0.09 s into a tick's interval leaves that interval's energy mostly under the old budget:
+    a board at 480 W under 496 W, then 261 W, owes nothing over the last second (480 J
+    against 493.65 J allowed). Charged at the budget read at the tick, the whole interval
+    was over the new one: a debt of 7.5 J the aim then repaid (on the H100, 40-55 W under
+    the budget for half a second after each step down)."""
+    clock = {"t": 0.0}
+    gov = governor(budget=496.0, clock=lambda: clock["t"])
+    joules = 0.0
+    for tick in range(11):
+        clock["t"] = 0.1 * tick
+        gov._adapt_margin(clock["t"], joules)
+        joules += 480.0 * 0.1
+    clock["t"] = 1.09
+    gov.set_budget(261.0)
+    clock["t"] = 1.1
+    gov._adapt_margin(1.1, joules)
+    assert gov._debt_j == 0.0
+    assert gov._allowed_j(0.1, 1.1) == pytest.approx(496.0 * 0.99 + 261.0 * 0.01)
+    # a board that did draw over: 0.1 s at 700 W after the step leaves the last second 31.9 J over
+    joules += 700.0 * 0.1
+    clock["t"] = 1.2
+    gov._adapt_margin(1.2, joules)
+    assert gov._debt_j == pytest.approx(480.0 * 0.9 + 70.0 - (496.0 * 0.89 + 261.0 * 0.11), abs=0.01)

@@ -46,6 +46,7 @@ duty where it is (the loop does not integrate an old error).
 from __future__ import annotations
 
 import collections
+import math
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -175,6 +176,7 @@ class Governor(ShapeChoices, PowerHolding, TableError, WindowReadings):
         self.loop = DutyLoop(plant_gain_w=gain, d_min=duty_range[0], d_max=duty_range[1])
         self.loop.duty = static_duty if mode == "static" else duty_range[1]
         self.budget_w = None
+        self._budget_log: collections.deque = collections.deque(maxlen=64)  # (t, budget) of each change
         self.offset_w = 0.0  # watts on the board that no configuration of ours explains
         self._events: list[str] = []
         self._last_single: tuple | None = None  # the (shape, config) of the last tick, if only one ran
@@ -215,6 +217,8 @@ class Governor(ShapeChoices, PowerHolding, TableError, WindowReadings):
             raise ControlError(f"budget {budget_w:.0f} W is over this GPU's enforced power limit "
                                f"({self.limit_w:.0f} W); the card cannot draw more than the limit")
         before, self.budget_w = self.budget_w, budget_w
+        # (the first budget holds from the start, whatever the clock reads before the run's)
+        self._budget_log.append((-math.inf if before is None else self.clock(), budget_w))
         if self.thermal is not None:
             self.thermal.set_ceiling(budget_w)
         if before is None or abs(budget_w - before) < STEP_MIN_W:

@@ -160,9 +160,25 @@ class PowerHolding:
         if len(window) < 2 or window[-1][0] - window[0][0] < 0.9:
             self._debt_j = 0.0
             return
-        seconds = window[-1][0] - window[0][0]
-        allowed = statistics.fmean(b for _, _, b in window[1:]) * seconds
+        allowed = self._allowed_j(window[0][0], window[-1][0])
         self._debt_j = max(0.0, (window[-1][1] - window[0][1]) - allowed)
+
+    def _allowed_j(self, start: float, end: float) -> float:
+        """The energy the budget allows from `start` to `end`: each budget for the time it was
+        in force, as the windows are judged (flashwatt.control.metrics.window_budget). Read
+        tick by tick instead, a step down between two ticks charged the energy drawn before it
+        at the new budget: a debt the board never ran up, repaid over the next half second
+        (on the H100, 40-55 W under the budget after a step from 496 to 261 W)."""
+        changes = [(t, b) for t, b in self._budget_log if t < end]
+        if not changes:
+            return (self.budget_w or 0.0) * (end - start)
+        total, budget, since = 0.0, changes[0][1], start
+        for t, b in changes:
+            if t > start:
+                total += budget * (t - since)
+                since = t
+            budget = b
+        return total + budget * (end - since)
 
     def _running_table(self):
         """The duty -> power table of what runs now: the running (shape, configuration)'s, or
