@@ -8,7 +8,8 @@ differs while their step takes as long. Each case writes one JSON file per rank:
 truth at every tick, its step count and idle time, its controller's trace (rank 0's holds
 every rank's readings), and what happened to the job (the fault, and whether it ended).
 
-Cases, run in order in the same processes: `late_rank` (that rank starts its controller
+Cases, run in order in the same processes: `warm` (the job's warm-start cache under the
+output folder, shared by the cases that name it), `late_rank` (that rank starts its controller
 `late_s` of real time after the others, as a rank still closing the last one does), `nvml` (rank 1's NVML fails for a while), `die`
 (rank `die_rank` exits at `die_at_s` without a word: its peers must neither hang nor go
 over budget, and end or go on as `on_peer_loss` says).
@@ -42,8 +43,13 @@ def run_case(rank: int, case: dict, out: Path) -> None:
         time.sleep(case["late_s"])
     if case.get("nvml_dead_rank") == rank:
         gpu.nvml_dead = [tuple(case["nvml_dead_s"])]
+    cache = None
+    if case.get("warm"):  # one cache for the job's runs, as the cells of a suite share one
+        from flashwatt.control.warm_start import WarmStartCache
+
+        cache = WarmStartCache(out / "cache", {"gpu": "sim", "job_ranks": dist.get_world_size()})
     ctl = sim_controller(gpu, budget_w=case["budget_w"], group=dist.group.WORLD,
-                         on_peer_loss=case.get("on_peer_loss", "end"), peer_timeout_s=3.0)
+                         on_peer_loss=case.get("on_peer_loss", "end"), peer_timeout_s=3.0, cache=cache)
     fn = gpu.step_fn(ctl)
     ended = None
     try:
@@ -53,10 +59,12 @@ def run_case(rank: int, case: dict, out: Path) -> None:
             ctl.step(fn, tokens=gpu.tokens_per_step)
     except PeerLost as err:
         ended = str(err)
+    warm = ctl.warm_start()  # (before closing: the shapes it started warm)
     ctl.close()
     trace = ctl.trace()
     record = {"rank": rank, "truth": gpu.rows, "steps": gpu.steps, "slept_s": ctl.slept_s, "t_end": gpu.t,
-              "fault": ctl.fault(), "ended": ended, "trace": json.loads(trace.to_json(orient="records"))}
+              "fault": ctl.fault(), "ended": ended, "warm_start": warm,
+              "trace": json.loads(trace.to_json(orient="records"))}
     (out / f"{case['name']}-rank{rank}.json").write_text(json.dumps(record))
 
 

@@ -687,7 +687,7 @@ def sim_controller(gpu: SimStepGpu, mode: str = "budget", budget_w: float | None
 
     ctl = Controller(mode, budget_w, "cpu", telemetry=SimTelemetry(gpu.plant.cap_w), idle_w=gpu.plant.idle_w,
                      sensor=False, clock=gpu.clock, sleep=gpu.sleep, device_ops=DeviceOps(None, gpu.clock),
-                     cache=None, **kw)
+                     **{"cache": None, **kw})
     gpu.on_tick = ctl.tick
     return ctl
 

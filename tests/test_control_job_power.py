@@ -131,3 +131,25 @@ def test_a_rank_dying_ends_the_job_when_it_is_set_to(tmp_path):
         assert rank["fault"]["action"] == "ended" and "PeerLost" not in rank["ended"]
         assert "on_peer_loss='end' ends the job" in rank["ended"]
         assert 5.0 <= rank["t_end"] < 7.0  # ended within a step or two of the death, not hung
+
+
+def test_a_jobs_second_run_starts_from_what_its_first_learned(tmp_path):
+    """Rank 0 decides for the job from the GPUs' summed power, so it keeps the job's tables
+    (one cache file, the job's size in its key) and a second run of the job starts each
+    shape it knows at its operating point; the other ranks keep nothing."""
+    world, budget = 2, 900.0
+    cases = [{"name": name, "budget_w": budget, "seconds": 8.0, "warm": True} for name in ("cold", "warm")]
+    spawn(world, cases, tmp_path)
+    cold, warm = read(tmp_path, "cold", world), read(tmp_path, "warm", world)
+    files = sorted((tmp_path / "cache").rglob("*.json"))
+    assert len(files) == 1 and json.loads(files[0].read_text())["key"]["job_ranks"] == world
+    assert cold[0]["warm_start"]["warm_shapes"] == 0 and warm[0]["warm_start"]["warm_shapes"] == 1
+    assert all(r["warm_start"]["cache"] is None for r in cold[1:] + warm[1:])
+    events = [e for e in pd.DataFrame(warm[0]["trace"])["event"].dropna()]
+    assert any(e.startswith("warm start:") for e in events), events
+    # its first second within the budget and near the best uniform pacing (the cold run's
+    # first second made 0.84 of it: it starts from the power prior's duty and climbs)
+    assert total_windows(warm).iloc[0]["power_w"] <= budget * 1.03
+    first = pd.DataFrame(warm[0]["trace"])
+    first_steps_per_s = first[first["t"] <= 1.0]["tokens"].sum() / 8192
+    assert first_steps_per_s >= 0.9 * best_uniform_steps_per_s(world, budget)

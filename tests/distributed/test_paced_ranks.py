@@ -23,10 +23,12 @@ def test_ranks_paced_below_half_duty_idle_together_and_keep_their_duty(tmp_path)
              join=True)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
     # a step's blocks take the slower rank's compute, 4 x 15 ms; at duty 0.3 a step lasts
-    # 200 ms: the run about 4 s
+    # 200 ms: the run about 4 s. The bounds leave room for a loaded host (a sleep that
+    # oversleeps, a collective scheduled late); paid alone, the idle grew to 0.34 s by the
+    # fourth point and past 9 s by the eighth, and the run never ended
     for rank in ranks:
         # a point's idle is (1 - d) / d of a block's 15 ms, 35 ms, and does not grow
-        assert rank["longest_sleep_s"] <= 0.1, rank
-        assert rank["wall_s"] <= 1.3 * seconds, rank
+        assert rank["longest_sleep_s"] <= 0.3, rank
+        assert rank["wall_s"] <= 2.0 * seconds, rank
         # the idle each rank paid itself is about (1 - duty) of the run, not more
-        assert rank["slept_s"] <= 1.1 * (1 - duty) * rank["wall_s"], rank
+        assert rank["slept_s"] <= 1.2 * (1 - duty) * rank["wall_s"], rank

@@ -23,7 +23,10 @@ Warm start: what the controller learns is kept (flashwatt.control.warm_start) un
 `cache` (default: $FLASHWATT_CONTROL_CACHE, else results/control-cache; None or
 FLASHWATT_CONTROL_CACHE=off switches it off), keyed by the GPU, its driver and the build;
 a later run starts each shape it knows at its operating point. `warm_start()` says what a
-run started from.
+run started from. A job on several GPUs keeps its own: rank 0 decides for the job from the
+GPUs' summed power, so its tables are the job's, kept under rank 0's GPU with the job's
+size in the key, and not kept after a fault (the governor is then one GPU's).
+`cache` may also be a WarmStartCache, whose key the caller chose.
 
 fp8 (16-bit inputs quantised in the call) is a candidate only where the tolerance is at least
 fp8's bound (flashwatt.control.configuration.step_allowed).
@@ -106,7 +109,9 @@ class Controller(AttentionCalls, ModelSteps):
         else:
             candidates_for = self._candidates_for
         duty_range = tuple(self.knobs.get("duty", (0.01, 1.0)))
-        self._warm = self._open_cache(cache, telemetry) if mode != "static" and self._shared is None else None
+        # (on several ranks only rank 0's governor decides, for the job: its tables are the job's)
+        deciding = self._shared is None or self._shared.rank == 0
+        self._warm = self._open_cache(cache, telemetry) if mode != "static" and deciding else None
         self.governor = Governor(mode, candidates_for, budget_w=budget_w, idle_w=idle_w, limit_w=limit,
                                  max_slowdown=max_slowdown, static_duty=duty, duty_range=duty_range,
                                  warm_start=self._warm, temp_limit_c=temp_limit_c,
@@ -155,10 +160,15 @@ class Controller(AttentionCalls, ModelSteps):
         """The warm-start cache of this GPU and build, or None (switched off, or no key)."""
         from flashwatt.control.warm_start import WarmStartCache, cache_root
 
+        if isinstance(cache, WarmStartCache):
+            return cache
         root = cache_root() if cache == "default" else cache
         if root is None or self.device.type != "cuda":
             return None
-        return WarmStartCache(root, warm_start_key(self.device, telemetry))
+        key = warm_start_key(self.device, telemetry)
+        if self._shared is not None:
+            key["job_ranks"] = self._shared.world  # the job's summed power: a table per job size
+        return WarmStartCache(root, key)
 
     def _open_job_power(self, group: Any, on_peer_loss: str, timeout_s: float | None, period_s: float):
         """The job's shared budget over `group` (flashwatt.control.job_power), or None on one GPU."""
@@ -294,7 +304,12 @@ class Controller(AttentionCalls, ModelSteps):
     def close(self) -> None:
         sensor = getattr(self, "_sensor", None)
         shared = getattr(self, "_shared", None)
+        job_learned: dict = {}
         if shared is not None:  # the other ranks stop exchanging with this one first
+            # The job's tables, taken before closing leaves this rank a governor of its own;
+            # none once the job went apart (a fault, a peer that closed first): this rank's
+            # governor is then one GPU's, not the job's.
+            job_learned = self.governor.learned() if shared.shared else {}
             shared.close(threaded=sensor is not None, ctl=self)
         if sensor is not None:
             sensor.stop()
@@ -304,7 +319,7 @@ class Controller(AttentionCalls, ModelSteps):
             raise RuntimeError(f"control loop failed: {sensor.error!r}") from sensor.error
         warm = getattr(self, "_warm", None)
         if warm is not None:
-            warm.save(self.governor.learned())
+            warm.save(self.governor.learned() if shared is None else job_learned)
             self._warm = None
         if getattr(self, "_owns_telemetry", False) and self.telemetry is not None:
             self.telemetry.close()
