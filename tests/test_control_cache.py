@@ -149,3 +149,15 @@ def test_a_second_run_starts_at_its_operating_point(tmp_path, budget):
     assert tokens_per_s >= 0.95 * front_at(static_front(plant), budget)  # ... and at its operating point
     cold_first = cold[cold["t"] <= 1.0]
     assert tokens_per_s > cold_first["tokens"].sum() / cold_first["t"].iloc[-1]  # where a cold start explores
+
+
+def test_a_jobs_file_and_its_first_gpus_own_keep_each_other(tmp_path):
+    """A job on several GPUs keeps its tables under rank 0's GPU in a folder of its own: a
+    save removes the files of its folder's other keys (a new driver or build), so in one
+    folder the job's save and the single GPU's would delete each other's."""
+    root = tmp_path
+    WarmStartCache(root, KEY).save(learned())
+    WarmStartCache(root, dict(KEY, job_ranks=4)).save(learned(9e6))
+    WarmStartCache(root, KEY).save(learned(18e6))
+    assert len(list(root.rglob("*.json"))) == 2
+    assert WarmStartCache(root, dict(KEY, job_ranks=4)).lookup(SHAPE) is not None

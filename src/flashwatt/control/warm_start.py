@@ -12,6 +12,7 @@ empty value) switches warm starts off. Layout:
 
     <root>/<gpu uuid, or its name>/<key digest>.json   one file per GPU and software key
     <root>/<gpu uuid, or its name>/<key digest>.lock   its lock
+    <root>/<rank 0's gpu uuid>-job<N>/<key digest>.json   a job on N GPUs (its rank 0 decides)
 
 The key is the GPU's model and UUID, the driver, and the build: our kernel's build key
 (its sources, arch, torch, CUDA, compiler flags: flashwatt.build.build_key), torch, CUDA
@@ -89,7 +90,10 @@ class WarmStartCache:
         if not key.get("uuid") and not key.get("gpu"):
             raise ValueError("a warm-start key names the GPU (uuid or model)")
         self.key = dict(key)
-        self.folder = Path(root) / _slug(str(key.get("uuid") or key.get("gpu")))
+        # (a job's tables, of its GPUs' summed power, in a folder of their own: a save removes
+        # the files of the folder's other keys, and the one GPU's file is not the job's)
+        job = f"-job{key['job_ranks']}" if key.get("job_ranks") else ""
+        self.folder = Path(root) / (_slug(str(key.get("uuid") or key.get("gpu"))) + job)
         self.digest = key_digest(self.key)
         self.path = self.folder / f"{self.digest}.json"
         self._shapes = self._read().get("shapes", {})

@@ -82,8 +82,10 @@ def _controller(mode: str, budget_w, device, telemetry, idle_w, model, settings:
 
     from flashwatt.control import Controller
 
+    # (the default warm-start cache: a governed run of the job starts where the last one of the
+    # same job size on these GPUs left off; rank 0 keeps it, flashwatt.control.controller)
     ctl = Controller(mode, budget_w, device, telemetry=telemetry, idle_w=idle_w, group=dist.group.WORLD,
-                     on_peer_loss=settings.get("on_peer_loss", "end"), cache=None, **options)
+                     on_peer_loss=settings.get("on_peer_loss", "end"), **options)
     ctl.attach(model)
     return ctl
 
