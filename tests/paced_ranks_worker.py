@@ -33,15 +33,15 @@ def main(rank: int, world: int, port: int, out: str, duty: float, seconds: float
                     group=dist.group.WORLD) as ctl:
         pacer = ctl._pacer
         longest = 0.0
-        pay = pacer._pay
+        point = pacer.point
 
-        def timed_pay(*args) -> float:  # one payment of idle at a pacing point
+        def timed_point(*args, **kwargs) -> float:  # the idle paid at one pacing point
             nonlocal longest
-            slept = pay(*args)
+            slept = point(*args, **kwargs)
             longest = max(longest, slept)
             return slept
 
-        pacer._pay = timed_pay
+        pacer.point = timed_point
 
         def step() -> None:
             for _ in range(BLOCKS):

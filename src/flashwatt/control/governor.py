@@ -150,7 +150,7 @@ class Governor(ShapeChoices, PowerHolding, TableError, WindowReadings):
         self.base_margin = margin
         self.max_margin = max_margin
         self.margin = margin  # base_margin, widened while 1 s averages of power spread (see _adapt_margin)
-        self._energy: collections.deque = collections.deque(maxlen=40)  # (t, joules, set point, budget)
+        self._energy: collections.deque = collections.deque(maxlen=40)  # (t, joules, aim)
         self._debt_j = 0.0  # energy the last second drew over its budget (see _aim_w)
         self._counter_last: tuple | None = None  # (t, joules) of the last read of the energy counter
         self._stall_j = 0.0  # joules a stalled read of the counter held back, until it catches up
@@ -475,16 +475,16 @@ class Governor(ShapeChoices, PowerHolding, TableError, WindowReadings):
         up to max_margin. Windows that hold a budget step or a switch of ours are left out."""
         if joules is None or self.mode != "budget" or self.budget_w is None:
             return
-        self._energy.append((now, joules, self._aim_w(), self.budget_w))
+        self._energy.append((now, joules, self._aim_w()))
         self._update_debt(now)
-        older = [(t, j) for t, j, _, _ in self._energy if t <= now - 1.0]
+        older = [(t, j) for t, j, _ in self._energy if t <= now - 1.0]
         if not older:
             return
         t0, j0 = older[-1]
         quiet = self._quiet_since is None or t0 >= self._quiet_since
         if quiet and now > t0:
             # the window's power about what the loop aimed at (a ramp, a debt move both)
-            aimed = statistics.fmean(aim for t, _, aim, _ in self._energy if t > t0)
+            aimed = statistics.fmean(aim for t, _, aim in self._energy if t > t0)
             self._window_w.append((joules - j0) / (now - t0) - aimed)
         if len(self._window_w) >= 10:
             over = statistics.fmean(self._window_w) + MARGIN_SIGMAS * statistics.pstdev(self._window_w)

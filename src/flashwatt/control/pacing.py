@@ -172,22 +172,17 @@ class Pacer:
         if self.agree is not None:
             return self._point_together(drained)
         if self.duty() >= 1.0:
-            self._resumed_t = self._last_pay_t = None
-            self._owed_busy_s = self.cycle_s = 0.0
+            self._at_full_duty()
             if drained is not None:
                 drained()
             return 0.0
         self.ops.sync()
         if drained is not None:
             drained()
-        if self._resumed_t is not None:
-            self._owed_busy_s += max(0.0, self.clock() - self._resumed_t)
+        self._count_busy()
         slept = 0.0
         if self._owed_idle_s() >= self.quantum_s:
-            now = self.clock()
-            if self._last_pay_t is not None:
-                self.cycle_s += 0.3 * ((now - self._last_pay_t) - self.cycle_s)
-            self._last_pay_t = now
+            self._mark_payment()
             slept = self._pay()
         self._resumed_t = self.clock()
         return slept
@@ -199,33 +194,42 @@ class Pacer:
         duty = self.duty()
         owed = 0.0
         if duty >= 1.0:
-            self._resumed_t = self._last_pay_t = None
-            self._owed_busy_s = self.cycle_s = 0.0
+            self._at_full_duty()
         else:
             self.ops.sync()
-            if self._resumed_t is not None:
-                self._owed_busy_s += max(0.0, self.clock() - self._resumed_t)
+            self._count_busy()
             owed = self._owed_busy_s * idle_ratio(duty)
         if drained is not None:
             drained()
         common = self.agree(owed)
         slept = 0.0
         if common >= self.quantum_s:
-            now = self.clock()
-            if self._last_pay_t is not None:
-                self.cycle_s += 0.3 * ((now - self._last_pay_t) - self.cycle_s)
-            self._last_pay_t = now
-            slept = self._pay(common)
+            self._mark_payment()
+            slept = self._sleep_for(common)
             self._owed_busy_s = max(0.0, self._owed_busy_s - slept / idle_ratio(duty))
         if duty < 1.0:
             self._resumed_t = self.clock()
         return slept
 
-    def _pay(self, total_s: float | None = None) -> float:
-        """Sleep off the debt, slice by slice, at the duty in force before each slice; or,
-        given `total_s` (the idle a job's ranks agreed on), exactly that long."""
-        if total_s is not None:
-            return self._sleep_for(total_s)
+    def _at_full_duty(self) -> None:
+        """Nothing is owed at full duty, and no pacing cycle runs."""
+        self._resumed_t = self._last_pay_t = None
+        self._owed_busy_s = self.cycle_s = 0.0
+
+    def _count_busy(self) -> None:
+        """The GPU's busy time since it last resumed (the queue drained) is owed idle."""
+        if self._resumed_t is not None:
+            self._owed_busy_s += max(0.0, self.clock() - self._resumed_t)
+
+    def _mark_payment(self) -> None:
+        """A payment starts now: the pacing cycle is the time since the last one."""
+        now = self.clock()
+        if self._last_pay_t is not None:
+            self.cycle_s += 0.3 * ((now - self._last_pay_t) - self.cycle_s)
+        self._last_pay_t = now
+
+    def _pay(self) -> float:
+        """Sleep off the debt, slice by slice, at the duty in force before each slice."""
         slept = 0.0
         while True:
             ratio = idle_ratio(self.duty())
@@ -234,24 +238,24 @@ class Pacer:
                 if ratio <= 0.0:
                     self._owed_busy_s = 0.0
                 break
-            t0 = self.clock()
-            self._sleeping = (t0, self.slept_s)
-            self.sleep(min(owed, MAX_SLICE_S))
-            took = self.clock() - t0
+            took = self._sleep_slice(owed)
             slept += took
-            self.slept_s += took
-            self._sleeping = None
             self._owed_busy_s -= took / ratio  # a sleep that overran paid ahead
         return slept
 
     def _sleep_for(self, seconds: float) -> float:
+        """Idle exactly `seconds` (the idle a job's ranks agreed on), slice by slice."""
         slept = 0.0
         while seconds - slept > 1e-4:
-            t0 = self.clock()
-            self._sleeping = (t0, self.slept_s)
-            self.sleep(min(seconds - slept, MAX_SLICE_S))
-            took = self.clock() - t0
-            slept += took
-            self.slept_s += took
-            self._sleeping = None
+            slept += self._sleep_slice(seconds - slept)
         return slept
+
+    def _sleep_slice(self, seconds: float) -> float:
+        """One sleep of at most MAX_SLICE_S, visible to the sensor while it lasts; its length."""
+        t0 = self.clock()
+        self._sleeping = (t0, self.slept_s)
+        self.sleep(min(seconds, MAX_SLICE_S))
+        took = self.clock() - t0
+        self.slept_s += took
+        self._sleeping = None
+        return took

@@ -16,8 +16,6 @@ loop, set point, others' watts and clock.
 """
 from __future__ import annotations
 
-import statistics
-
 from flashwatt.control.configuration import Configuration
 from flashwatt.control.model import DUTY_BINS
 from flashwatt.control.power_bound import PRIOR_EXPONENT, bounded_duty, prior_duty
@@ -156,7 +154,7 @@ class PowerHolding:
         return joules + self._stall_j
 
     def _update_debt(self, now: float) -> None:
-        window = [(t, j, b) for t, j, _, b in self._energy if t >= now - 1.0 - 1e-9]
+        window = [(t, j) for t, j, _ in self._energy if t >= now - 1.0 - 1e-9]
         if len(window) < 2 or window[-1][0] - window[0][0] < 0.9:
             self._debt_j = 0.0
             return
