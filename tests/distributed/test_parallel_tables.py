@@ -176,3 +176,11 @@ def test_folders_from_two_machines_go_into_one_document_each_row_against_its_own
     two, four = _row(text, "| 2, fsdp |"), _row(text, "| 4, fsdp |")
     assert "96% of linear" in two and "240 ms" in two and "1.92x" in two
     assert "95% of linear" in four and "190 ms" in four and "3.80x" in four
+
+
+def test_a_results_folder_that_is_not_there_is_named_not_taken_for_no_cells(tmp_path, capsys):
+    with pytest.raises(SystemExit) as ended:
+        main(["--results", str(tmp_path / "results-g4"), "--out", str(tmp_path / "parallel.md")])
+    assert ended.value.code == 2
+    assert f"--results: no such folder: {tmp_path / 'results-g4'}" in capsys.readouterr().err
+    assert not (tmp_path / "parallel.md").exists()

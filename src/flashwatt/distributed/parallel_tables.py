@@ -186,6 +186,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--suites", nargs="+", default=["distributed", "models"])
     parser.add_argument("--out", default="docs/parallel.md", type=Path)
     args = parser.parse_args(argv)
+    missing = [str(root) for root in args.results if not root.is_dir()]
+    if missing:  # a folder named by hand that is not there: not a table "not measured"
+        parser.error(f"--results: no such folder: {', '.join(missing)}")
     command = "python -m flashwatt.distributed.parallel_tables"
     if args.results != [Path("results")]:
         command += " --results " + " ".join(str(root) for root in args.results)
