@@ -8,7 +8,7 @@ import re
 import pytest
 
 from flashwatt.distributed.cell import DistributedCell
-from flashwatt.distributed.parallel_reasons import attention_reason, ring_causal_cap
+from flashwatt.distributed.parallel_reasons import attention_reason, model_reason, ring_causal_cap
 from flashwatt.distributed.parallel_tables import main, model_rows, parallel_markdown
 from flashwatt.distributed.summary import distributed_table
 from flashwatt.kinds import envelope_of
@@ -184,3 +184,15 @@ def test_a_results_folder_that_is_not_there_is_named_not_taken_for_no_cells(tmp_
     assert ended.value.code == 2
     assert f"--results: no such folder: {tmp_path / 'results-g4'}" in capsys.readouterr().err
     assert not (tmp_path / "parallel.md").exists()
+
+
+def test_a_failed_cell_is_one_short_line_in_its_table_and_whole_in_the_list_below():
+    reason = ("rank 3 (pid 1907, vm) raised OutOfMemoryError during warm-up 21.4 s in: CUDA out of memory. "
+              "Tried to allocate 3.91 GiB. GPU 3 has a total capacity of 79.18 GiB of which 3.79 GiB is free; "
+              "rank(s) 0, 1, 2 stopped by the supervisor")
+    row = {"status": "oom", "reason": reason, "gpus": 4, "strategy": "fsdp"}
+    assert model_reason(row, None) == ("oom: rank 3 (pid 1907, vm) raised OutOfMemoryError during warm-up 21.4 s in "
+                                       "(whole reason below)")
+    long = {"status": "error", "reason": "x" * 40 + " " + "y" * 80}
+    assert attention_reason(long) == "error: " + "x" * 40 + " ... (whole reason below)"
+    assert attention_reason({"status": "error"}) == "error: no reason recorded (whole reason below)"

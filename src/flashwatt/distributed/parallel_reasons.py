@@ -26,6 +26,7 @@ optimizer states).
 from __future__ import annotations
 
 import math
+import re
 
 TILE_ROWS = 128
 FEW_TILES = 1024       # a few waves of a 132-SM GPU's worth of 128-row tiles
@@ -33,6 +34,7 @@ SLOWER_BLOCKS = 1.15   # compute per unit of work this much above one GPU's is c
 EXPOSED_SHARE = 0.10   # exposed communication above this share of the call is called out
 SCALES = 0.90          # efficiency from which a cell "scales"
 REPLICATED = 0.5       # peak memory per GPU above this share of one GPU's: the model is whole on each
+REASON_CHARS = 90      # a failed cell's reason in a table row: its first clause, at most this long
 
 
 def _num(value) -> float | None:
@@ -70,10 +72,21 @@ def _slow_blocks(row, compute_ms: float, ideal_ms: float, busiest: float) -> str
     return text + (": too few tiles per rank to fill a GPU" if tiles < FEW_TILES else "")
 
 
+def failed_reason(row) -> str:
+    """A cell that did not end ok, in the table: its status and the first clause of its reason
+    (an exception's message runs to hundreds of characters; the whole reason is in the list
+    of cells that did not end ok, below the tables)."""
+    reason = str(row.get("reason") or "no reason recorded")
+    clause = re.split(r"(?<=[.;:])\s", reason, maxsplit=1)[0].rstrip(".;:")
+    if len(clause) > REASON_CHARS:
+        clause = clause[:REASON_CHARS].rsplit(" ", 1)[0] + " ..."
+    return f"{row.get('status')}: {clause} (whole reason below)"
+
+
 def attention_reason(row) -> str:
     """Why this distributed cell reached its speedup (module docstring)."""
     if row.get("status") != "ok":
-        return f"{row.get('status')}: {row.get('reason')}"
+        return failed_reason(row)
     total, single = _num(row.get("total_ms")), _num(row.get("single_gpu_total_ms"))
     if not total or not single:
         return "no one-GPU time in the same job to compare with"
@@ -131,7 +144,7 @@ def model_reason(row, one) -> str:
     """Why this multi-GPU model cell reached its speedup over `one` (the same step's one-GPU
     row, or None) (module docstring)."""
     if row.get("status") != "ok":
-        return f"{row.get('status')}: {row.get('reason')}"
+        return failed_reason(row)
     if one is None or not _num(one.get("step_ms")) or not _num(row.get("step_ms")):
         return "no one-GPU cell of the same step to compare with"
     world = int(row["gpus"])
