@@ -12,7 +12,8 @@ Cases, run in order in the same processes: `warm` (the job's warm-start cache un
 output folder, shared by the cases that name it), `late_rank` (that rank starts its controller
 `late_s` of real time after the others, as a rank still closing the last one does), `nvml` (rank 1's NVML fails for a while), `die`
 (rank `die_rank` exits at `die_at_s` without a word: its peers must neither hang nor go
-over budget, and end or go on as `on_peer_loss` says).
+over budget, and end or go on as `on_peer_loss` says), `closes_first` (that rank closes
+while the others still tick).
 """
 from __future__ import annotations
 
@@ -60,6 +61,10 @@ def run_case(rank: int, case: dict, out: Path) -> None:
     except PeerLost as err:
         ended = str(err)
     warm = ctl.warm_start()  # (before closing: the shapes it started warm)
+    if case.get("closes_first") not in (None, rank):
+        # a peer closes first: its goodbye reaches this rank in a tick's exchange, before this
+        # rank closes (on GPUs the sensor thread exchanges while the step thread finishes)
+        gpu.sleep(0.3)
     ctl.close()
     trace = ctl.trace()
     record = {"rank": rank, "truth": gpu.rows, "steps": gpu.steps, "slept_s": ctl.slept_s, "t_end": gpu.t,

@@ -67,6 +67,7 @@ def test_a_governed_two_rank_cell_runs_its_front_and_a_shared_budget(tmp_path, m
     control = run["control"]
     assert control["nvml_answering"] == [True, True] and control["fault"] is None
     assert control["merit"]["windows"] >= 1 and control["merit"]["idle_w"] > 200  # both boards' idle, summed
+    assert control["warm_start"]["shapes"] == 1  # where rank 0's knowledge came from (no cache off CUDA)
     trace = json.loads((tmp_path / "train-L32-B1-G2-fsdp-gov-budget400w.trace.json").read_text())
     assert trace and all(row["source"] == "controller" for row in trace)
     late = trace[-1]

@@ -306,11 +306,12 @@ class Controller(AttentionCalls, ModelSteps):
         shared = getattr(self, "_shared", None)
         job_learned: dict = {}
         if shared is not None:  # the other ranks stop exchanging with this one first
-            # The job's tables, taken before closing leaves this rank a governor of its own;
-            # none once the job went apart (a fault, a peer that closed first): this rank's
-            # governor is then one GPU's, not the job's.
-            job_learned = self.governor.learned() if shared.shared else {}
             shared.close(threaded=sensor is not None, ctl=self)
+            # The job's tables, whichever rank closed first (closing leaves each rank a
+            # governor of its own, the job's kept aside); none after a fault: the job went
+            # apart mid-run, and what its governor learned since is not the job's.
+            if shared.fault is None:
+                job_learned = (shared.job_governor or self.governor).learned()
         if sensor is not None:
             sensor.stop()
             self._sensor = None

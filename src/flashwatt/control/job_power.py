@@ -77,6 +77,9 @@ class JobPower:
         self.pace_group = dist.new_group(ranks, backend="gloo", timeout=timedelta(seconds=PACE_TIMEOUT_S))
         self.fault: dict | None = None
         self.finished = False  # a rank closed: no more exchanges
+        # The job's governor, kept when this rank goes on alone: once a peer closed first, its
+        # tables are still the job's (rank 0 keeps them for the next run, Controller.close).
+        self.job_governor: Governor | None = None
         self.local_idle_w: float | None = None
         self.local_limit_w: float | None = None
         self._closing = False
@@ -196,6 +199,7 @@ class JobPower:
         job = ctl.governor
         if job.mode != "budget" or job.budget_w is None:
             return
+        self.job_governor = self.job_governor or job
         share = job.budget_w / self.world
         if self.local_idle_w is not None and share <= self.local_idle_w:
             share = self.local_idle_w * 1.05  # the least a running GPU can draw: as frugal as it gets

@@ -122,6 +122,7 @@ def _governed(cell, setting, settings, step, model, device, telemetry, idle_w, r
         try:
             merit, trace = governed_run(ctl, step.run, cell.tokens, float(settings["seconds"]), schedule, sync=sync,
                                         agree=agree)
+            warm = ctl.warm_start()  # (before closing, which saves what this run learned)
         except PeerLost as err:  # on_peer_loss "end": the job ends here, and says why
             record.update(status="error", reason=str(err))
             record["control"] = {"setting": cell.governor, "fault": ctl.fault(), "ended": True}
@@ -130,7 +131,8 @@ def _governed(cell, setting, settings, step, model, device, telemetry, idle_w, r
     record["control"] = {"setting": cell.governor, "mode": setting.mode, "schedule": merit.pop("schedule"),
                          "temp_limit_c": setting.temp_limit_c, "seconds": settings["seconds"], "merit": merit,
                          "fault": merit.get("fault"), "on_peer_loss": settings.get("on_peer_loss", "end"),
-                         "paced": "together: rank 0's duty on every rank, between and within steps"}
+                         "paced": "together: rank 0's duty on every rank, between and within steps",
+                         "warm_start": warm if rank == 0 else None}
     record["timing"] = {"tokens_per_s": merit.get("steady_tokens_per_s") or merit.get("tokens_per_s"),
                         "method": "the governed run's tokens over its seconds (rank 0's clock)"}
     record["energy"] = {"j_per_token": merit.get("steady_j_per_token") or merit.get("j_per_token"),
