@@ -412,3 +412,23 @@ def test_every_model_figure_draws_or_says_why(table):
         assert text.startswith("Nothing to draw.") and expected in text, (name, text)
     figure = MODEL_FIGURES["model_throughput"].render(table)
     assert figure.axes and any(len(ax.patches) for ax in figure.axes)
+
+
+def test_the_figures_name_each_recompute_share(table):
+    """Train rows recomputing no block, half of them and all: the memory figure's styles
+    and the throughput figure's cells name each, and a table from before shares (true/false)
+    reads the same."""
+    ok = table[table["backend"] == "sdpa_default"].iloc[0]
+    rows = [ok.copy() for _ in range(3)]
+    for row, share in zip(rows, (0, 50, 100)):
+        row["phase"], row["recompute"], row["peak_allocated_bytes"] = "train", share, (3 - share / 50) * 2**30
+    train = pd.DataFrame(rows)
+    memory = MODEL_FIGURES["model_memory"].render(train)
+    legend = {t.get_text() for legend in memory.legends for t in legend.get_texts()}
+    assert {"no recompute", "recompute 50%", "recompute"} <= legend, legend
+    throughput = MODEL_FIGURES["model_throughput"].render(train)
+    labels = " ".join(t.get_text() for ax in throughput.axes for t in ax.get_yticklabels())
+    assert "fp32 recompute 50%" in labels and labels.count("recompute") == 2, labels
+    old = train[train["recompute"] != 50].assign(recompute=lambda t: t["recompute"] > 0)
+    legend = {t.get_text() for legend in MODEL_FIGURES["model_memory"].render(old).legends for t in legend.get_texts()}
+    assert {"no recompute", "recompute"} <= legend, legend

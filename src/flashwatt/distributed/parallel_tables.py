@@ -29,7 +29,7 @@ from pathlib import Path
 import pandas as pd
 
 from flashwatt.distributed.parallel_reasons import attention_reason, model_reason
-from flashwatt.models.recompute import recompute_words
+from flashwatt.models.recompute import recompute_percent, recompute_words
 
 GIB = 2 ** 30
 # a model cell's one-GPU cell: the same step in the same suite of the same results folder
@@ -68,6 +68,9 @@ def _markdown(rows: list[list[str]], header: list[str]) -> str:
 def _read(roots: list[Path], suites: list[str], name: str) -> pd.DataFrame:
     frames = [pd.read_parquet(path).assign(results=str(root))
               for root in roots for suite in suites if (path := root / suite / name).exists()]
+    for frame in frames:  # a table aggregated before shares has true/false, which the concatenation would make 1/0
+        if "recompute" in frame:
+            frame["recompute"] = frame["recompute"].map(recompute_percent)
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
@@ -132,8 +135,7 @@ def model_markdown(rows: pd.DataFrame) -> str:
 
 
 def _recompute_words(row: pd.Series) -> str:
-    """', recompute' or ', recompute 50%' for a model row that recomputes, '' otherwise (a
-    table aggregated before shares says true/false: 100/0)."""
+    """', recompute' or ', recompute 50%' for a model row that recomputes, '' otherwise."""
     words = recompute_words(row["recompute"]) if "recompute" in row else ""
     return f", {words}" if words else ""
 
