@@ -1,13 +1,13 @@
 """Activation recompute on a share of a model's decoder blocks.
 
-A share is a whole percent of the blocks, 0-100: the blocks `recomputed_blocks` names
-keep only their inputs in the forward and rerun it in the backward (transformers
+A share is a whole percent of the blocks, 0-100. Each block `recomputed_blocks` names
+keeps only its input in the forward and reruns its forward in the backward (transformers
 checkpoints a block, non-reentrant, whose `gradient_checkpointing` flag is set); every
-other block keeps its activations. The chosen blocks are evenly spread (a share of 50 is
-every other block, 25 every fourth); the blocks are alike, so the activation memory saved
-and the forward rerun both grow with the share. A model cell (flashwatt.models.cell) takes `recompute`
-as true (100), false (0) or a share; the governed steps' controller turns the same share
-(flashwatt.models.step_knobs).
+other block keeps its activations. The chosen blocks are evenly spread (50 is every other
+block, 25 every fourth); the blocks are alike, so the activation memory saved and the
+forward rerun both grow with the share. A model cell (flashwatt.models.cell) takes
+`recompute` as true (100), false (0) or a share; the governed steps' controller turns the
+same share (flashwatt.models.step_knobs).
 """
 from __future__ import annotations
 
