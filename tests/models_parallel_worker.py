@@ -8,6 +8,11 @@ and compares the loss, the gathered logits and every whole gradient with the
 reference. Rank 0 writes a JSON report: the largest relative error of each case and
 what the case says about itself (the kv heads expanded, the block that ran).
 
+Recompute of a share of the blocks (half of llama_tiny's two) under fsdp and zigzag: the
+same comparison against one process without recompute, the blocks whose checkpoint flag
+is set, and how often each block's attention ran in the step (twice where the backward
+reran its forward).
+
 A negative control runs zigzag with each rank's positions counted from 0 (what a
 context-parallel model that forgot the global positions would do): its error must be
 large, or the comparison could not see that mistake. Last, the check's one-process run
@@ -26,6 +31,8 @@ import torch.distributed as dist
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 BATCH, LENGTH = 4, 32  # the global batch: 4 sequences (fsdp: 4 / world per rank) of 32 tokens
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
+RECOMPUTE_SHARE = 50  # percent of the blocks: block 1 of llama_tiny's 2
+RECOMPUTE_STRATEGIES = ("fsdp", "zigzag")
 
 
 def cases(world: int) -> list[tuple[str, str, str, str]]:
@@ -77,6 +84,26 @@ def run_case(strategy: str, dtype: torch.dtype, ids: torch.Tensor, reference: di
     return out
 
 
+def recompute_case(strategy: str, ids: torch.Tensor, reference: dict) -> dict:
+    """`strategy` recomputing RECOMPUTE_SHARE percent of the blocks: the errors against one
+    process without recompute, the blocks checkpointed, and each block's attention calls in
+    the step (a pre-hook: it counts a rerun even where the recompute stops early)."""
+    from flashwatt.models.fsdp import decoder_blocks
+    from flashwatt.models.parallel import prepare
+    from flashwatt.models.parallel_check import parallel_pass
+    from flashwatt.models.recompute import checkpointed_blocks
+
+    model = _model("llama_tiny", torch.float64)
+    model.train()
+    blocks = decoder_blocks(model)
+    calls = [0] * len(blocks)
+    for i, block in enumerate(blocks):
+        block.self_attn.register_forward_pre_hook(lambda module, args, i=i: calls.__setitem__(i, calls[i] + 1))
+    parallel = prepare(model, strategy, recompute=RECOMPUTE_SHARE)
+    got = parallel_pass(parallel, ids, train=True)
+    return {**compare(got, reference), "checkpointed": checkpointed_blocks(model), "attention_calls": calls}
+
+
 def rank0_failure(world: int) -> list[str]:
     """What every rank raises when the check's one-process run fails on rank 0."""
     from flashwatt.models.parallel import prepare
@@ -124,6 +151,13 @@ def main(rank: int, world: int, port: int, report: str) -> None:
                                                    model_name)
             except Exception:  # reported per case so one failure does not hide the others
                 results["failures"][name] = traceback.format_exc()
+
+        results["recompute"] = {}
+        for strategy in RECOMPUTE_STRATEGIES:
+            try:
+                results["recompute"][strategy] = recompute_case(strategy, ids, reference("llama_tiny", "float64"))
+            except Exception:
+                results["failures"][f"{strategy}-recompute{RECOMPUTE_SHARE}"] = traceback.format_exc()
 
         # Negative control: positions counted from 0 on every rank.
         real = parallel_module.global_positions

@@ -20,8 +20,9 @@ from fake_nvml import FakeGpu, FakeNvml, uuid_for
 from flashwatt.control.configuration import ControlError
 from flashwatt.control.controller import Controller
 from flashwatt.models.presets import model_spec
+from flashwatt.models.recompute import recomputed_blocks
 from flashwatt.models.step import build_model
-from flashwatt.models.step_knobs import ModelKnobs, recomputed_blocks
+from flashwatt.models.step_knobs import ModelKnobs
 from flashwatt.telemetry import open_telemetry
 
 IDLE_W, BUSY_W = 100.0, 500.0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 
 import pandas as pd
 import pytest
@@ -210,6 +211,35 @@ def test_model_cell_names_say_what_runs():
         ModelCell("s", "llama_3_2_1b", "flash2", "bf16", "prefill", 4096, 1)
 
 
+@pytest.mark.parametrize("recompute, suffix, share", [
+    (False, "", 0), (0, "", 0), (True, "-recompute", 100), (100, "-recompute", 100), (50, "-recompute50", 50),
+    (1, "-recompute1", 1), (99, "-recompute99", 99)])
+def test_a_recompute_share_names_its_cell_and_is_found_again(recompute, suffix, share):
+    """true/false keep the names cells always had (their records stay valid); a share 1-99
+    names its percent, and every name reads back as the same cell with the same percent."""
+    cell = ModelCell("s", "llama_3_8b", "sdpa_default", "bf16", "train", 8192, 1, recompute, gpus=4, strategy="fsdp")
+    assert cell.name == f"train-L8192-B1{suffix}-G4-fsdp" and cell.recompute == share
+    assert cell.as_row()["recompute"] == share
+    again = ModelCell.from_path(cell.path)
+    assert again == cell and again.recompute == share and again.name == cell.name
+
+
+def test_true_and_100_are_one_cell_and_a_share_is_no_other_name():
+    every = ModelCell("s", "llama_3_8b", "sdpa_default", "bf16", "train", 8192, 1, True)
+    assert every == ModelCell("s", "llama_3_8b", "sdpa_default", "bf16", "train", 8192, 1, 100)
+    assert len({every, ModelCell("s", "llama_3_8b", "sdpa_default", "bf16", "train", 8192, 1, 100)}) == 1
+    for name in ("train-L8192-B1-recompute100", "train-L8192-B1-recompute0", "train-L8192-B1-recompute050"):
+        with pytest.raises(ValueError, match="is not a ModelCell record"):
+            ModelCell.from_path(f"results/cells/s/model/llama_3_8b/sdpa_default/bf16/{name}.json")
+
+
+@pytest.mark.parametrize("bad", [150, 0.5, -1, "50", None])
+def test_a_recompute_that_is_no_share_is_refused_saying_what_is(bad):
+    with pytest.raises(ValueError, match=re.escape(f"model cell recompute: {bad!r} is not allowed; give a whole "
+                                                   "percent of the decoder blocks, 1-100")):
+        ModelCell("s", "llama_3_8b", "sdpa_default", "bf16", "train", 8192, 1, bad)
+
+
 def grid(**over):
     return {"models": ["llama_3_2_1b"], "backends": ["sdpa_default", "custom"], "precisions": ["bf16"],
             "phases": ["prefill", "train"], "seq_lens": [4096], "batches": [1], "recompute": [False, True], **over}
@@ -224,8 +254,23 @@ def test_the_models_section_expands_to_cells_leaving_out_prefill_with_recompute(
     assert spec["model"]["family"] == "llama" and spec["steps"]["timed_steps"] == 4 and spec["seed"] == 3
 
 
+def test_a_grid_takes_recompute_as_true_false_or_a_share_each_once():
+    config = validate_config({"suites": {"m": {"models": {"grids": [grid(recompute=[True, 100, 50, False, 0])]}}}})
+    cells = model_runs(config, "m")
+    assert len(cells) == 2 * (1 + 3)  # prefill without recompute; train at 0, 50 and 100 percent
+    assert sorted(c.recompute for c in cells if c.phase == "train") == [0, 0, 50, 50, 100, 100]
+    assert {c.name for c in cells} == {"prefill-L4096-B1", "train-L4096-B1", "train-L4096-B1-recompute50",
+                                       "train-L4096-B1-recompute"}
+
+
 @pytest.mark.parametrize("over, message", [
     ({"models": ["llama_9b"]}, r"suites.m.models.grids\[0\].models\[0\]: unknown model 'llama_9b'"),
+    ({"recompute": [True, 150]}, r"config key suites.m.models.grids\[0\].recompute\[1\]: 150 is not allowed; give "
+                                 r"a whole percent of the decoder blocks, 1-100 \(e.g. 50; 0 is none\), or "
+                                 r"true/false"),
+    ({"recompute": [0.5]}, r"config key suites.m.models.grids\[0\].recompute\[0\]: 0.5 is not allowed; give a "
+                           r"whole percent"),
+    ({"recompute": ["half"]}, r"config key suites.m.models.grids\[0\].recompute\[0\]: 'half' is not of type"),
     ({"models": ["gpt2_124m"], "seq_lens": [2048]},
      r"suites.m.models.grids\[0\].seq_lens: 2048 is longer than model gpt2_124m's 1024 positions"),
     ({"backends": ["flash3"]}, r"suites.m.models.grids\[0\].backends\[0\]: 'flash3' is not allowed"),
@@ -260,6 +305,43 @@ def test_a_train_cell_on_cpu_is_checked_timed_and_counted():
     assert record["flops"]["mfu"] is None  # no datasheet peak for a CPU
     assert record["energy"]["reason"].startswith("no CUDA device")
     assert record["model"]["shape"]["kv_heads"] == 2
+    assert record["memory"]["recompute"] == 100 and record["memory"]["recomputed_blocks"] == [0, 1]
+
+
+def _train_step_of_four_blocks(share: int):
+    """One training step of a four-block tiny Llama built as a model cell recomputing
+    `share` percent of its blocks: the blocks checkpointed, each block's attention calls
+    in the step (a pre-hook: the forward and, where recomputed, the backward's rerun) and
+    the gradients the optimizer was given."""
+    from flashwatt.models.fsdp import decoder_blocks
+    from flashwatt.models.recompute import checkpointed_blocks
+    from flashwatt.models.step import make_step
+
+    model = build_model(model_spec("llama_tiny"), "fp32", CPU, seed=0, num_hidden_layers=4)
+    calls = [0] * 4
+    for i, block in enumerate(decoder_blocks(model)):
+        block.self_attn.register_forward_pre_hook(lambda module, args, i=i: calls.__setitem__(i, calls[i] + 1))
+    step = make_step(model, ModelCell("t", "llama_tiny", "sdpa_math", "fp32", "train", 32, 2, recompute=share),
+                     CPU, seed=0)
+    grads = {}
+    step.optimizer.step = lambda: grads.update({n: p.grad.clone() for n, p in model.named_parameters()})
+    step.run()
+    return checkpointed_blocks(model), calls, grads
+
+
+@pytest.mark.parametrize("share, blocks", [(50, [1, 3]), (25, [3]), (100, [0, 1, 2, 3])])
+def test_a_train_step_recomputing_a_share_reruns_exactly_those_blocks_with_the_same_gradients(share, blocks):
+    from flashwatt.models.recompute import recomputed_blocks
+
+    assert recomputed_blocks(4, share) == blocks
+    none, calls_without, reference = _train_step_of_four_blocks(0)
+    assert none == [] and calls_without == [1, 1, 1, 1]
+    checkpointed, calls, grads = _train_step_of_four_blocks(share)
+    assert checkpointed == blocks
+    assert calls == [2 if i in blocks else 1 for i in range(4)]
+    assert grads.keys() == reference.keys() and len(grads) == 38
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, reference[name], rtol=0, atol=0, msg=name)
 
 
 @pytest.mark.parametrize("cell, reason", [
@@ -330,3 +412,23 @@ def test_every_model_figure_draws_or_says_why(table):
         assert text.startswith("Nothing to draw.") and expected in text, (name, text)
     figure = MODEL_FIGURES["model_throughput"].render(table)
     assert figure.axes and any(len(ax.patches) for ax in figure.axes)
+
+
+def test_the_figures_name_each_recompute_share(table):
+    """Train rows recomputing no block, half of them and all: the memory figure's styles
+    and the throughput figure's cells name each, and a table from before shares (true/false)
+    reads the same."""
+    ok = table[table["backend"] == "sdpa_default"].iloc[0]
+    rows = [ok.copy() for _ in range(3)]
+    for row, share in zip(rows, (0, 50, 100)):
+        row["phase"], row["recompute"], row["peak_allocated_bytes"] = "train", share, (3 - share / 50) * 2**30
+    train = pd.DataFrame(rows)
+    memory = MODEL_FIGURES["model_memory"].render(train)
+    legend = {t.get_text() for legend in memory.legends for t in legend.get_texts()}
+    assert {"no recompute", "recompute 50%", "recompute"} <= legend, legend
+    throughput = MODEL_FIGURES["model_throughput"].render(train)
+    labels = " ".join(t.get_text() for ax in throughput.axes for t in ax.get_yticklabels())
+    assert "fp32 recompute 50%" in labels and labels.count("recompute") == 2, labels
+    old = train[train["recompute"] != 50].assign(recompute=lambda t: t["recompute"] > 0)
+    legend = {t.get_text() for legend in MODEL_FIGURES["model_memory"].render(old).legends for t in legend.get_texts()}
+    assert {"no recompute", "recompute"} <= legend, legend

@@ -24,6 +24,7 @@ from flashwatt.models.job import run_model_cell
 from flashwatt.models.parallel_layout import STRATEGIES
 from flashwatt.models.parallel_job import why_not_parallel
 from flashwatt.models.presets import build_config, model_spec, shape_of
+from flashwatt.models.recompute import recomputed_blocks
 from flashwatt.models.suite import model_runs
 from support import free_ports
 
@@ -67,6 +68,22 @@ def test_context_parallel_sends_kv_heads_as_they_are_unless_the_all_to_all_canno
     assert errors["ulysses-float64"]["kv_expanded"] == (world == 4)
     if world == 4:
         assert not errors["hybrid-float64"]["kv_expanded"]  # 2 Ulysses ranks of a 2 x 2 mesh
+
+
+@pytest.mark.slow  # the 2- and 4-process numerics (the report fixture)
+def test_recompute_of_a_share_reruns_exactly_its_blocks_and_keeps_every_gradient(report):
+    """Half of llama_tiny's two blocks recomputed, under FSDP2 (set before fully_shard) and
+    zigzag: block 1 checkpointed, its attention run twice in the step (the forward and the
+    backward's rerun), block 0's once, and the loss, logits and every gradient those of one
+    process without recompute."""
+    world, result = report
+    assert not result["failures"], "\n".join(f"{k}:\n{v}" for k, v in result["failures"].items())
+    assert recomputed_blocks(2, models_parallel_worker.RECOMPUTE_SHARE) == [1]
+    assert set(result["recompute"]) == set(models_parallel_worker.RECOMPUTE_STRATEGIES)
+    for strategy, errors in result["recompute"].items():
+        assert errors["checkpointed"] == [1] and errors["attention_calls"] == [1, 2], (strategy, errors)
+        bad = {k: errors[k] for k in ("loss", "logits", "grads") if not errors[k] <= TOLERANCE["float64"]}
+        assert not bad, f"world {world}, {strategy} with recompute: relative error above 1e-10: {bad}"
 
 
 @pytest.mark.slow  # the 2- and 4-process numerics (the report fixture)
@@ -229,7 +246,9 @@ def _run(cell, tmp_path, monkeypatch):
 
 @pytest.mark.slow  # a two-process job through run_job
 def test_a_two_process_context_parallel_cell_runs_end_to_end(tmp_path, monkeypatch):
-    cell = ModelCell("t", "llama_tiny", "sdpa_default", "fp32", "train", 64, 2, gpus=2, strategy="zigzag")
+    # recomputing half the blocks: the job hands the cell's share to prepare
+    cell = ModelCell("t", "llama_tiny", "sdpa_default", "fp32", "train", 64, 2, recompute=50, gpus=2,
+                     strategy="zigzag")
     record = _run(cell, tmp_path, monkeypatch)
     assert record["status"] == "ok", record.get("traceback", record.get("reason"))
     assert record["environment"] == {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
@@ -258,6 +277,7 @@ def test_a_two_process_context_parallel_cell_runs_end_to_end(tmp_path, monkeypat
     assert {"allreduce", "send", "recv"} <= set(comm["by_kind_ms"])  # gradient all-reduce, the ring's transfers
     assert record["energy"]["reason"].startswith("no CUDA device")
     assert [d["type"] for d in record["devices"]] == ["cpu", "cpu"]
+    assert record["memory"]["recompute"] == 50 and record["memory"]["recomputed_blocks"] == [1]
 
 
 @pytest.mark.slow  # a two-process job through run_job

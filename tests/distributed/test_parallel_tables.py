@@ -133,7 +133,7 @@ def test_the_targets_are_checked_against_the_cells_that_speak_to_them(tables):
     fsdp = _row(text, "Llama-3.2-1B training step, 4 GPUs")  # 4 x 191.5 / 205 tokens per second
     assert "fsdp/sdpa_default on 4: 3.74" in fsdp and fsdp.rstrip().endswith("| met |")
     eight_b = _row(text, "Llama-3-8B training step")
-    assert "fsdp/sdpa_default on 4: 0.36" in eight_b and eight_b.rstrip().endswith("| not met |")
+    assert "fsdp/sdpa_default, recompute on 4: 0.36" in eight_b and eight_b.rstrip().endswith("| not met |")
 
 
 def test_main_writes_the_file_from_the_suites_tables(tables, tmp_path):
@@ -176,6 +176,40 @@ def test_folders_from_two_machines_go_into_one_document_each_row_against_its_own
     two, four = _row(text, "| 2, fsdp |"), _row(text, "| 4, fsdp |")
     assert "96% of linear" in two and "240 ms" in two and "1.92x" in two
     assert "95% of linear" in four and "190 ms" in four and "3.80x" in four
+
+
+def test_a_table_from_before_recompute_shares_reads_as_percents_beside_a_share_that_meets_the_mfu_target(tmp_path):
+    """A folder aggregated when `recompute` was true/false (its one-GPU and 4-GPU 1B cells,
+    the 8B recomputing every block) beside one with the 8B recomputing half its blocks: the
+    old rows still find their one-GPU cell, each 8B row names its share, and the MFU target
+    is met by the share that reaches it (the shares are settings of one step to choose among)."""
+    base = dict(suite="models", backend="sdpa_default", precision="bf16", phase="train", seq_len=8192, batch=1)
+    eight_b = dict(model="llama_3_8b", gpus=4, strategy="fsdp", **base)
+    machines = {"results-old": [(ModelCell(model="llama_3_2_1b", **base), 0.30),
+                                (ModelCell(model="llama_3_2_1b", gpus=4, strategy="fsdp", **base), 0.30),
+                                (ModelCell(recompute=True, **eight_b), 0.349)],
+                "results-new": [(ModelCell(recompute=50, **eight_b), 0.405)]}
+    for root, cells in machines.items():
+        paths = []
+        for cell, mfu in cells:
+            write_record(tmp_path / root / "cells" / cell.path, model_record(cell, 200.0, 5.0, 20.0, 0.02, mfu=mfu))
+            paths.append(tmp_path / root / "cells" / cell.path)
+        table = model_table(paths)
+        if root == "results-old":
+            table["recompute"] = table["recompute"] > 0  # the column as such a table has it
+            assert table["recompute"].dtype == bool
+        (tmp_path / root / "models").mkdir(parents=True)
+        table.to_parquet(tmp_path / root / "models" / "models.parquet")
+    out = tmp_path / "parallel.md"
+    assert main(["--results", str(tmp_path / "results-old"), str(tmp_path / "results-new"), "--suites", "models",
+                 "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "4.00x" in _row(text, "| llama_3_2_1b, sdpa_default |", "| 4, fsdp |")  # found its one-GPU cell
+    assert "34.9%" in _row(text, "| llama_3_8b, sdpa_default, recompute |")
+    assert "40.5%" in _row(text, "| llama_3_8b, sdpa_default, recompute 50% |")
+    target = _row(text, "Llama-3-8B training step")
+    assert "fsdp/sdpa_default, recompute on 4: 0.349; fsdp/sdpa_default, recompute 50% on 4: 0.405" in target
+    assert target.rstrip().endswith("| met |")
 
 
 def test_a_results_folder_that_is_not_there_is_named_not_taken_for_no_cells(tmp_path, capsys):

@@ -1,7 +1,11 @@
 """A model cell: one step of a whole model (prefill or a training step) with one attention
 backend, on one GPU or several, the single source of its names and paths.
 
-    results/cells/<suite>/model/<model>/<backend>/<precision>/<phase>-L<L>-B<B>[-recompute][-compiled][-G<gpus>-<strategy>][-gov-<governor>].json
+    results/cells/<suite>/model/<model>/<backend>/<precision>/<phase>-L<L>-B<B>[-recompute[<p>]][-compiled][-G<gpus>-<strategy>][-gov-<governor>].json
+
+`recompute` is the percent of the decoder blocks whose activations a training step
+recomputes (flashwatt.models.recompute): 0 (false) names nothing, 100 (true) `-recompute`
+as it always did, a share p of 1-99 `-recompute<p>` (`-recompute50`: every other block).
 
 A one-GPU cell has strategy `none` and no suffix (the names one-GPU cells always had);
 a cell on several GPUs names its world size and strategy: `fsdp` (data parallel, FSDP2,
@@ -22,6 +26,7 @@ from dataclasses import dataclass
 from flashwatt.cell_files import CellFiles, file_patterns
 from flashwatt.control.governor_setting import GOVERNOR_RE, GovernorSetting
 from flashwatt.kernels.registry import model_backend_names
+from flashwatt.models.recompute import ALL, recompute_percent
 
 # Backends transformers implements itself, by the name a model cell gives them, and the
 # name transformers knows each by: its eager attention (matmul, softmax, matmul: the naive
@@ -56,7 +61,7 @@ _TOKEN_RE = "[a-z0-9_]+"
 _WHERE = "/{suite}/" + FOLDER + "/{mmodel}/{mbackend}/{mprecision}/{mname}"
 RECORD_PATTERN, TRACE_PATTERN, LOG_PATTERN = file_patterns(_WHERE)
 _NAME_RE = (rf"(?P<phase>{'|'.join(PHASES)})-L(?P<seq_len>\d+)-B(?P<batch>\d+)"
-            r"(?P<recompute>-recompute)?(?P<compiled>-compiled)?"
+            r"(?P<recompute>-recompute(?P<share>[1-9][0-9]?)?)?(?P<compiled>-compiled)?"
             rf"(?:-G(?P<gpus>\d+)-(?P<strategy>{'|'.join(MODEL_STRATEGIES[1:])}))?"
             rf"(?:-gov-(?P<governor>{GOVERNOR_RE}))?")
 _NAME = re.compile(f"^{_NAME_RE}$")
@@ -81,7 +86,7 @@ class ModelCell(CellFiles):
     phase: str
     seq_len: int
     batch: int
-    recompute: bool = False  # activation checkpointing: each block's forward is rerun in the backward
+    recompute: int = 0       # activation checkpointing: percent of the blocks whose forward is rerun in the backward
     compiled: bool = False   # torch.compile of the model
     gpus: int = 1            # world size: one process per GPU
     strategy: str = "none"   # how the GPUs share the step (none on one GPU)
@@ -91,6 +96,10 @@ class ModelCell(CellFiles):
         def refuse(what: str) -> None:
             raise ValueError(f"model cell {what}")
 
+        try:  # true and false as the percent they mean (100, 0): equal cells have one name
+            object.__setattr__(self, "recompute", recompute_percent(self.recompute))
+        except ValueError as err:
+            refuse(f"recompute: {err}")
         for key in ("suite", "model"):
             if not _TOKEN.match(getattr(self, key)):
                 refuse(f"{key}={getattr(self, key)!r}: use lower-case letters, digits, _")
@@ -136,10 +145,17 @@ class ModelCell(CellFiles):
 
     @property
     def name(self) -> str:
-        return (f"{self.phase}-L{self.seq_len}-B{self.batch}" + ("-recompute" if self.recompute else "")
+        return (f"{self.phase}-L{self.seq_len}-B{self.batch}" + self.recompute_suffix
                 + ("-compiled" if self.compiled else "")
                 + (f"-G{self.gpus}-{self.strategy}" if self.gpus > 1 else "")
                 + (f"-gov-{self.governor}" if self.governor else ""))
+
+    @property
+    def recompute_suffix(self) -> str:
+        """'' without recompute, '-recompute' for every block, '-recompute<p>' for a share."""
+        if not self.recompute:
+            return ""
+        return "-recompute" if self.recompute == ALL else f"-recompute{self.recompute}"
 
     @property
     def control(self) -> tuple[str, float | None] | None:
@@ -177,7 +193,7 @@ class ModelCell(CellFiles):
                              "prefill-L8192-B1-compiled or train-L8192-B1-G4-zigzag)")
         g = match.groupdict()
         return cls(suite, mmodel, mbackend, mprecision, g["phase"], int(g["seq_len"]), int(g["batch"]),
-                   bool(g["recompute"]), bool(g["compiled"]), int(g["gpus"] or 1), g["strategy"] or "none",
+                   int(g["share"] or ALL) if g["recompute"] else 0, bool(g["compiled"]), int(g["gpus"] or 1), g["strategy"] or "none",
                    g["governor"] or "")
 
 

@@ -3,7 +3,7 @@
 - model_throughput: tokens per second per backend, for each model, phase and context;
 - model_energy: joules per token per backend, the same cells;
 - model_memory: peak memory of a training step against the context, with and without
-  activation recompute;
+  activation recompute (none, every block, a share of the blocks);
 - model_attention_share: the attention's share of the step per backend;
 - model_paired: each paired cell's speed and joules per token against the SDPA default
   in the same process on the same GPU (flashwatt.models.paired), with the rounds' range;
@@ -21,6 +21,7 @@ import pandas as pd
 
 from flashwatt.figure_base import FigureSpec, not_measured_panel, nothing_to_draw, parquet_table, registry
 from flashwatt.models.governed_figures import GOVERNED_FIGURES
+from flashwatt.models.recompute import recompute_words
 from flashwatt.placeholder import Rows, energy_reasons, missing_bar, no_values, rows_or_why
 from flashwatt.plot_axes import bar_slots, mark_missing_bars, plain_log_x
 from flashwatt.plotting import plt, sns
@@ -30,8 +31,8 @@ TABLE = parquet_table("table")
 
 
 def _label(data: pd.DataFrame) -> pd.Series:
-    options = data["recompute"].map({True: " recompute", False: ""}) + data["compiled"].map({True: " compiled",
-                                                                                              False: ""})
+    options = (data["recompute"].map(lambda share: f" {recompute_words(share)}" if share else "")
+               + data["compiled"].map({True: " compiled", False: ""}))
     if "gpus" in data:
         options = options + [f" {g} GPUs {s}" if g > 1 else "" for g, s in zip(data["gpus"], data["strategy"])]
     return (data["model"] + "\nL=" + data["seq_len"].astype(str) + " B=" + data["batch"].astype(str) + " "
@@ -138,7 +139,7 @@ def draw_memory(table: pd.DataFrame) -> plt.Figure:
     if why:
         return nothing_to_draw(why)
     data["GiB"] = data["peak_allocated_bytes"] / 2**30
-    data["recompute"] = data["recompute"].map({True: "recompute", False: "no recompute"})
+    data["recompute"] = data["recompute"].map(lambda share: recompute_words(share) or "no recompute")
     grid = sns.relplot(data=data, x="seq_len", y="GiB", hue="backend", style="recompute", col="model", kind="line",
                        marker="o", height=3.2, aspect=1.2, facet_kws={"sharey": False})
     for ax in grid.axes.flat:
@@ -156,7 +157,8 @@ MODEL_FIGURES = registry(
                "the window.", draw_energy, TABLE),
     FigureSpec("model_memory", "pdf", "Peak memory of a training step against the context",
                "torch.cuda.max_memory_allocated over the timed steps (weights, gradients, AdamW states and "
-               "activations), with and without activation recompute.", draw_memory, TABLE),
+               "activations), with and without activation recompute (of every block or a share of them).",
+               draw_memory, TABLE),
     FigureSpec("model_attention_share", "pdf", "How much of the step is attention",
                "CUDA events around every attention call, forward and backward, in marked steps of their own, "
                "over the marked step's time.", draw_share, TABLE),

@@ -183,6 +183,7 @@ def _time_and_meter(cell: ModelCell, spec: dict, settings, device, telemetry, re
 
     from flashwatt.energy import measure_energy
     from flashwatt.models.flops import step_utilisation
+    from flashwatt.models.recompute import checkpointed_blocks
     from flashwatt.models.step import time_steps, warm_up
 
     steps = {**DEFAULT_STEPS, **spec.get("steps", {})}
@@ -202,7 +203,8 @@ def _time_and_meter(cell: ModelCell, spec: dict, settings, device, telemetry, re
     record["memory"] = _memory(device)
     if train:
         record["memory"]["optimizer"] = "AdamW" + (" (fused)" if cuda else "") + f", states in {cell.precision}"
-    record["memory"]["recompute"] = cell.recompute
+    record["memory"]["recompute"] = cell.recompute  # percent of the decoder blocks
+    record["memory"]["recomputed_blocks"] = checkpointed_blocks(model)
 
     record["flops"] = step_utilisation(shape, body, cell.batch, cell.seq_len, cell.phase, step_s,
                                        (record.get("device") or {}).get("name"), cell.precision)

@@ -38,6 +38,7 @@ import torch
 import torch.distributed as dist
 
 from flashwatt.models.parallel_layout import CONTEXT_PARALLEL, STRATEGIES, ulysses_size
+from flashwatt.models.recompute import enable_recompute, recompute_percent
 
 IGNORE = -100  # a label no token has: the last position of a sequence predicts nothing
 BUCKET_BYTES = 64 << 20
@@ -179,18 +180,18 @@ def allreduce_gradients(parameters: list, bucket_bytes: int = BUCKET_BYTES, grou
     flush()
 
 
-def prepare(model, strategy: str, block: str = "auto", recompute: bool = False) -> Parallel:
+def prepare(model, strategy: str, block: str = "auto", recompute: int = 0) -> Parallel:
     """Shard `model` (fsdp) or plug the context-parallel attention into it, over the
     default process group. `block`: the attention block the context-parallel strategies
     compute with (flashwatt.distributed.blocks); under fsdp the model keeps the attention
-    backend it has. `recompute`: activation checkpointing of every block (set before the
-    sharding, as FSDP2 wants it)."""
+    backend it has. `recompute`: activation checkpointing of that percent of the decoder
+    blocks (flashwatt.models.recompute; true is 100, every block), set before the sharding
+    as FSDP2 wants it."""
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r}; allowed: {', '.join(STRATEGIES)}")
-    if recompute:
-        from flashwatt.models.step import enable_recompute
-
-        enable_recompute(model)
+    share = recompute_percent(recompute)
+    if share:
+        enable_recompute(model, share)
     if strategy == "fsdp":
         from flashwatt.models.fsdp import shard_model
 

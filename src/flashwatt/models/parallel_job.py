@@ -242,7 +242,7 @@ def _prepare_for_strategy(cell: ModelCell, model, train: bool, world: int, recor
 
     adapter = use_backend(model, cell.backend, cell.precision, train) if cell.strategy == "fsdp" else None
     parallel = prepare(model, cell.strategy, block=block_of(cell.backend) or "auto",
-                       recompute=cell.recompute and train)
+                       recompute=cell.recompute if train else 0)
     if cell.strategy == "fsdp":
         batch = {"batch_per_gpu": cell.batch,
                  "batch_meaning": "data parallel: each GPU its own batch sequences, global batch = batch x gpus"}
@@ -280,6 +280,7 @@ def _time_steps(cell: ModelCell, step, device, steps: dict, rank: int, train: bo
     """Warm-up, then timed steps on every rank: the slowest rank's median per phase (every
     rank's beside it), and each GPU's peak memory. Returns the timing it records."""
     from flashwatt.distributed.timing import gather
+    from flashwatt.models.recompute import checkpointed_blocks
     from flashwatt.models.step import time_steps, warm_up
 
     stage.enter("warm-up")
@@ -298,7 +299,8 @@ def _time_steps(cell: ModelCell, step, device, steps: dict, rank: int, train: bo
     if train:
         record["memory"]["optimizer"] = (f"AdamW (fused), states in {cell.precision}"
                                          + (", sharded like the weights" if cell.strategy == "fsdp" else ""))
-    record["memory"]["recompute"] = cell.recompute
+    record["memory"]["recompute"] = cell.recompute  # percent of the decoder blocks
+    record["memory"]["recomputed_blocks"] = checkpointed_blocks(step.model)
     return timing
 
 

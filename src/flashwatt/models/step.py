@@ -14,6 +14,7 @@ from typing import Callable
 import torch
 
 from flashwatt.kernels.base import UnsupportedCell
+from flashwatt.models.recompute import enable_recompute
 
 DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -167,14 +168,6 @@ class Step:
         return dict(zip(self.parts, spans)) | {"step": sum(spans)}
 
 
-def enable_recompute(model) -> None:
-    """Activation checkpointing of every decoder block (non-reentrant)."""
-    if hasattr(model, "activation_checkpointing_enable"):  # its name from transformers 5.23 on
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-    else:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-
-
 def crop_cache(cache, length: int) -> None:
     """Cut a transformers DynamicCache back to its first `length` tokens. A negative
     argument removes that many tokens both where `crop` takes a maximum length (older
@@ -217,7 +210,7 @@ def make_step(model, cell, device: torch.device, seed: int, lr: float = 1e-5, we
     if cell.phase == "train":
         model.train()
         if cell.recompute:
-            enable_recompute(model)
+            enable_recompute(model, cell.recompute)
         optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay,
                                       fused=device.type == "cuda")
     else:

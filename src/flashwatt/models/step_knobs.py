@@ -4,9 +4,9 @@
 - the attention backend: each backend of the registry that plugs into a model and that
   the controller may choose (flashwatt.kernels.registry), switched with
   flashwatt.models.attention.use_backend;
-- activation recompute on a share of the decoder blocks: transformers checkpoints a block
-  whose `gradient_checkpointing` flag is set; a share of 50 sets it on every other block
-  (evenly spread: each saves about the same memory), 100 on all of them;
+- activation recompute on a share of the decoder blocks (flashwatt.models.recompute: a
+  share of 50 checkpoints every other block, 100 all of them, the blocks a model cell's
+  `recompute` share names);
 - pacing points: a hook where each decoder block begins, forward and backward;
 - the probe a cheaper precision is checked by: the model's logits on a fixed short batch.
 """
@@ -15,15 +15,11 @@ from __future__ import annotations
 import torch
 
 from flashwatt.control.configuration import KEEP_BACKEND, Configuration
+from flashwatt.models.recompute import checkpoint_blocks, enable_recompute
 
 _PRECISION_OF = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 # Tokens of the precision probe's fixed batch (one sequence).
 PROBE_TOKENS = 128
-
-
-def recomputed_blocks(count: int, share: int) -> list[int]:
-    """Indices of the blocks recomputed at `share` percent of `count`, evenly spread."""
-    return [i for i in range(count) if (i * share) // 100 != ((i + 1) * share) // 100]
 
 
 class ModelKnobs:
@@ -65,13 +61,10 @@ class ModelKnobs:
 
     def _set_recompute(self, share: int) -> None:
         if share and not self._checkpointing_ready:
-            from flashwatt.models.step import enable_recompute
-
-            enable_recompute(self.model)  # sets every block's flag and transformers' checkpoint function
+            enable_recompute(self.model, share)  # transformers' checkpoint function, then the share's flags
             self._checkpointing_ready = True
-        chosen = set(recomputed_blocks(len(self.blocks), share))
-        for i, block in enumerate(self.blocks):
-            block.gradient_checkpointing = i in chosen
+        else:
+            checkpoint_blocks(self.blocks, share)
         self.recompute = share
 
     def pacing_hooks(self, pace) -> list:

@@ -12,7 +12,8 @@
           phases: [prefill, train]
           seq_lens: [1024, 4096]
           batches: [2]
-          recompute: [false, true]   # activation checkpointing (train cells only)
+          recompute: [false, true, 50]   # activation checkpointing (train cells only): none, every
+                                         # decoder block, or a whole percent of them (50: every other)
           compiled: [false]          # torch.compile
           gpus: [1, 2, 4]            # world sizes (default [1])
           strategies: [fsdp, zigzag] # how several GPUs share a step (flashwatt.models.parallel)
@@ -34,6 +35,8 @@
             front: {backends: [sdpa_default, sdpa_cudnn, custom], micro_batches: [1, 2],
                     duties: [1.0, 0.8, 0.6, 0.45, 0.3], seconds: 3}
 
+`recompute` takes true/false or a whole percent 0-100 of the decoder blocks, evenly
+spread (flashwatt.models.recompute); true and 100 are one cell, as false and 0 are.
 A prefill or decode with recompute is not a combination (checkpointing applies to
 training) and is left out of the product, and so are a compiled cell on several GPUs
 (torch.compile cells run on one), a decode compiled or on several GPUs (it runs on one,
@@ -65,6 +68,7 @@ from flashwatt.models.step_defaults import GOVERNOR_DEFAULTS
 from flashwatt.models.paired import why_unpaired
 from flashwatt.models.parallel_job import PARALLEL_STEPS
 from flashwatt.models.presets import model_spec
+from flashwatt.models.recompute import recompute_percent
 
 CONTROL_STEPS = {"control_settle_s": DEFAULT_SETTLE_S}
 PAIRED_STEPS = ("paired_rounds",)
@@ -115,6 +119,18 @@ def governor_settings(section: dict, grid: dict) -> dict:
     return out
 
 
+def grid_recompute(grid: dict, key: str) -> list[int]:
+    """A grid's recompute settings as percents of the decoder blocks (default: none); a value
+    that is not one is a ConfigError naming `<key>.recompute[j]`."""
+    shares = []
+    for j, value in enumerate(grid.get("recompute", [False])):
+        try:
+            shares.append(recompute_percent(value))
+        except ValueError as err:
+            raise ConfigError(f"config key {key}.recompute[{j}]: {err}") from None
+    return list(dict.fromkeys(shares))
+
+
 def grid_governors(grid: dict, key: str) -> list[str]:
     """The governor tokens of a grid (`governors`), or [""] for a grid without."""
     from flashwatt.control.governor_setting import settings_from_config
@@ -151,7 +167,7 @@ def model_runs(config: dict, suite: str, measure: dict | None = None) -> dict[Mo
         governed = governor_settings(section, grid)
         for name, backend, precision, phase, seq_len, batch, recompute, compiled, (gpus, strategy), governor in \
                 itertools.product(grid["models"], grid["backends"], grid["precisions"], grid["phases"], grid["seq_lens"],
-                                  grid["batches"], grid.get("recompute", [False]), grid.get("compiled", [False]),
+                                  grid["batches"], grid_recompute(grid, key), grid.get("compiled", [False]),
                                   placements, governors):
             controlled = backend.startswith("control_")
             if ((recompute and phase != "train") or (compiled and gpus > 1) or (controlled and (compiled or gpus > 1))
