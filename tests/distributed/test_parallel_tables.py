@@ -101,7 +101,7 @@ def _row(text: str, *needles: str) -> str:
 def test_the_document_has_speedup_efficiency_memory_communication_energy_and_why(tables):
     text = parallel_markdown(*tables, command="python -m flashwatt.distributed.parallel_tables")
     assert f"Devices: {H100}." in text
-    zigzag = _row(text, "zigzag, cudnn", "| 4 |")
+    zigzag = _row(text, "zigzag, cudnn", "| 4 H100 |")
     assert "3.67x" in zigzag and "0.92" in zigzag and "| 2.50 |" in zigzag and "scales" in zigzag
     ring = _row(text, "ring, cudnn")
     assert "2.17x" in ring and f"capping the speedup at {ring_causal_cap(4):.2f}x" in ring and "2.29x" in ring
@@ -114,9 +114,9 @@ def test_the_document_has_speedup_efficiency_memory_communication_energy_and_why
 
 def test_model_rows_say_where_the_step_went_against_one_gpu(tables):
     text = parallel_markdown(*tables, command="x")
-    fsdp = _row(text, "llama_3_2_1b, sdpa_default", "4, fsdp")
+    fsdp = _row(text, "llama_3_2_1b, sdpa_default", "4 H100, fsdp")
     assert "93% of linear" in fsdp and "weights sharded: peak 0.62x" in fsdp and "0.93" in fsdp
-    zigzag = _row(text, "llama_3_2_1b, sdpa_default", "4, zigzag")
+    zigzag = _row(text, "llama_3_2_1b, sdpa_default", "4 H100, zigzag")
     # ideal 191.5 / 4 = 47.9 ms; exposed 0.30 x 178 = 53.4; whole optimizer 6.4 - 6.5 / 4 = 4.8; the rest compute
     assert "27% of linear: the step is 130 ms over its ideal" in zigzag
     assert re.search(r"72 ms of compute that did not shrink with the GPUs, 53 ms exposed communication, the "
@@ -128,12 +128,12 @@ def test_model_rows_say_where_the_step_went_against_one_gpu(tables):
 def test_the_targets_are_checked_against_the_cells_that_speak_to_them(tables):
     text = parallel_markdown(*tables, command="x")
     four = _row(text, "L 128k, fwd+bwd, 4 GPUs")
-    assert "zigzag/cudnn on 4: 3.67" in four and "ulysses/cudnn on 4: 3.72" in four and four.rstrip().endswith("| met |")
+    assert "zigzag/cudnn on 4 H100: 3.67" in four and "ulysses/cudnn on 4 H100: 3.72" in four and four.rstrip().endswith("| met |")
     assert "not measured" in _row(text, "8 GPUs: speedup")
     fsdp = _row(text, "Llama-3.2-1B training step, 4 GPUs")  # 4 x 191.5 / 205 tokens per second
-    assert "fsdp/sdpa_default on 4: 3.74" in fsdp and fsdp.rstrip().endswith("| met |")
+    assert "fsdp/sdpa_default on 4 H100: 3.74" in fsdp and fsdp.rstrip().endswith("| met |")
     eight_b = _row(text, "Llama-3-8B training step")
-    assert "fsdp/sdpa_default, recompute on 4: 0.36" in eight_b and eight_b.rstrip().endswith("| not met |")
+    assert "fsdp/sdpa_default, recompute on 4 H100: 0.36" in eight_b and eight_b.rstrip().endswith("| not met |")
 
 
 def test_main_writes_the_file_from_the_suites_tables(tables, tmp_path):
@@ -173,7 +173,7 @@ def test_folders_from_two_machines_go_into_one_document_each_row_against_its_own
     text = out.read_text()
     assert f"--results {tmp_path / 'results-g2'} {tmp_path / 'results-g4'} --suites models" in text
     # each machine's ideal is its own one-GPU step: 240 ms on the first, 190 ms on the second
-    two, four = _row(text, "| 2, fsdp |"), _row(text, "| 4, fsdp |")
+    two, four = _row(text, "| 2 H100, fsdp |"), _row(text, "| 4 H100, fsdp |")
     assert "96% of linear" in two and "240 ms" in two and "1.92x" in two
     assert "95% of linear" in four and "190 ms" in four and "3.80x" in four
 
@@ -204,11 +204,11 @@ def test_a_table_from_before_recompute_shares_reads_as_percents_beside_a_share_t
     assert main(["--results", str(tmp_path / "results-old"), str(tmp_path / "results-new"), "--suites", "models",
                  "--out", str(out)]) == 0
     text = out.read_text()
-    assert "4.00x" in _row(text, "| llama_3_2_1b, sdpa_default |", "| 4, fsdp |")  # found its one-GPU cell
+    assert "4.00x" in _row(text, "| llama_3_2_1b, sdpa_default |", "| 4 H100, fsdp |")  # found its one-GPU cell
     assert "34.9%" in _row(text, "| llama_3_8b, sdpa_default, recompute |")
     assert "40.5%" in _row(text, "| llama_3_8b, sdpa_default, recompute 50% |")
     target = _row(text, "Llama-3-8B training step")
-    assert "fsdp/sdpa_default, recompute on 4: 0.349; fsdp/sdpa_default, recompute 50% on 4: 0.405" in target
+    assert "fsdp/sdpa_default, recompute on 4 H100: 0.349; fsdp/sdpa_default, recompute 50% on 4 H100: 0.405" in target
     assert target.rstrip().endswith("| met |")
 
 

@@ -105,7 +105,7 @@ def attention_markdown(rows: pd.DataFrame) -> str:
               "efficiency", "GiB per GPU", "exposed comm, ms", "mJ/token", "why"]
     body = [[f"{r['strategy']}, {r['block']}", r["precision"], f"{int(r['seq_len'])}",
              f"{int(r['heads'])}/{int(r['kv_heads'])}/{int(r['head_dim'])}",
-             f"{'causal' if r['causal'] else 'full'}, {r['pass']}", f"{int(r['gpus'])}" + (
+             f"{'causal' if r['causal'] else 'full'}, {r['pass']}", _gpus(r) + (
                  f" ({int(r['nodes'])} nodes)" if r.get("nodes", 1) and r.get("nodes", 1) > 1 else ""),
              _fmt(r.get("total_ms"), ".4g"), _fmt(r.get("single_gpu_total_ms"), ".4g"), _fmt(r.get("speedup"), ".2f", "x"),
              _fmt(r.get("efficiency"), ".2f"), _fmt(_div(r.get("peak_bytes_per_gpu"), GIB), ".2f"),
@@ -126,12 +126,23 @@ def model_markdown(rows: pd.DataFrame) -> str:
         share = r.get("exposed_share_of_step")
         exposed = "–" if share is None or pd.isna(share) else f"{share * r['step_ms']:.3g} ({share:.0%})"
         body.append([f"{r['model']}, {r['backend']}" + _recompute_words(r),
-                     f"{r['phase']}, {int(r['seq_len'])}, {int(r['batch'])}", f"{int(r['gpus'])}, {r['strategy']}",
+                     f"{r['phase']}, {int(r['seq_len'])}, {int(r['batch'])}", f"{_gpus(r)}, {r['strategy']}",
                      _fmt(r.get("step_ms"), ".4g"), _fmt(r.get("tokens_per_s"), ",.0f"),
                      _fmt(r.get("speedup_vs_one_gpu"), ".2f", "x"), _fmt(r.get("scaling_efficiency"), ".2f"),
                      _fmt(r.get("mfu"), ".1%"), _fmt(_div(r.get("peak_allocated_bytes"), GIB), ".1f"), exposed,
                      _fmt(_div(r.get("j_per_token"), 1e-3), ".3g"), r["why"]])
     return _markdown(body, header)
+
+
+def _gpus(row: pd.Series) -> str:
+    """'4 H100': the row's GPU count and the GPU it ran on (a document joins machines of
+    several kinds, and a row's figures are its device's); the count alone where the cell
+    recorded no device (it failed before measuring)."""
+    device = row.get("device")
+    if device is None or pd.isna(device) or not str(device).strip():
+        return f"{int(row['gpus'])}"
+    words = [w for w in str(device).split() if w.upper() != "NVIDIA"]
+    return f"{int(row['gpus'])} {words[0] if words else device}"
 
 
 def _recompute_words(row: pd.Series) -> str:
@@ -150,7 +161,7 @@ def targets_markdown(attention: pd.DataFrame, models: pd.DataFrame) -> str:
             body.append([what, f"{least:g}", "not measured", "–"])
             continue
         label = "block" if source == "attention" else "backend"
-        values = [f"{r['strategy']}/{r[label]}{_recompute_words(r)} on {int(r['gpus'])}: {r[column]:.3g}"
+        values = [f"{r['strategy']}/{r[label]}{_recompute_words(r)} on {_gpus(r)}: {r[column]:.3g}"
                   for _, r in ok.iterrows()]
         met = (all if need == "every" else any)(r[column] >= least for _, r in ok.iterrows())
         body.append([what, f"{least:g}", "; ".join(values), "met" if met else "not met"])
