@@ -353,6 +353,7 @@ class Governor(ShapeChoices, PowerHolding, TableError, WindowReadings):
             else:
                 if self.fallback_reason is not None:
                     self._resume(now)
+                ran = self._ran_duty()  # the duty this reading was drawn at, before this tick moves it
                 self._decide(now)
                 phase = self._phase()
                 if self.mode == "budget" and self.power_filtered is not None and power is not None:
@@ -365,7 +366,7 @@ class Governor(ShapeChoices, PowerHolding, TableError, WindowReadings):
                     if feed_forward is None:  # no table yet: a window's line from idle, if the reading is one
                         feed_forward = self._window_duty(power)
                     self.loop.update(self._aim_w(), self.power_filtered, dt, feed_forward)
-                    self._cut_overshoot(power, table)
+                    self._cut_overshoot(power, table, ran)
                 self._tenant_step = False
         dominant = self._dominant(work)
         row = {

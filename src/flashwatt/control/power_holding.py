@@ -186,7 +186,7 @@ class PowerHolding:
         running = self._running()
         return self.model.power.get(running) if running is not None else None
 
-    def _cut_overshoot(self, power: float, table) -> None:
+    def _cut_overshoot(self, power: float, table, ran: float) -> None:
         """A reading over the budget beyond the readings' noise (CUT_SIGMAS deviations, or two
         in a row CUT_SIGMAS_TWICE): a tenant arrived or a table is wrong, and the duty that
         meets the set point is set now, not after the loop's averaging. With a table, every
@@ -201,14 +201,17 @@ class PowerHolding:
             return
         if self._just_changed():
             return  # a step or a switch just moved the duty: this reading is from before it
-        ours = self.table_power(table, self._ran_duty())
+        # (at the duty the reading was drawn at: the loop has just moved it, on a tenant's
+        # step taken from this very reading to meet the others' watts; read at the new duty,
+        # the same watts were taken twice, 390 W for a tenant of 150 W)
+        ours = self.table_power(table, ran)
         if ours is not None:
             excess = power - ours - self.offset_w
             if excess > 0:
                 self._take_step(excess, ours)
             duty = self._feed_forward(table)
         else:
-            duty = self._ran_duty() * (max(0.0, self.setpoint_w - self.idle_w) / (power - self.idle_w)) ** (1 / PRIOR_EXPONENT)
+            duty = ran * (max(0.0, self.setpoint_w - self.idle_w) / (power - self.idle_w)) ** (1 / PRIOR_EXPONENT)
         if duty is None or duty >= self.loop.duty:
             return
         self.loop.reset(duty)

@@ -27,6 +27,8 @@ offset, duty and clock.
 """
 from __future__ import annotations
 
+from flashwatt.control.power_bound import most_power
+
 TENANT_STEP_W = 25.0
 TENANT_SIGMAS = 4.0
 CUSUM_SLACK = 1.0
@@ -88,8 +90,16 @@ class TableError:
     def _observe(self, power: float, table, steady: bool) -> bool:
         """Take one reading's innovation into the others' watts or the share. Whether the tick
         may be learned from (no step of others' watts being taken in)."""
+        if self._beyond_any_curve(power):
+            return False
         ours = self.table_power(table, self._ran_duty())
         if ours is None:
+            # No table to read ours from: still, two readings in a row with less than half the
+            # others' watts above idle say they left (the board draws idle at the least)
+            below = self.offset_w > TENANT_STEP_W and power - self.idle_w < 0.5 * self.offset_w
+            if below and self._below_last and not self._just_changed():
+                self._take_step(-self.offset_w, self.idle_w)
+            self._below_last = below
             return True
         # (a tenant's watts scatter as ours do: the noise is that of everything on the board)
         sigma = self.noise.sigma_w(ours + max(0.0, self.offset_w))
@@ -104,8 +114,13 @@ class TableError:
                 and self._below_last:
             step = innovation  # two readings in a row without half the others' watts: they left
         self._below_last = self.offset_w > TENANT_STEP_W and innovation < -0.5 * self.offset_w
-        if step is not None and not self._just_changed():
-            self._take_step(step, ours)
+        if step is not None:
+            if not self._just_changed():
+                self._take_step(step, ours)
+            # (right after a budget step or a switch, a step is the power from before or a
+            # tenant's, not yet told apart: neither is learned, and the next readings decide.
+            # Learned, a tenant's watts made a table draw 670 W at duty 0.01 on the H100,
+            # which held the duty there long after the tenant left.)
             return False
         bounded = max(-3.0 * sigma, min(3.0 * sigma, innovation))
         counted = self._counter_window()
@@ -119,6 +134,26 @@ class TableError:
         elif steady and not self._just_changed():
             gain = TABLE_FIRST_GAIN if table_first else SHARE_GAIN
             self._set_share(self.table_share * (1.0 + gain * bounded / max(MIN_ABOVE_W, ours - self.idle_w)))
+        return True
+
+    def _beyond_any_curve(self, power: float) -> bool:
+        """Whether this reading holds watts no configuration of ours draws at the duty that
+        ran (flashwatt.control.power_bound.most_power, and three deviations of the readings'
+        noise): another tenant's, whatever a table says, since a table may have learned them
+        (a tenant already running when the run began, or one missed while the duty fell).
+        The excess is taken into the others' watts (not in a change's stale readings), and
+        nothing of the tick is learned. On the H100 a tenant's watts learned as a table's,
+        670 W at duty 0.01, held the duty there long after the tenant left."""
+        if self.idle_w is None:
+            return False
+        # (an instant reading may show the duty of the tick before as much as this one's)
+        duty = self._ran_duty() if self._window is not None else max(self.loop.duty, self._prev_duty)
+        excess = power - max(0.0, self.offset_w) - most_power(duty, self.idle_w, self.limit_w)
+        if excess <= 3.0 * self.noise.sigma_w(power) or excess < TENANT_STEP_W:
+            return False
+        if not self._just_changed():
+            self._reset_cusum()
+            self._take_step(excess, power - max(0.0, self.offset_w) - excess)
         return True
 
     def _follow_share(self, measured: float, predicted_w: float, ours: float) -> None:
@@ -175,6 +210,10 @@ class TableError:
         not stall."""
         window = self._counter_seen
         if len(window) <= COUNTER_WINDOW or any(e[1] is None or e[2] is None for e in window):
+            return None
+        if any(e[3] != window[-1][3] for e in window[1:]):
+            # the others' watts moved inside the window: it holds watts of before the step
+            # (a tenant that just left, read again as one arriving)
             return None
         if self._stall_j or any(window[0][0] <= t for t, _ in self._stalls):
             return None
