@@ -9,13 +9,17 @@ counter measures them, will hold beyond the board's power: energy a window alrea
 over its budget; a stalled read of the counter (the windows starting there count a tick
 twice); after a step down, the counter's lag (the windows starting then hold some of the
 power from before); after a switch to another table, a margin for that table's unknown
-error, fading over a second.
+error, fading over a second; on a budget falling in a ramp, how far it falls before the duty
+set now shows in the board's power.
 
 A part of flashwatt.control.governor.Governor (a mixin): it reads the governor's model,
 loop, set point, others' watts and clock.
 """
 from __future__ import annotations
 
+import math
+
+from flashwatt.control.budget_schedule import STEP_MIN_W
 from flashwatt.control.configuration import Configuration
 from flashwatt.control.model import DUTY_BINS
 from flashwatt.control.power_bound import PRIOR_EXPONENT, bounded_duty, prior_duty
@@ -46,6 +50,11 @@ EXTRAPOLATE_DUTY = 0.1
 # fading over this long (Governor._aim_w).
 FRESH_TABLE_MARGIN = 0.05
 FRESH_TABLE_S = 1.0
+# On a budget falling in a ramp (changes under STEP_MIN_W, each lower than the last), the aim
+# is lower by the ramp's fall over this long: the duty set at a tick draws over the next
+# tick and shows in power about a tick after that, while the budget goes on falling (on the
+# simulated H100, a ramp of 150 W/s put a 1 s window 3-5% over its time-averaged budget).
+RAMP_LEAD_S = 0.2
 
 
 class PowerHolding:
@@ -127,10 +136,23 @@ class PowerHolding:
         now = self.clock()
         # (each 1 s window starts at one read: the largest excess of any is the saving needed)
         aim -= max((joules for t, joules in self._held_back if now - t < 1.0), default=0.0)  # over 1 s: J are W
+        aim -= self._ramp_lead_w(now)
         since = now - self._fresh_table_t
         if self.idle_w is not None and since < FRESH_TABLE_S:
             aim -= FRESH_TABLE_MARGIN * max(0.0, self.setpoint_w - self.idle_w) * (1.0 - since / FRESH_TABLE_S)
         return aim
+
+    def _ramp_lead_w(self, now: float) -> float:
+        """How far a budget falling in a ramp falls over RAMP_LEAD_S, at the pace of its last
+        change (a change under a step, lower than the budget before, the next one due: the
+        first change after a long constant budget leads by little). Rising ramps are followed,
+        not led: the budget may stop at any change."""
+        if len(self._budget_log) < 2:
+            return 0.0
+        (t1, b1), (t2, b2) = self._budget_log[-2], self._budget_log[-1]
+        if not math.isfinite(t1) or t2 <= t1 or not 0.0 < b1 - b2 < STEP_MIN_W or now - t2 > 1.5 * (t2 - t1):
+            return 0.0
+        return (b1 - b2) / (t2 - t1) * RAMP_LEAD_S
 
     def _counter_joules(self, now: float, energy_mj: float | None, power: float | None) -> float | None:
         """The energy counter's joules, a stalled read (STALL_SHARE) replaced by the readings'
