@@ -77,10 +77,13 @@ inline bool encode_map_1d_f32(unsigned char* map, const char* name, const float*
     return false;
   }
   const cuuint64_t dims[1] = {static_cast<cuuint64_t>(count)};
+  // A rank-1 map has no stride to give; a valid one (the array's bytes rounded up to 16)
+  // rather than a null pointer, which not every driver may take for "none".
+  const cuuint64_t strides[1] = {(static_cast<cuuint64_t>(count) * 4 + 15) / 16 * 16};
   const cuuint32_t box[1] = {static_cast<cuuint32_t>(box_elems)};
   const cuuint32_t element_strides[1] = {1};
   const CUresult rc = encode(reinterpret_cast<CUtensorMap*>(map), CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 1,
-                             const_cast<float*>(base), dims, nullptr, box, element_strides,
+                             const_cast<float*>(base), dims, strides, box, element_strides,
                              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
                              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (rc != CUDA_SUCCESS) {
