@@ -62,8 +62,8 @@ __device__ __forceinline__ void tma_load_4d(uint32_t dst, const void* map, int c
       : "memory");
 }
 
-// The same for a 1-d map: the box starting at element c0, which need not be aligned (a
-// query block's LSE starts at any row of the (batch, heads, len_q) array).
+// The same for a 1-d map: the box starting at element c0, whose address must be 16-byte
+// aligned (TMA faults on an innermost start that is not).
 __device__ __forceinline__ void tma_load_1d(uint32_t dst, const void* map, int c0, uint32_t bar) {
   asm volatile(
       "cp.async.bulk.tensor.1d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2}], [%3];\n" ::"r"(

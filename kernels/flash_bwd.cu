@@ -623,8 +623,9 @@ bool encode_dq_accum_map(BwdParams& p, char* why, size_t whylen) {
 
 // The warp-specialised tile's maps (flash_bwd_wgmma_ws.cuh, BwdWsParams): Q and dO in boxes
 // of [block_m rows, 64 columns], K and V in boxes of [block_n rows, 64], both in the 128-byte
-// swizzle of its tiles; LSE and delta in boxes of block_m floats of the flat (batch, heads,
-// len_q) arrays; in the atomics mode the dQ accumulator's. False with the reason in err.
+// swizzle of its tiles; LSE and delta in boxes of block_m + 4 floats of the flat (batch,
+// heads, len_q) arrays (BwdWsShape::kRowBox); in the atomics mode the dQ accumulator's.
+// False with the reason in err.
 bool encode_ws_maps(BwdWsParams& ws, const BwdParams& p, const BwdConfig& cfg, char* err, size_t errlen) {
   ws.p = p;
   const int64_t rows = static_cast<int64_t>(p.batch) * p.heads * p.len_q;
@@ -647,8 +648,8 @@ bool encode_ws_maps(BwdWsParams& ws, const BwdParams& p, const BwdConfig& cfg, c
                     cfg.block_n, why, sizeof(why)) &&
       encode_map_4d(ws.v, "v", type, 2, p.v, d, p.len_k, p.kv_heads, p.batch, p.v_sl, p.v_sh, p.v_sb, 64,
                     cfg.block_n, why, sizeof(why)) &&
-      encode_map_1d_f32(ws.lse, "lse", p.lse, rows, cfg.block_m, why, sizeof(why)) &&
-      encode_map_1d_f32(ws.delta, "delta", p.delta, rows, cfg.block_m, why, sizeof(why)) &&
+      encode_map_1d_f32(ws.lse, "lse", p.lse, rows, BwdWsShape<128>::kRowBox, why, sizeof(why)) &&
+      encode_map_1d_f32(ws.delta, "delta", p.delta, rows, BwdWsShape<128>::kRowBox, why, sizeof(why)) &&
       (p.dq_accum == nullptr || encode_dq_accum_map(ws.p, why, sizeof(why)));
   if (!ok && err && errlen) snprintf(err, errlen, "backward tile wgmma_ws_n128_m64_w12 (TMA copies): %s", why);
   return ok;

@@ -29,9 +29,10 @@
 // (256 arrivals); consumers wait full with parity n & 1, the producer waits empty with
 // parity (n & 1) ^ 1, true at once for n = 0 (a fresh barrier).
 // LSE and delta travel as boxes of a 1-d map over the contiguous (batch, heads, len_q)
-// floats, starting at the block's first row: rows past len_q read the next head's values
-// (or zeros past the end), which the step masks exactly as the zero-filled rows of
-// wgmma_n128_m64_w8 (P = 0 wherever the query is past len_q, so dS = 0).
+// floats, starting at the 16-byte aligned element at or below the block's first row (the
+// consumers skip the 0-3 floats before it): rows past len_q read the next head's values (or
+// zeros past the end), which the step masks exactly as the zero-filled rows of
+// wgmma_n128_m64_w8 (P = 0 wherever the query is past len_q, and dS a zero).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -78,7 +79,13 @@ struct BwdWsShape {
   static constexpr int kKBytes = BN * D * 2;    // K or V
   static constexpr int kQBytes = BM * D * 2;    // one stage of Q or dO
   static constexpr int kDsBytes = BN * BM * 2;  // one dS^T buffer: [BN keys][BM queries]
-  static constexpr int kRowBytes = BM * 4;      // a query block's LSE or delta
+  // A query block's LSE or delta arrives as a box of a 1-d map that starts at the 16-byte
+  // aligned element at or below the block's first row (TMA faults on an innermost start that
+  // is not 16-byte aligned): up to 3 floats ahead of the block, then its BM rows. Each box
+  // in a 128-byte aligned slot (a TMA destination).
+  static constexpr int kRowLead = 4;                      // floats per 16 bytes
+  static constexpr int kRowBox = BM + kRowLead;           // floats per box
+  static constexpr int kRowSlotBytes = (kRowBox * 4 + 127) / 128 * 128;
   static constexpr int kOffV = kKBytes;
   static constexpr int kOffQ = 2 * kKBytes;
   static constexpr int kOffDO = kOffQ + 2 * kQBytes;
@@ -90,9 +97,9 @@ struct BwdWsShape {
   static constexpr int kOffDQ = kOffDS + 2 * kDsBytes;
   static constexpr int kOffRows = kOffDQ + 2 * NWG * kDqTileBytes;  // per stage: LSE, then delta
   // + 1 KB: the dynamic shared-memory base is rounded up to the 1 KB swizzle atom.
-  static constexpr int kSmemBytes = kOffRows + 2 * 2 * kRowBytes + 1024;
+  static constexpr int kSmemBytes = kOffRows + 2 * 2 * kRowSlotBytes + 1024;
   // Bytes a stage's full barrier expects: Q, dO, LSE, delta; K and V on kv_full.
-  static constexpr uint32_t kStageBytes = 2 * kQBytes + 2 * kRowBytes;
+  static constexpr uint32_t kStageBytes = 2 * kQBytes + 2 * kRowBox * 4;
   static constexpr uint32_t kKvBytes = 2 * kKBytes;
   // setmaxnreg (multiples of 8): the launch gives 384 threads 168 registers each (65536 /
   // 384, rounded down to 8); the producer's one thread only walks the query blocks, the
@@ -104,7 +111,8 @@ struct BwdWsShape {
   static constexpr int kDqBarrier0 = 2;
   static_assert(D == 128, "warp-specialised wgmma backward: head_dim 128 (dQ as m64n64 per consumer)");
   static_assert(kOffDQ % 1024 == 0 && kOffDS % 1024 == 0, "swizzled tiles must start on a 1 KB atom");
-  static_assert(kOffRows % 128 == 0, "TMA destinations: 128-byte aligned");
+  static_assert(kOffRows % 128 == 0 && kRowSlotBytes % 128 == 0, "TMA destinations: 128-byte aligned");
+  static_assert(BM % kRowLead == 0, "a query block starts kRowLead-aligned within its head");
   static_assert(kSmemBytes <= 227 * 1024, "warp-specialised wgmma backward: shared memory");
   static_assert(128 * kProducerRegs + kConsumers * kConsumerRegs <= 65536, "setmaxnreg: register file");
 };
@@ -180,10 +188,10 @@ __global__ void __launch_bounds__(BwdWsShape<D>::kThreads, 1)
       tma_load_tile<BM, D>(sQ + stage * S::kQBytes, a.q, m0, h, b, bar);
       tma_load_tile<BM, D>(sdO + stage * S::kQBytes, a.dout, m0, h, b, bar);
       // bwd_launch refuses more than 2^31 - 1 rows, so the row index fits the coordinate.
-      const int row = (b * p.heads + h) * p.len_q + m0;
-      const uint32_t rows = sRowsAddr + stage * 2 * S::kRowBytes;
+      const int row = ((b * p.heads + h) * p.len_q + m0) & ~(S::kRowLead - 1);
+      const uint32_t rows = sRowsAddr + stage * 2 * S::kRowSlotBytes;
       tma_load_1d(rows, a.lse, row, bar);
-      tma_load_1d(rows + S::kRowBytes, a.delta, row, bar);
+      tma_load_1d(rows + S::kRowSlotBytes, a.delta, row, bar);
       if (m0 + BM >= num_mb * BM) {
         ++h;
         m0 = mb_first * BM;
@@ -228,8 +236,10 @@ __global__ void __launch_bounds__(BwdWsShape<D>::kThreads, 1)
     const uint32_t sQs = sQ + stage * S::kQBytes;
     const uint32_t sdOs = sdO + stage * S::kQBytes;
     const uint32_t sdSb = sdS + stage * S::kDsBytes;
-    const float* lse_s = sRows + stage * 2 * BM;
-    const float* delta_s = lse_s + BM;
+    // The block's first row within its LSE and delta boxes (m0 is a multiple of kRowLead).
+    const int lead = ((b * p.heads + h) * p.len_q) & (S::kRowLead - 1);
+    const float* lse_s = sRows + stage * 2 * (S::kRowSlotBytes / 4) + lead;
+    const float* delta_s = lse_s + S::kRowSlotBytes / 4;
     // The dQ tile this step stages into was last reduced two steps ago: its bulk read is
     // done before the dS^T barrier below lets this consumer's threads overwrite it. Here,
     // ahead of the step's first wgmma: a branch between a wgmma's issue and its wait made

@@ -67,8 +67,9 @@ inline bool encode_map_4d(unsigned char* map, const char* name, CUtensorMapDataT
 }
 
 // A map of `name` over `count` contiguous fp32 values (a per-row array such as the LSE),
-// boxes of box_elems without a swizzle; a box may start at any element, and elements past
-// the end read as zeros. Returns false with the reason in why.
+// boxes of box_elems without a swizzle; elements past the end read as zeros. A box must
+// start at a 16-byte aligned element (a multiple of 4): TMA faults on others. Returns false
+// with the reason in why.
 inline bool encode_map_1d_f32(unsigned char* map, const char* name, const float* base, int64_t count, int box_elems,
                               char* why, size_t whylen) {
   const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();

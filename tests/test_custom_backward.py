@@ -91,13 +91,18 @@ def tile_rows(t, r0, n, end):
     return tile
 
 
-def flat_rows(t, b, h, r0, n):
-    """Rows r0 .. r0 + n - 1 of head (b, h) of a (B, H, L) array as a box of a 1-d map over
-    its flat B * H * L values (the warp-specialised tile's TMA copies of LSE and delta):
-    past L the next head's values, past the last head zeros."""
+def flat_rows(t, b, h, r0, n, lead=4):
+    """Rows r0 .. r0 + n - 1 of head (b, h) of a (B, H, L) array as the warp-specialised tile
+    copies LSE and delta: a box of n + lead values of a 1-d map over the flat B * H * L values,
+    from the 16-byte aligned element (a multiple of lead) at or below the block's first row,
+    read from the block's first row on; past L the next head's values, past the last head
+    zeros."""
+    assert r0 % lead == 0, "a query block starts at a multiple of the lead within its head"
     flat = t.reshape(-1)
-    start = (b * t.shape[1] + h) * t.shape[2] + r0
-    return tile_rows(flat, start, n, flat.numel())
+    head0 = (b * t.shape[1] + h) * t.shape[2]
+    box = tile_rows(flat, (head0 + r0) // lead * lead, n + lead, flat.numel())
+    skip = head0 % lead  # kernels/flash_bwd_wgmma_ws.cuh: `lead`
+    return box[skip:skip + n]
 
 
 def tiled_backward(dout, q, k, v, out, lse, causal, scale, block_n, block_m, warps_per_keys=1, offset=0,
