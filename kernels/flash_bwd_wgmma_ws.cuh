@@ -61,7 +61,7 @@ struct BwdWsParams {
   alignas(128) unsigned char dout[128];  // as q
   alignas(128) unsigned char k[128];     // (head dim, len_k, kv_heads, batch), boxes [128 rows, 64]
   alignas(128) unsigned char v[128];     // as k
-  alignas(128) unsigned char lse[128];   // the batch * heads * len_q floats, boxes of 64
+  alignas(128) unsigned char lse[128];    // the batch * heads * len_q floats, boxes of BwdWsShape::kRowBox
   alignas(128) unsigned char delta[128];  // as lse
 };
 static_assert(sizeof(BwdWsParams) <= 4096, "kernel parameters: 4 KB");
