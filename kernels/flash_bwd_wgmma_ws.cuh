@@ -361,7 +361,7 @@ __global__ void __launch_bounds__(BwdWsShape<D>::kThreads, 1)
                                                                       chunk),
                        "f"(dq[4 * j + 2 * r]), "f"(dq[4 * j + 2 * r + 1]));
       }
-      fence_proxy_async_smem();                          // the bulk reduction reads through the async proxy
+      fence_proxy_async_smem();                  // the bulk reduction reads through the async proxy
       named_bar_sync(S::kDqBarrier0 + cw, 128);  // this consumer's dQ tile staged
       if ((tid & 127) == 0) {
 #pragma unroll

@@ -657,19 +657,19 @@ def test_warp_specialised_ring_protocol(Lq, Lk, group, causal, offset, seed):
                         dq_tile_reads[c].pop(0)
                 yield
 
-        agents = {"producer": producer(), "c0": consumer(0), "c1": consumer(1)}
+        actors = {"producer": producer(), "c0": consumer(0), "c1": consumer(1)}
         engines = [tma(), reductions()]
         for _ in range(100_000):
-            if not agents:
+            if not actors:
                 break
             for e in engines:
                 next(e)
-            name = rnd.choice(sorted(agents))
+            name = rnd.choice(sorted(actors))
             try:
-                next(agents[name])
+                next(actors[name])
             except StopIteration:
-                del agents[name]
-        assert not agents, f"n0 {n0}: {sorted(agents)} still waiting after {iters} steps"
+                del actors[name]
+        assert not actors, f"n0 {n0}: {sorted(actors)} still waiting after {iters} steps"
         assert not in_flight, "a TMA copy still in flight when the CTA exits"
 
 
