@@ -510,6 +510,7 @@ __global__ void __launch_bounds__(NW * 32, 1) flash_bwd_kernel(const BwdParams p
 
 #if defined(FLASHWATT_WGMMA)
 #include "flash_bwd_wgmma.cuh"
+#include "flash_bwd_wgmma_ws.cuh"
 #include "tensor_map.cuh"
 #endif
 
@@ -529,7 +530,20 @@ struct Entry {
   int threads;
   KernelFn dq;  // the deterministic dQ pass (flash_bwd_dq.cuh)
   int dq_smem;
+#if defined(FLASHWATT_WGMMA)
+  // The warp-specialised main kernel (flash_bwd_wgmma_ws.cuh), which takes its TMA maps
+  // beside the parameters; `main` is null in its rows.
+  void (*ws_main)(const BwdWsParams) = nullptr;
+#endif
 };
+
+// The main kernel of a row, for the runtime's attribute and occupancy queries.
+const void* main_kernel(const Entry& e) {
+#if defined(FLASHWATT_WGMMA)
+  if (e.ws_main != nullptr) return reinterpret_cast<const void*>(e.ws_main);
+#endif
+  return reinterpret_cast<const void*>(e.main);
+}
 
 // The deterministic dQ pass: 64 query rows (4 warps) per CTA, 64-key steps; 32-key steps
 // at head dim 256, so that Q, dO and two stages of K and V fit an A100's 163 KB.
@@ -562,6 +576,15 @@ constexpr Entry bwd_wgmma_entry(int dtype) {
                &flash_bwd_wgmma_kernel<T, D, NWG>, &flash_bwd_convert_dq_kernel<T, D>, S::kSmemBytes, S::kThreads,
                dq_pass<T, D>(), dq_pass_smem<D>()};
 }
+
+// The warp-specialised tile: 12 warps, the producer warpgroup's 4 among them.
+template <typename T, int D>
+constexpr Entry bwd_wgmma_ws_entry(int dtype) {
+  using S = BwdWsShape<D>;
+  return Entry{BwdConfig{dtype, D, S::BN, S::BM, S::kThreads / 32, kBwdWgmma}, &flash_bwd_preprocess_kernel<T, D>,
+               nullptr, &flash_bwd_convert_dq_kernel<T, D>, S::kSmemBytes, S::kThreads, dq_pass<T, D>(),
+               dq_pass_smem<D>(), &flash_bwd_wgmma_ws_kernel<T, D>};
+}
 #endif
 
 // The backward tiles of src/flashwatt/kernels/custom_backward.py map onto these rows
@@ -578,6 +601,8 @@ const Entry kEntries[] = {
     bwd_wgmma_entry<__nv_bfloat16, 64, 2>(kBf16),
     bwd_wgmma_entry<__half, 128, 2>(kFp16),
     bwd_wgmma_entry<__nv_bfloat16, 128, 2>(kBf16),
+    bwd_wgmma_ws_entry<__half, 128>(kFp16),
+    bwd_wgmma_ws_entry<__nv_bfloat16, 128>(kBf16),
 #endif
 };
 constexpr int kNumEntries = sizeof(kEntries) / sizeof(kEntries[0]);
@@ -586,6 +611,50 @@ int report(char* err, size_t errlen, const char* what, cudaError_t code) {
   if (err && errlen) snprintf(err, errlen, "%s: %s", what, cudaGetErrorString(code));
   return static_cast<int>(code) ? static_cast<int>(code) : 1;
 }
+
+#if defined(FLASHWATT_WGMMA)
+// The dQ accumulator's map for the wgmma tiles' bulk reductions: boxes of [64 rows, 32]
+// fp32 (128 bytes) over the contiguous (batch, heads, len_q, head_dim) workspace.
+bool encode_dq_accum_map(BwdParams& p, char* why, size_t whylen) {
+  const int64_t d = p.head_dim, lq = p.len_q;
+  return encode_map_4d(p.dq_accum_map, "dq_accum", CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, p.dq_accum, d, p.len_q, p.heads,
+                       p.batch, d, lq * d, p.heads * lq * d, 32, 64, why, whylen);
+}
+
+// The warp-specialised tile's maps (flash_bwd_wgmma_ws.cuh, BwdWsParams): Q and dO in boxes
+// of [block_m rows, 64 columns], K and V in boxes of [block_n rows, 64], both in the 128-byte
+// swizzle of its tiles; LSE and delta in boxes of block_m + 4 floats of the flat (batch,
+// heads, len_q) arrays (BwdWsShape::kRowBox); in the atomics mode the dQ accumulator's.
+// False with the reason in err.
+bool encode_ws_maps(BwdWsParams& ws, const BwdParams& p, const BwdConfig& cfg, char* err, size_t errlen) {
+  ws.p = p;
+  const int64_t rows = static_cast<int64_t>(p.batch) * p.heads * p.len_q;
+  if (rows > 0x7fffffffLL) {  // the kernel's LSE and delta coordinates are 32-bit
+    if (err && errlen)
+      snprintf(err, errlen, "backward tile wgmma_ws_n128_m64_w12: %lld query rows (batch x heads x len_q) exceed 2^31 - 1",
+               static_cast<long long>(rows));
+    return false;
+  }
+  const CUtensorMapDataType type =
+      cfg.dtype == kBf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  const int d = cfg.head_dim;
+  char why[256] = {0};
+  const bool ok =
+      encode_map_4d(ws.q, "q", type, 2, p.q, d, p.len_q, p.heads, p.batch, p.q_sl, p.q_sh, p.q_sb, 64, cfg.block_m,
+                    why, sizeof(why)) &&
+      encode_map_4d(ws.dout, "dout", type, 2, p.dout, d, p.len_q, p.heads, p.batch, p.do_sl, p.do_sh, p.do_sb, 64,
+                    cfg.block_m, why, sizeof(why)) &&
+      encode_map_4d(ws.k, "k", type, 2, p.k, d, p.len_k, p.kv_heads, p.batch, p.k_sl, p.k_sh, p.k_sb, 64,
+                    cfg.block_n, why, sizeof(why)) &&
+      encode_map_4d(ws.v, "v", type, 2, p.v, d, p.len_k, p.kv_heads, p.batch, p.v_sl, p.v_sh, p.v_sb, 64,
+                    cfg.block_n, why, sizeof(why)) &&
+      encode_map_1d_f32(ws.lse, "lse", p.lse, rows, BwdWsShape<128>::kRowBox, why, sizeof(why)) &&
+      encode_map_1d_f32(ws.delta, "delta", p.delta, rows, BwdWsShape<128>::kRowBox, why, sizeof(why)) &&
+      (p.dq_accum == nullptr || encode_dq_accum_map(ws.p, why, sizeof(why)));
+  if (!ok && err && errlen) snprintf(err, errlen, "backward tile wgmma_ws_n128_m64_w12 (TMA copies): %s", why);
+  return ok;
+}
+#endif
 
 }  // namespace
 
@@ -616,7 +685,7 @@ int bwd_launch(int index, const BwdParams& params, void* stream_ptr, char* err, 
   static unsigned long long configured[kNumEntries] = {};
   const unsigned long long bit = 1ull << (device & 63);
   if (!(configured[index] & bit)) {
-    st = cudaFuncSetAttribute(e.main, cudaFuncAttributeMaxDynamicSharedMemorySize, e.smem);
+    st = cudaFuncSetAttribute(main_kernel(e), cudaFuncAttributeMaxDynamicSharedMemorySize, e.smem);
     if (st != cudaSuccess) return report(err, errlen, "cudaFuncSetAttribute(max dynamic shared memory)", st);
     st = cudaFuncSetAttribute(e.dq, cudaFuncAttributeMaxDynamicSharedMemorySize, e.dq_smem);
     if (st != cudaSuccess) return report(err, errlen, "cudaFuncSetAttribute(max dynamic shared memory, dQ pass)", st);
@@ -635,6 +704,12 @@ int bwd_launch(int index, const BwdParams& params, void* stream_ptr, char* err, 
                                 dq_ctas);
     return 1;
   }
+#if defined(FLASHWATT_WGMMA)
+  // The warp-specialised kernel's copies are all TMA: its maps are encoded before anything
+  // is launched, so that a refusal leaves no half-run backward behind.
+  BwdWsParams ws;
+  if (e.ws_main != nullptr && !encode_ws_maps(ws, params, e.cfg, err, errlen)) return 1;
+#endif
   e.preprocess<<<static_cast<unsigned>(row_ctas), kRowThreads, 0, stream>>>(params);
   st = cudaGetLastError();
   if (st != cudaSuccess) return report(err, errlen, "backward preprocess launch", st);
@@ -643,20 +718,23 @@ int bwd_launch(int index, const BwdParams& params, void* stream_ptr, char* err, 
   // The wgmma kernel adds its dQ tiles into dq_accum by TMA bulk reductions: boxes of
   // [64 rows, 32] fp32 (128 bytes) over the contiguous (batch, heads, len_q, head_dim) workspace.
   BwdParams with_map;
-  if (e.cfg.math == kBwdWgmma && !deterministic) {
+  if (e.cfg.math == kBwdWgmma && e.ws_main == nullptr && !deterministic) {
     with_map = params;
-    const int64_t d = params.head_dim, lq = params.len_q;
     char why[256] = {0};
-    if (!encode_map_4d(with_map.dq_accum_map, "dq_accum", CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, params.dq_accum, d,
-                       params.len_q, params.heads, params.batch, d, lq * d, params.heads * lq * d, 32, 64, why,
-                       sizeof(why))) {
+    if (!encode_dq_accum_map(with_map, why, sizeof(why))) {
       if (err && errlen) snprintf(err, errlen, "backward dQ reductions: %s", why);
       return 1;
     }
     args = &with_map;
   }
-#endif
+  if (e.ws_main != nullptr) {
+    e.ws_main<<<static_cast<unsigned>(main_ctas), e.threads, e.smem, stream>>>(ws);
+  } else {
+    e.main<<<static_cast<unsigned>(main_ctas), e.threads, e.smem, stream>>>(*args);
+  }
+#else
   e.main<<<static_cast<unsigned>(main_ctas), e.threads, e.smem, stream>>>(*args);
+#endif
   st = cudaGetLastError();
   if (st != cudaSuccess) return report(err, errlen, "backward kernel launch", st);
   if (deterministic) {
@@ -678,12 +756,12 @@ int bwd_kernel_info(int index, BwdKernelInfo* info, char* err, size_t errlen) {
   }
   const Entry& e = kEntries[index];
   cudaFuncAttributes attr;
-  cudaError_t st = cudaFuncGetAttributes(&attr, e.main);
+  cudaError_t st = cudaFuncGetAttributes(&attr, main_kernel(e));
   if (st != cudaSuccess) return report(err, errlen, "cudaFuncGetAttributes", st);
-  st = cudaFuncSetAttribute(e.main, cudaFuncAttributeMaxDynamicSharedMemorySize, e.smem);
+  st = cudaFuncSetAttribute(main_kernel(e), cudaFuncAttributeMaxDynamicSharedMemorySize, e.smem);
   if (st != cudaSuccess) return report(err, errlen, "cudaFuncSetAttribute(max dynamic shared memory)", st);
   int blocks = 0;
-  st = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, e.main, e.threads, e.smem);
+  st = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, main_kernel(e), e.threads, e.smem);
   if (st != cudaSuccess) return report(err, errlen, "cudaOccupancyMaxActiveBlocksPerMultiprocessor", st);
   info->num_regs = attr.numRegs;
   info->local_bytes = static_cast<int>(attr.localSizeBytes);

@@ -46,7 +46,7 @@ struct BwdParams {
 // How a backward tile's main kernel multiplies.
 enum BwdMath : int {
   kBwdMmaSync = 0,  // mma.sync m16n8k16 (sm_80+), flash_bwd.cu
-  kBwdWgmma = 1,    // wgmma (sm_90a builds only), flash_bwd_wgmma.cuh
+  kBwdWgmma = 1,    // wgmma (sm_90a builds only), flash_bwd_wgmma.cuh (and, with 12 warps, flash_bwd_wgmma_ws.cuh)
 };
 
 // One compiled backward tile configuration (fp16/bf16).
@@ -55,7 +55,7 @@ struct BwdConfig {
   int head_dim;
   int block_n;   // key/value rows per CTA (mma.sync: 16 per warp; wgmma: 64 per warpgroup)
   int block_m;   // query rows per step of the CTA's loop
-  int warps;
+  int warps;     // of the main kernel's CTA, a producer warpgroup's included
   int math;      // BwdMath
 };
 

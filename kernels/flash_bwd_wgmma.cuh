@@ -36,6 +36,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "async_pipeline.cuh"
 #include "causal_mask.cuh"
 #include "flash_bwd.cuh"
 #include "ptx.cuh"
@@ -93,25 +94,6 @@ __device__ __forceinline__ void bwd_load_sw128(uint32_t dst, const T* __restrict
     g += step;
     rows_left -= RSTEP;
   }
-}
-
-// TMA: adds the fp32 box at shared memory src (the map's 128-byte swizzle) into the tensor
-// of the 4-d map at coordinates (c0 .. c3); elements outside the tensor are not written.
-// Completion is tracked per thread in bulk groups.
-__device__ __forceinline__ void tma_reduce_add_4d(const void* map, uint32_t src, int c0, int c1, int c2, int c3) {
-  asm volatile(
-      "cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2, %3, %4}], [%5];\n" ::"l"(
-          reinterpret_cast<uint64_t>(map)),
-      "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(src)
-      : "memory");
-}
-
-__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
-
-// Waits until at most N of this thread's bulk groups still read shared memory.
-template <int N>
-__device__ __forceinline__ void bulk_wait_read() {
-  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
 }
 
 template <int D, int NWG>

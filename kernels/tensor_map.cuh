@@ -1,5 +1,6 @@
 // Host side of the TMA copies and reductions (sm_90a builds): tensor maps over the 4-d
-// (head dim, rows, heads, batch) views the kernels address, encoded by the driver.
+// (head dim, rows, heads, batch) views the kernels address, and over per-row fp32 arrays,
+// encoded by the driver.
 //
 // The driver's cuTensorMapEncodeTiled is looked up through the runtime, so the extension
 // needs no link to libcuda. A map is 128 opaque bytes that a kernel reads from its
@@ -60,6 +61,35 @@ inline bool encode_map_4d(unsigned char* map, const char* name, CUtensorMapDataT
              "cuTensorMapEncodeTiled refused %s (error %d; strides in elements: rows %lld, heads %lld, batch %lld)",
              name, static_cast<int>(rc), static_cast<long long>(sl), static_cast<long long>(sh),
              static_cast<long long>(sb));
+    return false;
+  }
+  return true;
+}
+
+// A map of `name` over `count` contiguous fp32 values (a per-row array such as the LSE),
+// boxes of box_elems without a swizzle; elements past the end read as zeros. A box must
+// start at a 16-byte aligned element (a multiple of 4): TMA faults on others. Returns false
+// with the reason in why.
+inline bool encode_map_1d_f32(unsigned char* map, const char* name, const float* base, int64_t count, int box_elems,
+                              char* why, size_t whylen) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+  if (encode == nullptr) {
+    snprintf(why, whylen, "the driver has no cuTensorMapEncodeTiled");
+    return false;
+  }
+  const cuuint64_t dims[1] = {static_cast<cuuint64_t>(count)};
+  // A rank-1 map has no stride to give; a valid one (the array's bytes rounded up to 16)
+  // rather than a null pointer, which not every driver may take for "none".
+  const cuuint64_t strides[1] = {(static_cast<cuuint64_t>(count) * 4 + 15) / 16 * 16};
+  const cuuint32_t box[1] = {static_cast<cuuint32_t>(box_elems)};
+  const cuuint32_t element_strides[1] = {1};
+  const CUresult rc = encode(reinterpret_cast<CUtensorMap*>(map), CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 1,
+                             const_cast<float*>(base), dims, strides, box, element_strides,
+                             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (rc != CUDA_SUCCESS) {
+    snprintf(why, whylen, "cuTensorMapEncodeTiled refused %s (error %d; %lld floats)", name, static_cast<int>(rc),
+             static_cast<long long>(count));
     return false;
   }
   return true;

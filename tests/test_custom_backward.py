@@ -91,12 +91,29 @@ def tile_rows(t, r0, n, end):
     return tile
 
 
-def tiled_backward(dout, q, k, v, out, lse, causal, scale, block_n, block_m, warps_per_keys=1, offset=0):
+def flat_rows(t, b, h, r0, n, lead=4):
+    """Rows r0 .. r0 + n - 1 of head (b, h) of a (B, H, L) array as the warp-specialised tile
+    copies LSE and delta: a box of n + lead values of a 1-d map over the flat B * H * L values,
+    from the 16-byte aligned element (a multiple of lead) at or below the block's first row,
+    read from the block's first row on; past L the next head's values, past the last head
+    zeros."""
+    assert r0 % lead == 0, "a query block starts at a multiple of the lead within its head"
+    flat = t.reshape(-1)
+    head0 = (b * t.shape[1] + h) * t.shape[2]
+    box = tile_rows(flat, (head0 + r0) // lead * lead, n + lead, flat.numel())
+    skip = head0 % lead  # kernels/flash_bwd_wgmma_ws.cuh: `lead`
+    return box[skip:skip + n]
+
+
+def tiled_backward(dout, q, k, v, out, lse, causal, scale, block_n, block_m, warps_per_keys=1, offset=0,
+                   flat_lse_rows=False):
     """kernels/flash_bwd.cu in float64: preprocess, one 'CTA' per (key block, batch, k/v
     head) walking (query head, query block) steps, then the dQ conversion. warps_per_keys
     (KS): S^T and dP^T as the sum of KS partial products over slices of the head dim, dK
     and dV accumulated slice by slice, as the warps sharing 16 keys compute them. offset:
-    BwdParams::causal_offset (key j visible to query i iff j <= i + offset)."""
+    BwdParams::causal_offset (key j visible to query i iff j <= i + offset). flat_lse_rows:
+    a query block's LSE and delta as the warp-specialised tile copies them (`flat_rows`),
+    not zero-filled past len_q."""
     B, H, Lq, D = q.shape
     slices = [slice(c * D // warps_per_keys, (c + 1) * D // warps_per_keys) for c in range(warps_per_keys)]
     Hkv, Lk = k.shape[1], k.shape[2]
@@ -120,7 +137,10 @@ def tiled_backward(dout, q, k, v, out, lse, causal, scale, block_n, block_m, war
                     h = hk * group + it // mb_count
                     m0 = (mb_first + it % mb_count) * BM
                     Qt, dOt = rows(q[b, h], m0, BM, Lq), rows(dout[b, h], m0, BM, Lq)
-                    lse_t, delta_t = rows(lse[b, h], m0, BM, Lq), rows(delta[b, h], m0, BM, Lq)
+                    if flat_lse_rows:
+                        lse_t, delta_t = flat_rows(lse, b, h, m0, BM), flat_rows(delta, b, h, m0, BM)
+                    else:
+                        lse_t, delta_t = rows(lse[b, h], m0, BM, Lq), rows(delta[b, h], m0, BM, Lq)
                     sT = sum(Kt[:, c] @ Qt[:, c].T for c in slices)  # keys x queries
                     if n0 + BN > Lk or m0 + BM > Lq or (causal and n0 + BN - 1 > m0 + offset):
                         key = n0 + torch.arange(BN)[:, None]
@@ -206,7 +226,7 @@ def test_tiled_algorithm_matches_autograd(B, H, Hkv, Lq, Lk, D, mask, tile):
     scale = 1 / math.sqrt(D)
     out, lse = attention64(q, k, v, causal, scale, align)
     got = tiled_backward(dout, q, k, v, out, lse, causal, scale, t.block_n, t.block_m, t.warps_per_keys,
-                         diagonal_offset(align, Lq, Lk))
+                         diagonal_offset(align, Lq, Lk), flat_lse_rows=t.warp_specialised)
     for name, g, r in zip(("dq", "dk", "dv"), got, autograd_reference(q, k, v, dout, causal, scale, align)):
         assert torch.isfinite(g).all(), f"{name}: unwritten or non-finite rows"
         assert rel(g, r) < 1e-12, f"{name}: rel err {rel(g, r):.2e}"
@@ -325,9 +345,19 @@ def test_tiles_match_the_compiled_table():
     rows = re.findall(r"bwd_wgmma_entry<(__half|__nv_bfloat16), (\d+), (\d+)>\((kFp16|kBf16)\)", entries)
     assert all((ty == "__half") == (code == "kFp16") for ty, _, _, code in rows), rows
     wg_compiled = {(int(D), 64 * int(nwg), 64, 4 * int(nwg), ty) for ty, D, nwg, _ in rows}
-    wg_named = {(D, t.block_n, t.block_m, t.warps, ty) for t in BWD_TILES.values() if t.math == BWD_WGMMA
+    wg_named = {(D, t.block_n, t.block_m, t.warps, ty) for t in BWD_TILES.values()
+                if t.math == BWD_WGMMA and not t.warp_specialised
                 for D in t.head_dims for ty in ("__half", "__nv_bfloat16")}
     assert wg_named and wg_named == wg_compiled
+    # The warp-specialised rows: 2 consumer warpgroups x 64 keys beside the producer's 4 warps,
+    # 64-row query steps (BwdWsShape).
+    ws_rows = re.findall(r"bwd_wgmma_ws_entry<(__half|__nv_bfloat16), (\d+)>\((kFp16|kBf16)\)", entries)
+    assert all((ty == "__half") == (code == "kFp16") for ty, _, code in ws_rows), ws_rows
+    ws_compiled = {(int(D), 128, 64, 12, ty) for ty, D, _ in ws_rows}
+    ws_named = {(D, t.block_n, t.block_m, t.warps, ty) for t in BWD_TILES.values() if t.warp_specialised
+                for D in t.head_dims for ty in ("__half", "__nv_bfloat16")}
+    assert ws_named and ws_named == ws_compiled
+    assert all(t.math == BWD_WGMMA for t in BWD_TILES.values() if t.warp_specialised)
     for D, name in DEFAULT_BWD_TILE.items():
         assert D in BWD_TILES[name].head_dims
 
@@ -439,15 +469,17 @@ def test_wgmma_tile_plan():
     wg = [name for name, t in BWD_TILES.items() if t.math == BWD_WGMMA]
     assert wg and all(BWD_TILES[name].math == BWD_MMA_SYNC for name in DEFAULT_BWD_TILE.values())
     for name in wg:
-        for precision, D in ((p, D) for p in ("fp16", "bf16") for D in (64, 128)):
+        dims = BWD_TILES[name].head_dims
+        for precision, D in ((p, D) for p in ("fp16", "bf16") for D in dims):
             plan = backward_plan(precision, D, name, (9, 0))
             assert plan.path == BWD_WGMMA and plan.tile_name == name and plan.as_dict()["math"] == BWD_WGMMA
             assert backward_plan(precision, D, name).path == BWD_WGMMA  # capability not known: not checked
             for cap in ((8, 0), (8, 9), (10, 0)):
                 with pytest.raises(ValueError, match=r"uses wgmma, built only for compute capability 9\.0"):
                     backward_plan(precision, D, name, cap)
-        with pytest.raises(ValueError, match=r"built for head_dim \(64, 128\), not 256"):
-            backward_plan("bf16", 256, name, (9, 0))
+        for D in sorted({64, 128, 256} - set(dims)):
+            with pytest.raises(ValueError, match=rf"{name}' is built for head_dim {re.escape(str(dims))}, not {D}"):
+                backward_plan("bf16", D, name, (9, 0))
     assert backward_plan("bf16", 128, None, (8, 0)).path == BWD_MMA_SYNC
 
 
@@ -461,6 +493,184 @@ def test_hopper_takes_the_wgmma_tile_by_default_where_one_exists():
     assert backward_plan("bf16", 64, capability=(9, 0)).tile_name == "wgmma_n128_m64_w8"
     assert backward_plan("bf16", 256, capability=(9, 0)).tile_name == "n64_m32_w8"  # no wgmma tile at D256
     assert backward_plan("bf16", 128, "n64_m64_w4", capability=(9, 0)).tile_name == "n64_m64_w4"  # asked by name
+
+
+WS_TILE = "wgmma_ws_n128_m64_w12"
+
+
+def test_warp_specialised_tile_is_chosen_by_name_only():
+    """The warp-specialised tile runs only where asked for by name, at head dim 128 on compute
+    capability 9.0; every other head dim and device is refused naming it."""
+    t = BWD_TILES[WS_TILE]
+    assert t.warp_specialised and t.math == BWD_WGMMA and t.head_dims == (128,)
+    assert [name for name, tile in BWD_TILES.items() if tile.warp_specialised] == [WS_TILE]
+    for cap in (None, (8, 0), (8, 9), (9, 0), (10, 0)):
+        for D in (64, 128, 256):
+            for deterministic in (False, True):
+                assert backward_plan("bf16", D, None, cap, deterministic).tile_name != WS_TILE
+    for precision in ("fp16", "bf16"):
+        plan = backward_plan(precision, 128, WS_TILE, (9, 0))
+        row = plan.as_dict()
+        assert plan.path == BWD_WGMMA and plan.tile_name == WS_TILE
+        assert (row["block_n"], row["block_m"], row["warps"], row["warp_specialised"]) == (128, 64, 12, True)
+        assert backward_plan(precision, 128, WS_TILE, (9, 0), deterministic=True).dq == "separate pass (deterministic)"
+        for D in (64, 256):
+            with pytest.raises(ValueError, match=rf"'{WS_TILE}' is built for head_dim \(128,\), not {D}"):
+                backward_plan(precision, D, WS_TILE, (9, 0))
+        for cap in ((8, 0), (8, 6), (8, 9), (10, 0), (12, 0)):
+            with pytest.raises(ValueError, match=rf"'{WS_TILE}' uses wgmma, built only for compute capability 9\.0"):
+                backward_plan(precision, 128, WS_TILE, cap)
+    with pytest.raises(ValueError, match=rf"fp32 runs {BWD_TORCH_MATH}, which takes no tile \(got '{WS_TILE}'\)"):
+        backward_plan("fp32", 128, WS_TILE, (9, 0))
+    # The other tiles' plan rows carry no new key.
+    assert all("warp_specialised" not in backward_plan("bf16", D, name, (9, 0)).as_dict()
+               for name, tile in BWD_TILES.items() if not tile.warp_specialised for D in tile.head_dims)
+
+
+class _MBarrier:
+    """An mbarrier as the PTX ISA describes it: a phase completes once `count` arrivals and
+    every expected transaction byte are in; try_wait.parity(P) is true once the phase of
+    parity P before the current one has completed (at once for P = 1 on a fresh barrier)."""
+
+    def __init__(self, count):
+        self.count, self.pending, self.tx, self.phase = count, count, 0, 0
+
+    def arrive(self, expect_tx=0):
+        self.tx += expect_tx
+        self.pending -= 1
+        assert self.pending >= 0, "more arrivals than the barrier's count in one phase"
+        self._complete()
+
+    def complete_tx(self, nbytes):
+        self.tx -= nbytes
+        self._complete()
+
+    def _complete(self):
+        if self.pending == 0 and self.tx == 0:
+            self.phase += 1
+            self.pending = self.count
+
+    def try_wait(self, parity):
+        return (self.phase & 1) != parity
+
+
+def _ws_steps(Lq, Lk, group, n0, causal, offset, BM=64):
+    """The (query head index within the group, m0) of each step of a CTA, as the consumers of
+    flash_bwd_wgmma_ws.cuh walk them (head_end from num_mb), and as its producer does."""
+    num_mb = (Lq + BM - 1) // BM
+    mb_first = min(max(0, n0 - offset) // BM, num_mb) if causal else 0
+    iters = group * (num_mb - mb_first)
+    consumer, producer = [], []
+    h, m0 = 0, mb_first * BM
+    for _ in range(iters):
+        consumer.append((h, m0))
+        head_end = m0 + BM >= num_mb * BM
+        h, m0 = (h + 1, mb_first * BM) if head_end else (h, m0 + BM)
+    h, m0 = 0, mb_first * BM
+    for _ in range(iters):
+        producer.append((h, m0))
+        h, m0 = (h + 1, mb_first * BM) if m0 + BM >= num_mb * BM else (h, m0 + BM)
+    return consumer, producer
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("Lq,Lk,group,causal,offset", [
+    (1, 1, 1, False, 0), (64, 128, 1, False, 0), (300, 300, 2, True, 0), (1000, 1000, 4, False, 0),
+    (130, 40, 1, True, -90), (40, 130, 2, True, 90), (200, 64, 1, True, 0),
+])
+def test_warp_specialised_ring_protocol(Lq, Lk, group, causal, offset, seed):
+    """flash_bwd_wgmma_ws.cuh's protocol, played out step by step under random interleavings of
+    the producer's thread, the TMA engine and the two consumers: the parities the kernel
+    waits with, the stage each step reads, the one dS^T barrier per step with dS^T
+    double-buffered, and the dQ staging tiles reused two steps later. Checks that nobody
+    waits forever, that each consumer step reads the query block it computes (the producer
+    walks the same blocks), that no stage is refilled while a consumer still reads it, and
+    that no dS^T buffer is overwritten while the other consumer's dQ still reads it."""
+    import random
+
+    rnd = random.Random(seed)
+    for n0 in range(0, Lk, 128):
+        consumer_steps, producer_steps = _ws_steps(Lq, Lk, group, n0, causal, offset)
+        assert consumer_steps == producer_steps
+        iters = len(consumer_steps)
+        kv_full, full = _MBarrier(1), [_MBarrier(1), _MBarrier(1)]
+        empty = [_MBarrier(2), _MBarrier(2)]  # 256 consumer threads: one arrival per warpgroup here
+        stage_block = [None, None]  # what TMA last wrote into each stage
+        in_flight = []  # TMA copies issued, not landed: (barrier, stage or None, block)
+        readers = [set(), set()]  # consumers reading each stage
+        ds_readers = [set(), set()]  # consumers whose dQ reads each dS^T buffer
+        dq_tile_reads = [[], []]  # per consumer: steps whose dQ reduction still reads its tile
+        bar_arrived = {}  # dS^T barrier of step it: consumers that arrived
+
+        def producer():
+            kv_full.arrive(expect_tx=2)
+            in_flight.extend([(kv_full, None, "k"), (kv_full, None, "v")])
+            for it in range(iters):
+                stage = it & 1
+                while not empty[stage].try_wait(((it >> 1) & 1) ^ 1):
+                    yield
+                assert not readers[stage], f"stage {stage} refilled while {readers[stage]} read it"
+                full[stage].arrive(expect_tx=1)
+                in_flight.append((full[stage], stage, producer_steps[it]))
+                yield
+
+        def tma():  # lands the copies in flight in any order, one byte each
+            while True:
+                if in_flight and rnd.random() < 0.5:
+                    bar, stage, block = in_flight.pop(rnd.randrange(len(in_flight)))
+                    if stage is not None:
+                        stage_block[stage] = block
+                    bar.complete_tx(1)
+                yield
+
+        def consumer(c):
+            while not kv_full.try_wait(0):
+                yield
+            for it in range(iters):
+                stage = it & 1
+                # dQ tile (it & 1): the reduction of step it - 2 has read it (bulk_wait_read<1>).
+                while len(dq_tile_reads[c]) > 1:
+                    yield
+                while not full[stage].try_wait((it >> 1) & 1):
+                    yield
+                readers[stage].add(c)
+                assert stage_block[stage] == consumer_steps[it], (it, stage_block[stage], consumer_steps[it])
+                yield
+                buf = it & 1
+                assert not (ds_readers[buf] - {c}), f"dS^T buffer {buf} overwritten while its dQ reads it"
+                yield
+                bar_arrived.setdefault(it, set()).add(c)
+                while len(bar_arrived[it]) < 2:  # named barrier of the 256 consumer threads
+                    yield
+                ds_readers[buf].add(c)
+                yield  # dQ wgmma in flight
+                ds_readers[buf].discard(c)
+                readers[stage].discard(c)
+                empty[stage].arrive()
+                dq_tile_reads[c].append(it)
+                yield
+
+        def reductions():  # the bulk reductions read their tiles in the order issued
+            while True:
+                for c in (0, 1):
+                    if dq_tile_reads[c] and rnd.random() < 0.5:
+                        dq_tile_reads[c].pop(0)
+                yield
+
+        actors = {"producer": producer(), "c0": consumer(0), "c1": consumer(1)}
+        engines = [tma(), reductions()]
+        for _ in range(100_000):
+            if not actors:
+                break
+            for e in engines:
+                next(e)
+            name = rnd.choice(sorted(actors))
+            try:
+                next(actors[name])
+            except StopIteration:
+                del actors[name]
+        assert not actors, f"n0 {n0}: {sorted(actors)} still waiting after {iters} steps"
+        assert not in_flight, "a TMA copy still in flight when the CTA exits"
 
 
 def test_deterministic_plan_follows_torch_and_says_how_dq_is_made(monkeypatch):

@@ -177,16 +177,40 @@ def test_backward_kernels_compiled(bwd_ptxas_report):
     arch, kernels, _ = bwd_ptxas_report
     main = [k for k in kernels if "flash_bwd_kernel" in k]
     wg = [k for k in kernels if "flash_bwd_wgmma_kernel" in k]
+    ws = [k for k in kernels if "flash_bwd_wgmma_ws_kernel" in k]
     pre = [k for k in kernels if "flash_bwd_preprocess_kernel" in k]
     conv = [k for k in kernels if "flash_bwd_convert_dq_kernel" in k]
     dq_pass = [k for k in kernels if "flash_bwd_dq_kernel" in k]  # the deterministic mode's dQ
     tiles = sum(len(t.head_dims) for t in BWD_TILES.values() if t.math == "mma.sync")
-    wg_tiles = sum(len(t.head_dims) for t in BWD_TILES.values() if t.math == "wgmma")
+    wg_tiles = sum(len(t.head_dims) for t in BWD_TILES.values() if t.math == "wgmma" and not t.warp_specialised)
+    ws_tiles = sum(len(t.head_dims) for t in BWD_TILES.values() if t.warp_specialised)
     head_dims = {D for t in BWD_TILES.values() for D in t.head_dims}
     assert len(main) == 2 * tiles, f"sm_{arch}: expected {2 * tiles} backward kernels, found {len(main)}"
     expected_wg = 2 * wg_tiles if arch == "90a" else 0
     assert wg_tiles and len(wg) == expected_wg, f"sm_{arch}: expected {expected_wg} wgmma backward kernels: {wg}"
+    expected_ws = 2 * ws_tiles if arch == "90a" else 0
+    assert ws_tiles and len(ws) == expected_ws, f"sm_{arch}: expected {expected_ws} warp-specialised kernels: {ws}"
     assert len(pre) == len(conv) == len(dq_pass) == 2 * len(head_dims), f"sm_{arch}: row kernels {pre} {conv} {dq_pass}"
+
+
+def test_backward_warp_specialised_register_budget(bwd_ptxas_report, tmp_path_factory):
+    """The warp-specialised backward (flash_bwd_wgmma_ws.cuh) moves registers between its
+    warpgroups with setmaxnreg inside the CTA's allocation: 384 threads x 168 at launch, the
+    producer down to 24, the two consumers up to 240 (128 x 24 + 256 x 240 = 64512 of 65536).
+    ptxas must report exactly the launch share (with fewer the consumers' setmaxnreg.inc would
+    wait forever), and the PTX must ask for those two counts; the consumers' code fitting in
+    240 shows as no spill (test_backward_no_spills_no_stack)."""
+    arch, kernels, _ = bwd_ptxas_report
+    ws = {name: info for name, info in kernels.items() if "flash_bwd_wgmma_ws_kernel" in name}
+    assert (arch == "90a") == bool(ws), sorted(ws)
+    assert all(info.get("regs") == 168 for info in ws.values()), {k: v.get("regs") for k, v in ws.items()}
+    bodies = {name: body for name, body in _ptx_entries("flash_bwd.cu", arch, tmp_path_factory).items() if name in ws}
+    assert sorted(bodies) == sorted(ws)
+    for name, body in bodies.items():
+        dec = re.findall(r"setmaxnreg\.dec\.sync\.aligned\.u32 (\d+);", body)
+        inc = re.findall(r"setmaxnreg\.inc\.sync\.aligned\.u32 (\d+);", body)
+        assert (dec, inc) == (["24"], ["240"]), (name, dec, inc)
+        assert 128 * int(dec[0]) + 256 * int(inc[0]) <= 65536 and int(inc[0]) >= 168 >= int(dec[0])
 
 
 def test_backward_wgmma_never_serialised(bwd_ptxas_report):

@@ -15,7 +15,9 @@ part of what `Custom.describe` records for a fwd_bwd cell.
   same algorithm with the five GEMMs of a step on wgmma (kernels/flash_bwd_wgmma.cuh), one
   warpgroup per 64 keys, each adding its dQ tile into the fp32 buffer with a TMA bulk
   reduction (atomic adds as well, in an order that varies); the default on Hopper
-  (`wgmma_n128_m64_w8`).
+  (`wgmma_n128_m64_w8`). `wgmma_ws_n128_m64_w12` (head dim 128 only, chosen by name) runs
+  the same steps in two consumer warpgroups fed by a producer warpgroup's TMA copies
+  (kernels/flash_bwd_wgmma_ws.cuh): the same dK and dV bit for bit.
 - `torch.math_from_lse` (fp32, tf32): the same equations in PyTorch, chunked over query
   rows so the scores never take more than about 256 MiB. Exact fp32 for fp32 cells; for
   tf32 cells the matmuls run at whatever `torch.backends.cuda.matmul.allow_tf32` says,
@@ -63,6 +65,9 @@ class BwdTile:
     head_dims: tuple[int, ...]
     description: str
     math: str = BWD_MMA_SYNC  # BWD_MMA_SYNC or BWD_WGMMA
+    # A producer warpgroup copies for the others by TMA (kernels/flash_bwd_wgmma_ws.cuh); its
+    # 4 warps are among `warps`.
+    warp_specialised: bool = False
 
     @property
     def warps_per_keys(self) -> int:
@@ -71,9 +76,12 @@ class BwdTile:
         return 16 * self.warps // self.block_n if self.math == BWD_MMA_SYNC else 1
 
     def as_dict(self) -> dict:
-        return {"block_n": self.block_n, "block_m": self.block_m, "warps": self.warps, "math": self.math,
-                "warps_per_keys": self.warps_per_keys, "head_dims": list(self.head_dims),
-                "description": self.description}
+        row = {"block_n": self.block_n, "block_m": self.block_m, "warps": self.warps, "math": self.math,
+               "warps_per_keys": self.warps_per_keys, "head_dims": list(self.head_dims),
+               "description": self.description}
+        if self.warp_specialised:  # only where true: the other tiles' rows read as they did
+            row["warp_specialised"] = True
+        return row
 
 
 # The rows of kEntries in kernels/flash_bwd.cu (each for fp16 and bf16; wgmma rows only in
@@ -89,6 +97,11 @@ BWD_TILES: dict[str, BwdTile] = {
     "wgmma_n128_m64_w8": BwdTile(128, 64, 8, (64, 128),
                                  "Hopper: 128 keys per CTA, 2 warpgroups x 64 keys, 64-row query steps, "
                                  "all five GEMMs on wgmma", BWD_WGMMA),
+    "wgmma_ws_n128_m64_w12": BwdTile(128, 64, 12, (128,),
+                                     "Hopper, warp-specialised: a producer warpgroup copying by TMA (K, V once; Q, "
+                                     "dO, LSE, delta in a 2-stage mbarrier ring) and 2 consumer warpgroups x 64 "
+                                     "keys running the steps of wgmma_n128_m64_w8; chosen by name only",
+                                     BWD_WGMMA, warp_specialised=True),
 }
 DEFAULT_BWD_TILE = {64: "n128_m64_w8", 128: "n128_m64_w8", 256: "n64_m32_w8"}
 # On Hopper (compute capability 9.0) the wgmma tile where one exists: on an H100 it ran

@@ -1,0 +1,401 @@
+// flashwatt attention backward on Hopper (sm_90a), warp-specialised: the step of
+// flash_bwd_wgmma.cuh (head dim 128) fed by a producer warpgroup through TMA.
+//
+// Why (kernels/NOTES.md, "Backward alone: where it stands", "Backward warp-specialised"):
+// in wgmma_n128_m64_w8 the two computing warpgroups also issue, wait for and fence their own
+// cp.async copies of the next query block, and meet at a CTA barrier at the top of every
+// step, so each step's chain (S^T, P^T, dV, dP^T, dS^T, dK, dQ) runs exposed behind the
+// copies' issue and the barrier. Here, as in the forward's v6 (flash_fwd_wgmma_ws.cuh):
+//   * warpgroup 0 is the producer. One of its threads issues every copy with TMA: K and V
+//     once per CTA (on kv_full), then per query block Q, dO and that block's LSE and
+//     delta into a two-stage ring (full/empty mbarriers per stage, the stage's bytes
+//     expected on full). Its registers go to the consumers (setmaxnreg: 24 for it, 240
+//     for each consumer; 384 threads x 168 at launch).
+//   * warpgroups 1 and 2 are the consumers: keys 0..63 and 64..127 of the CTA's block
+//     (M = 64 of every key-major wgmma), the two warpgroups of wgmma_n128_m64_w8 running
+//     its step unchanged (the same five GEMMs in the same order, the same P^T and dS^T
+//     arithmetic, dQ staged in shared memory and added by a TMA bulk reduction). dK and dV
+//     come out bit-identical to that tile's.
+//   * the consumers meet once per step, on a named barrier of their 256 threads (the
+//     producer never joins it) that publishes dS^T to the other's dQ. dS^T is
+//     double-buffered by step parity so that no second barrier has to guard its reuse:
+//     a warpgroup writes buffer (it & 1) only after the barrier of step it - 1, which the
+//     other passed only after the dQ of step it - 2 that read that buffer had completed.
+//   * a stage goes back to the producer (each consumer thread arrives on its empty barrier)
+//     once the step's last wgmma that reads Q or dO (dK) has completed and the thread's
+//     LSE and delta reads are done, i.e. after the step's final wait.
+// Stage s of the ring holds the query blocks it = s, s + 2, ...: use n = it / 2 completes
+// phase n of full[s] (the producer's one arrival plus the stage's bytes) and of empty[s]
+// (256 arrivals); consumers wait full with parity n & 1, the producer waits empty with
+// parity (n & 1) ^ 1, true at once for n = 0 (a fresh barrier).
+// LSE and delta travel as boxes of a 1-d map over the contiguous (batch, heads, len_q)
+// floats, starting at the 16-byte aligned element at or below the block's first row (the
+// consumers skip the 0-3 floats before it): rows past len_q read the next head's values (or
+// zeros past the end), which the step masks exactly as the zero-filled rows of
+// wgmma_n128_m64_w8 (P = 0 wherever the query is past len_q, and dS a zero).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "async_pipeline.cuh"
+#include "causal_mask.cuh"
+#include "flash_bwd.cuh"
+#include "flash_bwd_wgmma.cuh"
+#include "ptx.cuh"
+#include "tile_schedule.cuh"
+#include "wgmma.cuh"
+
+namespace flashwatt {
+
+// The parameters of the warp-specialised backward kernel: the launch's, and the TMA maps
+// bwd_launch encodes (CUtensorMap, 128 opaque bytes each, read from the kernel parameters).
+// Kept out of BwdParams so that no other backward kernel's parameters change.
+struct BwdWsParams {
+  BwdParams p;
+  alignas(128) unsigned char q[128];     // (head dim, len_q, heads, batch), boxes [64 rows, 64]
+  alignas(128) unsigned char dout[128];  // as q
+  alignas(128) unsigned char k[128];     // (head dim, len_k, kv_heads, batch), boxes [128 rows, 64]
+  alignas(128) unsigned char v[128];     // as k
+  alignas(128) unsigned char lse[128];    // the batch * heads * len_q floats, boxes of BwdWsShape::kRowBox
+  alignas(128) unsigned char delta[128];  // as lse
+};
+static_assert(sizeof(BwdWsParams) <= 4096, "kernel parameters: 4 KB");
+
+namespace {
+
+template <int D>
+struct BwdWsShape {
+  static constexpr int NWG = 2;      // consumer warpgroups, 64 keys each
+  static constexpr int BN = 64 * NWG;  // keys per CTA
+  static constexpr int BM = 64;        // queries per step
+  static constexpr int kThreads = 128 * (NWG + 1);  // + the producer warpgroup
+  static constexpr int kConsumers = 128 * NWG;
+  static constexpr int DQN = D / NWG;  // dQ columns per consumer (one 64-wide swizzle atom)
+  static constexpr int kKBytes = BN * D * 2;    // K or V
+  static constexpr int kQBytes = BM * D * 2;    // one stage of Q or dO
+  static constexpr int kDsBytes = BN * BM * 2;  // one dS^T buffer: [BN keys][BM queries]
+  // A query block's LSE or delta arrives as a box of a 1-d map that starts at the 16-byte
+  // aligned element at or below the block's first row (TMA faults on an innermost start that
+  // is not 16-byte aligned): up to 3 floats ahead of the block, then its BM rows. Each box
+  // in a 128-byte aligned slot (a TMA destination).
+  static constexpr int kRowLead = 4;                      // floats per 16 bytes
+  static constexpr int kRowBox = BM + kRowLead;           // floats per box
+  static constexpr int kRowSlotBytes = (kRowBox * 4 + 127) / 128 * 128;
+  static constexpr int kOffV = kKBytes;
+  static constexpr int kOffQ = 2 * kKBytes;
+  static constexpr int kOffDO = kOffQ + 2 * kQBytes;
+  static constexpr int kOffDS = kOffDO + 2 * kQBytes;
+  // dQ staging as flash_bwd_wgmma.cuh: per step parity and consumer a [BM, DQN] fp32 tile,
+  // DQN / 32 boxes of [BM, 32] in the 128-byte swizzle.
+  static constexpr int kDqBoxBytes = BM * 32 * 4;
+  static constexpr int kDqTileBytes = (DQN / 32) * kDqBoxBytes;
+  static constexpr int kOffDQ = kOffDS + 2 * kDsBytes;
+  static constexpr int kOffRows = kOffDQ + 2 * NWG * kDqTileBytes;  // per stage: LSE, then delta
+  // + 1 KB: the dynamic shared-memory base is rounded up to the 1 KB swizzle atom.
+  static constexpr int kSmemBytes = kOffRows + 2 * 2 * kRowSlotBytes + 1024;
+  // Bytes a stage's full barrier expects: Q, dO, LSE, delta; K and V on kv_full.
+  static constexpr uint32_t kStageBytes = 2 * kQBytes + 2 * kRowBox * 4;
+  static constexpr uint32_t kKvBytes = 2 * kKBytes;
+  // setmaxnreg (multiples of 8): the launch gives 384 threads 168 registers each (65536 /
+  // 384, rounded down to 8); the producer's one thread only walks the query blocks, the
+  // consumers hold dK, dV (64 + 64), S^T, dP^T (32 + 32) and dQ (32) accumulators.
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegs = 240;
+  // Named barriers: 1 for the consumers' dS^T (256 threads), 2 + c for consumer c's dQ tile.
+  static constexpr int kDsBarrier = 1;
+  static constexpr int kDqBarrier0 = 2;
+  static_assert(D == 128, "warp-specialised wgmma backward: head_dim 128 (dQ as m64n64 per consumer)");
+  static_assert(kOffDQ % 1024 == 0 && kOffDS % 1024 == 0, "swizzled tiles must start on a 1 KB atom");
+  static_assert(kOffRows % 128 == 0 && kRowSlotBytes % 128 == 0, "TMA destinations: 128-byte aligned");
+  static_assert(BM % kRowLead == 0, "a query block starts kRowLead-aligned within its head");
+  static_assert(kSmemBytes <= 227 * 1024, "warp-specialised wgmma backward: shared memory");
+  static_assert(128 * kProducerRegs + kConsumers * kConsumerRegs <= 65536, "setmaxnreg: register file");
+};
+
+template <typename T, int D>
+__global__ void __launch_bounds__(BwdWsShape<D>::kThreads, 1)
+    flash_bwd_wgmma_ws_kernel(const __grid_constant__ BwdWsParams a) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using S = BwdWsShape<D>;
+  using Ops = TypeOps<T>;
+  constexpr int BN = S::BN, BM = S::BM, DQN = S::DQN;
+  constexpr int KD = D / 16;   // k steps of S^T and dP^T (head dim)
+  constexpr int KQ = BM / 16;  // k steps of dV and dK (queries)
+  const BwdParams& p = a.p;
+
+  extern __shared__ unsigned char smem[];
+  __shared__ __align__(8) uint64_t bars[5];
+  const uint32_t sK = (smem_addr(smem) + 1023u) & ~1023u;
+  const uint32_t sV = sK + S::kOffV;
+  const uint32_t sQ = sK + S::kOffQ;    // stage s at + s * kQBytes
+  const uint32_t sdO = sK + S::kOffDO;  // stage s at + s * kQBytes
+  const uint32_t sdS = sK + S::kOffDS;  // buffer (it & 1) at + (it & 1) * kDsBytes
+  const uint32_t sDQ = sK + S::kOffDQ;  // tile (parity, consumer) at + (parity * NWG + c) * kDqTileBytes
+  const uint32_t sRowsAddr = sK + S::kOffRows;
+  const float* sRows = reinterpret_cast<const float*>(smem + (sRowsAddr - smem_addr(smem)));
+  const uint32_t kv_full = smem_addr(bars);
+  const uint32_t full = kv_full + 8;   // + 8 * stage
+  const uint32_t empty = full + 2 * 8;  // + 8 * stage
+
+  const int tid = threadIdx.x;
+  const int wg = tid >> 7;
+  if (tid == 0) {
+    mbar_init(kv_full, 1);
+#pragma unroll
+    for (int s = 0; s < 2; ++s) {
+      mbar_init(full + 8 * s, 1);
+      mbar_init(empty + 8 * s, S::kConsumers);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  const SectionItem item = section_item(blockIdx.x, (p.len_k + BN - 1) / BN, p.batch * p.kv_heads, p.section);
+  const int nb = item.rank;
+  const int b = item.pair / p.kv_heads;
+  const int hk = item.pair % p.kv_heads;
+  const int group = p.heads / p.kv_heads;
+  const int n0 = nb * BN;
+  const int num_mb = (p.len_q + BM - 1) / BM;
+  const int mb_first = p.causal ? min(causal_first_query(p, n0) / BM, num_mb) : 0;
+  const int iters = group * (num_mb - mb_first);
+
+  if (wg == 0) {
+    // ---------------------------------------------------------------- producer
+    setmaxnreg_dec<S::kProducerRegs>();
+    if (tid != 0) return;
+    tma_prefetch_map(a.q);
+    tma_prefetch_map(a.dout);
+    tma_prefetch_map(a.lse);
+    tma_prefetch_map(a.delta);
+    // K and V even where no query block follows (a key block no query sees): the consumers
+    // wait for them either way, so nothing is in flight when the CTA exits.
+    mbar_arrive_expect_tx(kv_full, S::kKvBytes);
+    tma_load_tile<BN, D>(sK, a.k, n0, hk, b, kv_full);
+    tma_load_tile<BN, D>(sV, a.v, n0, hk, b, kv_full);
+    int h = hk * group, m0 = mb_first * BM;
+#pragma unroll 1
+    for (int it = 0; it < iters; ++it) {
+      const int stage = it & 1;
+      mbar_wait(empty + 8 * stage, ((it >> 1) & 1) ^ 1);
+      const uint32_t bar = full + 8 * stage;
+      mbar_arrive_expect_tx(bar, S::kStageBytes);
+      tma_load_tile<BM, D>(sQ + stage * S::kQBytes, a.q, m0, h, b, bar);
+      tma_load_tile<BM, D>(sdO + stage * S::kQBytes, a.dout, m0, h, b, bar);
+      // bwd_launch refuses more than 2^31 - 1 rows, so the row index fits the coordinate.
+      const int row = ((b * p.heads + h) * p.len_q + m0) & ~(S::kRowLead - 1);
+      const uint32_t rows = sRowsAddr + stage * 2 * S::kRowSlotBytes;
+      tma_load_1d(rows, a.lse, row, bar);
+      tma_load_1d(rows + S::kRowSlotBytes, a.delta, row, bar);
+      if (m0 + BM >= num_mb * BM) {
+        ++h;
+        m0 = mb_first * BM;
+      } else {
+        m0 += BM;
+      }
+    }
+    return;
+  }
+
+  // ------------------------------------------------------------------ consumers
+  setmaxnreg_inc<S::kConsumerRegs>();
+  const int cw = wg - 1;          // consumer: keys cw*64 .. cw*64+63 of the block
+  const int wl = (tid >> 5) & 3;  // warp within the warpgroup: 16 of those keys
+  const int lane = tid & 31;
+  const int g = lane >> 2;  // row within an 8-row group of a fragment
+  const int t = lane & 3;   // column pair within a fragment
+  const int warp_key0 = cw * 64 + wl * 16;
+  const float scale_log2 = p.scale * kLog2e;
+
+  float dk[D / 2], dv[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.f;
+  float s[BM / 2], dp[BM / 2], dq[DQN / 2];
+  uint32_t pf[KQ][4], dsf[KQ][4];
+
+  // Descriptor bases as flash_bwd_wgmma.cuh at head dim 128: K and V rows of this consumer
+  // (K-major A of S^T, dP^T), K's column block of its dQ columns (N-major B of dQ).
+  const uint32_t k_rows = sK + cw * 64 * 128;
+  const uint32_t v_rows = sV + cw * 64 * 128;
+  const uint32_t k_cols = sK + cw * BN * 128;
+  const int dq_col0 = cw * DQN;
+
+  mbar_wait(kv_full, 0);
+  int h = hk * group, m0 = mb_first * BM;
+#pragma unroll 1
+  for (int it = 0; it < iters; ++it) {
+    const bool head_end = m0 + BM >= num_mb * BM;
+    const int h_next = head_end ? h + 1 : h;
+    const int m0_next = head_end ? mb_first * BM : m0 + BM;
+    const int stage = it & 1;
+    const uint32_t sQs = sQ + stage * S::kQBytes;
+    const uint32_t sdOs = sdO + stage * S::kQBytes;
+    const uint32_t sdSb = sdS + stage * S::kDsBytes;
+    // The block's first row within its LSE and delta boxes (m0 is a multiple of kRowLead).
+    const int lead = ((b * p.heads + h) * p.len_q) & (S::kRowLead - 1);
+    const float* lse_s = sRows + stage * 2 * (S::kRowSlotBytes / 4) + lead;
+    const float* delta_s = lse_s + S::kRowSlotBytes / 4;
+    // The dQ tile this step stages into was last reduced two steps ago: its bulk read is
+    // done before the dS^T barrier below lets this consumer's threads overwrite it. Here,
+    // ahead of the step's first wgmma: a branch between a wgmma's issue and its wait made
+    // ptxas inject warpgroup.arrive (C7519).
+    if ((tid & 127) == 0) bulk_wait_read<1>();
+    mbar_wait(full + 8 * stage, (it >> 1) & 1);  // TMA wrote through the async proxy: no fence
+
+    // ---- S^T = K Q^T and dP^T = V dO^T (two commit groups)
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < KD; ++kk) {
+      const uint32_t off = (kk & 3) * 32;
+      wgmma_ss(s, wgmma_desc_sw128(k_rows + (kk >> 2) * BN * 128 + off, 16, 1024),
+               wgmma_desc_sw128(sQs + (kk >> 2) * BM * 128 + off, 16, 1024), kk > 0 ? 1 : 0, T{});
+    }
+    wgmma_commit();
+#pragma unroll
+    for (int kk = 0; kk < KD; ++kk) {
+      const uint32_t off = (kk & 3) * 32;
+      wgmma_ss(dp, wgmma_desc_sw128(v_rows + (kk >> 2) * BN * 128 + off, 16, 1024),
+               wgmma_desc_sw128(sdOs + (kk >> 2) * BM * 128 + off, 16, 1024), kk > 0 ? 1 : 0, T{});
+    }
+    wgmma_commit();
+    wgmma_wait<1>();  // S^T done; dP^T may still run
+    fence_regs(s);
+
+    // ---- P^T: element i is key warp_key0 + g + 8*((i>>1)&1), query (i>>2)*8 + 2t + (i&1)
+    const bool masked = n0 + warp_key0 + 16 > p.len_k || m0 + BM > p.len_q ||
+                        (p.causal && n0 + warp_key0 + 15 > m0 + p.causal_offset);
+#pragma unroll
+    for (int i = 0; i < BM / 2; ++i) {
+      const int q = (i >> 2) * 8 + 2 * t + (i & 1);
+      float x = s[i];
+      if (masked) {
+        const int key = n0 + warp_key0 + g + 8 * ((i >> 1) & 1);
+        const int query = m0 + q;
+        if (key >= p.len_k || query >= p.len_q || (p.causal && key > query + p.causal_offset)) x = -INFINITY;
+      }
+      s[i] = exp2_ftz(fmaf(x, scale_log2, -lse_log2_for_p(lse_s[q])));
+    }
+#pragma unroll
+    for (int kk = 0; kk < KQ; ++kk) {
+      pf[kk][0] = Ops::pack(s[8 * kk + 0], s[8 * kk + 1]);
+      pf[kk][1] = Ops::pack(s[8 * kk + 2], s[8 * kk + 3]);
+      pf[kk][2] = Ops::pack(s[8 * kk + 4], s[8 * kk + 5]);
+      pf[kk][3] = Ops::pack(s[8 * kk + 6], s[8 * kk + 7]);
+    }
+
+    // ---- dV += P^T dO
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < KQ; ++kk) wgmma_rs(dv, pf[kk], wgmma_desc_sw128(sdOs + kk * 16 * 128, BM * 128, 1024), 1, T{});
+    wgmma_commit();
+    wgmma_wait<1>();  // dP^T done; dV may still run
+    fence_regs(dp);
+
+    // ---- dS^T = P^T (dP^T - delta), to registers (A of dK) and shared memory (for dQ)
+#pragma unroll
+    for (int i = 0; i < BM / 2; ++i) dp[i] = s[i] * (dp[i] - delta_s[(i >> 2) * 8 + 2 * t + (i & 1)]);
+#pragma unroll
+    for (int kk = 0; kk < KQ; ++kk) {
+      dsf[kk][0] = Ops::pack(dp[8 * kk + 0], dp[8 * kk + 1]);
+      dsf[kk][1] = Ops::pack(dp[8 * kk + 2], dp[8 * kk + 3]);
+      dsf[kk][2] = Ops::pack(dp[8 * kk + 4], dp[8 * kk + 5]);
+      dsf[kk][3] = Ops::pack(dp[8 * kk + 6], dp[8 * kk + 7]);
+    }
+    {
+      // dsf[kk][0], [2]: key row warp_key0 + g, queries 16kk + 2t (+1) and 16kk + 8 + 2t (+1)
+      // (16-byte chunks 2kk and 2kk + 1); [1], [3]: key row warp_key0 + g + 8.
+      const int r0 = warp_key0 + g, r1 = r0 + 8;
+#pragma unroll
+      for (int kk = 0; kk < KQ; ++kk) {
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sdSb + bwd_sw128_off<BN>(r0, 2 * kk) + 4 * t), "r"(dsf[kk][0]));
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sdSb + bwd_sw128_off<BN>(r1, 2 * kk) + 4 * t), "r"(dsf[kk][1]));
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sdSb + bwd_sw128_off<BN>(r0, 2 * kk + 1) + 4 * t),
+                     "r"(dsf[kk][2]));
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sdSb + bwd_sw128_off<BN>(r1, 2 * kk + 1) + 4 * t),
+                     "r"(dsf[kk][3]));
+      }
+    }
+
+    // ---- dK += dS^T Q
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < KQ; ++kk) wgmma_rs(dk, dsf[kk], wgmma_desc_sw128(sQs + kk * 16 * 128, BM * 128, 1024), 1, T{});
+    wgmma_commit();
+
+    fence_proxy_async_smem();
+    named_bar_sync(S::kDsBarrier, S::kConsumers);  // dS^T of both consumers written; the dQ tile's bulk read done
+
+    // ---- dQ (64 queries x DQN columns of this consumer) = dS K over all BN keys. In the
+    // deterministic mode (p.dq_accum null) flash_bwd_dq.cuh computes dQ and this result is
+    // dropped, as in flash_bwd_wgmma.cuh.
+    const bool dq_here = p.dq_accum != nullptr;
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk)
+      bwd_wgmma_ss_tt(dq, wgmma_desc_sw128(sdSb + kk * 16 * 128, BN * 128, 1024),
+                      wgmma_desc_sw128(k_cols + kk * 16 * 128, BN * 128, 1024), kk > 0 ? 1 : 0, T{});
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(dq);
+    fence_regs(dk);
+    fence_regs(dv);
+    fence_regs(pf);
+    fence_regs(dsf);
+    mbar_arrive(empty + 8 * stage);  // Q, dO, LSE and delta of this stage read: the producer may refill it
+
+    // Staged as in flash_bwd_wgmma.cuh: element i of dq is query wl*16 + g + 8*((i>>1)&1),
+    // column dq_col0 + (i>>2)*8 + 2t + (i&1), stored as float2 into the swizzled boxes.
+    if (dq_here) {
+      const uint32_t tile = sDQ + (stage * S::NWG + cw) * S::kDqTileBytes;
+      const uint32_t row_base = tile + (wl * 16 + g) * 128 + (t & 1) * 8;
+#pragma unroll
+      for (int j = 0; j < DQN / 8; ++j) {
+        const uint32_t chunk = static_cast<uint32_t>(((2 * (j & 3) + (t >> 1)) ^ g) << 4);
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+          asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(row_base + (j >> 2) * S::kDqBoxBytes + r * 8 * 128 +
+                                                                      chunk),
+                       "f"(dq[4 * j + 2 * r]), "f"(dq[4 * j + 2 * r + 1]));
+      }
+      fence_proxy_async_smem();                  // the bulk reduction reads through the async proxy
+      named_bar_sync(S::kDqBarrier0 + cw, 128);  // this consumer's dQ tile staged
+      if ((tid & 127) == 0) {
+#pragma unroll
+        for (int box = 0; box < DQN / 32; ++box)
+          tma_reduce_add_4d(p.dq_accum_map, tile + box * S::kDqBoxBytes, dq_col0 + box * 32, m0, h, b);
+        bulk_commit();
+      }
+    }
+    h = h_next;
+    m0 = m0_next;
+  }
+  if ((tid & 127) == 0) bulk_wait_read<0>();  // shared memory stays until the last reduction read it
+
+  // ---- epilogue: dK (times scale) and dV of this warp's 16 keys, 32 bits per store
+  T* gdK = static_cast<T*>(p.dk) + b * p.dk_sb + hk * p.dk_sh;
+  T* gdV = static_cast<T*>(p.dv) + b * p.dv_sb + hk * p.dv_sh;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int key = n0 + warp_key0 + g + 8 * r;
+    if (key < p.len_k) {
+      T* dk_row = gdK + static_cast<int64_t>(key) * p.dk_sl + 2 * t;
+      T* dv_row = gdV + static_cast<int64_t>(key) * p.dv_sl + 2 * t;
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j) {
+        *reinterpret_cast<uint32_t*>(dk_row + j * 8) =
+            Ops::pack(dk[4 * j + 2 * r] * p.scale, dk[4 * j + 2 * r + 1] * p.scale);
+        *reinterpret_cast<uint32_t*>(dv_row + j * 8) = Ops::pack(dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1]);
+      }
+    }
+  }
+#else
+  __trap();  // built without sm_90a: never launched (the launch table lists it only for sm_90a builds)
+#endif
+}
+
+}  // namespace
+}  // namespace flashwatt
