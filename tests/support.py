@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import socket
 import time
@@ -73,15 +74,39 @@ def synthetic_corpus(folder: Path, documents: int = 400, seed: int = 0) -> Path:
     return path
 
 
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
 def free_ports(n: int = 1) -> list[int]:
-    """n distinct free TCP ports on the loopback, for process groups started by a test
-    (all held open together while drawn, so no two are the same)."""
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
+    """n distinct free TCP ports on the loopback, for process groups started by a test, each
+    with the port after it free too (a cell's node supervisors listen there). Drawn below the
+    kernel's ephemeral range: a port from inside it can be handed to another test's outgoing
+    connection (a rank's TCPStore client) before the process group listens on it, which
+    ended a two-node test in EADDRINUSE while other tests ran beside it."""
+    low = min(_ephemeral_range()[0], 32768)
+    rng = random.Random(os.getpid() ^ time.monotonic_ns())
+    ports: list[int] = []
+    while len(ports) < n:
+        port = rng.randrange(10000, low - 1)
+        if any(abs(port - p) <= 1 for p in ports):
+            continue
+        socks = []
+        try:
+            for candidate in (port, port + 1):
+                sock = socket.socket()
+                socks.append(sock)
+                sock.bind(("127.0.0.1", candidate))
+        except OSError:
+            continue
+        finally:
+            for sock in socks:
+                sock.close()
+        ports.append(port)
     return ports
 
 
