@@ -15,13 +15,8 @@
 from __future__ import annotations
 
 import math
-import os
-import shutil
-import subprocess
-import sys
 import textwrap
 import zlib
-from pathlib import Path
 
 import pytest
 import torch
@@ -30,14 +25,13 @@ from flashwatt.kernels import custom_backward
 from flashwatt.kernels.custom import WGMMA_CAPABILITY, flash_forward
 from flashwatt.kernels.custom_autograd import flash_attention
 from flashwatt.kernels.custom_backward import BWD_TILES, backward_kernel_info, backward_plan, flash_backward
-from test_custom_kernel import DTYPES, GRAD_TOL, check_backward, grad_err, make, qkv, reference_grads
+from test_custom_kernel import DTYPES, GRAD_TOL, check_backward, grad_err, make, qkv, reference_grads, run_memcheck
 
 pytestmark = [pytest.mark.gpu, pytest.mark.nvcc]  # builds the custom kernels
 
 WS = "wgmma_ws_n128_m64_w12"
 BASE = "wgmma_n128_m64_w8"
 D = 128
-REPO = Path(__file__).resolve().parents[2]
 CAPABILITY = torch.cuda.get_device_capability() if torch.cuda.is_available() else None
 HOPPER = CAPABILITY == WGMMA_CAPABILITY
 HEADS = {"mha": (4, 4), "gqa": (8, 2), "mqa": (8, 1)}
@@ -244,18 +238,4 @@ def test_compute_sanitizer_memcheck():
     compute-sanitizer's memcheck, as tests/gpu/test_custom_kernel.py runs the other tiles."""
     if not HOPPER:
         pytest.skip("the refusal off Hopper: test_refusals_name_the_tile, test_kernel_resources")
-    from flashwatt.build import load_extension
-
-    load_extension()  # build outside the sanitizer (same cache, inherited env)
-    tool = shutil.which("compute-sanitizer") or "/usr/local/cuda/bin/compute-sanitizer"
-    if not Path(tool).exists():
-        pytest.fail("compute-sanitizer not found on PATH nor in /usr/local/cuda/bin")
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), env.get("PYTHONPATH", "")])
-    proc = subprocess.run(
-        [tool, "--tool", "memcheck", "--error-exitcode", "3", sys.executable, "-c", _SANITIZER_SCRIPT],
-        capture_output=True, text=True, env=env, timeout=600,
-    )
-    text = proc.stdout + proc.stderr
-    assert "SANITIZER_SCRIPT_DONE" in text, text[-4000:]
-    assert proc.returncode == 0 and "ERROR SUMMARY: 0 errors" in text, text[-4000:]
+    run_memcheck(_SANITIZER_SCRIPT)

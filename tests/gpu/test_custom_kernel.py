@@ -1060,19 +1060,26 @@ _SANITIZER_SCRIPT = textwrap.dedent(
 )
 
 
-def test_compute_sanitizer_memcheck():
+def run_memcheck(script: str) -> None:
+    """Run `script` (which prints SANITIZER_SCRIPT_DONE at its end) under compute-sanitizer's
+    memcheck, the extension built first outside it (same cache, inherited env); fail on any
+    error it reports or a script that did not finish."""
     from flashwatt.build import load_extension
 
-    load_extension()  # build outside the sanitizer (same cache, inherited env)
+    load_extension()
     tool = shutil.which("compute-sanitizer") or "/usr/local/cuda/bin/compute-sanitizer"
     if not Path(tool).exists():
         pytest.fail("compute-sanitizer not found on PATH nor in /usr/local/cuda/bin")
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), env.get("PYTHONPATH", "")])
     proc = subprocess.run(
-        [tool, "--tool", "memcheck", "--error-exitcode", "3", sys.executable, "-c", _SANITIZER_SCRIPT],
+        [tool, "--tool", "memcheck", "--error-exitcode", "3", sys.executable, "-c", script],
         capture_output=True, text=True, env=env, timeout=600,
     )
     text = proc.stdout + proc.stderr
     assert "SANITIZER_SCRIPT_DONE" in text, text[-4000:]
     assert proc.returncode == 0 and "ERROR SUMMARY: 0 errors" in text, text[-4000:]
+
+
+def test_compute_sanitizer_memcheck():
+    run_memcheck(_SANITIZER_SCRIPT)
