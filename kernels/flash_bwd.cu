@@ -220,20 +220,11 @@ __global__ void __launch_bounds__(NW * 32, 1) flash_bwd_kernel(const BwdParams p
   const int v_row = (lane & 7) + ((lane >> 3) & 1) * 8;  // B (.trans) from [k][n] rows (dO, Q, K)
   const int v_chk = lane >> 4;
 
-  // Work item: key block nb (lowest first: under a causal mask the longest), batch b, k/v head
-  // hk, in L2 sections (tile_schedule.cuh).
-  const SectionItem item = section_item(blockIdx.x, (p.len_k + BN - 1) / BN, p.batch * p.kv_heads, p.section);
-  const int nb = item.rank;
-  const int b = item.pair / p.kv_heads;
-  const int hk = item.pair % p.kv_heads;
-  const int group = p.heads / p.kv_heads;
-  const int n0 = nb * BN;
-  const int num_mb = (p.len_q + BM - 1) / BM;
-  // Causal: the first query block with a visible row is the one holding the first query
-  // that sees key n0 (causal_mask.cuh).
-  const int mb_first = p.causal ? min(causal_first_query(p, n0) / BM, num_mb) : 0;
-  const int mb_count = num_mb - mb_first;
-  const int iters = group * mb_count;  // (query head of the group, query block) pairs
+  // Work item: key block n0, batch b, k/v head hk, and its (query head, query block) pairs
+  // (tile_schedule.cuh).
+  const KeyBlockWork work = key_block_work<BN, BM>(p);
+  const int b = work.b, hk = work.hk, group = work.group, n0 = work.n0;
+  const int num_mb = work.num_mb, mb_first = work.mb_first, iters = work.iters;
   const float scale_log2 = p.scale * kLog2e;
 
   const T* __restrict__ gK = static_cast<const T*>(p.k) + b * p.k_sb + hk * p.k_sh;

@@ -154,16 +154,9 @@ __global__ void __launch_bounds__(NWG * 128, 1) flash_bwd_wgmma_kernel(const __g
   const int t = lane & 3;   // column pair within a fragment
   const int warp_key0 = wg * 64 + wl * 16;
 
-  const SectionItem item = section_item(blockIdx.x, (p.len_k + BN - 1) / BN, p.batch * p.kv_heads, p.section);
-  const int nb = item.rank;
-  const int b = item.pair / p.kv_heads;
-  const int hk = item.pair % p.kv_heads;
-  const int group = p.heads / p.kv_heads;
-  const int n0 = nb * BN;
-  const int num_mb = (p.len_q + BM - 1) / BM;
-  const int mb_first = p.causal ? min(causal_first_query(p, n0) / BM, num_mb) : 0;
-  const int mb_count = num_mb - mb_first;
-  const int iters = group * mb_count;
+  const KeyBlockWork work = key_block_work<BN, BM>(p);
+  const int b = work.b, hk = work.hk, group = work.group, n0 = work.n0;
+  const int num_mb = work.num_mb, mb_first = work.mb_first, iters = work.iters;
   const float scale_log2 = p.scale * kLog2e;
 
   const T* __restrict__ gK = static_cast<const T*>(p.k) + b * p.k_sb + hk * p.k_sh;

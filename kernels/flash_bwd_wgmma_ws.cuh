@@ -15,7 +15,9 @@
 //     (M = 64 of every key-major wgmma), the two warpgroups of wgmma_n128_m64_w8 running
 //     its step unchanged (the same five GEMMs in the same order, the same P^T and dS^T
 //     arithmetic, dQ staged in shared memory and added by a TMA bulk reduction). dK and dV
-//     come out bit-identical to that tile's.
+//     come out bit-identical to that tile's. The step is a copy of that tile's, not a shared
+//     function, until this tile is measured: that tile's code, checked on the GPU, stays the
+//     same instructions; whichever of the two the bench does not keep as the default goes.
 //   * the consumers meet once per step, on a named barrier of their 256 threads (the
 //     producer never joins it) that publishes dS^T to the other's dQ. dS^T is
 //     double-buffered by step parity so that no second barrier has to guard its reuse:
@@ -155,15 +157,9 @@ __global__ void __launch_bounds__(BwdWsShape<D>::kThreads, 1)
   }
   __syncthreads();
 
-  const SectionItem item = section_item(blockIdx.x, (p.len_k + BN - 1) / BN, p.batch * p.kv_heads, p.section);
-  const int nb = item.rank;
-  const int b = item.pair / p.kv_heads;
-  const int hk = item.pair % p.kv_heads;
-  const int group = p.heads / p.kv_heads;
-  const int n0 = nb * BN;
-  const int num_mb = (p.len_q + BM - 1) / BM;
-  const int mb_first = p.causal ? min(causal_first_query(p, n0) / BM, num_mb) : 0;
-  const int iters = group * (num_mb - mb_first);
+  const KeyBlockWork work = key_block_work<BN, BM>(p);
+  const int b = work.b, hk = work.hk, group = work.group, n0 = work.n0;
+  const int num_mb = work.num_mb, mb_first = work.mb_first, iters = work.iters;
 
   if (wg == 0) {
     // ---------------------------------------------------------------- producer

@@ -92,5 +92,27 @@ struct TileGrid {
   }
 };
 
+// A backward CTA's work item: key block n0 of BN keys (the lowest first: under a causal mask
+// the longest), batch b, k/v head hk, in L2 sections; and the (query head of the group,
+// query block of BM rows) pairs it walks: from the first query block with a row that sees
+// key n0 under the mask (causal_mask.cuh), `iters` in all. Shared by every backward kernel.
+struct KeyBlockWork {
+  int b, hk, group, n0, num_mb, mb_first, iters;
+};
+
+template <int BN, int BM, typename Params>
+__device__ __forceinline__ KeyBlockWork key_block_work(const Params& p) {
+  const SectionItem item = section_item(blockIdx.x, (p.len_k + BN - 1) / BN, p.batch * p.kv_heads, p.section);
+  KeyBlockWork w;
+  w.b = item.pair / p.kv_heads;
+  w.hk = item.pair % p.kv_heads;
+  w.group = p.heads / p.kv_heads;
+  w.n0 = item.rank * BN;
+  w.num_mb = (p.len_q + BM - 1) / BM;
+  w.mb_first = p.causal ? min(causal_first_query(p, w.n0) / BM, w.num_mb) : 0;
+  w.iters = w.group * (w.num_mb - w.mb_first);
+  return w;
+}
+
 }  // namespace
 }  // namespace flashwatt
