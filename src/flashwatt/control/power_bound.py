@@ -24,16 +24,20 @@ DEFAULT_RANGE_W = 500.0
 ABOVE_PRIOR = 0.15
 
 
+def board_range(idle_w: float, limit_w: float | None) -> float:
+    """Watts the board can draw above idle: up to its enforced limit, else DEFAULT_RANGE_W."""
+    return (limit_w - idle_w) if limit_w and limit_w > idle_w else DEFAULT_RANGE_W
+
+
 def prior_power(duty: float, idle_w: float, limit_w: float | None) -> float:
-    span = (limit_w - idle_w) if limit_w and limit_w > idle_w else DEFAULT_RANGE_W
+    span = board_range(idle_w, limit_w)
     return idle_w + span * max(0.0, duty) ** PRIOR_EXPONENT
 
 
 def most_power(duty: float, idle_w: float, limit_w: float | None) -> float:
     """The most any configuration of ours draws at `duty`: the prior, plus ABOVE_PRIOR of the
     board's range (the prior bounds the measured curves only up to about duty 0.6)."""
-    span = (limit_w - idle_w) if limit_w and limit_w > idle_w else DEFAULT_RANGE_W
-    return prior_power(duty, idle_w, limit_w) + ABOVE_PRIOR * span
+    return prior_power(duty, idle_w, limit_w) + ABOVE_PRIOR * board_range(idle_w, limit_w)
 
 
 def predicted_power(model: OnlineModel, key: tuple, duty: float, idle_w: float, limit_w: float | None) -> float:
@@ -61,6 +65,6 @@ def bounded_duty(model: OnlineModel, key: tuple, watts: float, idle_w: float, li
 
 def prior_duty(watts: float, idle_w: float, limit_w: float | None, d_min: float, d_max: float) -> float:
     """The duty at which the prior predicts `watts` (clipped to [d_min, d_max])."""
-    span = (limit_w - idle_w) if limit_w and limit_w > idle_w else DEFAULT_RANGE_W
+    span = board_range(idle_w, limit_w)
     share = min(1.0, max(0.0, watts - idle_w) / span)
     return min(d_max, max(d_min, share ** (1.0 / PRIOR_EXPONENT)))
