@@ -65,10 +65,11 @@ def run_case(rank: int, case: dict, out: Path) -> None:
         # a peer closes first: its goodbye reaches this rank in a tick's exchange, before this
         # rank closes (on GPUs the sensor thread exchanges while the step thread finishes)
         gpu.sleep(0.3)
+    warm_after = ctl.warm_start()  # (after a peer's goodbye, where one closed first)
     ctl.close()
     trace = ctl.trace()
     record = {"rank": rank, "truth": gpu.rows, "steps": gpu.steps, "slept_s": ctl.slept_s, "t_end": gpu.t,
-              "fault": ctl.fault(), "ended": ended, "warm_start": warm,
+              "fault": ctl.fault(), "ended": ended, "warm_start": warm, "warm_start_at_close": warm_after,
               "trace": json.loads(trace.to_json(orient="records"))}
     (out / f"{case['name']}-rank{rank}.json").write_text(json.dumps(record))
 

@@ -146,6 +146,9 @@ def test_a_jobs_second_run_starts_from_what_its_first_learned(tmp_path):
     files = sorted((tmp_path / "cache").rglob("*.json"))
     assert len(files) == 1 and json.loads(files[0].read_text())["key"]["job_ranks"] == world
     assert cold[0]["warm_start"]["warm_shapes"] == 0 and warm[0]["warm_start"]["warm_shapes"] == 1
+    # what rank 0 reports of the run is the job's, also after the peer's goodbye left it a
+    # governor of its own (a loaded two-rank cell once recorded that it ran no shape)
+    assert cold[0]["warm_start_at_close"]["shapes"] == 1
     assert all(r["warm_start"]["cache"] is None for r in cold[1:] + warm[1:])
     events = [e for e in pd.DataFrame(warm[0]["trace"])["event"].dropna()]
     assert any(e.startswith("warm start:") for e in events), events

@@ -258,8 +258,11 @@ class Controller(AttentionCalls, ModelSteps):
         return {str(shape): state.choice.label for shape, state in list(self.governor.shapes.items())}
 
     def warm_start(self) -> dict:
-        """Where the run's knowledge came from: the cache file, and the shapes started warm."""
-        shapes = list(self.governor.shapes.items())
+        """Where the run's knowledge came from: the cache file, and the shapes started warm (a
+        job's governor's, also once a peer that closed first left this rank one of its own)."""
+        shared = getattr(self, "_shared", None)
+        governor = shared.job_governor if shared is not None and shared.job_governor is not None else self.governor
+        shapes = list(governor.shapes.items())
         return {"cache": str(self._warm.path) if self._warm is not None else None,
                 "warm_shapes": sum(state.warm for _, state in shapes), "shapes": len(shapes)}
 
