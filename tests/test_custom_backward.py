@@ -486,7 +486,8 @@ def test_wgmma_tile_plan():
 def test_hopper_takes_the_wgmma_tile_by_default_where_one_exists():
     from flashwatt.kernels.custom_backward import backward_plan
 
-    assert backward_plan("bf16", 128, capability=(9, 0)).tile_name == "wgmma_n128_m64_w8"
+    assert backward_plan("bf16", 128, capability=(9, 0)).tile_name == "wgmma_ws_n128_m64_w12"
+    assert backward_plan("bf16", 128, capability=(9, 0), deterministic=True).tile_name == "wgmma_ws_n128_m64_w12"
     assert backward_plan("fp16", 128, capability=(9, 0)).path == "wgmma"
     assert backward_plan("bf16", 128, capability=(8, 0)).tile_name == "n128_m64_w8"
     assert backward_plan("bf16", 128).tile_name == "n128_m64_w8"  # capability unknown: the portable tile
@@ -498,16 +499,18 @@ def test_hopper_takes_the_wgmma_tile_by_default_where_one_exists():
 WS_TILE = "wgmma_ws_n128_m64_w12"
 
 
-def test_warp_specialised_tile_is_chosen_by_name_only():
-    """The warp-specialised tile runs only where asked for by name, at head dim 128 on compute
-    capability 9.0; every other head dim and device is refused naming it."""
+def test_warp_specialised_tile_runs_at_head_dim_128_on_hopper_only():
+    """The warp-specialised tile is the default at head dim 128 on compute capability 9.0 and
+    runs nowhere else: by name at another head dim or on another device it is refused, naming
+    it."""
     t = BWD_TILES[WS_TILE]
     assert t.warp_specialised and t.math == BWD_WGMMA and t.head_dims == (128,)
     assert [name for name, tile in BWD_TILES.items() if tile.warp_specialised] == [WS_TILE]
     for cap in (None, (8, 0), (8, 9), (9, 0), (10, 0)):
         for D in (64, 128, 256):
             for deterministic in (False, True):
-                assert backward_plan("bf16", D, None, cap, deterministic).tile_name != WS_TILE
+                chosen = backward_plan("bf16", D, None, cap, deterministic).tile_name
+                assert (chosen == WS_TILE) == (cap == (9, 0) and D == 128), (cap, D, chosen)
     for precision in ("fp16", "bf16"):
         plan = backward_plan(precision, 128, WS_TILE, (9, 0))
         row = plan.as_dict()

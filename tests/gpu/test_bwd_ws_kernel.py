@@ -11,6 +11,7 @@
 - The main kernel's resources (168 registers at launch, no local memory, 231936 bytes of
   dynamic shared memory, one CTA of 384 threads per SM) and a compute-sanitizer memcheck run.
 - Off compute capability 9.0 and at head dims other than 128: the refusal, naming the tile.
+- The default at head dim 128 on Hopper: the plan, and operands with zero and wide strides.
 """
 from __future__ import annotations
 
@@ -55,12 +56,37 @@ def check_ws(q, k, v, causal, precision, layout="bhld", **kw):
     return check_backward(q, k, v, causal, precision, layout, backward_tile=WS, **kw)
 
 
-def test_tile_is_registered_and_opt_in():
+def test_tile_is_registered_and_the_hopper_default_at_head_dim_128():
     t = BWD_TILES[WS]
     assert t.warp_specialised and t.head_dims == (D,) and (t.block_n, t.block_m, t.warps) == (128, 64, 12)
-    for cap in (CAPABILITY, (9, 0)):
-        for head_dim in (64, 128, 256):
-            assert backward_plan("bf16", head_dim, None, cap).tile_name != WS
+    for precision in ("fp16", "bf16"):
+        for deterministic in (False, True):
+            assert backward_plan(precision, D, None, CAPABILITY, deterministic).tile_name == (WS if HOPPER else
+                                                                                           "n128_m64_w8")
+            assert backward_plan(precision, 64, None, CAPABILITY, deterministic).tile_name != WS
+
+
+@pytest.mark.parametrize("mask", sorted(MASKS))
+def test_default_tile_on_broadcast_and_strided_operands(poisoned_grads, mask):
+    """The default backward at head dim 128 (this tile on Hopper) on operands a model or a user
+    hands over: k and v expanded over the heads and the batch (stride 0), q a slice of a wider
+    tensor (row stride past the head dim), dout non-contiguous. Its TMA maps take every
+    operand's own strides, or the operand is copied first (kernel_ready)."""
+    causal, align = MASKS[mask]
+    B, H, L = 2, 4, 300
+    base_k, base_v = make((1, 1, L, D), torch.bfloat16, 31), make((1, 1, L, D), torch.bfloat16, 32)
+    k, v = base_k.expand(B, H, L, D), base_v.expand(B, H, L, D)
+    wide = make((B, H, L, 2 * D), torch.bfloat16, 33)
+    q = wide[..., :D]
+    leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]  # the views, strides kept
+    assert leaves[1].stride()[:2] == (0, 0) and leaves[0].stride(2) == 2 * D
+    dout = make((B, L, H, D), torch.bfloat16, 34).transpose(1, 2)
+    out = flash_attention(*leaves, causal, causal_align=align)
+    grads = torch.autograd.grad(out, leaves, dout)
+    refs = reference_grads(*(t.detach() for t in leaves), dout, causal, causal_align=align)
+    for name, g, r in zip(("dq", "dk", "dv"), grads, refs):
+        err = grad_err(g, r)
+        assert err <= GRAD_TOL["bf16"], f"{mask} {name}: {err:.3e}"
 
 
 @pytest.mark.parametrize("heads", sorted(HEADS))
