@@ -244,6 +244,9 @@ class Plant:
     tenants: list[SimTenant] = field(default_factory=list)
     telemetry_dead_after: float | None = None
     telemetry_dead: list[tuple[float, float]] = field(default_factory=list)  # (from t, to t): reads fail
+    # For this long from the run's start the board reads idle whatever runs (on the H200 a run's
+    # first readings showed the idle board for up to 0.2 s while its calls ran).
+    wake_s: float = 0.0
     seed: int = 0
     # First-order thermal model: the temperature relaxes toward ambient + c_per_w x power with
     # a time constant of tens of seconds; NVML reads it in whole degrees.
@@ -305,6 +308,8 @@ class Plant:
         busy = self._busy(duty, t)
         extra = self._extra_w(t)
         ceiling = min(self.cap_w, prof.power_full_w + extra)
+        if t < self.wake_s:
+            return self.idle_w + extra, ceiling, busy
         return self.idle_w + self._drive_w(prof, busy) + extra, ceiling, busy
 
     def throughput(self, config: Configuration, duty: float, t: float, profiles: dict | None = None) -> float:

@@ -61,7 +61,7 @@ from flashwatt.control.power_holding import PowerHolding
 from flashwatt.control.reading_noise import MIX_PRIOR_SHARE, ReadingNoise
 from flashwatt.control.shape_choices import PROBE_SAMPLES, ShapeChoices
 from flashwatt.control.shape_state import EXPLOIT, EXPLORE, PROBE, RECHECK, ShapeState
-from flashwatt.control.table_error import COUNTER_LAG, TableError
+from flashwatt.control.table_error import COUNTER_LAG, MIN_ABOVE_W, TableError
 from flashwatt.control.thermal_holding import FLOOR_ABOVE_IDLE_W, ThermalLimit
 from flashwatt.control.window_readings import WindowReadings
 
@@ -83,6 +83,13 @@ SENSOR_PERIOD_S = 0.1
 # Weight of a new reading in the filtered power (what settling and a budget step read), and
 # the filtered power's scatter for a reading's: sqrt(w / (2 - w)).
 FILTER_NEW = 0.5
+# A run's first readings may show the idle board while its calls already run (on the H200 the
+# reading 0.1 s into a run read 145 W, idle 132 W, and the next 664 W): until one shows our
+# watts (MIN_ABOVE_W over idle), for at most this long from the first reading with our calls on
+# the board, a reading at idle is not one of what we hold. Taken as one, it made the loop,
+# which had no table for what ran yet, climb from duty 0.74 to 0.99: readings of 664-738 W
+# under a 580 W budget until a cut.
+WAKE_S = 0.3
 FILTERED_SPREAD = (FILTER_NEW / (2 - FILTER_NEW)) ** 0.5
 
 
@@ -160,6 +167,8 @@ class Governor(ShapeChoices, PowerHolding, TableError, WindowReadings):
         self._recent_w: collections.deque = collections.deque()  # (t, filtered power) of the last second
         self._window_w: collections.deque = collections.deque(maxlen=30)  # 1 s averages less the aim, one per tick
         self._quiet_since: float | None = None  # windows from here on hold no step of ours
+        self._first_work_t: float | None = None  # the first reading with our calls on the board
+        self._awake = False  # a reading has shown our watts, or WAKE_S passed since that one
         self.dwell_s = dwell_s
         self.explore_dwell_s = explore_dwell_s
         self.prune_below = prune_below
@@ -326,6 +335,9 @@ class Governor(ShapeChoices, PowerHolding, TableError, WindowReadings):
         self._adapt_margin(now, self._counter_joules(now, reading.energy_mj, power))
         if power is not None:
             self.last_valid_t = now
+            if self._waking(now, power):
+                power = None  # telemetry works; this reading says nothing of our watts
+        if power is not None:
             still = (abs(self.loop.duty - self._last_duty) < 0.03 and abs(self._last_duty - self._prev_duty) < 0.03
                      and work.tokens > 0 and not self._just_changed())
             self._reading_lag = self._window_lag(dt)
@@ -371,7 +383,7 @@ class Governor(ShapeChoices, PowerHolding, TableError, WindowReadings):
         dominant = self._dominant(work)
         row = {
             "t": now, "mode": self.mode, "phase": phase, "budget_w": self.budget_w, "setpoint_w": self.setpoint_w,
-            "margin": self.margin, "power_w": power, "power_filtered_w": self.power_filtered,
+            "margin": self.margin, "power_w": reading.power_w, "power_filtered_w": self.power_filtered,
             "energy_mj": reading.energy_mj, "temp_c": reading.temp_c, "sm_clock_mhz": reading.sm_clock_mhz,
             "clock_reasons": reading.clock_reasons, "duty": self.loop.duty, "offset_w": self.offset_w,
             "table_share": self.table_share, "noise_share": self.noise.share,
@@ -385,6 +397,18 @@ class Governor(ShapeChoices, PowerHolding, TableError, WindowReadings):
         }
         self._events = []
         return row
+
+    def _waking(self, now: float, power: float) -> bool:
+        """Whether this reading shows the idle board in the run's first WAKE_S with our calls
+        on it (the module's WAKE_S). Not a reading that averages a window of a step's pacing
+        cycles (flashwatt.control.window_readings): its idle share is the pacing's sleep."""
+        if not self.shapes or self.idle_w is None or self._window is not None or self._awake:
+            return False
+        if self._first_work_t is None:
+            self._first_work_t = now
+        # (once a reading has shown our watts, an idle one is the pacing's sleep, a real reading)
+        self._awake = now - self._first_work_t >= WAKE_S or power - self.idle_w >= MIN_ABOVE_W
+        return not self._awake
 
     def _choice_label(self) -> str | None:
         """The one shape's choice (a re-check runs another configuration without changing it)."""
