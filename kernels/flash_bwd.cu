@@ -592,6 +592,8 @@ const Entry kEntries[] = {
     bwd_wgmma_entry<__nv_bfloat16, 64, 2>(kBf16),
     bwd_wgmma_entry<__half, 128, 2>(kFp16),
     bwd_wgmma_entry<__nv_bfloat16, 128, 2>(kBf16),
+    bwd_wgmma_ws_entry<__half, 64>(kFp16),
+    bwd_wgmma_ws_entry<__nv_bfloat16, 64>(kBf16),
     bwd_wgmma_ws_entry<__half, 128>(kFp16),
     bwd_wgmma_ws_entry<__nv_bfloat16, 128>(kBf16),
 #endif

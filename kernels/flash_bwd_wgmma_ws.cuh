@@ -1,5 +1,5 @@
 // flashwatt attention backward on Hopper (sm_90a), warp-specialised: the step of
-// flash_bwd_wgmma.cuh (head dim 128) fed by a producer warpgroup through TMA.
+// flash_bwd_wgmma.cuh (head dims 64 and 128) fed by a producer warpgroup through TMA.
 //
 // Why (kernels/NOTES.md, "Backward alone: where it stands", "Backward warp-specialised"):
 // in wgmma_n128_m64_w8 the two computing warpgroups also issue, wait for and fence their own
@@ -16,13 +16,16 @@
 //     its step unchanged (the same five GEMMs in the same order, the same P^T and dS^T
 //     arithmetic, dQ staged in shared memory and added by a TMA bulk reduction). dK and dV
 //     come out bit-identical to that tile's. The step is a copy of that tile's, not a shared
-//     function, until this tile is measured: that tile's code, checked on the GPU, stays the
-//     same instructions; whichever of the two the bench does not keep as the default goes.
-//   * the consumers meet once per step, on a named barrier of their 256 threads (the
-//     producer never joins it) that publishes dS^T to the other's dQ. dS^T is
+//     function: that tile stays the default at head dim 64 until this one is measured there,
+//     and its code, checked on the GPU, stays the same instructions meanwhile.
+//   * at head dim 128 the consumers meet once per step, on a named barrier of their 256
+//     threads (the producer never joins it) that publishes dS^T to the other's dQ. dS^T is
 //     double-buffered by step parity so that no second barrier has to guard its reuse:
 //     a warpgroup writes buffer (it & 1) only after the barrier of step it - 1, which the
 //     other passed only after the dQ of step it - 2 that read that buffer had completed.
+//     At head dim 64 each consumer's dQ sums over its own 64 keys (as wgmma_n128_m64_w8's
+//     warpgroups do there): it reads its own dS^T rows only, and meets its own 128 threads,
+//     the same argument holding within the warpgroup.
 //   * a stage goes back to the producer (each consumer thread arrives on its empty barrier)
 //     once the step's last wgmma that reads Q or dO (dK) has completed and the thread's
 //     LSE and delta reads are done, i.e. after the step's final wait.
@@ -77,7 +80,13 @@ struct BwdWsShape {
   static constexpr int BM = 64;        // queries per step
   static constexpr int kThreads = 128 * (NWG + 1);  // + the producer warpgroup
   static constexpr int kConsumers = 128 * NWG;
-  static constexpr int DQN = D / NWG;  // dQ columns per consumer (one 64-wide swizzle atom)
+  // dQ split among the consumers as flash_bwd_wgmma.cuh splits it: by head-dim columns where
+  // each one's share is a whole 64-wide swizzle atom (head dim 128), else by keys (head dim 64:
+  // each consumer's dQ sums over its own 64 keys, all columns, and both are reduced into the
+  // same rows).
+  static constexpr bool kDqByKeys = D / NWG < 64;
+  static constexpr int DQN = kDqByKeys ? D : D / NWG;    // dQ columns per consumer
+  static constexpr int DQK = kDqByKeys ? BN / NWG : BN;  // keys its dQ sums over
   static constexpr int kKBytes = BN * D * 2;    // K or V
   static constexpr int kQBytes = BM * D * 2;    // one stage of Q or dO
   static constexpr int kDsBytes = BN * BM * 2;  // one dS^T buffer: [BN keys][BM queries]
@@ -108,10 +117,11 @@ struct BwdWsShape {
   // consumers hold dK, dV (64 + 64), S^T, dP^T (32 + 32) and dQ (32) accumulators.
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 240;
-  // Named barriers: 1 for the consumers' dS^T (256 threads), 2 + c for consumer c's dQ tile.
+  // Named barriers: 1 for the consumers' dS^T (256 threads; by keys, each consumer's dQ reads
+  // its own dS^T rows only and meets on its own), 2 + c for consumer c's dQ tile.
   static constexpr int kDsBarrier = 1;
   static constexpr int kDqBarrier0 = 2;
-  static_assert(D == 128, "warp-specialised wgmma backward: head_dim 128 (dQ as m64n64 per consumer)");
+  static_assert((D == 64 || D == 128) && DQN == 64, "warp-specialised wgmma backward: dQ as m64n64 per consumer");
   static_assert(kOffDQ % 1024 == 0 && kOffDS % 1024 == 0, "swizzled tiles must start on a 1 KB atom");
   static_assert(kOffRows % 128 == 0 && kRowSlotBytes % 128 == 0, "TMA destinations: 128-byte aligned");
   static_assert(BM % kRowLead == 0, "a query block starts kRowLead-aligned within its head");
@@ -214,12 +224,14 @@ __global__ void __launch_bounds__(BwdWsShape<D>::kThreads, 1)
   float s[BM / 2], dp[BM / 2], dq[DQN / 2];
   uint32_t pf[KQ][4], dsf[KQ][4];
 
-  // Descriptor bases as flash_bwd_wgmma.cuh at head dim 128: K and V rows of this consumer
-  // (K-major A of S^T, dP^T), K's column block of its dQ columns (N-major B of dQ).
+  // Descriptor bases as flash_bwd_wgmma.cuh: K and V rows of this consumer (K-major A of S^T,
+  // dP^T); K's column block of its dQ columns (N-major B of dQ), and the first 16-key step of
+  // the keys its dQ sums over (dS^T rows and K rows alike).
   const uint32_t k_rows = sK + cw * 64 * 128;
   const uint32_t v_rows = sV + cw * 64 * 128;
-  const uint32_t k_cols = sK + cw * BN * 128;
-  const int dq_col0 = cw * DQN;
+  const uint32_t k_cols = sK + (S::kDqByKeys ? 0 : (cw * DQN / 64) * BN * 128);
+  const int dq_kk0 = S::kDqByKeys ? cw * (S::DQK / 16) : 0;
+  const int dq_col0 = S::kDqByKeys ? 0 : cw * DQN;
 
   mbar_wait(kv_full, 0);
   int h = hk * group, m0 = mb_first * BM;
@@ -324,16 +336,21 @@ __global__ void __launch_bounds__(BwdWsShape<D>::kThreads, 1)
     wgmma_commit();
 
     fence_proxy_async_smem();
-    named_bar_sync(S::kDsBarrier, S::kConsumers);  // dS^T of both consumers written; the dQ tile's bulk read done
+    // dS^T written (both consumers', or by keys this one's); the dQ tile's bulk read done.
+    if constexpr (S::kDqByKeys) {
+      named_bar_sync(S::kDqBarrier0 + cw, 128);
+    } else {
+      named_bar_sync(S::kDsBarrier, S::kConsumers);
+    }
 
-    // ---- dQ (64 queries x DQN columns of this consumer) = dS K over all BN keys. In the
+    // ---- dQ (64 queries x DQN columns of this consumer) = dS K over its DQK keys. In the
     // deterministic mode (p.dq_accum null) flash_bwd_dq.cuh computes dQ and this result is
     // dropped, as in flash_bwd_wgmma.cuh.
     const bool dq_here = p.dq_accum != nullptr;
 #pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk)
-      bwd_wgmma_ss_tt(dq, wgmma_desc_sw128(sdSb + kk * 16 * 128, BN * 128, 1024),
-                      wgmma_desc_sw128(k_cols + kk * 16 * 128, BN * 128, 1024), kk > 0 ? 1 : 0, T{});
+    for (int kk = 0; kk < S::DQK / 16; ++kk)
+      bwd_wgmma_ss_tt(dq, wgmma_desc_sw128(sdSb + (dq_kk0 + kk) * 16 * 128, BN * 128, 1024),
+                      wgmma_desc_sw128(k_cols + (dq_kk0 + kk) * 16 * 128, BN * 128, 1024), kk > 0 ? 1 : 0, T{});
     wgmma_commit();
     wgmma_wait<0>();
     fence_regs(dq);

@@ -499,12 +499,12 @@ def test_hopper_takes_the_wgmma_tile_by_default_where_one_exists():
 WS_TILE = "wgmma_ws_n128_m64_w12"
 
 
-def test_warp_specialised_tile_runs_at_head_dim_128_on_hopper_only():
-    """The warp-specialised tile is the default at head dim 128 on compute capability 9.0 and
-    runs nowhere else: by name at another head dim or on another device it is refused, naming
-    it."""
+def test_warp_specialised_tile_runs_on_hopper_only():
+    """The warp-specialised tile is the default at head dim 128 on compute capability 9.0, runs
+    at head dim 64 there by name, and nowhere else: at head dim 256 or on another device it is
+    refused, naming it."""
     t = BWD_TILES[WS_TILE]
-    assert t.warp_specialised and t.math == BWD_WGMMA and t.head_dims == (128,)
+    assert t.warp_specialised and t.math == BWD_WGMMA and t.head_dims == (64, 128)
     assert [name for name, tile in BWD_TILES.items() if tile.warp_specialised] == [WS_TILE]
     for cap in (None, (8, 0), (8, 9), (9, 0), (10, 0)):
         for D in (64, 128, 256):
@@ -512,17 +512,18 @@ def test_warp_specialised_tile_runs_at_head_dim_128_on_hopper_only():
                 chosen = backward_plan("bf16", D, None, cap, deterministic).tile_name
                 assert (chosen == WS_TILE) == (cap == (9, 0) and D == 128), (cap, D, chosen)
     for precision in ("fp16", "bf16"):
-        plan = backward_plan(precision, 128, WS_TILE, (9, 0))
-        row = plan.as_dict()
-        assert plan.path == BWD_WGMMA and plan.tile_name == WS_TILE
-        assert (row["block_n"], row["block_m"], row["warps"], row["warp_specialised"]) == (128, 64, 12, True)
-        assert backward_plan(precision, 128, WS_TILE, (9, 0), deterministic=True).dq == "separate pass (deterministic)"
-        for D in (64, 256):
-            with pytest.raises(ValueError, match=rf"'{WS_TILE}' is built for head_dim \(128,\), not {D}"):
-                backward_plan(precision, D, WS_TILE, (9, 0))
-        for cap in ((8, 0), (8, 6), (8, 9), (10, 0), (12, 0)):
-            with pytest.raises(ValueError, match=rf"'{WS_TILE}' uses wgmma, built only for compute capability 9\.0"):
-                backward_plan(precision, 128, WS_TILE, cap)
+        for D in (64, 128):
+            plan = backward_plan(precision, D, WS_TILE, (9, 0))
+            row = plan.as_dict()
+            assert plan.path == BWD_WGMMA and plan.tile_name == WS_TILE
+            assert (row["block_n"], row["block_m"], row["warps"], row["warp_specialised"]) == (128, 64, 12, True)
+            assert backward_plan(precision, D, WS_TILE, (9, 0), deterministic=True).dq == \
+                "separate pass (deterministic)"
+            for cap in ((8, 0), (8, 6), (8, 9), (10, 0), (12, 0)):
+                with pytest.raises(ValueError, match=rf"'{WS_TILE}' uses wgmma, built only for compute capability 9\.0"):
+                    backward_plan(precision, D, WS_TILE, cap)
+        with pytest.raises(ValueError, match=rf"'{WS_TILE}' is built for head_dim \(64, 128\), not 256"):
+            backward_plan(precision, 256, WS_TILE, (9, 0))
     with pytest.raises(ValueError, match=rf"fp32 runs {BWD_TORCH_MATH}, which takes no tile \(got '{WS_TILE}'\)"):
         backward_plan("fp32", 128, WS_TILE, (9, 0))
     # The other tiles' plan rows carry no new key.

@@ -9,8 +9,10 @@
   tiles then take dQ from the same pass), and within a few units in the last place with the
   dQ reductions, whose fp32 additions land in an order that varies from run to run.
 - The main kernel's resources (168 registers at launch, no local memory, 231936 bytes of
-  dynamic shared memory, one CTA of 384 threads per SM) and a compute-sanitizer memcheck run.
-- Off compute capability 9.0 and at head dims other than 128: the refusal, naming the tile.
+  dynamic shared memory at head dim 128 and 166400 at 64, one CTA of 384 threads per SM) and a
+  compute-sanitizer memcheck run.
+- Head dims 64 and 128 (at 64 each consumer's dQ sums over its own keys).
+- Off compute capability 9.0 and at head dim 256: the refusal, naming the tile.
 - The default at head dim 128 on Hopper: the plan, and operands with zero and wide strides.
 """
 from __future__ import annotations
@@ -32,7 +34,11 @@ pytestmark = [pytest.mark.gpu, pytest.mark.nvcc]  # builds the custom kernels
 
 WS = "wgmma_ws_n128_m64_w12"
 BASE = "wgmma_n128_m64_w8"
-D = 128
+D = 128  # the head dim it is the default at; DIMS: every head dim it is built for
+DIMS = (64, 128)
+# Dynamic shared memory of BwdWsShape<D> (kernels/flash_bwd_wgmma_ws.cuh): at head dim 64 the
+# K, V, Q and dO tiles are half as wide; the dS^T and dQ staging the same.
+SMEM_BYTES = {64: 166400, 128: 231936}
 CAPABILITY = torch.cuda.get_device_capability() if torch.cuda.is_available() else None
 HOPPER = CAPABILITY == WGMMA_CAPABILITY
 HEADS = {"mha": (4, 4), "gqa": (8, 2), "mqa": (8, 1)}
@@ -58,7 +64,7 @@ def check_ws(q, k, v, causal, precision, layout="bhld", **kw):
 
 def test_tile_is_registered_and_the_hopper_default_at_head_dim_128():
     t = BWD_TILES[WS]
-    assert t.warp_specialised and t.head_dims == (D,) and (t.block_n, t.block_m, t.warps) == (128, 64, 12)
+    assert t.warp_specialised and t.head_dims == DIMS and (t.block_n, t.block_m, t.warps) == (128, 64, 12)
     for precision in ("fp16", "bf16"):
         for deterministic in (False, True):
             assert backward_plan(precision, D, None, CAPABILITY, deterministic).tile_name == (WS if HOPPER else
@@ -89,36 +95,39 @@ def test_default_tile_on_broadcast_and_strided_operands(poisoned_grads, mask):
         assert err <= GRAD_TOL["bf16"], f"{mask} {name}: {err:.3e}"
 
 
+@pytest.mark.parametrize("head_dim", DIMS)
 @pytest.mark.parametrize("heads", sorted(HEADS))
 @pytest.mark.parametrize("L", [1, 17, 64, 129, 1000, 2048])
 @pytest.mark.parametrize("mask", sorted(MASKS))
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
-def test_gradients_against_float64(poisoned_grads, precision, mask, L, heads):
+def test_gradients_against_float64(poisoned_grads, precision, mask, L, heads, head_dim):
     """Equal lengths (bottom-right is then top-left: the same mask through the other
     parameter), ragged last blocks, MHA/GQA/MQA (a CTA walks every query head of its group:
     up to 8 x 32 steps through the two-stage ring), dQ by the bulk reductions."""
     causal, align = MASKS[mask]
     H, Hkv = HEADS[heads]
     B = 2 if L <= 129 else 1
-    seed = zlib.crc32(f"bwdws-{precision}-{mask}-{L}-{heads}".encode()) % 100_000
-    check_ws(*qkv(B, H, L, D, DTYPES[precision], seed, Hkv=Hkv), causal, precision, seed=seed, causal_align=align)
+    seed = zlib.crc32(f"bwdws-{precision}-{mask}-{L}-{heads}-{head_dim}".encode()) % 100_000
+    check_ws(*qkv(B, H, L, head_dim, DTYPES[precision], seed, Hkv=Hkv), causal, precision, seed=seed,
+             causal_align=align)
 
 
 CROSS = [(100, 700), (700, 100), (1, 300), (300, 1), (64, 192), (200, 64), (1500, 333), (333, 1500), (63, 65),
          (65, 63)]
 
 
+@pytest.mark.parametrize("head_dim", DIMS)
 @pytest.mark.parametrize("deterministic", [False, True], ids=["atomics", "dq-pass"])
 @pytest.mark.parametrize("mask", sorted(MASKS))
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
-def test_cross_lengths(poisoned_grads, precision, mask, deterministic):
+def test_cross_lengths(poisoned_grads, precision, mask, deterministic, head_dim):
     """Lq != Lk: key blocks no query sees (they store zeros after loading K and V), the first
     causal query block past the end, rows that see no key (bottom-right, Lq > Lk: dQ exactly 0),
     a single query or key, GQA."""
     causal, align = MASKS[mask]
     for lq, lk in CROSS:
         seed = zlib.crc32(f"bwdws-cross-{precision}-{mask}-{lq}-{lk}".encode()) % 100_000
-        check_ws(*qkv(2, 4, lq, D, DTYPES[precision], seed, Hkv=2, Lk=lk), causal, precision, seed=seed,
+        check_ws(*qkv(2, 4, lq, head_dim, DTYPES[precision], seed, Hkv=2, Lk=lk), causal, precision, seed=seed,
                  deterministic=deterministic, causal_align=align)
 
 
@@ -156,19 +165,21 @@ def test_l2_sections(poisoned_grads, causal, section):
 
 def _both_tiles(q, k, v, causal, precision, align, deterministic, dout):
     """(dq, dk, dv) of the tile and of wgmma_n128_m64_w8 from one forward (its out and LSE)."""
-    scale = 1.0 / math.sqrt(D)
+    head_dim = q.shape[-1]
+    scale = 1.0 / math.sqrt(head_dim)
     out, lse = flash_forward(q, k, v, causal, scale=scale, causal_align=align)
     grads = {}
     for tile in (WS, BASE):
-        plan = backward_plan(precision, D, tile, CAPABILITY, deterministic)
+        plan = backward_plan(precision, head_dim, tile, CAPABILITY, deterministic)
         grads[tile] = flash_backward(dout, q, k, v, out, lse, causal, scale, plan, causal_align=align)
     return grads[WS], grads[BASE]
 
 
+@pytest.mark.parametrize("head_dim", DIMS)
 @pytest.mark.parametrize("deterministic", [True, False], ids=["dq-pass", "atomics"])
 @pytest.mark.parametrize("mask", sorted(MASKS))
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
-def test_same_gradients_as_the_wgmma_tile(precision, mask, deterministic):
+def test_same_gradients_as_the_wgmma_tile(precision, mask, deterministic, head_dim):
     """The consumers run wgmma_n128_m64_w8's step unchanged, over the same query blocks in the
     same order, so dK and dV are the same bits; so is dQ where both take it from the
     deterministic pass. With the reductions, dQ's fp32 sums land in a varying order: each
@@ -176,13 +187,13 @@ def test_same_gradients_as_the_wgmma_tile(precision, mask, deterministic):
     cancel)."""
     if not HOPPER:
         with pytest.raises(ValueError, match=rf"'{WS}' uses wgmma"):
-            backward_plan(precision, D, WS, CAPABILITY, deterministic)
+            backward_plan(precision, head_dim, WS, CAPABILITY, deterministic)
         return
     causal, align = MASKS[mask]
     dt = DTYPES[precision]
     for B, H, Hkv, lq, lk in ((2, 8, 2, 2048, 2048), (1, 4, 1, 1000, 333), (1, 4, 2, 333, 1000), (2, 4, 4, 1, 77)):
-        seed = zlib.crc32(f"bwdws-same-{precision}-{mask}-{lq}-{lk}".encode()) % 100_000
-        q, k, v = qkv(B, H, lq, D, dt, seed, Hkv=Hkv, Lk=lk)
+        seed = zlib.crc32(f"bwdws-same-{precision}-{mask}-{lq}-{lk}-{head_dim}".encode()) % 100_000
+        q, k, v = qkv(B, H, lq, head_dim, dt, seed, Hkv=Hkv, Lk=lk)
         dout = make(q.shape, dt, seed + 7)
         (dq, dk, dv), (dq0, dk0, dv0) = _both_tiles(q, k, v, causal, precision, align, deterministic, dout)
         assert torch.equal(dk, dk0), f"dk differs from {BASE} ({B}x{H}/{Hkv}x{lq}/{lk})"
@@ -211,11 +222,8 @@ def test_deterministic_mode_is_bit_identical_twice():
 
 
 def test_refusals_name_the_tile():
-    q, k, v = (t.requires_grad_(True) for t in qkv(1, 2, 64, 64, torch.bfloat16, 5))
-    with pytest.raises(ValueError, match=rf"'{WS}' is built for head_dim \(128,\), not 64"):
-        flash_attention(q, k, v, False, backward_tile=WS)
     q, k, v = (t.requires_grad_(True) for t in qkv(1, 2, 64, 256, torch.bfloat16, 5))
-    with pytest.raises(ValueError, match=rf"'{WS}' is built for head_dim \(128,\), not 256"):
+    with pytest.raises(ValueError, match=rf"'{WS}' is built for head_dim \(64, 128\), not 256"):
         flash_attention(q, k, v, False, backward_tile=WS)
     q, k, v = (t.requires_grad_(True) for t in qkv(1, 2, 64, 128, torch.float32, 5))
     with pytest.raises(ValueError, match=rf"takes no tile \(got '{WS}'\)"):
@@ -230,11 +238,12 @@ def test_kernel_resources():
         with pytest.raises(ValueError, match=rf"'{WS}' uses wgmma"):
             backward_kernel_info("bf16", D, WS)
         return
-    for precision in ("fp16", "bf16"):
-        info = backward_kernel_info(precision, D, WS)
-        assert info["path"] == "wgmma" and info["tile"] == WS and info["warp_specialised"], info
-        assert (info["num_regs"], info["local_bytes"], info["threads"]) == (168, 0, 384), info
-        assert info["smem_bytes"] == 231936 and info["max_ctas_per_sm"] == 1, info
+    for head_dim in DIMS:
+        for precision in ("fp16", "bf16"):
+            info = backward_kernel_info(precision, head_dim, WS)
+            assert info["path"] == "wgmma" and info["tile"] == WS and info["warp_specialised"], info
+            assert (info["num_regs"], info["local_bytes"], info["threads"]) == (168, 0, 384), info
+            assert info["smem_bytes"] == SMEM_BYTES[head_dim] and info["max_ctas_per_sm"] == 1, info
 
 
 _SANITIZER_SCRIPT = textwrap.dedent(
@@ -245,10 +254,10 @@ _SANITIZER_SCRIPT = textwrap.dedent(
         for causal, align in ((False, "top_left"), (True, "top_left"), (True, "bottom_right")):
             for lq, lk, h, hkv in ((77, 77, 4, 2), (40, 130, 4, 2), (130, 40, 4, 1), (1, 200, 2, 2), (300, 1, 2, 1),
                                    (200, 200, 8, 1)):
-                for deterministic in (False, True):
-                    q = torch.randn(2, h, lq, 128, device="cuda", dtype=dtype, requires_grad=True)
-                    k = torch.randn(2, hkv, lk, 128, device="cuda", dtype=dtype, requires_grad=True)
-                    v = torch.randn(2, hkv, lk, 128, device="cuda", dtype=dtype, requires_grad=True)
+                for deterministic, d in ((False, 128), (True, 128), (False, 64), (True, 64)):
+                    q = torch.randn(2, h, lq, d, device="cuda", dtype=dtype, requires_grad=True)
+                    k = torch.randn(2, hkv, lk, d, device="cuda", dtype=dtype, requires_grad=True)
+                    v = torch.randn(2, hkv, lk, d, device="cuda", dtype=dtype, requires_grad=True)
                     out = flash_attention(q, k, v, causal, backward_tile="{WS}", l2_section=1,
                                           deterministic=deterministic, causal_align=align)
                     torch.autograd.grad(out, (q, k, v), torch.randn_like(out))

@@ -17,7 +17,8 @@ part of what `Custom.describe` records for a fwd_bwd cell.
   reduction (atomic adds as well, in an order that varies). On Hopper the default at head
   dim 64 is `wgmma_n128_m64_w8`; at head dim 128 `wgmma_ws_n128_m64_w12`, which runs the same
   steps in two consumer warpgroups fed by a producer warpgroup's TMA copies
-  (kernels/flash_bwd_wgmma_ws.cuh): the same dK and dV bit for bit, 1.14-1.20x faster.
+  (kernels/flash_bwd_wgmma_ws.cuh): the same dK and dV bit for bit, the backward alone
+  1.14-1.25x faster on an H200. At head dim 64 it runs by name.
 - `torch.math_from_lse` (fp32, tf32): the same equations in PyTorch, chunked over query
   rows so the scores never take more than about 256 MiB. Exact fp32 for fp32 cells; for
   tf32 cells the matmuls run at whatever `torch.backends.cuda.matmul.allow_tf32` says,
@@ -97,17 +98,18 @@ BWD_TILES: dict[str, BwdTile] = {
     "wgmma_n128_m64_w8": BwdTile(128, 64, 8, (64, 128),
                                  "Hopper: 128 keys per CTA, 2 warpgroups x 64 keys, 64-row query steps, "
                                  "all five GEMMs on wgmma", BWD_WGMMA),
-    "wgmma_ws_n128_m64_w12": BwdTile(128, 64, 12, (128,),
+    "wgmma_ws_n128_m64_w12": BwdTile(128, 64, 12, (64, 128),
                                      "Hopper, warp-specialised: a producer warpgroup copying by TMA (K, V once; Q, "
                                      "dO, LSE, delta in a 2-stage mbarrier ring) and 2 consumer warpgroups x 64 "
-                                     "keys running the steps of wgmma_n128_m64_w8 (d128 default on Hopper)",
+                                     "keys running the steps of wgmma_n128_m64_w8 (d128 default on Hopper; d64 by "
+                                     "name)",
                                      BWD_WGMMA, warp_specialised=True),
 }
 DEFAULT_BWD_TILE = {64: "n128_m64_w8", 128: "n128_m64_w8", 256: "n64_m32_w8"}
 # On Hopper (compute capability 9.0) a wgmma tile where one exists: on an H100
 # wgmma_n128_m64_w8 ran fwd+bwd at 1.03-1.36x the mma.sync tile for bf16 D128, L 512-16384,
 # causal and full, and the D64 backward alone at 1.02-1.07x; at D128 the warp-specialised
-# tile ran the backward alone at 1.14-1.20x wgmma_n128_m64_w8 on an H200, every shape of its
+# tile ran the backward alone at 1.14-1.25x wgmma_n128_m64_w8 on an H200, every shape of its
 # bench (kernels/NOTES.md, "Backward on wgmma: measured", "Backward on wgmma at head dim
 # 64", "Backward warp-specialised: measured").
 WGMMA_DEFAULT_BWD_TILE = {64: "wgmma_n128_m64_w8", 128: "wgmma_ws_n128_m64_w12"}
