@@ -16,8 +16,8 @@
 //     its step unchanged (the same five GEMMs in the same order, the same P^T and dS^T
 //     arithmetic, dQ staged in shared memory and added by a TMA bulk reduction). dK and dV
 //     come out bit-identical to that tile's. The step is a copy of that tile's, not a shared
-//     function: that tile stays the default at head dim 64 until this one is measured there,
-//     and its code, checked on the GPU, stays the same instructions meanwhile.
+//     function, so that the two kernels' instructions stay those checked on the GPU; this
+//     tile is the Hopper default (kernels/NOTES.md, "Backward warp-specialised: measured").
 //   * at head dim 128 the consumers meet once per step, on a named barrier of their 256
 //     threads (the producer never joins it) that publishes dS^T to the other's dQ. dS^T is
 //     double-buffered by step parity so that no second barrier has to guard its reuse:

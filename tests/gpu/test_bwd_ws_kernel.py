@@ -13,7 +13,7 @@
   compute-sanitizer memcheck run.
 - Head dims 64 and 128 (at 64 each consumer's dQ sums over its own keys).
 - Off compute capability 9.0 and at head dim 256: the refusal, naming the tile.
-- The default at head dim 128 on Hopper: the plan, and operands with zero and wide strides.
+- The default on Hopper: the plan, and operands with zero and wide strides.
 """
 from __future__ import annotations
 
@@ -62,19 +62,20 @@ def check_ws(q, k, v, causal, precision, layout="bhld", **kw):
     return check_backward(q, k, v, causal, precision, layout, backward_tile=WS, **kw)
 
 
-def test_tile_is_registered_and_the_hopper_default_at_head_dim_128():
+def test_tile_is_registered_and_the_hopper_default():
     t = BWD_TILES[WS]
     assert t.warp_specialised and t.head_dims == DIMS and (t.block_n, t.block_m, t.warps) == (128, 64, 12)
     for precision in ("fp16", "bf16"):
         for deterministic in (False, True):
-            assert backward_plan(precision, D, None, CAPABILITY, deterministic).tile_name == (WS if HOPPER else
-                                                                                           "n128_m64_w8")
-            assert backward_plan(precision, 64, None, CAPABILITY, deterministic).tile_name != WS
+            for head_dim in DIMS:
+                assert backward_plan(precision, head_dim, None, CAPABILITY, deterministic).tile_name == (
+                    WS if HOPPER else "n128_m64_w8")
 
 
+@pytest.mark.parametrize("D", DIMS)
 @pytest.mark.parametrize("mask", sorted(MASKS))
-def test_default_tile_on_broadcast_and_strided_operands(poisoned_grads, mask):
-    """The default backward at head dim 128 (this tile on Hopper) on operands a model or a user
+def test_default_tile_on_broadcast_and_strided_operands(poisoned_grads, mask, D):
+    """The default backward (this tile on Hopper) on operands a model or a user
     hands over: k and v expanded over the heads and the batch (stride 0), q a slice of a wider
     tensor (row stride past the head dim), dout non-contiguous. Its TMA maps take every
     operand's own strides, or the operand is copied first (kernel_ready)."""
