@@ -18,7 +18,7 @@ part of what `Custom.describe` records for a fwd_bwd cell.
   `wgmma_ws_n128_m64_w12`, which runs the steps of `wgmma_n128_m64_w8` in two consumer
   warpgroups fed by a producer warpgroup's TMA copies (kernels/flash_bwd_wgmma_ws.cuh): the
   same dK and dV bit for bit, the backward alone 1.14-1.25x faster at head dim 128 and
-  1.05-1.38x at 64 on an H200.
+  1.22-1.38x at 64 on an H200.
 - `torch.math_from_lse` (fp32, tf32): the same equations in PyTorch, chunked over query
   rows so the scores never take more than about 256 MiB. Exact fp32 for fp32 cells; for
   tf32 cells the matmuls run at whatever `torch.backends.cuda.matmul.allow_tf32` says,
@@ -108,7 +108,7 @@ DEFAULT_BWD_TILE = {64: "n128_m64_w8", 128: "n128_m64_w8", 256: "n64_m32_w8"}
 # On Hopper (compute capability 9.0) a wgmma tile where one exists: on an H100
 # wgmma_n128_m64_w8 ran fwd+bwd at 1.03-1.36x the mma.sync tile for bf16 D128, L 512-16384,
 # causal and full, and the D64 backward alone at 1.02-1.07x; the warp-specialised tile ran
-# the backward alone at 1.14-1.25x wgmma_n128_m64_w8 at D128 and 1.05-1.38x at D64 on an
+# the backward alone at 1.14-1.25x wgmma_n128_m64_w8 at D128 and 1.22-1.38x at D64 on an
 # H200, every shape of its bench (kernels/NOTES.md, "Backward on wgmma: measured", "Backward
 # on wgmma at head dim 64", "Backward warp-specialised: measured").
 WGMMA_DEFAULT_BWD_TILE = {64: "wgmma_ws_n128_m64_w12", 128: "wgmma_ws_n128_m64_w12"}
