@@ -388,13 +388,17 @@ def write_generated(root, suite="g", count=6) -> list[str]:
         facts.phases = [(start, f"{group}-bf16-full") for start, group in facts.phases]  # the groups' names
         merit = run_merit(trace) | scenario_merit(trace, facts) | {
             "check_passed": True, "check_rel_err": 3e-3, "check_tol": 2e-2, "idle_w": IDLE_W,
-            "warm_start": {"cache": None, "warm_shapes": 0, "shapes": 1}}
+            "warm_start": {"cache": None, "warm_shapes": WARM_SHAPES[index % 3], "shapes": 2}}
         spec = {"seconds": 10.0, "seed": 0, "warm_start": True, "scenario": scenario}
         write_record(root / cell.path, envelope_of(cell, spec) | {"status": "ok", "device": device("GPU-1"),
                                                                   "merit": merit})
         write_trace(root / cell.trace_path, trace.assign(cell_id=cell.id).to_dict("records"))
         paths.append(str(root / cell.path))
     return paths
+
+
+# The generated runs' warm starts by index % 3: cold, one of its two shapes known, both known.
+WARM_SHAPES = (0, 1, 2)
 
 
 @pytest.fixture(scope="module")
@@ -443,6 +447,27 @@ def test_the_pooled_rows_say_which_targets_are_met(generated):
     from flashwatt.control.pooled import report_sentences
 
     assert "steady-bf16-full: 6 budget runs" in report_sentences(pooled)
+
+
+def test_the_runs_that_started_warm_are_pooled_apart(generated):
+    """A pooled row over the generated runs whose every shape was known from earlier runs (what
+    a warm start promises), beside the row of all of them; the report says how many."""
+    from flashwatt.control.pooled import STARTED_WARM, _pool, report_sentences
+
+    pooled, runs = generated.pooled, generated.runs
+    warm_runs = runs[(runs["mode"] == "random") & (runs["warm_shapes"] == 2)]
+    assert sorted(warm_runs["scenario"]) == ["random-41-2", "random-41-5"]
+    row = pooled[(pooled["group"] == "steady-bf16-full") & (pooled["runs_set"] == STARTED_WARM)].iloc[0]
+    expected = _pool(warm_runs, warm_runs.iloc[:0])
+    assert row["runs"] == 2 and row["windows"] == expected["windows"]
+    assert row["vs_front"] == pytest.approx(expected["vs_front"])
+    assert "energy within 3%" not in row["judged"]
+    assert "Of its 6 generated runs, 2 started warm" in report_sentences(pooled)
+    # a record that does not say how many shapes it met is not taken for a warm one
+    from flashwatt.control.pooled import pooled_table
+
+    older = pooled_table(runs.drop(columns=["shapes"]))
+    assert (older["runs_set"] != STARTED_WARM).all()
 
 
 def test_the_scenarios_figure_draws_every_run_against_its_targets(generated):

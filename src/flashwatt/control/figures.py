@@ -25,7 +25,7 @@ from pathlib import Path
 import pandas as pd
 
 from flashwatt.control.metrics import TOLERANCE, window_power
-from flashwatt.control.pooled import pooled_table
+from flashwatt.control.pooled import ALL_BUDGET_RUNS, pooled_table
 from flashwatt.control.summary import least_energy_static, pareto_front, static_default, usable_static
 from flashwatt.figure_base import FigureSpec, Source, nothing_to_draw, registry
 from flashwatt.placeholder import Rows, no_cells_ok
@@ -256,7 +256,7 @@ def _pooled_title(tables: ControlTables, group: str) -> str:
     pooled = pooled_table(tables.runs)
     if pooled.empty:
         return group
-    rows = pooled[(pooled["group"] == group) & (pooled["runs_set"] == "all budget runs")]
+    rows = pooled[(pooled["group"] == group) & (pooled["runs_set"] == ALL_BUDGET_RUNS)]
     if rows.empty:
         return group
     row = rows.iloc[0]

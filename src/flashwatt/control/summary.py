@@ -50,7 +50,7 @@ MERIT_COLUMNS = [
 ]
 # What a run's scenario was (flashwatt.control.summary._scenario_columns), and its lists as text.
 SCENARIO_COLUMNS = ["schedule", "tenants", "nvml_failures", "mix_change", "scenario_classes", "tenant_spans",
-                    "failure_spans", "warm_shapes", "step_settle_s", "front_basis"]
+                    "failure_spans", "warm_shapes", "shapes", "step_settle_s", "front_basis"]
 COMPARISON_COLUMNS = [
     "best_static", "best_static_tokens_per_s", "best_static_power_w", "vs_best_static", "steady_vs_best_static",
     "front_tokens_per_s", "steady_vs_front",
@@ -131,6 +131,7 @@ def _scenario_columns(cell: ControlCell, spec: dict, merit: dict) -> dict:
         "tenant_spans": json.dumps([[t["start_s"], t["start_s"] + t["seconds"], t.get("alone_w")] for t in tenants]),
         "failure_spans": json.dumps([[s, None if d is None else s + d] for s, d in failures]),
         "warm_shapes": (merit.get("warm_start") or {}).get("warm_shapes"),
+        "shapes": (merit.get("warm_start") or {}).get("shapes"),  # the shapes it met (warm or not)
         "step_settle_s": _seconds_text(merit.get("step_settle_s")),
         "front_basis": json.dumps(merit.get("front_basis")) if merit.get("front_basis") is not None else None,
     }
