@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import statistics
 from pathlib import Path
 
 import pytest
@@ -74,6 +75,11 @@ def test_a_governed_two_rank_cell_runs_its_front_and_a_shared_budget(tmp_path, m
     assert late["power_w_rank0"] < late["power_w_rank1"]  # each board's own reading (100 W and 120 W)
     # and the job's total: the boards' readings summed, or, where a step's pacing cycle outlasts
     # a tick (a loaded machine), the summed energy counters' average over the cycle, the same
-    # watts on these steady boards but for the counters' timing
-    total = late["power_w_rank0"] + late["power_w_rank1"]
-    assert abs(late["power_w"] - total) < 0.02 * total
+    # watts on these steady boards but for the counters' timing: each rank reads its counter at
+    # its own moment, and on a loaded machine one tick's average was 4% off (229 W for 220 W).
+    # The median over the run's second half holds the same watts.
+    rows = [r for r in trace[len(trace) // 2:]
+            if None not in (r.get("power_w"), r.get("power_w_rank0"), r.get("power_w_rank1"))]
+    assert len(rows) >= 5, len(trace)
+    ratio = statistics.median(r["power_w"] / (r["power_w_rank0"] + r["power_w_rank1"]) for r in rows)
+    assert abs(ratio - 1.0) < 0.02, [(r["power_w"], r["power_w_rank0"] + r["power_w_rank1"]) for r in rows]
