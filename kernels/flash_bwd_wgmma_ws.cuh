@@ -1,5 +1,6 @@
 // flashwatt attention backward on Hopper (sm_90a), warp-specialised: the step of
-// flash_bwd_wgmma.cuh (head dims 64 and 128) fed by a producer warpgroup through TMA.
+// flash_bwd_wgmma.cuh (flash_bwd_wgmma_step.cuh; head dims 64 and 128) fed by a producer
+// warpgroup through TMA.
 //
 // Why (kernels/NOTES.md, "Backward alone: where it stands", "Backward warp-specialised"):
 // in wgmma_n128_m64_w8 the two computing warpgroups also issue, wait for and fence their own
@@ -15,9 +16,12 @@
 //     (M = 64 of every key-major wgmma), the two warpgroups of wgmma_n128_m64_w8 running
 //     its step unchanged (the same five GEMMs in the same order, the same P^T and dS^T
 //     arithmetic, dQ staged in shared memory and added by a TMA bulk reduction). dK and dV
-//     come out bit-identical to that tile's. The step is a copy of that tile's, not a shared
-//     function, so that the two kernels' instructions stay those checked on the GPU; this
-//     tile is the Hopper default (kernels/NOTES.md, "Backward warp-specialised: measured").
+//     come out bit-identical to that tile's. The step is shared with that tile, not copied:
+//     both kernels call the functions of flash_bwd_wgmma_step.cuh, which says what each
+//     kernel still holds itself and why; this file adds the copies, barriers and stage
+//     release around them. Both kernels' PTX is the one they had when the step was a copy
+//     here, the code checked and measured on the GPU (kernels/NOTES.md, "Backward
+//     warp-specialised: measured"; this tile is the Hopper default).
 //   * at head dim 128 the consumers meet once per step, on a named barrier of their 256
 //     threads (the producer never joins it) that publishes dS^T to the other's dQ. dS^T is
 //     double-buffered by step parity so that no second barrier has to guard its reuse:
@@ -50,7 +54,7 @@
 #include "async_pipeline.cuh"
 #include "causal_mask.cuh"
 #include "flash_bwd.cuh"
-#include "flash_bwd_wgmma.cuh"
+#include "flash_bwd_wgmma_step.cuh"
 #include "ptx.cuh"
 #include "tile_schedule.cuh"
 #include "wgmma.cuh"
@@ -134,10 +138,9 @@ __global__ void __launch_bounds__(BwdWsShape<D>::kThreads, 1)
     flash_bwd_wgmma_ws_kernel(const __grid_constant__ BwdWsParams a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using S = BwdWsShape<D>;
-  using Ops = TypeOps<T>;
+  using Step = BwdWgStep<T, D, S>;
   constexpr int BN = S::BN, BM = S::BM, DQN = S::DQN;
-  constexpr int KD = D / 16;   // k steps of S^T and dP^T (head dim)
-  constexpr int KQ = BM / 16;  // k steps of dV and dK (queries)
+  constexpr int KQ = Step::KQ;  // k steps of dV and dK (queries)
   const BwdParams& p = a.p;
 
   extern __shared__ unsigned char smem[];
@@ -218,15 +221,16 @@ __global__ void __launch_bounds__(BwdWsShape<D>::kThreads, 1)
   const int warp_key0 = cw * 64 + wl * 16;
   const float scale_log2 = p.scale * kLog2e;
 
+  // The step's registers and descriptor bases (flash_bwd_wgmma_step.cuh; the same lines in
+  // flash_bwd_wgmma.cuh, BwdWgStep says why they are not shared).
   float dk[D / 2], dv[D / 2];
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.f;
   float s[BM / 2], dp[BM / 2], dq[DQN / 2];
   uint32_t pf[KQ][4], dsf[KQ][4];
-
-  // Descriptor bases as flash_bwd_wgmma.cuh: K and V rows of this consumer (K-major A of S^T,
-  // dP^T); K's column block of its dQ columns (N-major B of dQ), and the first 16-key step of
-  // the keys its dQ sums over (dS^T rows and K rows alike).
+  // K and V rows of this consumer (K-major A of S^T, dP^T); K's column block of its dQ
+  // columns (N-major B of dQ), and the first 16-key step of the keys its dQ sums over (dS^T
+  // rows and K rows alike).
   const uint32_t k_rows = sK + cw * 64 * 128;
   const uint32_t v_rows = sV + cw * 64 * 128;
   const uint32_t k_cols = sK + (S::kDqByKeys ? 0 : (cw * DQN / 64) * BN * 128);
@@ -255,26 +259,10 @@ __global__ void __launch_bounds__(BwdWsShape<D>::kThreads, 1)
     if ((tid & 127) == 0) bulk_wait_read<1>();
     mbar_wait(full + 8 * stage, (it >> 1) & 1);  // TMA wrote through the async proxy: no fence
 
-    // ---- S^T = K Q^T and dP^T = V dO^T (two commit groups)
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < KD; ++kk) {
-      const uint32_t off = (kk & 3) * 32;
-      wgmma_ss(s, wgmma_desc_sw128(k_rows + (kk >> 2) * BN * 128 + off, 16, 1024),
-               wgmma_desc_sw128(sQs + (kk >> 2) * BM * 128 + off, 16, 1024), kk > 0 ? 1 : 0, T{});
-    }
-    wgmma_commit();
-#pragma unroll
-    for (int kk = 0; kk < KD; ++kk) {
-      const uint32_t off = (kk & 3) * 32;
-      wgmma_ss(dp, wgmma_desc_sw128(v_rows + (kk >> 2) * BN * 128 + off, 16, 1024),
-               wgmma_desc_sw128(sdOs + (kk >> 2) * BM * 128 + off, 16, 1024), kk > 0 ? 1 : 0, T{});
-    }
-    wgmma_commit();
-    wgmma_wait<1>();  // S^T done; dP^T may still run
-    fence_regs(s);
+    Step::scores(s, dp, k_rows, v_rows, sQs, sdOs);
 
     // ---- P^T: element i is key warp_key0 + g + 8*((i>>1)&1), query (i>>2)*8 + 2t + (i&1)
+    // (the same lines in flash_bwd_wgmma.cuh; BwdWgStep says why they are not shared)
     const bool masked = n0 + warp_key0 + 16 > p.len_k || m0 + BM > p.len_q ||
                         (p.causal && n0 + warp_key0 + 15 > m0 + p.causal_offset);
 #pragma unroll
@@ -288,123 +276,28 @@ __global__ void __launch_bounds__(BwdWsShape<D>::kThreads, 1)
       }
       s[i] = exp2_ftz(fmaf(x, scale_log2, -lse_log2_for_p(lse_s[q])));
     }
-#pragma unroll
-    for (int kk = 0; kk < KQ; ++kk) {
-      pf[kk][0] = Ops::pack(s[8 * kk + 0], s[8 * kk + 1]);
-      pf[kk][1] = Ops::pack(s[8 * kk + 2], s[8 * kk + 3]);
-      pf[kk][2] = Ops::pack(s[8 * kk + 4], s[8 * kk + 5]);
-      pf[kk][3] = Ops::pack(s[8 * kk + 6], s[8 * kk + 7]);
-    }
 
-    // ---- dV += P^T dO
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < KQ; ++kk) wgmma_rs(dv, pf[kk], wgmma_desc_sw128(sdOs + kk * 16 * 128, BM * 128, 1024), 1, T{});
-    wgmma_commit();
-    wgmma_wait<1>();  // dP^T done; dV may still run
-    fence_regs(dp);
-
-    // ---- dS^T = P^T (dP^T - delta), to registers (A of dK) and shared memory (for dQ)
-#pragma unroll
-    for (int i = 0; i < BM / 2; ++i) dp[i] = s[i] * (dp[i] - delta_s[(i >> 2) * 8 + 2 * t + (i & 1)]);
-#pragma unroll
-    for (int kk = 0; kk < KQ; ++kk) {
-      dsf[kk][0] = Ops::pack(dp[8 * kk + 0], dp[8 * kk + 1]);
-      dsf[kk][1] = Ops::pack(dp[8 * kk + 2], dp[8 * kk + 3]);
-      dsf[kk][2] = Ops::pack(dp[8 * kk + 4], dp[8 * kk + 5]);
-      dsf[kk][3] = Ops::pack(dp[8 * kk + 6], dp[8 * kk + 7]);
-    }
-    {
-      // dsf[kk][0], [2]: key row warp_key0 + g, queries 16kk + 2t (+1) and 16kk + 8 + 2t (+1)
-      // (16-byte chunks 2kk and 2kk + 1); [1], [3]: key row warp_key0 + g + 8.
-      const int r0 = warp_key0 + g, r1 = r0 + 8;
-#pragma unroll
-      for (int kk = 0; kk < KQ; ++kk) {
-        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sdSb + bwd_sw128_off<BN>(r0, 2 * kk) + 4 * t), "r"(dsf[kk][0]));
-        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sdSb + bwd_sw128_off<BN>(r1, 2 * kk) + 4 * t), "r"(dsf[kk][1]));
-        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sdSb + bwd_sw128_off<BN>(r0, 2 * kk + 1) + 4 * t),
-                     "r"(dsf[kk][2]));
-        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sdSb + bwd_sw128_off<BN>(r1, 2 * kk + 1) + 4 * t),
-                     "r"(dsf[kk][3]));
-      }
-    }
-
-    // ---- dK += dS^T Q
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < KQ; ++kk) wgmma_rs(dk, dsf[kk], wgmma_desc_sw128(sQs + kk * 16 * 128, BM * 128, 1024), 1, T{});
-    wgmma_commit();
-
-    fence_proxy_async_smem();
+    Step::dv_gemm(dv, pf, s, dp, sdOs);
+    Step::ds(dp, dsf, s, delta_s, sdSb, warp_key0, g, t);
+    Step::dk_gemm(dk, dsf, sQs);
     // dS^T written (both consumers', or by keys this one's); the dQ tile's bulk read done.
     if constexpr (S::kDqByKeys) {
       named_bar_sync(S::kDqBarrier0 + cw, 128);
     } else {
       named_bar_sync(S::kDsBarrier, S::kConsumers);
     }
-
-    // ---- dQ (64 queries x DQN columns of this consumer) = dS K over its DQK keys. In the
-    // deterministic mode (p.dq_accum null) flash_bwd_dq.cuh computes dQ and this result is
-    // dropped, as in flash_bwd_wgmma.cuh.
+    // In the deterministic mode (p.dq_accum null) flash_bwd_dq.cuh computes dQ and this
+    // step's is dropped (computed all the same: Step::dq_gemm).
     const bool dq_here = p.dq_accum != nullptr;
-#pragma unroll
-    for (int kk = 0; kk < S::DQK / 16; ++kk)
-      bwd_wgmma_ss_tt(dq, wgmma_desc_sw128(sdSb + (dq_kk0 + kk) * 16 * 128, BN * 128, 1024),
-                      wgmma_desc_sw128(k_cols + (dq_kk0 + kk) * 16 * 128, BN * 128, 1024), kk > 0 ? 1 : 0, T{});
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_regs(dq);
-    fence_regs(dk);
-    fence_regs(dv);
-    fence_regs(pf);
-    fence_regs(dsf);
+    Step::dq_gemm(dq, dk, dv, pf, dsf, sdSb, k_cols, dq_kk0);
     mbar_arrive(empty + 8 * stage);  // Q, dO, LSE and delta of this stage read: the producer may refill it
-
-    // Staged as in flash_bwd_wgmma.cuh: element i of dq is query wl*16 + g + 8*((i>>1)&1),
-    // column dq_col0 + (i>>2)*8 + 2t + (i&1), stored as float2 into the swizzled boxes.
-    if (dq_here) {
-      const uint32_t tile = sDQ + (stage * S::NWG + cw) * S::kDqTileBytes;
-      const uint32_t row_base = tile + (wl * 16 + g) * 128 + (t & 1) * 8;
-#pragma unroll
-      for (int j = 0; j < DQN / 8; ++j) {
-        const uint32_t chunk = static_cast<uint32_t>(((2 * (j & 3) + (t >> 1)) ^ g) << 4);
-#pragma unroll
-        for (int r = 0; r < 2; ++r)
-          asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(row_base + (j >> 2) * S::kDqBoxBytes + r * 8 * 128 +
-                                                                      chunk),
-                       "f"(dq[4 * j + 2 * r]), "f"(dq[4 * j + 2 * r + 1]));
-      }
-      fence_proxy_async_smem();                  // the bulk reduction reads through the async proxy
-      named_bar_sync(S::kDqBarrier0 + cw, 128);  // this consumer's dQ tile staged
-      if ((tid & 127) == 0) {
-#pragma unroll
-        for (int box = 0; box < DQN / 32; ++box)
-          tma_reduce_add_4d(p.dq_accum_map, tile + box * S::kDqBoxBytes, dq_col0 + box * 32, m0, h, b);
-        bulk_commit();
-      }
-    }
+    if (dq_here)
+      Step::reduce_dq(dq, p.dq_accum_map, sDQ, stage, cw, tid, wl, g, t, S::kDqBarrier0 + cw, dq_col0, m0, h, b);
     h = h_next;
     m0 = m0_next;
   }
   if ((tid & 127) == 0) bulk_wait_read<0>();  // shared memory stays until the last reduction read it
-
-  // ---- epilogue: dK (times scale) and dV of this warp's 16 keys, 32 bits per store
-  T* gdK = static_cast<T*>(p.dk) + b * p.dk_sb + hk * p.dk_sh;
-  T* gdV = static_cast<T*>(p.dv) + b * p.dv_sb + hk * p.dv_sh;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int key = n0 + warp_key0 + g + 8 * r;
-    if (key < p.len_k) {
-      T* dk_row = gdK + static_cast<int64_t>(key) * p.dk_sl + 2 * t;
-      T* dv_row = gdV + static_cast<int64_t>(key) * p.dv_sl + 2 * t;
-#pragma unroll
-      for (int j = 0; j < D / 8; ++j) {
-        *reinterpret_cast<uint32_t*>(dk_row + j * 8) =
-            Ops::pack(dk[4 * j + 2 * r] * p.scale, dk[4 * j + 2 * r + 1] * p.scale);
-        *reinterpret_cast<uint32_t*>(dv_row + j * 8) = Ops::pack(dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1]);
-      }
-    }
-  }
+  Step::store(dk, dv, p, b, hk, n0, warp_key0, g, t);
 #else
   __trap();  // built without sm_90a: never launched (the launch table lists it only for sm_90a builds)
 #endif
