@@ -568,13 +568,14 @@ constexpr Entry bwd_wgmma_entry(int dtype) {
                dq_pass<T, D>(), dq_pass_smem<D>()};
 }
 
-// The warp-specialised tile: 12 warps, the producer warpgroup's 4 among them.
-template <typename T, int D>
+// The warp-specialised tiles: 12 warps, the producer warpgroup's 4 among them; BM queries
+// per step.
+template <typename T, int D, int BM = 64>
 constexpr Entry bwd_wgmma_ws_entry(int dtype) {
-  using S = BwdWsShape<D>;
+  using S = BwdWsShape<D, BM>;
   return Entry{BwdConfig{dtype, D, S::BN, S::BM, S::kThreads / 32, kBwdWgmma}, &flash_bwd_preprocess_kernel<T, D>,
                nullptr, &flash_bwd_convert_dq_kernel<T, D>, S::kSmemBytes, S::kThreads, dq_pass<T, D>(),
-               dq_pass_smem<D>(), &flash_bwd_wgmma_ws_kernel<T, D>};
+               dq_pass_smem<D>(), &flash_bwd_wgmma_ws_kernel<T, D, BM>};
 }
 #endif
 
@@ -596,6 +597,8 @@ const Entry kEntries[] = {
     bwd_wgmma_ws_entry<__nv_bfloat16, 64>(kBf16),
     bwd_wgmma_ws_entry<__half, 128>(kFp16),
     bwd_wgmma_ws_entry<__nv_bfloat16, 128>(kBf16),
+    bwd_wgmma_ws_entry<__half, 64, 128>(kFp16),
+    bwd_wgmma_ws_entry<__nv_bfloat16, 64, 128>(kBf16),
 #endif
 };
 constexpr int kNumEntries = sizeof(kEntries) / sizeof(kEntries[0]);
@@ -617,17 +620,20 @@ bool encode_dq_accum_map(BwdParams& p, char* why, size_t whylen) {
 // The warp-specialised tile's maps (flash_bwd_wgmma_ws.cuh, BwdWsParams): Q and dO in boxes
 // of [block_m rows, 64 columns], K and V in boxes of [block_n rows, 64], both in the 128-byte
 // swizzle of its tiles; LSE and delta in boxes of block_m + 4 floats of the flat (batch,
-// heads, len_q) arrays (BwdWsShape::kRowBox); in the atomics mode the dQ accumulator's.
-// False with the reason in err.
+// heads, len_q) arrays (BwdWsShape::kRowBox: block_m + kRowLead); in the atomics mode the dQ
+// accumulator's. False with the reason in err, which names the tile.
 bool encode_ws_maps(BwdWsParams& ws, const BwdParams& p, const BwdConfig& cfg, char* err, size_t errlen) {
   ws.p = p;
+  char tile[64];
+  snprintf(tile, sizeof(tile), "wgmma_ws_n%d_m%d_w%d", cfg.block_n, cfg.block_m, cfg.warps);
   const int64_t rows = static_cast<int64_t>(p.batch) * p.heads * p.len_q;
   if (rows > 0x7fffffffLL) {  // the kernel's LSE and delta coordinates are 32-bit
     if (err && errlen)
-      snprintf(err, errlen, "backward tile wgmma_ws_n128_m64_w12: %lld query rows (batch x heads x len_q) exceed 2^31 - 1",
+      snprintf(err, errlen, "backward tile %s: %lld query rows (batch x heads x len_q) exceed 2^31 - 1", tile,
                static_cast<long long>(rows));
     return false;
   }
+  const int row_box = cfg.block_m + BwdWsShape<128>::kRowLead;
   const CUtensorMapDataType type =
       cfg.dtype == kBf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   const int d = cfg.head_dim;
@@ -641,10 +647,10 @@ bool encode_ws_maps(BwdWsParams& ws, const BwdParams& p, const BwdConfig& cfg, c
                     cfg.block_n, why, sizeof(why)) &&
       encode_map_4d(ws.v, "v", type, 2, p.v, d, p.len_k, p.kv_heads, p.batch, p.v_sl, p.v_sh, p.v_sb, 64,
                     cfg.block_n, why, sizeof(why)) &&
-      encode_map_1d_f32(ws.lse, "lse", p.lse, rows, BwdWsShape<128>::kRowBox, why, sizeof(why)) &&
-      encode_map_1d_f32(ws.delta, "delta", p.delta, rows, BwdWsShape<128>::kRowBox, why, sizeof(why)) &&
+      encode_map_1d_f32(ws.lse, "lse", p.lse, rows, row_box, why, sizeof(why)) &&
+      encode_map_1d_f32(ws.delta, "delta", p.delta, rows, row_box, why, sizeof(why)) &&
       (p.dq_accum == nullptr || encode_dq_accum_map(ws.p, why, sizeof(why)));
-  if (!ok && err && errlen) snprintf(err, errlen, "backward tile wgmma_ws_n128_m64_w12 (TMA copies): %s", why);
+  if (!ok && err && errlen) snprintf(err, errlen, "backward tile %s (TMA copies): %s", tile, why);
   return ok;
 }
 #endif

@@ -164,6 +164,40 @@ struct BwdWgStep {
     fence_regs(dp);
   }
 
+  // ---- With 128 queries per step (wgmma_ws_n128_m128_w12) the order differs: S^T, P^T and
+  // dP^T hold 64 + 64 registers, and P^T packed for dV beside them (the order above, dV
+  // issued before dS^T) needs 32 more than a consumer's 240 with dK, dV and the rest (ptxas
+  // spilled and serialised the wgmmas). So dP^T is waited for first (dp_done), dS^T computed
+  // (ds, above), and only then P^T packed and dV issued with dK (dkv_gemm): the dS^T
+  // arithmetic no longer runs under this warpgroup's dV, but under the other consumer's GEMMs.
+  static __device__ __forceinline__ void dp_done(float (&dp)[BM / 2]) {
+    wgmma_wait<0>();  // dP^T done
+    fence_regs(dp);
+  }
+
+  // ---- dV += P^T dO and dK += dS^T Q, issued together (one commit group); then this thread's
+  // dS^T stores fenced for the async proxy, as dk_gemm.
+  static __device__ __forceinline__ void dkv_gemm(float (&dv)[D / 2], float (&dk)[D / 2], uint32_t (&pf)[KQ][4],
+                                                  const uint32_t (&dsf)[KQ][4], const float (&s)[BM / 2],
+                                                  uint32_t sdO, uint32_t sQ) {
+#pragma unroll
+    for (int kk = 0; kk < KQ; ++kk) {
+      pf[kk][0] = Ops::pack(s[8 * kk + 0], s[8 * kk + 1]);
+      pf[kk][1] = Ops::pack(s[8 * kk + 2], s[8 * kk + 3]);
+      pf[kk][2] = Ops::pack(s[8 * kk + 4], s[8 * kk + 5]);
+      pf[kk][3] = Ops::pack(s[8 * kk + 6], s[8 * kk + 7]);
+    }
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < KQ; ++kk)
+      wgmma_rs(dv, pf[kk], wgmma_desc_sw128(sdO + kk * 16 * 128, BM * 128, 1024), 1, T{});
+#pragma unroll
+    for (int kk = 0; kk < KQ; ++kk)
+      wgmma_rs(dk, dsf[kk], wgmma_desc_sw128(sQ + kk * 16 * 128, BM * 128, 1024), 1, T{});
+    wgmma_commit();
+    fence_proxy_async_smem();
+  }
+
   // ---- dS^T = P^T (dP^T - delta), into dp, packed into dsf (A of dK) and stored to sdS, the
   // dS^T buffer [BN keys][BM queries] the step's dQ reads. delta: the step's BM rows.
   static __device__ __forceinline__ void ds(float (&dp)[BM / 2], uint32_t (&dsf)[KQ][4], const float (&s)[BM / 2],

@@ -77,20 +77,29 @@ static_assert(sizeof(BwdWsParams) <= 4096, "kernel parameters: 4 KB");
 
 namespace {
 
-template <int D>
+// BM_ queries per step: 64 (wgmma_ws_n128_m64_w12, head dims 64 and 128) or, at head dim 64,
+// 128 (wgmma_ws_n128_m128_w12), where each consumer's dQ takes its own 64 of the step's queries.
+template <int D, int BM_ = 64>
 struct BwdWsShape {
   static constexpr int NWG = 2;      // consumer warpgroups, 64 keys each
   static constexpr int BN = 64 * NWG;  // keys per CTA
-  static constexpr int BM = 64;        // queries per step
+  static constexpr int BM = BM_;       // queries per step
   static constexpr int kThreads = 128 * (NWG + 1);  // + the producer warpgroup
   static constexpr int kConsumers = 128 * NWG;
-  // dQ split among the consumers as flash_bwd_wgmma.cuh splits it: by head-dim columns where
-  // each one's share is a whole 64-wide swizzle atom (head dim 128), else by keys (head dim 64:
-  // each consumer's dQ sums over its own 64 keys, all columns, and both are reduced into the
-  // same rows).
-  static constexpr bool kDqByKeys = D / NWG < 64;
-  static constexpr int DQN = kDqByKeys ? D : D / NWG;    // dQ columns per consumer
-  static constexpr int DQK = kDqByKeys ? BN / NWG : BN;  // keys its dQ sums over
+  // dQ split among the consumers. With 64 queries per step as flash_bwd_wgmma.cuh splits it:
+  // by head-dim columns where each one's share is a whole 64-wide swizzle atom (head dim 128),
+  // else by keys (head dim 64: each consumer's dQ sums over its own 64 keys, all columns, and
+  // both are reduced into the same rows). With 128 queries per step, by queries: consumer c
+  // takes queries c*64 .. c*64+63, all columns, over all BN keys, so every dQ row is reduced
+  // once per step instead of twice (at head dim 64 the reductions' fp32 traffic is as large,
+  // per FLOP, as twice head dim 128's; kernels/NOTES.md, "Backward at head dim 64: 128 queries
+  // per step").
+  static constexpr bool kDqByQueries = BM == 64 * NWG;
+  static constexpr bool kDqByKeys = !kDqByQueries && D / NWG < 64;
+  static constexpr int DQN = kDqByKeys || kDqByQueries ? D : D / NWG;  // dQ columns per consumer
+  static constexpr int DQK = kDqByKeys ? BN / NWG : BN;                // keys its dQ sums over
+  static constexpr int DQM = 64;                                        // its dQ rows (queries)
+  static constexpr bool kDqByCols = !kDqByKeys && !kDqByQueries;
   static constexpr int kKBytes = BN * D * 2;    // K or V
   static constexpr int kQBytes = BM * D * 2;    // one stage of Q or dO
   static constexpr int kDsBytes = BN * BM * 2;  // one dS^T buffer: [BN keys][BM queries]
@@ -105,12 +114,16 @@ struct BwdWsShape {
   static constexpr int kOffQ = 2 * kKBytes;
   static constexpr int kOffDO = kOffQ + 2 * kQBytes;
   static constexpr int kOffDS = kOffDO + 2 * kQBytes;
-  // dQ staging as flash_bwd_wgmma.cuh: per step parity and consumer a [BM, DQN] fp32 tile,
-  // DQN / 32 boxes of [BM, 32] in the 128-byte swizzle.
-  static constexpr int kDqBoxBytes = BM * 32 * 4;
+  // dQ staging as flash_bwd_wgmma.cuh: per consumer a [DQM, DQN] fp32 tile, DQN / 32 boxes
+  // of [DQM, 32] in the 128-byte swizzle; kDqStages of them, by step parity where there are
+  // two. With 128 queries per step one set (the two would need 1 KB more than a CTA may
+  // have): a consumer's tile is reused by the next step, after its reduction has read it
+  // (waited for ahead of that step's dS^T barrier, a whole step after the reduction began).
+  static constexpr int kDqStages = kDqByQueries ? 1 : 2;
+  static constexpr int kDqBoxBytes = DQM * 32 * 4;
   static constexpr int kDqTileBytes = (DQN / 32) * kDqBoxBytes;
   static constexpr int kOffDQ = kOffDS + 2 * kDsBytes;
-  static constexpr int kOffRows = kOffDQ + 2 * NWG * kDqTileBytes;  // per stage: LSE, then delta
+  static constexpr int kOffRows = kOffDQ + kDqStages * NWG * kDqTileBytes;  // per stage: LSE, then delta
   // + 1 KB: the dynamic shared-memory base is rounded up to the 1 KB swizzle atom.
   static constexpr int kSmemBytes = kOffRows + 2 * 2 * kRowSlotBytes + 1024;
   // Bytes a stage's full barrier expects: Q, dO, LSE, delta; K and V on kv_full.
@@ -126,6 +139,8 @@ struct BwdWsShape {
   static constexpr int kDsBarrier = 1;
   static constexpr int kDqBarrier0 = 2;
   static_assert((D == 64 || D == 128) && DQN == 64, "warp-specialised wgmma backward: dQ as m64n64 per consumer");
+  static_assert(BM == 64 || (BM == 128 && D == 64), "warp-specialised wgmma backward: 128 queries per step at head dim 64 only");
+  static_assert(kDqByQueries || BM == DQM, "dQ rows: a consumer's are the step's, or its own 64 of them");
   static_assert(kOffDQ % 1024 == 0 && kOffDS % 1024 == 0, "swizzled tiles must start on a 1 KB atom");
   static_assert(kOffRows % 128 == 0 && kRowSlotBytes % 128 == 0, "TMA destinations: 128-byte aligned");
   static_assert(BM % kRowLead == 0, "a query block starts kRowLead-aligned within its head");
@@ -133,11 +148,11 @@ struct BwdWsShape {
   static_assert(128 * kProducerRegs + kConsumers * kConsumerRegs <= 65536, "setmaxnreg: register file");
 };
 
-template <typename T, int D>
-__global__ void __launch_bounds__(BwdWsShape<D>::kThreads, 1)
+template <typename T, int D, int BM_>
+__global__ void __launch_bounds__(BwdWsShape<D, BM_>::kThreads, 1)
     flash_bwd_wgmma_ws_kernel(const __grid_constant__ BwdWsParams a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using S = BwdWsShape<D>;
+  using S = BwdWsShape<D, BM_>;
   using Step = BwdWgStep<T, D, S>;
   constexpr int BN = S::BN, BM = S::BM, DQN = S::DQN;
   constexpr int KQ = Step::KQ;  // k steps of dV and dK (queries)
@@ -233,9 +248,12 @@ __global__ void __launch_bounds__(BwdWsShape<D>::kThreads, 1)
   // rows and K rows alike).
   const uint32_t k_rows = sK + cw * 64 * 128;
   const uint32_t v_rows = sV + cw * 64 * 128;
-  const uint32_t k_cols = sK + (S::kDqByKeys ? 0 : (cw * DQN / 64) * BN * 128);
+  const uint32_t k_cols = sK + (S::kDqByCols ? (cw * DQN / 64) * BN * 128 : 0);
   const int dq_kk0 = S::kDqByKeys ? cw * (S::DQK / 16) : 0;
-  const int dq_col0 = S::kDqByKeys ? 0 : cw * DQN;
+  const int dq_col0 = S::kDqByCols ? cw * DQN : 0;
+  // By queries, this consumer's dQ rows: its 64 of the step's queries, dS^T's column block cw.
+  const uint32_t dq_ds_block = S::kDqByQueries ? cw * BN * 128 : 0;
+  const int dq_m0 = S::kDqByQueries ? cw * S::DQM : 0;
 
   mbar_wait(kv_full, 0);
   int h = hk * group, m0 = mb_first * BM;
@@ -256,7 +274,9 @@ __global__ void __launch_bounds__(BwdWsShape<D>::kThreads, 1)
     // done before the dS^T barrier below lets this consumer's threads overwrite it. Here,
     // ahead of the step's first wgmma: a branch between a wgmma's issue and its wait made
     // ptxas inject warpgroup.arrive (C7519).
-    if ((tid & 127) == 0) bulk_wait_read<1>();
+    if constexpr (S::kDqStages == 2) {
+      if ((tid & 127) == 0) bulk_wait_read<1>();
+    }
     mbar_wait(full + 8 * stage, (it >> 1) & 1);  // TMA wrote through the async proxy: no fence
 
     Step::scores(s, dp, k_rows, v_rows, sQs, sdOs);
@@ -277,9 +297,22 @@ __global__ void __launch_bounds__(BwdWsShape<D>::kThreads, 1)
       s[i] = exp2_ftz(fmaf(x, scale_log2, -lse_log2_for_p(lse_s[q])));
     }
 
-    Step::dv_gemm(dv, pf, s, dp, sdOs);
-    Step::ds(dp, dsf, s, delta_s, sdSb, warp_key0, g, t);
-    Step::dk_gemm(dk, dsf, sQs);
+    if constexpr (S::kDqByQueries) {  // 128 queries: dS^T before dV (BwdWgStep::dp_done says why)
+      Step::dp_done(dp);
+      Step::ds(dp, dsf, s, delta_s, sdSb, warp_key0, g, t);
+      Step::dkv_gemm(dv, dk, pf, dsf, s, sdOs, sQs);
+    } else {
+      Step::dv_gemm(dv, pf, s, dp, sdOs);
+      Step::ds(dp, dsf, s, delta_s, sdSb, warp_key0, g, t);
+      Step::dk_gemm(dk, dsf, sQs);
+    }
+    if constexpr (S::kDqStages == 1) {
+      // One dQ tile per consumer: the last step's reduction has to have read it before the
+      // barrier below lets this consumer's threads stage into it. Every thread waits, so no
+      // branch sits between wgmmas in flight (C7519); only the thread that issued the
+      // reduction has a bulk group to wait for.
+      bulk_wait_read<0>();
+    }
     // dS^T written (both consumers', or by keys this one's); the dQ tile's bulk read done.
     if constexpr (S::kDqByKeys) {
       named_bar_sync(S::kDqBarrier0 + cw, 128);
@@ -289,10 +322,11 @@ __global__ void __launch_bounds__(BwdWsShape<D>::kThreads, 1)
     // In the deterministic mode (p.dq_accum null) flash_bwd_dq.cuh computes dQ and this
     // step's is dropped (computed all the same: Step::dq_gemm).
     const bool dq_here = p.dq_accum != nullptr;
-    Step::dq_gemm(dq, dk, dv, pf, dsf, sdSb, k_cols, dq_kk0);
+    Step::dq_gemm(dq, dk, dv, pf, dsf, sdSb + dq_ds_block, k_cols, dq_kk0);
     mbar_arrive(empty + 8 * stage);  // Q, dO, LSE and delta of this stage read: the producer may refill it
     if (dq_here)
-      Step::reduce_dq(dq, p.dq_accum_map, sDQ, stage, cw, tid, wl, g, t, S::kDqBarrier0 + cw, dq_col0, m0, h, b);
+      Step::reduce_dq(dq, p.dq_accum_map, sDQ, S::kDqStages == 2 ? stage : 0, cw, tid, wl, g, t,
+                      S::kDqBarrier0 + cw, dq_col0, m0 + dq_m0, h, b);
     h = h_next;
     m0 = m0_next;
   }

@@ -351,9 +351,10 @@ def test_tiles_match_the_compiled_table():
     assert wg_named and wg_named == wg_compiled
     # The warp-specialised rows: 2 consumer warpgroups x 64 keys beside the producer's 4 warps,
     # 64-row query steps (BwdWsShape).
-    ws_rows = re.findall(r"bwd_wgmma_ws_entry<(__half|__nv_bfloat16), (\d+)>\((kFp16|kBf16)\)", entries)
-    assert all((ty == "__half") == (code == "kFp16") for ty, _, code in ws_rows), ws_rows
-    ws_compiled = {(int(D), 128, 64, 12, ty) for ty, D, _ in ws_rows}
+    # 64-row query steps unless a third argument says otherwise (BwdWsShape's BM).
+    ws_rows = re.findall(r"bwd_wgmma_ws_entry<(__half|__nv_bfloat16), (\d+)(?:, (\d+))?>\((kFp16|kBf16)\)", entries)
+    assert all((ty == "__half") == (code == "kFp16") for ty, _, _, code in ws_rows), ws_rows
+    ws_compiled = {(int(D), 128, int(bm or 64), 12, ty) for ty, D, bm, _ in ws_rows}
     ws_named = {(D, t.block_n, t.block_m, t.warps, ty) for t in BWD_TILES.values() if t.warp_specialised
                 for D in t.head_dims for ty in ("__half", "__nv_bfloat16")}
     assert ws_named and ws_named == ws_compiled
@@ -497,6 +498,7 @@ def test_hopper_takes_the_wgmma_tile_by_default_where_one_exists():
 
 
 WS_TILE = "wgmma_ws_n128_m64_w12"
+WS_M128 = "wgmma_ws_n128_m128_w12"
 
 
 def test_warp_specialised_tile_runs_on_hopper_only():
@@ -504,7 +506,7 @@ def test_warp_specialised_tile_runs_on_hopper_only():
     9.0 and runs nowhere else: at head dim 256 or on another device it is refused, naming it."""
     t = BWD_TILES[WS_TILE]
     assert t.warp_specialised and t.math == BWD_WGMMA and t.head_dims == (64, 128)
-    assert [name for name, tile in BWD_TILES.items() if tile.warp_specialised] == [WS_TILE]
+    assert [name for name, tile in BWD_TILES.items() if tile.warp_specialised] == [WS_TILE, WS_M128]
     for cap in (None, (8, 0), (8, 9), (9, 0), (10, 0)):
         for D in (64, 128, 256):
             for deterministic in (False, True):
@@ -525,6 +527,22 @@ def test_warp_specialised_tile_runs_on_hopper_only():
             backward_plan(precision, 256, WS_TILE, (9, 0))
     with pytest.raises(ValueError, match=rf"fp32 runs {BWD_TORCH_MATH}, which takes no tile \(got '{WS_TILE}'\)"):
         backward_plan("fp32", 128, WS_TILE, (9, 0))
+
+
+def test_warp_specialised_tile_with_128_row_steps_runs_at_head_dim_64_only():
+    """wgmma_ws_n128_m128_w12 (BwdWsShape<64, 128>): on compute capability 9.0 at head dim 64,
+    asked for by name; refused, naming it, at head dims 128 and 256 and on other devices."""
+    t = BWD_TILES[WS_M128]
+    assert t.warp_specialised and t.math == BWD_WGMMA and t.head_dims == (64,)
+    for precision in ("fp16", "bf16"):
+        row = backward_plan(precision, 64, WS_M128, (9, 0)).as_dict()
+        assert (row["block_n"], row["block_m"], row["warps"], row["warp_specialised"]) == (128, 128, 12, True)
+        for D in (128, 256):
+            with pytest.raises(ValueError, match=rf"'{WS_M128}' is built for head_dim \(64,\), not {D}"):
+                backward_plan(precision, D, WS_M128, (9, 0))
+        for cap in ((8, 0), (8, 9), (10, 0)):
+            with pytest.raises(ValueError, match=rf"'{WS_M128}' uses wgmma, built only for compute capability 9\.0"):
+                backward_plan(precision, 64, WS_M128, cap)
     # The other tiles' plan rows carry no new key.
     assert all("warp_specialised" not in backward_plan("bf16", D, name, (9, 0)).as_dict()
                for name, tile in BWD_TILES.items() if not tile.warp_specialised for D in tile.head_dims)
@@ -581,19 +599,23 @@ def _ws_steps(Lq, Lk, group, n0, causal, offset, BM=64):
     (1, 1, 1, False, 0), (64, 128, 1, False, 0), (300, 300, 2, True, 0), (1000, 1000, 4, False, 0),
     (130, 40, 1, True, -90), (40, 130, 2, True, 90), (200, 64, 1, True, 0),
 ])
-def test_warp_specialised_ring_protocol(Lq, Lk, group, causal, offset, seed):
+@pytest.mark.parametrize("BM,dq_stages", [(64, 2), (128, 1)], ids=["m64", "m128"])
+def test_warp_specialised_ring_protocol(Lq, Lk, group, causal, offset, seed, BM, dq_stages):
     """flash_bwd_wgmma_ws.cuh's protocol, played out step by step under random interleavings of
     the producer's thread, the TMA engine and the two consumers: the parities the kernel
     waits with, the stage each step reads, the one dS^T barrier per step with dS^T
-    double-buffered, and the dQ staging tiles reused two steps later. Checks that nobody
-    waits forever, that each consumer step reads the query block it computes (the producer
-    walks the same blocks), that no stage is refilled while a consumer still reads it, and
-    that no dS^T buffer is overwritten while the other consumer's dQ still reads it."""
+    double-buffered, and the dQ staging tiles: with 64-row steps two per consumer, reused two
+    steps later (the reduction of step it - 2 waited for at the top of step it); with 128-row
+    steps one, reused by the next step (its reduction waited for by every thread ahead of the
+    dS^T barrier). Checks that nobody waits forever, that each consumer step reads the query
+    block it computes (the producer walks the same blocks), that no stage is refilled while a
+    consumer still reads it, that no dS^T buffer is overwritten while the other consumer's dQ
+    still reads it, and that no dQ tile is staged into while a reduction still reads it."""
     import random
 
     rnd = random.Random(seed)
     for n0 in range(0, Lk, 128):
-        consumer_steps, producer_steps = _ws_steps(Lq, Lk, group, n0, causal, offset)
+        consumer_steps, producer_steps = _ws_steps(Lq, Lk, group, n0, causal, offset, BM)
         assert consumer_steps == producer_steps
         iters = len(consumer_steps)
         kv_full, full = _MBarrier(1), [_MBarrier(1), _MBarrier(1)]
@@ -632,7 +654,7 @@ def test_warp_specialised_ring_protocol(Lq, Lk, group, causal, offset, seed):
             for it in range(iters):
                 stage = it & 1
                 # dQ tile (it & 1): the reduction of step it - 2 has read it (bulk_wait_read<1>).
-                while len(dq_tile_reads[c]) > 1:
+                while dq_stages == 2 and len(dq_tile_reads[c]) > 1:
                     yield
                 while not full[stage].try_wait((it >> 1) & 1):
                     yield
@@ -642,6 +664,9 @@ def test_warp_specialised_ring_protocol(Lq, Lk, group, causal, offset, seed):
                 buf = it & 1
                 assert not (ds_readers[buf] - {c}), f"dS^T buffer {buf} overwritten while its dQ reads it"
                 yield
+                # One dQ tile: the reduction of step it - 1 has read it (bulk_wait_read<0>).
+                while dq_stages == 1 and dq_tile_reads[c]:
+                    yield
                 bar_arrived.setdefault(it, set()).add(c)
                 while len(bar_arrived[it]) < 2:  # named barrier of the 256 consumer threads
                     yield
@@ -650,6 +675,8 @@ def test_warp_specialised_ring_protocol(Lq, Lk, group, causal, offset, seed):
                 ds_readers[buf].discard(c)
                 readers[stage].discard(c)
                 empty[stage].arrive()
+                assert all(r % dq_stages != it % dq_stages for r in dq_tile_reads[c]), \
+                    f"dQ tile {it % dq_stages} staged into while the reduction of step {dq_tile_reads[c]} reads it"
                 dq_tile_reads[c].append(it)
                 yield
 
