@@ -492,7 +492,7 @@ def test_hopper_takes_the_wgmma_tile_by_default_where_one_exists():
     assert backward_plan("fp16", 128, capability=(9, 0)).path == "wgmma"
     assert backward_plan("bf16", 128, capability=(8, 0)).tile_name == "n128_m64_w8"
     assert backward_plan("bf16", 128).tile_name == "n128_m64_w8"  # capability unknown: the portable tile
-    assert backward_plan("bf16", 64, capability=(9, 0)).tile_name == "wgmma_ws_n128_m64_w12"
+    assert backward_plan("bf16", 64, capability=(9, 0)).tile_name == "wgmma_ws_n128_m128_w12"
     assert backward_plan("bf16", 256, capability=(9, 0)).tile_name == "n64_m32_w8"  # no wgmma tile at D256
     assert backward_plan("bf16", 128, "n64_m64_w4", capability=(9, 0)).tile_name == "n64_m64_w4"  # asked by name
 
@@ -502,8 +502,9 @@ WS_M128 = "wgmma_ws_n128_m128_w12"
 
 
 def test_warp_specialised_tile_runs_on_hopper_only():
-    """The warp-specialised tile is the default at head dims 64 and 128 on compute capability
-    9.0 and runs nowhere else: at head dim 256 or on another device it is refused, naming it."""
+    """The warp-specialised tile is the default at head dim 128 on compute capability 9.0 (its
+    128-row-step form at 64) and runs nowhere else: at head dim 256 or on another device it is
+    refused, naming it."""
     t = BWD_TILES[WS_TILE]
     assert t.warp_specialised and t.math == BWD_WGMMA and t.head_dims == (64, 128)
     assert [name for name, tile in BWD_TILES.items() if tile.warp_specialised] == [WS_TILE, WS_M128]
@@ -511,7 +512,8 @@ def test_warp_specialised_tile_runs_on_hopper_only():
         for D in (64, 128, 256):
             for deterministic in (False, True):
                 chosen = backward_plan("bf16", D, None, cap, deterministic).tile_name
-                assert (chosen == WS_TILE) == (cap == (9, 0) and D in (64, 128)), (cap, D, chosen)
+                assert (chosen == WS_TILE) == (cap == (9, 0) and D == 128), (cap, D, chosen)
+                assert (chosen == WS_M128) == (cap == (9, 0) and D == 64), (cap, D, chosen)
     for precision in ("fp16", "bf16"):
         for D in (64, 128):
             plan = backward_plan(precision, D, WS_TILE, (9, 0))

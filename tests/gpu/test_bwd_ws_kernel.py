@@ -73,11 +73,13 @@ def check_ws(q, k, v, causal, precision, layout="bhld", tile=WS, **kw):
 def test_tile_is_registered_and_the_hopper_default():
     t = BWD_TILES[WS]
     assert t.warp_specialised and t.head_dims == DIMS and (t.block_n, t.block_m, t.warps) == (128, 64, 12)
+    t = BWD_TILES[WS_M128]
+    assert t.warp_specialised and t.head_dims == (64,) and (t.block_n, t.block_m, t.warps) == (128, 128, 12)
     for precision in ("fp16", "bf16"):
         for deterministic in (False, True):
             for head_dim in DIMS:
                 assert backward_plan(precision, head_dim, None, CAPABILITY, deterministic).tile_name == (
-                    WS if HOPPER else "n128_m64_w8")
+                    {64: WS_M128, 128: WS}[head_dim] if HOPPER else "n128_m64_w8")
 
 
 @pytest.mark.parametrize("D", DIMS)

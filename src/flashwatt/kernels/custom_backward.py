@@ -18,7 +18,9 @@ part of what `Custom.describe` records for a fwd_bwd cell.
   `wgmma_ws_n128_m64_w12`, which runs the steps of `wgmma_n128_m64_w8` in two consumer
   warpgroups fed by a producer warpgroup's TMA copies (kernels/flash_bwd_wgmma_ws.cuh): the
   same dK and dV bit for bit, the backward alone 1.14-1.25x faster at head dim 128 and
-  1.22-1.38x at 64 on an H200.
+  1.22-1.38x at 64 on an H200. At head dim 64 the default is its form with 128-row query
+  steps, `wgmma_ws_n128_m128_w12` (each consumer's dQ over its own 64 queries: half the dQ
+  reductions), the same dK and dV bits again, 1.04-1.18x faster still.
 - `torch.math_from_lse` (fp32, tf32): the same equations in PyTorch, chunked over query
   rows so the scores never take more than about 256 MiB. Exact fp32 for fp32 cells; for
   tf32 cells the matmuls run at whatever `torch.backends.cuda.matmul.allow_tf32` says,
@@ -113,9 +115,11 @@ DEFAULT_BWD_TILE = {64: "n128_m64_w8", 128: "n128_m64_w8", 256: "n64_m32_w8"}
 # wgmma_n128_m64_w8 ran fwd+bwd at 1.03-1.36x the mma.sync tile for bf16 D128, L 512-16384,
 # causal and full, and the D64 backward alone at 1.02-1.07x; the warp-specialised tile ran
 # the backward alone at 1.14-1.25x wgmma_n128_m64_w8 at D128 and 1.22-1.38x at D64 on an
-# H200, every shape of its bench (kernels/NOTES.md, "Backward on wgmma: measured", "Backward
-# on wgmma at head dim 64", "Backward warp-specialised: measured").
-WGMMA_DEFAULT_BWD_TILE = {64: "wgmma_ws_n128_m64_w12", 128: "wgmma_ws_n128_m64_w12"}
+# H200, every shape of its bench; at D64 its 128-row-step form ran the backward alone at
+# 1.04-1.18x that (1.32-1.42x FlashAttention-2), every shape of its bench on an H200
+# (kernels/NOTES.md, "Backward on wgmma: measured", "Backward on wgmma at head dim 64",
+# "Backward warp-specialised: measured", "Backward at head dim 64: 128 queries per step").
+WGMMA_DEFAULT_BWD_TILE = {64: "wgmma_ws_n128_m128_w12", 128: "wgmma_ws_n128_m64_w12"}
 BWD_HALF_PRECISIONS = ("fp16", "bf16")
 BWD_MATH_PRECISIONS = ("fp32", "tf32")
 
