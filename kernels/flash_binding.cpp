@@ -9,6 +9,7 @@
 #include <limits>
 #include <map>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "flash_bwd.cuh"
@@ -16,6 +17,41 @@
 #include "flash_fwd.cuh"
 
 namespace {
+
+// ------------------------------------------------------------------ messages
+// A refusal's message is built from std::string and std::to_string and reaches TORCH_CHECK as
+// one string, never through a std::ostream of this library: on the GPU image, a message with
+// a number in it (TORCH_CHECK's c10::str, an ostringstream instantiated here) took the process
+// down with a segmentation fault inside std::ostream::_M_insert<long> instead of raising,
+// while torch's own checks, formatted inside libc10, raised. A message of a single string
+// never touches a stream, which is why those refusals did raise.
+// tests/gpu/test_fp8_kernel.py, test_the_extensions_own_refusals_reach_python_as_errors.
+namespace message {
+inline std::string part(const char* s) { return s; }
+inline std::string part(const std::string& s) { return s; }
+inline std::string part(bool v) { return v ? "true" : "false"; }
+template <typename I, typename = std::enable_if_t<std::is_integral_v<I>>>
+inline std::string part(I v) {
+  return std::to_string(v);
+}
+inline std::string part(const c10::Device& d) { return d.str(); }
+inline std::string part(at::ScalarType t) { return c10::toString(t); }
+inline std::string part(at::IntArrayRef a) {
+  std::string s = "[";
+  for (size_t i = 0; i < a.size(); ++i) s += (i ? ", " : "") + std::to_string(a[i]);
+  return s + "]";
+}
+inline std::string part(const std::vector<int64_t>& a) { return part(at::IntArrayRef(a)); }
+template <typename... A>
+std::string cat(const A&... a) {
+  std::string s;
+  ((s += part(a)), ...);
+  return s;
+}
+}  // namespace message
+
+// TORCH_CHECK with the message made by message::cat (evaluated only when cond is false).
+#define FLASHWATT_CHECK(cond, ...) TORCH_CHECK(cond, message::cat(__VA_ARGS__))
 
 int dtype_code(const at::Tensor& t) {
   switch (t.scalar_type()) {
@@ -47,30 +83,30 @@ const char* math_name(int64_t math) {
 
 // align16: the kernel reads and writes 16 bytes at a time (every kernel but the fp32 FFMA one).
 void check_operand(const at::Tensor& t, const char* name, const at::Tensor& q, bool align16) {
-  TORCH_CHECK(t.is_cuda(), "flashwatt custom: ", name, " must be a CUDA tensor (got ", t.device(), ")");
-  TORCH_CHECK(t.device() == q.device(), "flashwatt custom: ", name, " is on ", t.device(), " but q is on ", q.device());
-  TORCH_CHECK(t.scalar_type() == q.scalar_type(), "flashwatt custom: ", name, " has dtype ", t.scalar_type(),
+  FLASHWATT_CHECK(t.is_cuda(), "flashwatt custom: ", name, " must be a CUDA tensor (got ", t.device(), ")");
+  FLASHWATT_CHECK(t.device() == q.device(), "flashwatt custom: ", name, " is on ", t.device(), " but q is on ", q.device());
+  FLASHWATT_CHECK(t.scalar_type() == q.scalar_type(), "flashwatt custom: ", name, " has dtype ", t.scalar_type(),
               " but q has ", q.scalar_type());
-  TORCH_CHECK(t.dim() == 4, "flashwatt custom: ", name, " must be 4-d (batch, heads, seq_len, head_dim), got ",
+  FLASHWATT_CHECK(t.dim() == 4, "flashwatt custom: ", name, " must be 4-d (batch, heads, seq_len, head_dim), got ",
               t.dim(), "-d");
-  TORCH_CHECK(t.stride(3) == 1, "flashwatt custom: ", name, " must have a contiguous last (head_dim) dimension");
+  FLASHWATT_CHECK(t.stride(3) == 1, "flashwatt custom: ", name, " must have a contiguous last (head_dim) dimension");
   const int align = align16 ? 16 : 4;
-  TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % align == 0, "flashwatt custom: ", name,
+  FLASHWATT_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % align == 0, "flashwatt custom: ", name,
               " data pointer must be ", align, "-byte aligned");
   if (align16) {
     const int64_t per16 = 16 / t.element_size();
     for (int d = 0; d < 3; ++d)
-      TORCH_CHECK(t.stride(d) % per16 == 0, "flashwatt custom: ", name, " stride(", d, ") must be a multiple of ",
+      FLASHWATT_CHECK(t.stride(d) % per16 == 0, "flashwatt custom: ", name, " stride(", d, ") must be a multiple of ",
                   per16, " elements for 16-byte loads, got ", t.stride(d));
   }
   const int64_t span = (t.size(2) - 1) * t.stride(2) + t.size(3);
-  TORCH_CHECK(span < std::numeric_limits<int32_t>::max(), "flashwatt custom: ", name,
+  FLASHWATT_CHECK(span < std::numeric_limits<int32_t>::max(), "flashwatt custom: ", name,
               " rows of one head span more than 2^31 elements");
 }
 
 // The causal mask's alignment (flashwatt::CausalAlign), checked before any launch.
 void check_causal_align(int64_t causal_align) {
-  TORCH_CHECK(causal_align == flashwatt::kCausalTopLeft || causal_align == flashwatt::kCausalBottomRight,
+  FLASHWATT_CHECK(causal_align == flashwatt::kCausalTopLeft || causal_align == flashwatt::kCausalBottomRight,
               "flashwatt custom: causal_align ", causal_align, " not one of 0 (top-left), 1 (bottom-right)");
 }
 
@@ -86,27 +122,27 @@ void forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::
   check_operand(v, "v", q, align16);
   check_operand(out, "out", q, align16);
   const int dt = dtype_code(q);
-  TORCH_CHECK(dt >= 0, "flashwatt custom: dtype ", q.scalar_type(), " not supported (float16, bfloat16, float32)");
+  FLASHWATT_CHECK(dt >= 0, "flashwatt custom: dtype ", q.scalar_type(), " not supported (float16, bfloat16, float32)");
   const int64_t B = q.size(0), H = q.size(1), Lq = q.size(2), D = q.size(3);
   const int64_t Hkv = k.size(1), Lk = k.size(2);
-  TORCH_CHECK(k.sizes() == v.sizes(), "flashwatt custom: k ", k.sizes(), " and v ", v.sizes(), " differ in shape");
-  TORCH_CHECK(k.size(0) == B, "flashwatt custom: batch of k (", k.size(0), ") differs from q (", B, ")");
-  TORCH_CHECK(k.size(3) == D, "flashwatt custom: head_dim of k (", k.size(3), ") differs from q (", D, ")");
-  TORCH_CHECK(Hkv >= 1 && H % Hkv == 0, "flashwatt custom: q heads (", H, ") must be a multiple of k/v heads (",
+  FLASHWATT_CHECK(k.sizes() == v.sizes(), "flashwatt custom: k ", k.sizes(), " and v ", v.sizes(), " differ in shape");
+  FLASHWATT_CHECK(k.size(0) == B, "flashwatt custom: batch of k (", k.size(0), ") differs from q (", B, ")");
+  FLASHWATT_CHECK(k.size(3) == D, "flashwatt custom: head_dim of k (", k.size(3), ") differs from q (", D, ")");
+  FLASHWATT_CHECK(Hkv >= 1 && H % Hkv == 0, "flashwatt custom: q heads (", H, ") must be a multiple of k/v heads (",
               Hkv, ")");
-  TORCH_CHECK(out.sizes() == q.sizes(), "flashwatt custom: out ", out.sizes(), " must match q ", q.sizes());
-  TORCH_CHECK(lse.is_cuda() && lse.device() == q.device() && lse.scalar_type() == at::kFloat &&
+  FLASHWATT_CHECK(out.sizes() == q.sizes(), "flashwatt custom: out ", out.sizes(), " must match q ", q.sizes());
+  FLASHWATT_CHECK(lse.is_cuda() && lse.device() == q.device() && lse.scalar_type() == at::kFloat &&
                   lse.is_contiguous() && lse.dim() == 3 && lse.size(0) == B && lse.size(1) == H &&
                   lse.size(2) == Lq,
               "flashwatt custom: lse must be a contiguous float32 (B, H, Lq) tensor on q's device");
-  TORCH_CHECK(Lq >= 1 && Lk >= 1 && B >= 1 && H >= 1, "flashwatt custom: empty input");
+  FLASHWATT_CHECK(Lq >= 1 && Lk >= 1 && B >= 1 && H >= 1, "flashwatt custom: empty input");
   check_causal_align(causal_align);
-  TORCH_CHECK(B * H * ((Lq + 15) / 16) < std::numeric_limits<int32_t>::max(), "flashwatt custom: too many tiles");
+  FLASHWATT_CHECK(B * H * ((Lq + 15) / 16) < std::numeric_limits<int32_t>::max(), "flashwatt custom: too many tiles");
   const int index = flashwatt::fwd_find_config(static_cast<int>(math), dt, static_cast<int>(D),
                                                static_cast<int>(block_m), static_cast<int>(block_n),
                                                static_cast<int>(warps), static_cast<int>(stages),
                                                static_cast<int>(schedule));
-  TORCH_CHECK(index >= 0, "flashwatt custom: no compiled kernel for math ", math_name(math), ", dtype ",
+  FLASHWATT_CHECK(index >= 0, "flashwatt custom: no compiled kernel for math ", math_name(math), ", dtype ",
               q.scalar_type(), ", head_dim ", D, ", block_m ", block_m, ", block_n ", block_n, ", warps ", warps,
               ", stages ", stages, ", schedule ", schedule, math == flashwatt::kWgmma ? " (wgmma needs an sm_90a build)" : "");
 
@@ -131,7 +167,7 @@ void forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::
   p.causal_offset = causal ? flashwatt::causal_offset(static_cast<int>(causal_align), p.len_q, p.len_k) : 0;
   p.grid_cap = grid_cap > 0 ? static_cast<int>(std::min<int64_t>(grid_cap, std::numeric_limits<int32_t>::max())) : 0;
   p.section = section > 0 ? static_cast<int>(std::min<int64_t>(section, B * H)) : 0;
-  TORCH_CHECK(copies == flashwatt::kCopiesAuto || copies == flashwatt::kCopiesThreads ||
+  FLASHWATT_CHECK(copies == flashwatt::kCopiesAuto || copies == flashwatt::kCopiesThreads ||
                   copies == flashwatt::kCopiesTma,
               "flashwatt custom: copies ", copies, " not one of 0 (auto), 1 (threads), 2 (TMA)");
   p.copies = static_cast<int>(copies);
@@ -141,14 +177,14 @@ void forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::
   // one zeroed int per call, freed in stream order after the launch.
   at::Tensor counter;
   if (tile_counter) {
-    TORCH_CHECK(schedule == flashwatt::kWarpSpecialized || schedule == flashwatt::kWarpSpecializedPingPong,
+    FLASHWATT_CHECK(schedule == flashwatt::kWarpSpecialized || schedule == flashwatt::kWarpSpecializedPingPong,
                 "flashwatt custom: a tile counter needs a persistent (warp-specialised) schedule, not ", schedule);
     counter = at::zeros({1}, q.options().dtype(at::kInt));
     p.tile_counter = counter.data_ptr<int>();
   }
   char err[512] = {0};
   const int rc = flashwatt::fwd_launch(index, p, at::cuda::getCurrentCUDAStream().stream(), err, sizeof(err));
-  TORCH_CHECK(rc == 0, "flashwatt custom: ", err);
+  FLASHWATT_CHECK(rc == 0, "flashwatt custom: ", err);
 }
 
 std::vector<std::vector<int64_t>> configs() {
@@ -167,10 +203,10 @@ std::map<std::string, int64_t> kernel_info(int64_t math, int64_t dtype, int64_t 
                                                static_cast<int>(block_m), static_cast<int>(block_n),
                                                static_cast<int>(warps), static_cast<int>(stages),
                                                static_cast<int>(schedule));
-  TORCH_CHECK(index >= 0, "flashwatt custom: no such compiled configuration");
+  FLASHWATT_CHECK(index >= 0, "flashwatt custom: no such compiled configuration");
   flashwatt::FwdKernelInfo info{};
   char err[512] = {0};
-  TORCH_CHECK(flashwatt::fwd_kernel_info(index, &info, err, sizeof(err)) == 0, "flashwatt custom: ", err);
+  FLASHWATT_CHECK(flashwatt::fwd_kernel_info(index, &info, err, sizeof(err)) == 0, "flashwatt custom: ", err);
   return {{"num_regs", info.num_regs},
           {"local_bytes", info.local_bytes},
           {"smem_bytes", info.smem_bytes},
@@ -193,24 +229,24 @@ void backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, con
                                 {&out, "out"}, {&dout, "dout"}, {&dq, "dq"}, {&dk, "dk"}, {&dv, "dv"}})
     check_operand(*t, name, q, true);
   const int dt = dtype_code(q);
-  TORCH_CHECK(dt == flashwatt::kFp16 || dt == flashwatt::kBf16, "flashwatt custom backward: dtype ", q.scalar_type(),
+  FLASHWATT_CHECK(dt == flashwatt::kFp16 || dt == flashwatt::kBf16, "flashwatt custom backward: dtype ", q.scalar_type(),
               " has no CUDA backward (float16, bfloat16)");
   const int64_t B = q.size(0), H = q.size(1), Lq = q.size(2), D = q.size(3);
   const int64_t Hkv = k.size(1), Lk = k.size(2);
-  TORCH_CHECK(k.sizes() == v.sizes(), "flashwatt custom backward: k ", k.sizes(), " and v ", v.sizes(),
+  FLASHWATT_CHECK(k.sizes() == v.sizes(), "flashwatt custom backward: k ", k.sizes(), " and v ", v.sizes(),
               " differ in shape");
-  TORCH_CHECK(k.size(0) == B && k.size(3) == D, "flashwatt custom backward: k ", k.sizes(), " does not match q ",
+  FLASHWATT_CHECK(k.size(0) == B && k.size(3) == D, "flashwatt custom backward: k ", k.sizes(), " does not match q ",
               q.sizes(), " in batch or head_dim");
-  TORCH_CHECK(Hkv >= 1 && H % Hkv == 0, "flashwatt custom backward: q heads (", H,
+  FLASHWATT_CHECK(Hkv >= 1 && H % Hkv == 0, "flashwatt custom backward: q heads (", H,
               ") must be a multiple of k/v heads (", Hkv, ")");
-  TORCH_CHECK(out.sizes() == q.sizes() && dout.sizes() == q.sizes() && dq.sizes() == q.sizes(),
+  FLASHWATT_CHECK(out.sizes() == q.sizes() && dout.sizes() == q.sizes() && dq.sizes() == q.sizes(),
               "flashwatt custom backward: out, dout and dq must have q's shape ", q.sizes());
-  TORCH_CHECK(dk.sizes() == k.sizes() && dv.sizes() == k.sizes(),
+  FLASHWATT_CHECK(dk.sizes() == k.sizes() && dv.sizes() == k.sizes(),
               "flashwatt custom backward: dk and dv must have k's shape ", k.sizes());
-  TORCH_CHECK(Lq >= 1 && Lk >= 1 && B >= 1 && H >= 1, "flashwatt custom backward: empty input");
+  FLASHWATT_CHECK(Lq >= 1 && Lk >= 1 && B >= 1 && H >= 1, "flashwatt custom backward: empty input");
   check_causal_align(causal_align);
   auto check_f32 = [&](const at::Tensor& t, const char* name, std::vector<int64_t> shape) {
-    TORCH_CHECK(t.is_cuda() && t.device() == q.device() && t.scalar_type() == at::kFloat && t.is_contiguous() &&
+    FLASHWATT_CHECK(t.is_cuda() && t.device() == q.device() && t.scalar_type() == at::kFloat && t.is_contiguous() &&
                     t.sizes() == at::IntArrayRef(shape) && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0,
                 "flashwatt custom backward: ", name, " must be a contiguous, 16-byte aligned float32 ", shape,
                 " tensor on q's device");
@@ -218,13 +254,13 @@ void backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, con
   check_f32(lse, "lse", {B, H, Lq});
   check_f32(delta, "delta", {B, H, Lq});
   if (!deterministic) check_f32(dq_accum, "dq_accum", {B, H, Lq, D});
-  TORCH_CHECK(B * H * Lq * D < std::numeric_limits<int64_t>::max() / 4 &&
+  FLASHWATT_CHECK(B * H * Lq * D < std::numeric_limits<int64_t>::max() / 4 &&
                   B * Hkv * ((Lk + 15) / 16) < std::numeric_limits<int32_t>::max(),
               "flashwatt custom backward: too many tiles");
   const int index = flashwatt::bwd_find_config(dt, static_cast<int>(D), static_cast<int>(block_n),
                                                static_cast<int>(block_m), static_cast<int>(warps),
                                                static_cast<int>(math));
-  TORCH_CHECK(index >= 0, "flashwatt custom backward: no compiled kernel for dtype ", q.scalar_type(), ", head_dim ",
+  FLASHWATT_CHECK(index >= 0, "flashwatt custom backward: no compiled kernel for dtype ", q.scalar_type(), ", head_dim ",
               D, ", block_n ", block_n, ", block_m ", block_m, ", warps ", warps, ", math ", math);
 
   flashwatt::BwdParams p{};
@@ -261,7 +297,7 @@ void backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, con
   const c10::cuda::CUDAGuard guard(q.device());
   char err[512] = {0};
   const int rc = flashwatt::bwd_launch(index, p, at::cuda::getCurrentCUDAStream().stream(), err, sizeof(err));
-  TORCH_CHECK(rc == 0, "flashwatt custom backward: ", err);
+  FLASHWATT_CHECK(rc == 0, "flashwatt custom backward: ", err);
 }
 
 // ------------------------------------------------------------------ fp8 (flash_fp8.cu)
@@ -269,13 +305,13 @@ void backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, con
 // An e4m3 operand: a CUDA tensor on q's device, 4-d, rows of 16-byte multiples at 16-byte
 // aligned addresses (the kernels copy 16 bytes at a time).
 void check_fp8_operand(const at::Tensor& t, const char* name, const at::Tensor& like) {
-  TORCH_CHECK(t.is_cuda() && t.device() == like.device(), "flashwatt fp8: ", name, " must be a CUDA tensor on ",
+  FLASHWATT_CHECK(t.is_cuda() && t.device() == like.device(), "flashwatt fp8: ", name, " must be a CUDA tensor on ",
               like.device(), " (got ", t.device(), ")");
-  TORCH_CHECK(t.scalar_type() == at::kFloat8_e4m3fn, "flashwatt fp8: ", name, " must be float8_e4m3fn, got ",
+  FLASHWATT_CHECK(t.scalar_type() == at::kFloat8_e4m3fn, "flashwatt fp8: ", name, " must be float8_e4m3fn, got ",
               t.scalar_type());
-  TORCH_CHECK(t.dim() == 4 && t.stride(3) == 1, "flashwatt fp8: ", name,
+  FLASHWATT_CHECK(t.dim() == 4 && t.stride(3) == 1, "flashwatt fp8: ", name,
               " must be 4-d with a contiguous last dimension, got sizes ", t.sizes(), " strides ", t.strides());
-  TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 && t.stride(0) % 16 == 0 && t.stride(1) % 16 == 0 &&
+  FLASHWATT_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 && t.stride(0) % 16 == 0 && t.stride(1) % 16 == 0 &&
                   t.stride(2) % 16 == 0,
               "flashwatt fp8: ", name, " must start 16-byte aligned with strides that are multiples of 16, got ",
               t.strides());
@@ -287,7 +323,7 @@ int64_t fp8_blocks(int64_t len, int64_t rows) { return (len + rows - 1) / rows; 
 void check_descale(const at::Tensor& d, const char* name, int64_t batch, int64_t heads, int64_t len, int64_t rows,
                    const at::Tensor& like) {
   const int64_t blocks = fp8_blocks(len, rows);
-  TORCH_CHECK(d.is_cuda() && d.device() == like.device() && d.scalar_type() == at::kFloat && d.is_contiguous() &&
+  FLASHWATT_CHECK(d.is_cuda() && d.device() == like.device() && d.scalar_type() == at::kFloat && d.is_contiguous() &&
                   d.dim() == 3 && d.size(0) == batch && d.size(1) == heads && d.size(2) == blocks,
               "flashwatt fp8: ", name, " must be a contiguous float32 (", batch, ", ", heads, ", ", blocks,
               ") tensor on ", like.device(), " (one per block of ", rows, " rows), got ", d.scalar_type(), " ",
@@ -295,7 +331,7 @@ void check_descale(const at::Tensor& d, const char* name, int64_t batch, int64_t
 }
 
 void check_fp8_head_dim(int64_t head_dim) {
-  TORCH_CHECK(head_dim == 64 || head_dim == 128, "flashwatt fp8: head_dim ", head_dim, " not supported (64, 128)");
+  FLASHWATT_CHECK(head_dim == 64 || head_dim == 128, "flashwatt fp8: head_dim ", head_dim, " not supported (64, 128)");
 }
 
 int64_t fp8_vt_cols(int64_t len_k) { return fp8_blocks(len_k, flashwatt::kFp8KeyPad) * flashwatt::kFp8KeyPad; }
@@ -306,7 +342,7 @@ void check_vt(const at::Tensor& vt, int64_t batch, int64_t kv_heads, int64_t len
               const at::Tensor& like) {
   check_fp8_operand(vt, "vt", like);
   const std::vector<int64_t> shape{batch, kv_heads, head_dim + flashwatt::kFp8VtExtraRows, fp8_vt_cols(len_k)};
-  TORCH_CHECK(vt.is_contiguous() && vt.sizes() == at::IntArrayRef(shape), "flashwatt fp8: vt must be a contiguous ",
+  FLASHWATT_CHECK(vt.is_contiguous() && vt.sizes() == at::IntArrayRef(shape), "flashwatt fp8: vt must be a contiguous ",
               shape, " tensor (V transposed, keys padded to a multiple of ", flashwatt::kFp8KeyPad, ", ",
               flashwatt::kFp8VtExtraRows, " rows of ones and zeros under the head dim's), got ", vt.sizes());
 }
@@ -330,7 +366,7 @@ void run_quantize(flashwatt::Fp8QuantParams& p, int in_dtype, const at::Tensor& 
   const c10::cuda::CUDAGuard guard(like.device());
   char err[512] = {0};
   const int rc = flashwatt::fp8_quantize_launch(p, in_dtype, at::cuda::getCurrentCUDAStream().stream(), err, sizeof(err));
-  TORCH_CHECK(rc == 0, "flashwatt fp8: ", err);
+  FLASHWATT_CHECK(rc == 0, "flashwatt fp8: ", err);
 }
 
 // q, k, v (fp16 or bf16, (B, H, L, D) views, 16-byte loads) to q8, k8 (contiguous e4m3 of
@@ -341,16 +377,16 @@ void fp8_quantize(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   for (const auto& [t, name] : {std::pair<const at::Tensor*, const char*>{&q, "q"}, {&k, "k"}, {&v, "v"}})
     check_operand(*t, name, q, true);
   const int dt = dtype_code(q);
-  TORCH_CHECK(dt == flashwatt::kFp16 || dt == flashwatt::kBf16, "flashwatt fp8: quantises float16 or bfloat16, not ",
+  FLASHWATT_CHECK(dt == flashwatt::kFp16 || dt == flashwatt::kBf16, "flashwatt fp8: quantises float16 or bfloat16, not ",
               q.scalar_type());
   const int64_t B = q.size(0), H = q.size(1), Lq = q.size(2), D = q.size(3), Hkv = k.size(1), Lk = k.size(2);
   check_fp8_head_dim(D);
-  TORCH_CHECK(k.sizes() == v.sizes() && k.size(0) == B && k.size(3) == D && Hkv >= 1 && H % Hkv == 0,
+  FLASHWATT_CHECK(k.sizes() == v.sizes() && k.size(0) == B && k.size(3) == D && Hkv >= 1 && H % Hkv == 0,
               "flashwatt fp8: k ", k.sizes(), " and v ", v.sizes(), " do not fit q ", q.sizes());
-  TORCH_CHECK(Lq >= 1 && Lk >= 1 && B >= 1, "flashwatt fp8: empty input");
+  FLASHWATT_CHECK(Lq >= 1 && Lk >= 1 && B >= 1, "flashwatt fp8: empty input");
   check_fp8_operand(q8, "q8", q);
   check_fp8_operand(k8, "k8", q);
-  TORCH_CHECK(q8.is_contiguous() && q8.sizes() == q.sizes() && k8.is_contiguous() && k8.sizes() == k.sizes(),
+  FLASHWATT_CHECK(q8.is_contiguous() && q8.sizes() == q.sizes() && k8.is_contiguous() && k8.sizes() == k.sizes(),
               "flashwatt fp8: q8 and k8 must be contiguous with the shapes of q and k");
   check_vt(vt8, B, Hkv, Lk, D, q);
   check_descale(descale_q, "descale_q", B, H, Lq, flashwatt::kFp8QBlock, q);
@@ -371,7 +407,7 @@ void fp8_transpose_v(const at::Tensor& v8, at::Tensor& vt8) {
   check_fp8_operand(v8, "v", v8);
   const int64_t B = v8.size(0), Hkv = v8.size(1), Lk = v8.size(2), D = v8.size(3);
   check_fp8_head_dim(D);
-  TORCH_CHECK(Lk >= 1 && B >= 1 && Hkv >= 1, "flashwatt fp8: empty v");
+  FLASHWATT_CHECK(Lk >= 1 && B >= 1 && Hkv >= 1, "flashwatt fp8: empty v");
   check_vt(vt8, B, Hkv, Lk, D, v8);
   flashwatt::Fp8QuantParams p{};
   p.t[0] = fp8_tensor(v8, vt8, nullptr, flashwatt::kFp8KvBlock, true);
@@ -389,27 +425,27 @@ void check_fp8_forward(const at::Tensor& q8, const at::Tensor& k8, const at::Ten
   check_fp8_operand(k8, "k", q8);
   const int64_t B = q8.size(0), H = q8.size(1), Lq = q8.size(2), D = q8.size(3), Hkv = k8.size(1), Lk = k8.size(2);
   check_fp8_head_dim(D);
-  TORCH_CHECK(k8.size(0) == B && k8.size(3) == D && Hkv >= 1 && H % Hkv == 0, "flashwatt fp8: k ", k8.sizes(),
+  FLASHWATT_CHECK(k8.size(0) == B && k8.size(3) == D && Hkv >= 1 && H % Hkv == 0, "flashwatt fp8: k ", k8.sizes(),
               " does not fit q ", q8.sizes());
-  TORCH_CHECK(Lq >= 1 && Lk >= 1 && B >= 1, "flashwatt fp8: empty input");
+  FLASHWATT_CHECK(Lq >= 1 && Lk >= 1 && B >= 1, "flashwatt fp8: empty input");
   check_vt(vt8, B, Hkv, Lk, D, q8);
   check_descale(descale_q, "descale_q", B, H, Lq, flashwatt::kFp8QBlock, q8);
   check_descale(descale_k, "descale_k", B, Hkv, Lk, flashwatt::kFp8KvBlock, q8);
   check_descale(descale_v, "descale_v", B, Hkv, Lk, flashwatt::kFp8KvBlock, q8);
-  TORCH_CHECK(out.is_cuda() && out.device() == q8.device() && out.sizes() == q8.sizes(), "flashwatt fp8: out ",
+  FLASHWATT_CHECK(out.is_cuda() && out.device() == q8.device() && out.sizes() == q8.sizes(), "flashwatt fp8: out ",
               out.sizes(), " must be a CUDA tensor of q's shape ", q8.sizes(), " on its device");
   const int out_dtype = dtype_code(out);
-  TORCH_CHECK(out_dtype == flashwatt::kFp16 || out_dtype == flashwatt::kBf16, "flashwatt fp8: out must be float16 "
+  FLASHWATT_CHECK(out_dtype == flashwatt::kFp16 || out_dtype == flashwatt::kBf16, "flashwatt fp8: out must be float16 "
               "or bfloat16, not ", out.scalar_type());
   check_operand(out, "out", out, true);
-  TORCH_CHECK(lse.is_cuda() && lse.device() == q8.device() && lse.scalar_type() == at::kFloat && lse.is_contiguous() &&
+  FLASHWATT_CHECK(lse.is_cuda() && lse.device() == q8.device() && lse.scalar_type() == at::kFloat && lse.is_contiguous() &&
                   lse.dim() == 3 && lse.size(0) == B && lse.size(1) == H && lse.size(2) == Lq,
               "flashwatt fp8: lse must be a contiguous float32 (B, H, Lq) tensor on q's device");
   check_causal_align(causal_align);
-  TORCH_CHECK(B * H * ((Lq + 15) / 16) < std::numeric_limits<int32_t>::max(), "flashwatt fp8: too many tiles");
-  TORCH_CHECK(flashwatt::fp8_fwd_num_configs() > 0, "flashwatt fp8: this build has no fp8 kernels (they are built "
+  FLASHWATT_CHECK(B * H * ((Lq + 15) / 16) < std::numeric_limits<int32_t>::max(), "flashwatt fp8: too many tiles");
+  FLASHWATT_CHECK(flashwatt::fp8_fwd_num_configs() > 0, "flashwatt fp8: this build has no fp8 kernels (they are built "
               "for compute capability 9.0, sm_90a, only)");
-  TORCH_CHECK(!tile_counter || schedule == flashwatt::kWarpSpecialized ||
+  FLASHWATT_CHECK(!tile_counter || schedule == flashwatt::kWarpSpecialized ||
                   schedule == flashwatt::kWarpSpecializedPingPong,
               "flashwatt fp8: a tile counter needs a persistent (warp-specialised) schedule, not ", schedule);
 }
@@ -468,7 +504,7 @@ void fp8_forward(const at::Tensor& q8, const at::Tensor& k8, const at::Tensor& v
                                                    static_cast<int>(block_m), static_cast<int>(block_n),
                                                    static_cast<int>(warps), static_cast<int>(stages),
                                                    static_cast<int>(schedule));
-  TORCH_CHECK(index >= 0, "flashwatt fp8: no compiled kernel for math ", math, ", out dtype ", out.scalar_type(), ", head_dim ",
+  FLASHWATT_CHECK(index >= 0, "flashwatt fp8: no compiled kernel for math ", math, ", out dtype ", out.scalar_type(), ", head_dim ",
               q8.size(3), ", block_m ", block_m, ", block_n ", block_n, ", warps ", warps, ", stages ", stages,
               ", schedule ", schedule);
   const c10::cuda::CUDAGuard guard(q8.device());
@@ -480,7 +516,7 @@ void fp8_forward(const at::Tensor& q8, const at::Tensor& k8, const at::Tensor& v
                                     causal_align, scale, grid_cap, section,
                                     tile_counter ? counter.data_ptr<int>() : nullptr,
                                     at::cuda::getCurrentCUDAStream().stream(), err, sizeof(err));
-  TORCH_CHECK(rc == 0, "flashwatt fp8: ", err);
+  FLASHWATT_CHECK(rc == 0, "flashwatt fp8: ", err);
 }
 
 std::vector<std::vector<int64_t>> fp8_configs() {
@@ -500,10 +536,10 @@ std::map<std::string, int64_t> fp8_kernel_info(int64_t math, int64_t out_dtype, 
                                                    static_cast<int>(block_m), static_cast<int>(block_n),
                                                    static_cast<int>(warps), static_cast<int>(stages),
                                                    static_cast<int>(schedule));
-  TORCH_CHECK(index >= 0, "flashwatt fp8: no such compiled configuration");
+  FLASHWATT_CHECK(index >= 0, "flashwatt fp8: no such compiled configuration");
   flashwatt::FwdKernelInfo info{};
   char err[512] = {0};
-  TORCH_CHECK(flashwatt::fp8_fwd_kernel_info(index, &info, err, sizeof(err)) == 0, "flashwatt fp8: ", err);
+  FLASHWATT_CHECK(flashwatt::fp8_fwd_kernel_info(index, &info, err, sizeof(err)) == 0, "flashwatt fp8: ", err);
   return {{"num_regs", info.num_regs},
           {"local_bytes", info.local_bytes},
           {"smem_bytes", info.smem_bytes},
@@ -525,10 +561,10 @@ std::map<std::string, int64_t> backward_kernel_info(int64_t dtype, int64_t head_
   const int index = flashwatt::bwd_find_config(static_cast<int>(dtype), static_cast<int>(head_dim),
                                                static_cast<int>(block_n), static_cast<int>(block_m),
                                                static_cast<int>(warps), static_cast<int>(math));
-  TORCH_CHECK(index >= 0, "flashwatt custom backward: no such compiled configuration");
+  FLASHWATT_CHECK(index >= 0, "flashwatt custom backward: no such compiled configuration");
   flashwatt::BwdKernelInfo info{};
   char err[512] = {0};
-  TORCH_CHECK(flashwatt::bwd_kernel_info(index, &info, err, sizeof(err)) == 0, "flashwatt custom backward: ", err);
+  FLASHWATT_CHECK(flashwatt::bwd_kernel_info(index, &info, err, sizeof(err)) == 0, "flashwatt custom backward: ", err);
   return {{"num_regs", info.num_regs},
           {"local_bytes", info.local_bytes},
           {"smem_bytes", info.smem_bytes},

@@ -229,6 +229,16 @@ def test_backward_no_spills_no_stack(bwd_ptxas_report):
     assert kernels and not bad, f"sm_{arch}: backward kernels with spills or a stack frame: {bad}"
 
 
+def test_binding_formats_its_messages_without_a_stream():
+    """kernels/flash_binding.cpp refuses through FLASHWATT_CHECK, whose message is one string
+    made with std::to_string: TORCH_CHECK given several pieces formats them in an ostringstream
+    of the extension, and a number in it crashed the process on the GPU image instead of
+    raising. TORCH_CHECK appears once, in the macro."""
+    text = re.sub(r"//.*", "", (KERNELS / "flash_binding.cpp").read_text())
+    assert text.count("TORCH_CHECK(") == 1 and "#define FLASHWATT_CHECK(cond, ...) TORCH_CHECK(cond, message::cat(" in text
+    assert "<<" not in text and "stringstream" not in text
+
+
 def test_header_is_torch_free():
     text = "".join(p.read_text() for p in sorted(KERNELS.glob("*.cu*")))
     assert "torch" not in re.sub(r"//.*", "", text), "the .cu/.cuh kernel sources must not include torch headers"

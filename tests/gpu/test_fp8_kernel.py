@@ -228,7 +228,9 @@ def test_the_extensions_own_refusals_reach_python_as_errors():
     on the launch's error code) must raise RuntimeError in Python, not end the process: the
     fp8 forward with an lse of the wrong shape, with a tile counter on a one-CTA-per-tile
     tile, with a tile that is not compiled; V^T of a bf16 v; the 16-bit forward with an lse of
-    the wrong shape. A crash names the call (_child_report)."""
+    the wrong shape and with an unknown copies value. Several of these messages carry numbers,
+    which once crashed the process from the binding's own formatting. A crash names the call
+    (_child_report)."""
     if not HOPPER:
         return
     code = """
@@ -262,11 +264,20 @@ try:
     print("NOT RAISED bf16")
 except RuntimeError as err:
     print("RAISED bf16", str(err).splitlines()[0])
+print("CALL bf16 copies", flush=True)  # a message with a number in it
+try:
+    ext.forward(q, k, v, out, lse, False, ext.CAUSAL_TOP_LEFT, 0.125, ext.MATH_MMA_SYNC, 64, 64, 4, 2, lock, 0, 0,
+                False, 7)
+    print("NOT RAISED copies")
+except RuntimeError as err:
+    print("RAISED copies", str(err).splitlines()[0])
 """
     proc = _in_child(code)
     assert proc.returncode == 0, _child_report(proc)
     raised = {line.split()[1]: line for line in proc.stdout.splitlines() if line.startswith("RAISED")}
-    assert set(raised) == {"lse", "counter", "tile", "transpose", "bf16"}, proc.stdout
+    assert set(raised) == {"lse", "counter", "tile", "transpose", "bf16", "copies"}, proc.stdout
+    # Messages with numbers (the binding formats them without a stream: flash_binding.cpp)
+    assert "copies 7 not one of" in raised["copies"] and "block_m 64" in raised["tile"], proc.stdout
     assert "lse must be a contiguous float32" in raised["lse"] and "lse must be" in raised["bf16"]
     assert "tile counter needs a persistent" in raised["counter"]
     assert "no compiled kernel" in raised["tile"] and "must be float8_e4m3fn" in raised["transpose"]
