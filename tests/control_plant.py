@@ -239,6 +239,15 @@ class Plant:
     sensor_period_s: float = 0.1
     dt: float = 0.01
     curve: float = 1.0  # power above idle grows as busy ** curve (on the H100: linear up to the cap)
+    # A table error that depends on the duty (off by default): above a busy share of
+    # `convex_from` the board draws more watts above idle than the curve below it gives, by a
+    # share growing linearly to `convex_share` more at full busy (Plant.convex_factor). A
+    # duty -> power table, and the share of it the board draws, learned under that busy share
+    # is then too low above it: on the H200 a share learned at duty ~0.7 was 1.1-1.15x too low
+    # at duty 0.95 and more (docs/control.md, "On an NVIDIA H200"). The drift of `wander`, by
+    # contrast, is one share at every duty, which a share learned anywhere follows.
+    convex_from: float = 1.0
+    convex_share: float = 0.0
     disturbance: list[tuple[float, float]] = field(default_factory=list)  # (from t, extra W)
     burst_w: float = 0.0  # a bursty tenant: each 0.3 s its watts move by up to this much
     tenants: list[SimTenant] = field(default_factory=list)
@@ -289,7 +298,15 @@ class Plant:
     def _drive_w(self, prof: Profile, busy: float) -> float:
         """Our watts above idle at this busy share before the profile saturates at full duty."""
         slope = prof.busy_w if prof.busy_w is not None else prof.power_full_w - self.idle_w
-        return slope * busy ** self.curve
+        return slope * busy ** self.curve * self.convex_factor(busy)
+
+    def convex_factor(self, busy: float) -> float:
+        """How much more than the curve below `convex_from` the board draws above idle at
+        this busy share: 1 up to there, then rising linearly to 1 + `convex_share` at full
+        busy."""
+        if self.convex_share == 0.0 or busy <= self.convex_from:
+            return 1.0
+        return 1.0 + self.convex_share * (busy - self.convex_from) / (1.0 - self.convex_from)
 
     def target_w(self, config: Configuration, duty: float, t: float, profiles: dict | None = None) -> float:
         """The board's average power at this duty, without noise."""
@@ -546,7 +563,8 @@ def oracle_rows(plant: Plant, workload: SimWorkload, duties=ORACLE_DUTIES, paced
     the configurations run at every duty, the others at full duty only; default all). A
     workload of several shapes mixes them as `run` does, an equal share of the time each."""
     rows = []
-    bare = Plant(plant.profiles, idle_w=plant.idle_w, cap_w=plant.cap_w, curve=plant.curve, pace_loss=plant.pace_loss)
+    bare = Plant(plant.profiles, idle_w=plant.idle_w, cap_w=plant.cap_w, curve=plant.curve, pace_loss=plant.pace_loss,
+                 convex_from=plant.convex_from, convex_share=plant.convex_share)
     for config in workload.shapes[0][1]:
         for duty in (duties if paced is None or config in paced else (1.0,)):
             tokens = sum(bare.throughput(config, duty, 0.0, p) for _, p in workload.shapes) / len(workload.shapes)
