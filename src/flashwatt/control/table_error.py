@@ -186,6 +186,12 @@ class TableError:
         if self._others_present():
             # their load varies, and faster than the counter's window: follow the readings
             self.offset_w += OTHERS_GAIN * bounded
+            if steady:
+                # (what the readings show at this duty is followed whole, ours and theirs: a
+                # share too low here reads as their watts and the loop answers it, so the duty
+                # is confirmed as if the share had been learned; else a tenant on the board
+                # kept the caution of an unconfirmed duty for as long as it stayed)
+                self._confirmed.append((self.clock(), self._ran_duty()))
         elif max(self._cusum) > CUSUM_HOLD:
             pass  # a shift may be building: the step detection decides first
         elif counted is not None:
