@@ -21,7 +21,9 @@
 //     kernel still holds itself and why; this file adds the copies, barriers and stage
 //     release around them. Both kernels' PTX is the one they had when the step was a copy
 //     here, the code checked and measured on the GPU (kernels/NOTES.md, "Backward
-//     warp-specialised: measured"; this tile is the Hopper default).
+//     warp-specialised: measured"; this tile is the Hopper default at head dim 128, and
+//     its form with 128-row query steps at 64: "Backward at head dim 64: 128 queries per
+//     step").
 //   * at head dim 128 the consumers meet once per step, on a named barrier of their 256
 //     threads (the producer never joins it) that publishes dS^T to the other's dQ. dS^T is
 //     double-buffered by step parity so that no second barrier has to guard its reuse:

@@ -103,12 +103,13 @@ BWD_TILES: dict[str, BwdTile] = {
     "wgmma_ws_n128_m64_w12": BwdTile(128, 64, 12, (64, 128),
                                      "Hopper, warp-specialised: a producer warpgroup copying by TMA (K, V once; Q, "
                                      "dO, LSE, delta in a 2-stage mbarrier ring) and 2 consumer warpgroups x 64 "
-                                     "keys running the steps of wgmma_n128_m64_w8 (the Hopper default)",
+                                     "keys running the steps of wgmma_n128_m64_w8 (the Hopper default at head dim 128)",
                                      BWD_WGMMA, warp_specialised=True),
     "wgmma_ws_n128_m128_w12": BwdTile(128, 128, 12, (64,),
                                       "Hopper, warp-specialised, head dim 64: as wgmma_ws_n128_m64_w12 with 128-row "
                                       "query steps, each consumer's dQ over its own 64 of them (every dQ row reduced "
-                                      "once per step, not twice)", BWD_WGMMA, warp_specialised=True),
+                                      "once per step, not twice; the Hopper default at head dim 64)", BWD_WGMMA,
+                                      warp_specialised=True),
 }
 DEFAULT_BWD_TILE = {64: "n128_m64_w8", 128: "n128_m64_w8", 256: "n64_m32_w8"}
 # On Hopper (compute capability 9.0) a wgmma tile where one exists: on an H100
