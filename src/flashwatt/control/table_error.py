@@ -12,6 +12,9 @@ predict at the duty that ran: the innovation, in units of one reading's noise
   cumulative sum (a CUSUM with slack CUSUM_SLACK deviations per reading) passes CUSUM_ALARM.
   It is taken whole into the others' watts at once, and the duty follows through the
   feed-forward (a fall below what no tenant explains goes to the share);
+- right after a budget step or a switch a difference is the table's first (TABLE_FIRST_S), but
+  no further than a table can be wrong (SHARE_RANGE): what the energy counter measured since
+  the change beyond that is a tenant's that arrived with it, taken whole at once (CHANGE_TICKS);
 - with no other tenant on the board, the share follows what the energy counter measured over
   the last COUNTER_WINDOW ticks against what the table predicted for the duties that ran
   then (COUNTER_GAIN of the difference per tick): the counter integrates every millisecond,
@@ -49,10 +52,19 @@ SHARE_RANGE = (0.85, 1.15)
 ARRIVED_BEFORE_S = 0.15
 OTHERS_GAIN = 0.5  # of the innovation per reading, while others' watts are on the board
 # For this long after a switch, a budget step or a warm start, a difference is the table's
-# (read at a duty or for a configuration it has seen little of): the share learns it faster,
-# and only a step twice as large is taken for a tenant's.
+# (read at a duty or for a configuration it has seen little of; the readings right after the
+# change still show the power from before it): the share learns it faster, and only a step
+# twice as large is taken for a tenant's.
 TABLE_FIRST_S = 1.0
 TABLE_FIRST_GAIN = 0.3
+# But a table is not wrong by more than SHARE_RANGE allows: what the energy counter measured
+# over at least CHANGE_TICKS ticks since the change beyond that (and beyond CHANGE_MARGIN of the
+# table's watts above idle: the counter's scatter over 0.2 s, a few % of them on the H100, and
+# its read at a change, which swings with the power) is another tenant's, one that arrived with
+# the step, taken at once (TableError._tenant_with_change). One tick is not enough: its read
+# holds the swing of the change itself.
+CHANGE_TICKS = 2
+CHANGE_MARGIN = 0.1
 # A share is learned where the board runs: a table's error is partly its own at each duty (a
 # bin seen in few ticks, pacing at low duty), so after a budget step or a switch only this
 # much of the share's distance from one is kept (Governor._move_share).
@@ -168,6 +180,13 @@ class TableError:
         # only a step twice as large is surely another tenant's there; while the duty moves,
         # or right after a switch, the reading may still show part of what ran before)
         scale = (2.0 if self._several_shapes else 1.0) * (1.0 if steady else 1.5) * (1.5 if table_first else 1.0)
+        if table_first:
+            tenant = self._tenant_with_change()
+            if tenant is not None:
+                # (it drew from the change on, not only ARRIVED_BEFORE_S before this reading)
+                self._reset_cusum()
+                self._take_step(tenant, ours, arrived_s=self.clock() - self._quiet_since)
+                return False
         step = self._step(innovation, sigma, scale)
         if step is None and self.offset_w > TENANT_STEP_W and innovation < -0.5 * self.offset_w \
                 and self._below_last:
@@ -223,6 +242,56 @@ class TableError:
             self._reset_cusum()
             self._take_step(excess, power - max(0.0, self.offset_w) - excess)
         return True
+
+    def _tenant_with_change(self) -> float | None:
+        """Right after a budget step or a switch (TABLE_FIRST_S), a difference is the table's
+        first: but a table is not wrong by more than SHARE_RANGE allows (above the duty where
+        the share was confirmed, by more than the caution of UNCONFIRMED_PER_DUTY), so what the
+        energy counter measured since the change beyond that, and beyond the counter's scatter
+        (CHANGE_MARGIN of the watts above idle, TENANT_STEP_W at least), is another tenant's:
+        one that arrived with the change. The size of the step, in watts: what the counter's
+        last tick shows over the table at the share as it is (all of that tick is after the
+        change: the counter lags it by less than a tick), at least the excess found; None
+        where nothing is beyond the table's error.
+
+        The counter, not the readings: over CHANGE_TICKS ticks it knows the board's watts to a
+        few % of those above idle where one reading scatters by 10%, so a tenant that arrives
+        with a step is told from the table's error 0.2 s after it; and it is read against the
+        duties that ran in each tick, the one before the change included (COUNTER_LAG), so the
+        power from before a step down is not taken for a tenant. Before, on the H200 (random-
+        4141-12) and on the simulated H100 (tests/test_control_tenant_with_step.py), the share
+        took a tenant's watts for the table's for as long as a second after the step, and its
+        1 s windows went 3-10% over the budget."""
+        since = self._quiet_since
+        # (the tick at the change is the window's start: its read holds nothing after it)
+        window = [e for e in self._counter_seen if e[0] >= since - 1e-9]
+        if len(window) < CHANGE_TICKS + 1 or any(e[1] is None or e[2] is None for e in window):
+            return None
+        if any(e[3] != window[-1][3] for e in window[1:]):
+            return None  # a step of the others' watts already taken since: the usual detection follows
+        if self._stall_j or any(window[0][0] <= t for t, _ in self._stalls):
+            return None
+        others = max(0.0, self.offset_w)
+
+        def measured(first, last, entries):
+            """(watts above idle the counter shows from `first` to `last`, less the others';
+            the table's watts above idle, unscaled, for the duties that ran then)"""
+            seconds = last[0] - first[0]
+            predicted = sum((1 - COUNTER_LAG) * e[2] + COUNTER_LAG * before[2]
+                            for before, e in zip(entries, entries[1:])) / (len(entries) - 1)
+            return (last[1] - first[1]) / seconds - self.idle_w - others, predicted
+
+        board, predicted = measured(window[0], window[-1], window)
+        if predicted < MIN_ABOVE_W:
+            return None
+        known = self.confirmed_duty()
+        cautious = self.table_share * (1.0 + UNCONFIRMED_PER_DUTY * max(0.0, max(e[5] for e in window) - known)) \
+            if known is not None else self.table_share
+        excess = board - max(SHARE_RANGE[1], cautious) * predicted
+        if excess <= max(TENANT_STEP_W, CHANGE_MARGIN * predicted):
+            return None
+        last_board, last_predicted = measured(window[-2], window[-1], window[-2:])
+        return max(excess, last_board - self.table_share * last_predicted)
 
     def _follow_share(self, measured: float, predicted_w: float, ours: float) -> bool:
         """Move the share towards what the counter measured. Past SHARE_RANGE's top, the
@@ -320,7 +389,7 @@ class TableError:
     def _reset_cusum(self) -> None:
         self._cusum, self._cusum_sum, self._cusum_n = [0.0, 0.0], [0.0, 0.0], [0, 0]
 
-    def _take_step(self, step: float, ours: float) -> None:
+    def _take_step(self, step: float, ours: float, arrived_s: float = ARRIVED_BEFORE_S) -> None:
         """Watts we did not make came or went: the others' watts take them (never below none;
         what falls below is our board drawing less, the share's)."""
         taken = step if step > 0 else max(step, -max(0.0, self.offset_w))
@@ -334,5 +403,5 @@ class TableError:
         if taken > 0:
             # they drew since before this reading: every 1 s window holding their arrival
             # holds that much more than we could answer, repaid over the next second
-            self._held_back.append((self.clock(), taken * ARRIVED_BEFORE_S))
+            self._held_back.append((self.clock(), taken * max(ARRIVED_BEFORE_S, arrived_s)))
         self._events.append(f"others' watts now {self.offset_w:.0f} W")
