@@ -145,20 +145,32 @@ struct BwdWgStep {
     fence_regs(s);
   }
 
+  // ---- x (P^T or dS^T accumulators, m64 x BM) packed into 16-bit A fragments, one per k step
+  // of 16 queries (the m64nN accumulator layout is the A-fragment layout).
+  static __device__ __forceinline__ void pack_a(uint32_t (&f)[KQ][4], const float (&x)[BM / 2]) {
+#pragma unroll
+    for (int kk = 0; kk < KQ; ++kk) {
+      f[kk][0] = Ops::pack(x[8 * kk + 0], x[8 * kk + 1]);
+      f[kk][1] = Ops::pack(x[8 * kk + 2], x[8 * kk + 3]);
+      f[kk][2] = Ops::pack(x[8 * kk + 4], x[8 * kk + 5]);
+      f[kk][3] = Ops::pack(x[8 * kk + 6], x[8 * kk + 7]);
+    }
+  }
+
+  // ---- acc += A B over the step's BM queries: A from the fragments f, B the step's [BM, D]
+  // tile at sB (dO for dV, Q for dK), N-major. Issued only: the caller fences and commits.
+  static __device__ __forceinline__ void rs_chain(float (&acc)[D / 2], const uint32_t (&f)[KQ][4], uint32_t sB) {
+#pragma unroll
+    for (int kk = 0; kk < KQ; ++kk)
+      wgmma_rs(acc, f[kk], wgmma_desc_sw128(sB + kk * 16 * 128, BM * 128, 1024), 1, T{});
+  }
+
   // ---- dV += P^T dO: P^T (s, after the kernel's P^T lines) packed into the A fragments pf.
   static __device__ __forceinline__ void dv_gemm(float (&dv)[D / 2], uint32_t (&pf)[KQ][4], const float (&s)[BM / 2],
                                                  float (&dp)[BM / 2], uint32_t sdO) {
-#pragma unroll
-    for (int kk = 0; kk < KQ; ++kk) {
-      pf[kk][0] = Ops::pack(s[8 * kk + 0], s[8 * kk + 1]);
-      pf[kk][1] = Ops::pack(s[8 * kk + 2], s[8 * kk + 3]);
-      pf[kk][2] = Ops::pack(s[8 * kk + 4], s[8 * kk + 5]);
-      pf[kk][3] = Ops::pack(s[8 * kk + 6], s[8 * kk + 7]);
-    }
+    pack_a(pf, s);
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < KQ; ++kk)
-      wgmma_rs(dv, pf[kk], wgmma_desc_sw128(sdO + kk * 16 * 128, BM * 128, 1024), 1, T{});
+    rs_chain(dv, pf, sdO);
     wgmma_commit();
     wgmma_wait<1>();  // dP^T done; dV may still run
     fence_regs(dp);
@@ -180,20 +192,10 @@ struct BwdWgStep {
   static __device__ __forceinline__ void dkv_gemm(float (&dv)[D / 2], float (&dk)[D / 2], uint32_t (&pf)[KQ][4],
                                                   const uint32_t (&dsf)[KQ][4], const float (&s)[BM / 2],
                                                   uint32_t sdO, uint32_t sQ) {
-#pragma unroll
-    for (int kk = 0; kk < KQ; ++kk) {
-      pf[kk][0] = Ops::pack(s[8 * kk + 0], s[8 * kk + 1]);
-      pf[kk][1] = Ops::pack(s[8 * kk + 2], s[8 * kk + 3]);
-      pf[kk][2] = Ops::pack(s[8 * kk + 4], s[8 * kk + 5]);
-      pf[kk][3] = Ops::pack(s[8 * kk + 6], s[8 * kk + 7]);
-    }
+    pack_a(pf, s);
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < KQ; ++kk)
-      wgmma_rs(dv, pf[kk], wgmma_desc_sw128(sdO + kk * 16 * 128, BM * 128, 1024), 1, T{});
-#pragma unroll
-    for (int kk = 0; kk < KQ; ++kk)
-      wgmma_rs(dk, dsf[kk], wgmma_desc_sw128(sQ + kk * 16 * 128, BM * 128, 1024), 1, T{});
+    rs_chain(dv, pf, sdO);
+    rs_chain(dk, dsf, sQ);
     wgmma_commit();
     fence_proxy_async_smem();
   }
@@ -204,13 +206,7 @@ struct BwdWgStep {
                                             const float* delta, uint32_t sdS, int warp_key0, int g, int t) {
 #pragma unroll
     for (int i = 0; i < BM / 2; ++i) dp[i] = s[i] * (dp[i] - delta[(i >> 2) * 8 + 2 * t + (i & 1)]);
-#pragma unroll
-    for (int kk = 0; kk < KQ; ++kk) {
-      dsf[kk][0] = Ops::pack(dp[8 * kk + 0], dp[8 * kk + 1]);
-      dsf[kk][1] = Ops::pack(dp[8 * kk + 2], dp[8 * kk + 3]);
-      dsf[kk][2] = Ops::pack(dp[8 * kk + 4], dp[8 * kk + 5]);
-      dsf[kk][3] = Ops::pack(dp[8 * kk + 6], dp[8 * kk + 7]);
-    }
+    pack_a(dsf, dp);
     // dsf[kk][0], [2]: key row warp_key0 + g, queries 16kk + 2t (+1) and 16kk + 8 + 2t (+1)
     // (16-byte chunks 2kk and 2kk + 1); [1], [3]: key row warp_key0 + g + 8.
     const int r0 = warp_key0 + g, r1 = r0 + 8;
@@ -227,9 +223,7 @@ struct BwdWgStep {
   // reads them), ahead of the kernel's barrier that publishes them.
   static __device__ __forceinline__ void dk_gemm(float (&dk)[D / 2], const uint32_t (&dsf)[KQ][4], uint32_t sQ) {
     wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < KQ; ++kk)
-      wgmma_rs(dk, dsf[kk], wgmma_desc_sw128(sQ + kk * 16 * 128, BM * 128, 1024), 1, T{});
+    rs_chain(dk, dsf, sQ);
     wgmma_commit();
     fence_proxy_async_smem();
   }
