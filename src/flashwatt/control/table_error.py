@@ -143,8 +143,11 @@ class TableError:
         expected = table.extrapolated_power(duty, self.idle_w)
         if expected is None:
             return None
-        share = self.table_share * (1.0 + UNCONFIRMED_PER_DUTY * max(0.0, duty - known))
-        return self.idle_w + share * (expected - self.idle_w)
+        return self.idle_w + self._cautious_share(duty, known) * (expected - self.idle_w)
+
+    def _cautious_share(self, duty: float, known: float) -> float:
+        """The share, and UNCONFIRMED_PER_DUTY more of it per unit of duty past `known`."""
+        return self.table_share * (1.0 + UNCONFIRMED_PER_DUTY * max(0.0, duty - known))
 
     def confirmed_duty(self) -> float | None:
         """The highest duty at which the share was learned from the counter or the readings in
@@ -263,35 +266,25 @@ class TableError:
         took a tenant's watts for the table's for as long as a second after the step, and its
         1 s windows went 3-10% over the budget."""
         since = self._quiet_since
-        # (the tick at the change is the window's start: its read holds nothing after it)
+        # (the tick at the change is the window's start: its read holds nothing after it; a
+        # step of the others' watts already taken since leaves it to the usual detection)
         window = [e for e in self._counter_seen if e[0] >= since - 1e-9]
-        if len(window) < CHANGE_TICKS + 1 or any(e[1] is None or e[2] is None for e in window):
+        if len(window) < CHANGE_TICKS + 1:
             return None
-        if any(e[3] != window[-1][3] for e in window[1:]):
-            return None  # a step of the others' watts already taken since: the usual detection follows
-        if self._stall_j or any(window[0][0] <= t for t, _ in self._stalls):
+        if not self._counter_usable(window):
             return None
         others = max(0.0, self.offset_w)
-
-        def measured(first, last, entries):
-            """(watts above idle the counter shows from `first` to `last`, less the others';
-            the table's watts above idle, unscaled, for the duties that ran then)"""
-            seconds = last[0] - first[0]
-            predicted = sum((1 - COUNTER_LAG) * e[2] + COUNTER_LAG * before[2]
-                            for before, e in zip(entries, entries[1:])) / (len(entries) - 1)
-            return (last[1] - first[1]) / seconds - self.idle_w - others, predicted
-
-        board, predicted = measured(window[0], window[-1], window)
-        if predicted < MIN_ABOVE_W:
+        measured = self._counter_against_table(window)
+        if measured is None or measured[1] < MIN_ABOVE_W:
             return None
+        board, predicted = measured
         known = self.confirmed_duty()
-        cautious = self.table_share * (1.0 + UNCONFIRMED_PER_DUTY * max(0.0, max(e[5] for e in window) - known)) \
-            if known is not None else self.table_share
-        excess = board - max(SHARE_RANGE[1], cautious) * predicted
+        cautious = self._cautious_share(max(e[5] for e in window), known) if known is not None else self.table_share
+        excess = board - others - max(SHARE_RANGE[1], cautious) * predicted
         if excess <= max(TENANT_STEP_W, CHANGE_MARGIN * predicted):
             return None
-        last_board, last_predicted = measured(window[-2], window[-1], window[-2:])
-        return max(excess, last_board - self.table_share * last_predicted)
+        last = self._counter_against_table(window[-2:])
+        return excess if last is None else max(excess, last[0] - others - self.table_share * last[1])
 
     def _follow_share(self, measured: float, predicted_w: float, ours: float) -> bool:
         """Move the share towards what the counter measured. Past SHARE_RANGE's top, the
@@ -348,20 +341,33 @@ class TableError:
         the one before); None unless every tick of the window is known and the counter did
         not stall."""
         window = self._counter_seen
-        if len(window) <= COUNTER_WINDOW or any(e[1] is None or e[2] is None for e in window):
+        if len(window) <= COUNTER_WINDOW or not self._counter_usable(window):
             return None
+        measured = self._counter_against_table(window[1:])
+        return None if measured is None or measured[1] < MIN_ABOVE_W else measured
+
+    def _counter_usable(self, window: list[tuple]) -> bool:
+        """Whether the counter's ticks in `window` can be read against the tables: every one
+        read and predicted, the others' watts held after its first (where they moved, it holds
+        watts of before the step: a tenant that just left, read again as one arriving), and no
+        stall of the counter since its start."""
+        if any(e[1] is None or e[2] is None for e in window):
+            return False
         if any(e[3] != window[-1][3] for e in window[1:]):
-            # the others' watts moved inside the window: it holds watts of before the step
-            # (a tenant that just left, read again as one arriving)
+            return False
+        return not (self._stall_j or any(window[0][0] <= t for t, _ in self._stalls))
+
+    def _counter_against_table(self, entries: list[tuple]) -> tuple[float, float] | None:
+        """(watts above idle the energy counter measured from the first of `entries` to the
+        last, the tables' watts above idle for the duties that ran then): the counter shows the
+        energy of about COUNTER_LAG of a tick before, so each tick's prediction is blended with
+        the one before. None over no time."""
+        seconds = entries[-1][0] - entries[0][0]
+        if seconds <= 0:
             return None
-        if self._stall_j or any(window[0][0] <= t for t, _ in self._stalls):
-            return None
-        seconds = window[-1][0] - window[1][0]
         predicted = sum((1 - COUNTER_LAG) * e[2] + COUNTER_LAG * before[2]
-                        for before, e in zip(window[1:], window[2:])) / (COUNTER_WINDOW - 1)
-        if seconds <= 0 or predicted < MIN_ABOVE_W:
-            return None
-        return (window[-1][1] - window[1][1]) / seconds - self.idle_w, predicted
+                        for before, e in zip(entries, entries[1:])) / (len(entries) - 1)
+        return (entries[-1][1] - entries[0][1]) / seconds - self.idle_w, predicted
 
     def _step(self, innovation: float, sigma: float, scale: float) -> float | None:
         """The size of a step in the innovation, if this reading shows one (module docstring)."""
