@@ -157,9 +157,15 @@ class TableError:
         to be carried up)."""
         if not self._confirmed:
             return None
-        last = self._confirmed[-1][0]
-        self._confirmed = [(t, d) for t, d in self._confirmed if last - t <= CONFIRMED_S]
         return max(d for _, d in self._confirmed)
+
+    def _confirm(self, duty: float) -> None:
+        """The share was learned (or the readings followed whole) at `duty` now; lessons more
+        than CONFIRMED_S older are dropped here, every tick, so the list stays a few dozen long
+        in a run of any length."""
+        now = self.clock()
+        self._confirmed = [(t, d) for t, d in self._confirmed if now - t <= CONFIRMED_S]
+        self._confirmed.append((now, duty))
 
     def _observe(self, power: float, table, steady: bool) -> bool:
         """Take one reading's innovation into the others' watts or the share. Whether the tick
@@ -213,17 +219,17 @@ class TableError:
                 # share too low here reads as their watts and the loop answers it, so the duty
                 # is confirmed as if the share had been learned; else a tenant on the board
                 # kept the caution of an unconfirmed duty for as long as it stayed)
-                self._confirmed.append((self.clock(), self._ran_duty()))
+                self._confirm(self._ran_duty())
         elif max(self._cusum) > CUSUM_HOLD:
             pass  # a shift may be building: the step detection decides first
         elif counted is not None:
             if self._follow_share((counted[0] - max(0.0, self.offset_w)) / counted[1], counted[1], ours):
                 # (the lowest duty of its last LEARN_WINDOW ticks: the lesson holds for what ran there)
-                self._confirmed.append((self.clock(), min(e[5] for e in self._counter_seen[-LEARN_WINDOW:])))
+                self._confirm(min(e[5] for e in self._counter_seen[-LEARN_WINDOW:]))
         elif steady and not self._just_changed():
             gain = TABLE_FIRST_GAIN if table_first else SHARE_GAIN
             self._set_share(self.table_share * (1.0 + gain * bounded / max(MIN_ABOVE_W, ours - self.idle_w)))
-            self._confirmed.append((self.clock(), self._ran_duty()))
+            self._confirm(self._ran_duty())
         return True
 
     def _beyond_any_curve(self, power: float) -> bool:
