@@ -50,7 +50,7 @@ from flashwatt.control.configuration import (KEEP_BACKEND, Configuration, Contro
 from flashwatt.control.counter_power import CounterPower
 from flashwatt.control.governor import Governor, Reading, Work
 from flashwatt.control.model_steps import ModelSteps
-from flashwatt.control.pacing import DeviceOps, Pacer
+from flashwatt.control.pacing import CALL_CYCLE_S, DeviceOps, Pacer
 from flashwatt.control.sensor import DEFAULT_PERIOD_S, SensorThread, idle_power
 from flashwatt.control.step_credit import StepCredit
 from flashwatt.vocabulary import TOLERANCE
@@ -62,7 +62,8 @@ class Controller(AttentionCalls, ModelSteps):
                  duty: float = 1.0, knobs: dict | None = None, precision_tolerance: float | None = None,
                  precision_probe: Callable[[], torch.Tensor] | None = None, temp_limit_c: float | None = None,
                  telemetry: Any = None, idle_w: float | None = None, period_s: float = DEFAULT_PERIOD_S,
-                 max_in_flight_s: float = 0.02, pace_quantum_s: float = 0.002, latency_every_s: float = 0.02,
+                 max_in_flight_s: float = 0.02, pace_quantum_s: float = 0.002, pace_cycle_s: float = CALL_CYCLE_S,
+                 latency_every_s: float = 0.02,
                  recheck_every: int = 500, cache: Any = "default", group: Any = None, on_peer_loss: str = "end",
                  peer_timeout_s: float | None = None, clock: Callable[[], float] | None = None,
                  sleep: Callable[[float], None] | None = None, device_ops: DeviceOps | None = None,
@@ -78,7 +79,7 @@ class Controller(AttentionCalls, ModelSteps):
         self._clock = clock or time.perf_counter
         self._ops = device_ops or DeviceOps(self.device, self._clock)
         self._pacer = Pacer(self._ops, lambda: self.governor.duty, pace_quantum_s, max_in_flight_s, self._clock,
-                            sleep or time.sleep)
+                            sleep or time.sleep, target_cycle_s=pace_cycle_s)
 
         owns_telemetry = telemetry is None and mode != "static"
         if owns_telemetry:
@@ -166,6 +167,8 @@ class Controller(AttentionCalls, ModelSteps):
         if root is None or self.device.type != "cuda":
             return None
         key = warm_start_key(self.device, telemetry)
+        # a duty draws other watts at another pacing cycle: tables learned at one do not fit another
+        key["pace_cycle_s"] = self._pacer.target_cycle_s
         if self._shared is not None:
             key["job_ranks"] = self._shared.world  # the job's summed power: a table per job size
         return WarmStartCache(root, key)
@@ -223,8 +226,8 @@ class Controller(AttentionCalls, ModelSteps):
         self._rows.append(row)
 
     def _step_reading(self, reading: Reading) -> Reading:
-        """While a step's pacing cycle is longer than a tick, the power over the last cycles
-        from the energy counter in place of the instant reading, with the duty realized over
+        """While a pacing cycle (a step's, or attention calls') is longer than a tick, the power
+        over the last cycles from the energy counter in place of the instant reading, with the duty realized over
         the same window (flashwatt.control.counter_power): the governor learns and acts on
         the pair, never on the window's power against the duty set now."""
         self._counter.add(reading.t, reading.energy_mj, self._pacer.idle_s())
