@@ -27,7 +27,16 @@ def test_hopper_defaults_name_wgmma_tiles_that_fit():
         for _, full, causal in choices:
             for name in (full, causal):
                 tile = TILES[name]
-                assert tile.mma == WGMMA and D in tile.head_dims and precision in tile.precisions
+                assert tile.mma in HOPPER_MATH and D in tile.head_dims and precision in tile.precisions
+
+
+def test_the_fp8_default_at_head_dim_64_takes_three_consumers_but_for_short_causal_rows():
+    three, two = "wgmma_fp8_ws_pp_m192_n128_s2", "wgmma_fp8_ws_pp_m128_n128_s3"
+    assert DEFAULT_TILE[("fp8", 64)] == three
+    for len_k in (1, 512, 1024, 1025, 4096, 100_000):
+        assert parse_variant("", "fp8", 64, HOPPER, len_k).tile_name == three
+        assert parse_variant("", "fp8", 64, HOPPER, len_k, causal=True).tile_name == (two if len_k <= 1024 else three)
+    assert parse_variant("", "fp8", 128, HOPPER, 1000, causal=True).tile_name == "wgmma_fp8_ws_pp_m128_n128_s2"
 
 
 def test_hopper_default_follows_the_key_length_and_the_mask():
@@ -145,7 +154,8 @@ def test_warp_specialized_tiles_match_the_kernel():
     # persistent at every length, with and without a mask.
     for (precision, D), choices in WGMMA_DEFAULT_TILE.items():
         for bound, full, causal in choices:
-            assert full in ws and causal in ws, (precision, D, bound, full, causal)
+            persistent = {n for n, t in TILES.items() if t.schedule in WS_SCHEDULES and precision in t.precisions}
+            assert full in persistent and causal in persistent, (precision, D, bound, full, causal)
 
 
 def test_work_order_takes_a_counter_only_for_causal_persistent_tiles():

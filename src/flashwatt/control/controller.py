@@ -167,8 +167,8 @@ class Controller(AttentionCalls, ModelSteps):
         if root is None or self.device.type != "cuda":
             return None
         key = warm_start_key(self.device, telemetry)
-        # a duty draws other watts at another pacing cycle: tables learned at one do not fit another
-        key["pace_cycle_s"] = self._pacer.target_cycle_s
+        if self._pacer.target_cycle_s:  # a duty draws other watts at another pacing cycle
+            key["pace_cycle_s"] = self._pacer.target_cycle_s
         if self._shared is not None:
             key["job_ranks"] = self._shared.world  # the job's summed power: a table per job size
         return WarmStartCache(root, key)

@@ -1,6 +1,6 @@
 """The power the loop acts on and learns from when pacing idles the GPU in long stretches: a
-step's, and attention calls', which idle in whole cycles of a quarter second
-(flashwatt.control.pacing).
+step's, and attention calls' where they idle in whole cycles (flashwatt.control.pacing,
+`target_cycle_s`).
 
 A step paced only between steps (a compiled or graphed step has no pacing point inside it)
 alternates hundreds of milliseconds at full power with as long idle: a reading of NVML's
@@ -9,7 +9,7 @@ every busy phase. The energy counter integrates every millisecond, so its rise o
 last pacing cycle or two is the power the 1 s windows will see. `CounterPower` keeps the
 counter's recent readings and gives that average; the controller hands it to the
 governor in place of the instant reading while a pacing cycle is longer than a sensor
-tick (flashwatt.control.controller); over a run's first cycles, before two have passed, one.
+tick (flashwatt.control.controller).
 
 That average is paired with the duty the board ran at over the same window: the share of
 the window not slept by the pacer (its idle time, the sleep in progress included). A
@@ -55,8 +55,6 @@ class CounterPower:
         MAX_WINDOW_S), from the counter; None without two readings that far apart."""
         window = min(MAX_WINDOW_S, CYCLES * cycle_s)
         older = [entry for entry in self._history if entry[0] <= t - window + 1e-9]
-        if not older:  # a run's first cycles: one whole cycle is still the board's average
-            older = [entry for entry in self._history if entry[0] <= t - min(window, cycle_s) + 1e-9]
         if not older or not self._history:
             return None
         (t0, j0, idle0), (t1, j1, idle1) = older[-1], self._history[-1]

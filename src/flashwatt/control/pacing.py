@@ -8,11 +8,12 @@ and sleeps, so the GPU really idles. Two ways of counting the busy time:
 - `after_call(gpu_s, duty)`, for attention calls (each a fraction of a millisecond to a few
   milliseconds): the GPU time of the call as the online model knows it; the queue is kept
   to at most `max_in_flight_s` of work (a stamp per ~1 ms of work, the oldest waited on
-  past the bound), so a new duty acts within milliseconds. The debt is paid once a cycle
-  of `target_cycle_s` is owed (`target_cycle_s x (1 - duty)` of idle, at least `quantum_s`):
-  a board idle for tens of milliseconds draws far less than one idle for 2 ms at a time
-  (on an H200 at duty 0.7, 555 W against 656 W for the same tokens; docs/control.md,
-  "Pacing cycles"), and whole cycles of a quarter second still fit four to a 1 s window.
+  past the bound), so a new duty acts within milliseconds. The debt is paid each `quantum_s`
+  of idle it owes, or, given `target_cycle_s`, once a cycle of it is owed
+  (`target_cycle_s x (1 - duty)` of idle, at least `quantum_s`): a board idle for tens of
+  milliseconds at a time draws less than one idle 2 ms at a time (on an H200 at duty 0.7,
+  555 W against 656 W for the same tokens with 100 ms idles), but the loop as tuned holds
+  budgets worse on such cycles (docs/control.md, "Pacing cycles"), so it is opt-in.
 - `point(duty)`, for steps (tens of milliseconds to seconds): at a pacing point (between
   steps, and within a step where the model's blocks begin, forward and backward) the queue
   is drained and the time since the GPU last resumed is the busy time.
@@ -83,8 +84,9 @@ class DeviceOps:
         return bool(torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
 
 
-# The pacing cycle of attention calls (module docstring): a quarter second, four to a 1 s window.
-CALL_CYCLE_S = 0.25
+# The pacing cycle of attention calls (module docstring): 0 pays each quantum; a quarter second
+# fits four cycles to a 1 s window (`Controller(pace_cycle_s=0.25)`).
+CALL_CYCLE_S = 0.0
 
 # Idle time is paid in slices of at most this long, the debt re-read at the duty in force
 # before each: a duty that rose meanwhile (the governor decides ten times a second) owes less.
@@ -156,17 +158,19 @@ class Pacer:
                 self.ops.wait(stamp)
                 queued -= s
         duty = self.duty()
-        if duty >= 1.0:  # no cycle runs: the next payment starts one afresh
-            self._last_pay_t, self.cycle_s = None, 0.0
+        if duty >= 1.0:
+            if self.target_cycle_s:  # no cycle runs: the next payment starts one afresh
+                self._last_pay_t, self.cycle_s = None, 0.0
         elif gpu_s:
             self._owed_busy_s += gpu_s
             if self._owed_idle_s() >= max(self.quantum_s, self.target_cycle_s * (1.0 - duty)):
                 self.ops.sync()
                 self._in_flight.clear()
                 self._unmarked_s = 0.0
-                if self._last_pay_t is None:  # a first cycle: as long as it is meant to be until measured
-                    self.cycle_s = self.target_cycle_s
-                self._mark_payment()
+                if self.target_cycle_s:  # cycles the controller reads through the energy counter
+                    if self._last_pay_t is None:  # a first cycle: as long as it is meant to be until measured
+                        self.cycle_s = self.target_cycle_s
+                    self._mark_payment()
                 self._pay()
 
     # ---- steps -----------------------------------------------------------------------------
