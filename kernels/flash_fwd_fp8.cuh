@@ -100,11 +100,22 @@ __device__ __forceinline__ void load_tile_fp8(uint32_t dst, const uint8_t* __res
 }
 
 // One row of one tile of the online softmax (online_softmax_row) with P shifted by kPShift.
+// The row's maximum and sum are taken in kChains independent chains (8-column groups nt by
+// nt % kChains), joined at the end: one chain made each FMNMX and each FADD wait on the one
+// before it (32 in a row per tile), and in the ping-pong a consumer's warp is often alone on
+// its sub-partition with nothing else to issue meanwhile (kernels/NOTES.md, "fp8 forward:
+// where the time goes"). max is exact in any order; the sum's order moves its last bits.
 template <int NT, typename At>
 __device__ __forceinline__ float fp8_softmax_row(At&& at, float& row_max, float& row_sum, float scale_log2) {
-  float cur = -INFINITY;
+  constexpr int kChains = NT % 4 == 0 ? 4 : 1;
+  float part[kChains];
 #pragma unroll
-  for (int nt = 0; nt < NT; ++nt) cur = fmaxf(cur, fmaxf(at(nt, 0), at(nt, 1)));
+  for (int c = 0; c < kChains; ++c) part[c] = fmaxf(at(c, 0), at(c, 1));
+#pragma unroll
+  for (int nt = kChains; nt < NT; ++nt) part[nt % kChains] = fmaxf(part[nt % kChains], fmaxf(at(nt, 0), at(nt, 1)));
+  float cur = part[0];
+#pragma unroll
+  for (int c = 1; c < kChains; ++c) cur = fmaxf(cur, part[c]);
   cur = quad_max(cur);
   const float m_old = row_max;
   const float m_new = fmaxf(m_old, cur * scale_log2);
@@ -112,15 +123,18 @@ __device__ __forceinline__ float fp8_softmax_row(At&& at, float& row_max, float&
   const float alpha = exp2_ftz(m_old - m_sub);
   const float m_p = m_sub - kPShift;
   row_max = m_new;
-  float sum = 0.f;
+  float sums[kChains];
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
     const float p0 = exp2_ftz(fmaf(at(nt, 0), scale_log2, -m_p));
     const float p1 = exp2_ftz(fmaf(at(nt, 1), scale_log2, -m_p));
     at(nt, 0) = p0;
     at(nt, 1) = p1;
-    sum += p0 + p1;
+    sums[nt % kChains] = nt < kChains ? p0 + p1 : sums[nt % kChains] + (p0 + p1);
   }
+  float sum = sums[0];
+#pragma unroll
+  for (int c = 1; c < kChains; ++c) sum += sums[c];
   row_sum = row_sum * alpha + sum;
   return alpha;
 }
