@@ -439,12 +439,57 @@ def _budget_timeline(budget_schedule) -> list[tuple[float, float]]:
     return sorted(budget_schedule)
 
 
+class CyclePacing:
+    """Attention calls paced in whole cycles (flashwatt.control.pacing, `target_cycle_s`):
+    busy at full duty until a cycle's busy share is owed, then idle for what that owes at the
+    duty in force, re-read as it is paid; and what the controller then hands the governor,
+    the energy counter's average over the last two cycles with the duty realized in it
+    (flashwatt.control.counter_power), once a cycle is longer than a tick."""
+
+    def __init__(self, cycle_s: float, period_s: float):
+        from flashwatt.control.counter_power import CounterPower
+
+        self.cycle_s, self.period_s = cycle_s, period_s
+        self.owed_busy = 0.0
+        self.idle = False
+        self.idle_s = 0.0  # idle paid so far
+        self.counter = CounterPower()
+
+    def busy(self, duty: float, dt: float) -> bool:
+        """Whether the board computes for the next `dt` at this duty."""
+        if duty >= 1.0:
+            self.idle, self.owed_busy = False, 0.0
+            return True
+        ratio = (1.0 - duty) / duty
+        if self.idle:
+            self.owed_busy -= dt / ratio
+            self.idle_s += dt
+            if self.owed_busy <= 0.0:
+                self.idle, self.owed_busy = False, 0.0
+            return False
+        self.owed_busy += dt
+        if self.owed_busy * ratio >= self.cycle_s * (1.0 - duty):
+            self.idle = True
+        return True
+
+    def reading(self, reading: Reading) -> Reading:
+        self.counter.add(reading.t, reading.energy_mj, self.idle_s)
+        if reading.power_w is None or self.cycle_s <= self.period_s:
+            return reading
+        seen = self.counter.window(reading.t, self.cycle_s)
+        if seen is None:
+            return reading
+        return replace(reading, power_w=seen.watts, duty=seen.duty, window_s=seen.seconds)
+
+
 def run(governor: Governor, plant: Plant, seconds: float, budget_schedule=(), shape: tuple = SHAPE,
-        workloads: list[tuple[float, SimWorkload]] | None = None) -> pd.DataFrame:
+        workloads: list[tuple[float, SimWorkload]] | None = None, cycle_s: float = 0.0) -> pd.DataFrame:
     """Drive the governor for `seconds` of simulated time; its trace, with the board's true
     power and energy (`true_power_w`, `true_energy_mj`) and the counter as read
     (`counter_mj`, also in the governor's readings). `workloads`: (from t, workload) to
-    change the shape mix mid-run (default: `shape` alone with the plant's profiles)."""
+    change the shape mix mid-run (default: `shape` alone with the plant's profiles).
+    `cycle_s`: pacing in whole cycles of this length (CyclePacing) instead of at the duty."""
+    pacing = CyclePacing(cycle_s, plant.sensor_period_s) if cycle_s else None
     mix = random.Random(plant.seed + 1)
     clock = {"t": 0.0}
     governor.clock = lambda: clock["t"]
@@ -464,6 +509,8 @@ def run(governor: Governor, plant: Plant, seconds: float, budget_schedule=(), sh
         call_shape, profiles = workload.shapes[mix.randrange(len(workload.shapes))]
         config = governor.config_for(call_shape)
         duty = governor.duty
+        if pacing is not None:
+            duty = 1.0 if pacing.busy(duty, plant.dt) else 0.0
         share = plant._share(t)
         # latency samples as the controller's CUDA events would give them (slower while
         # another process takes part of the GPU's time)
@@ -480,12 +527,13 @@ def run(governor: Governor, plant: Plant, seconds: float, budget_schedule=(), sh
         board.step(drive_w, ceiling_w, busy)
         if (step + 1) % per_tick == 0:
             clock["t"] = (step + 1) * plant.dt
-            rows.append(_tick(governor, plant, board, work, workload))
+            rows.append(_tick(governor, plant, board, work, workload, pacing))
             work = Work()
     return pd.DataFrame(rows)
 
 
-def _tick(governor: Governor, plant: Plant, board: Board, work: Work, workload: SimWorkload) -> dict:
+def _tick(governor: Governor, plant: Plant, board: Board, work: Work, workload: SimWorkload,
+          pacing: CyclePacing | None = None) -> dict:
     """The sensor's tick: NVML's reading and counter (or their failure) to the governor."""
     t = governor.clock()
     dead = plant.dead(t)
@@ -493,6 +541,8 @@ def _tick(governor: Governor, plant: Plant, board: Board, work: Work, workload: 
     reading = Reading(t, None if dead else board.reading(workload.reading_noise), None if dead else counter,
                       temp_c=None if dead else board.temp_reading(),
                       error="NVMLError_Unknown: simulated sensor failure" if dead else None)
+    if pacing is not None:
+        reading = pacing.reading(reading)
     row = governor.tick(reading, work)
     row.update(true_power_w=board.power, true_energy_mj=board.energy_j * 1e3, counter_mj=counter,
                true_temp_c=board.temp, workload=workload.name)
@@ -575,7 +625,7 @@ def oracle_rows(plant: Plant, workload: SimWorkload, duties=ORACLE_DUTIES, paced
 
 
 def simulate(scenario: dict, governor: Governor, workload: str = "steady", plant: Plant | None = None,
-             workloads: dict | None = None):
+             workloads: dict | None = None, cycle_s: float = 0.0):
     """Run a generated scenario's budget schedule, tenants, NVML failures and mix change on
     the simulated GPU (`workloads`: the workloads by name, default SIM_WORKLOADS). Returns
     (trace with the counter as read in `energy_mj` and `board_energy_mj`, ScenarioFacts
@@ -589,7 +639,7 @@ def simulate(scenario: dict, governor: Governor, workload: str = "steady", plant
         phases.append((scenario["mix_change"]["at_s"], workloads[scenario["mix_change"]["to"]]))
     schedule = BudgetSchedule.parse(scenario["schedule"])
     governor.set_budget(schedule.first_w)
-    trace = run(governor, plant, scenario["seconds"], schedule, workloads=phases)
+    trace = run(governor, plant, scenario["seconds"], schedule, workloads=phases, cycle_s=cycle_s)
     # The windows are judged by the counter as an independent reader reads it (it answers
     # while the controller's reads fail).
     trace["board_energy_mj"] = trace["counter_mj"]

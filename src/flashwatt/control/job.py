@@ -46,7 +46,7 @@ def scenario_of(cell: ControlCell, spec: dict):
                         seconds=float(generated["seconds"]),
                         tenants=tuple(Tenant.from_spec(t) for t in generated.get("tenants", [])),
                         nvml_failures=tuple((float(a), float(b)) for a, b in generated.get("nvml_failures", [])),
-                        mix_change=mix)
+                        mix_change=mix, pace_cycle_s=float(spec.get("pace_cycle_s", 0.0)))
     tenants = ()
     if cell.disturbance == "colocated":
         load = spec.get("colocated", {})
@@ -65,6 +65,7 @@ def scenario_of(cell: ControlCell, spec: dict):
         max_slowdown=cell.max_slowdown_pct / 100 if cell.max_slowdown_pct is not None else None,
         tenants=tenants,
         nvml_failures=((float(cell.disturbance_at_s), float("inf")),) if cell.disturbance == "nvml_failure" else (),
+        pace_cycle_s=float(spec.get("pace_cycle_s", 0.0)),
     )
 
 
@@ -105,7 +106,7 @@ def _oracle(cell: ControlCell, spec: dict, telemetry, device, idle_w, record: di
     duties = {label: [1.0, *(d for d in settings["duties"] if d != 1.0)] if label in settings["paced"] else [1.0]
               for label in settings["configurations"]}
     table = oracle(scenario_of(cell, spec).workload, telemetry, device, list(settings["configurations"]), duties,
-                   float(settings["seconds"]), idle_w)
+                   float(settings["seconds"]), idle_w, float(spec.get("pace_cycle_s", 0.0)))
     record["oracle"] = table.to_dict("records")
     checked = table.dropna(subset=["check_passed"]) if "check_passed" in table else table.iloc[:0]
     failed = checked[~checked["check_passed"].astype(bool)]

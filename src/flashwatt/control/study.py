@@ -153,7 +153,7 @@ def run_scenario(scenario: Scenario, telemetry, device: torch.device, idle_w: fl
         ctl = Controller(scenario.mode, budget.first_w if budget is not None else None, device,
                          telemetry=controller_telemetry, idle_w=idle_w, configuration=scenario.configuration,
                          duty=scenario.duty, max_slowdown=scenario.max_slowdown, cache=cache,
-                         precision_tolerance=scenario.precision_tolerance,
+                         precision_tolerance=scenario.precision_tolerance, pace_cycle_s=scenario.pace_cycle_s,
                          temp_limit_c=hot["temp_limit_c"] if hot else None)
         torch.cuda.synchronize(device)
         t0 = time.monotonic()
@@ -251,15 +251,15 @@ def _with_observer(trace: pd.DataFrame, observed: list, t0: float) -> pd.DataFra
 
 
 def oracle(workload: Workload, telemetry, device: torch.device, configs: list[str], duties: dict[str, list[float]],
-           seconds: float, idle_w: float | None) -> pd.DataFrame:
+           seconds: float, idle_w: float | None, pace_cycle_s: float = 0.0) -> pd.DataFrame:
     """Every static configuration at each of its duties: throughput, power, J/token; then the
     first one again (`repeat`), so the card's drift over the oracle (it warms) is measured
-    rather than hidden in the comparison."""
+    rather than hidden in the comparison. Paced as the runs it judges are (`pace_cycle_s`)."""
     rows = []
     runs = [(label, duty) for label in configs for duty in duties.get(label, [1.0])]
     for i, (label, duty) in enumerate([*runs, runs[0]] if runs else []):
         scenario = Scenario(f"static {label} d{duty:g}", workload, "static", configuration=label, duty=duty,
-                            seconds=seconds)
+                            seconds=seconds, pace_cycle_s=pace_cycle_s)
         try:
             merit, _ = run_scenario(scenario, telemetry, device, idle_w)
         except Exception as err:  # a configuration the device refuses is a row, not a crash

@@ -66,21 +66,28 @@ class WindowReadings:
         loop's since the last tick."""
         return self._window[0] if self._window is not None else self.loop.duty
 
-    def _window_work(self, now: float) -> tuple[tuple | None, float]:
+    def _window_work(self, now: float) -> tuple[tuple | None, float, int]:
         """((shape, configuration) that ran alone in the window, or None; tokens per second
-        over the window)."""
+        over the window; how many (shape, configuration) ran in it)."""
         _, seconds = self._window
         ticks = [entry for entry in self._tick_work if entry[0] > now - seconds + 1e-9]
         keys = frozenset().union(*(keys for _, keys, _ in ticks))
         tokens = sum(tokens for _, _, tokens in ticks)
-        return (next(iter(keys)) if len(keys) == 1 else None), tokens / seconds
+        return (next(iter(keys)) if len(keys) == 1 else None), tokens / seconds, len(keys)
 
     def _learn_window(self, power: float) -> None:
         """Fold a window's reading into the model (module docstring)."""
         self._counter_seen = []  # the per-tick counter's share reads the duty of one tick: not here
         now = self.clock()
-        key, tokens_per_s = self._window_work(now)
+        key, tokens_per_s, ran = self._window_work(now)
         if key is None:
+            # A window of a mix of shapes, or of none (all of it slept at the lowest duty),
+            # teaches no configuration's table, but the others' watts still follow it: read
+            # against the mix's table, or against none (then only a tenant that left is taken).
+            # Returning before this kept a tenant's watts after it left for as long as the
+            # windows held a mix: seconds at the lowest duty on an idle board.
+            mix = self.model.mix_power if ran > 1 and self.model.mix_power.bins else None
+            self._observe(power, mix, True)
             return
         table = self.model.power.get(key)
         if not self._observe(power, table, True) or self._others_present():

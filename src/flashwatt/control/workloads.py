@@ -87,6 +87,7 @@ class Scenario:
     # (flashwatt.control.controller), and the run's final check holds the output to it.
     precision_tolerance: float | None = None
     preheat_s: float = 0.0  # a hot start: the workload at full duty this long before the run
+    pace_cycle_s: float = 0.0  # attention calls paced in whole cycles of this length (0: each 2 ms quantum)
     temp_below_c: float | None = None  # ... and a temperature limit this far under where it left the board
 
     def budget(self) -> BudgetSchedule | None:
