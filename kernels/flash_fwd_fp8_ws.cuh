@@ -19,9 +19,15 @@
 //     descale_q and each K tile's descale_k in the softmax scale, O in units of the last V
 //     tile's descale_v.
 //   * RSUM: the row sums of P from the tensor cores. V^T has a row of e4m3 ones under the head
-//     dim's rows (fp8_quantize.cuh), so O += P V with N = D + 8 also accumulates each row's sum
-//     of P as rounded to e4m3 (the weights O is made of) in its column D, rescaled by alpha as
-//     O is: the softmax drops its FADD per score. The V^T slots hold D + 8 rows.
+//     dim's rows (fp8_quantize.cuh), so P times those rows gives each row's sum of P as rounded
+//     to e4m3 (the weights O is made of): the softmax drops its FADD per score. The V^T slots
+//     hold D + 8 rows. With two consumers, a P V of its own, m64n8k32 over the 8 rows, sums
+//     each tile afresh (scale-d 0 at its first k step) and the tiles' sums add up in fp32,
+//     rescaled by alpha there: summed over a whole row in the fp8 wgmma's accumulator, which
+//     keeps fewer bits than fp32 as it adds, a row of 2049 keys was 2 % off (kernels/NOTES.md,
+//     "After the first run"); a tile's 128 keys stay well inside it. Three consumers (160
+//     registers) run O's P V at N = D + 8 instead, the sums in its column D rescaled with O,
+//     and refuse rows longer than that sums accurately.
 //   * O leaves through a buffer of its own ([BM, D] 16-bit: the Q buffer holds 1 byte per
 //     element), each warp staging only its own rows (store_o_rows), so the next item's Q can
 //     land while the consumers still store this one's O.
@@ -66,8 +72,10 @@ struct Fp8WsShape {
   // + 1 KB: the dynamic shared-memory base is rounded up to the 1 KB swizzle atom.
   static constexpr int kSmemBytes = 2 * kQBytes + ST * (kTileBytes + kVTileBytes) + kOBytes + 1024;
   static constexpr int SN = BN / 2;
-  static constexpr int ON = VROWS / 2;  // O accumulators per thread; with RSUM the last 4 hold the row sums
-  static constexpr int OD = D / 2;      // those of the output
+  // RSUM: the row sums by a P V of their own, tile by tile (two consumers), or in O's (module comment)
+  static constexpr bool kTileSums = RSUM && NWG == 2;
+  static constexpr int OD = D / 2;      // O accumulators per thread of the output
+  static constexpr int ON = kTileSums ? OD : VROWS / 2;  // O's P V's; with RSUM in it the last 4 hold the row sums
   static constexpr int KD = D / 32;
   static constexpr int KN = BN / 32;
   // setmaxnreg: two consumers take 240 registers each; three (head dim 64 only: S 64, O 32 and
@@ -203,6 +211,8 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) flash_fwd_fp8_ws_kernel(co
     for (int i = 0; i < ON; ++i) o[i] = 0.f;
     float row_max[2] = {-INFINITY, -INFINITY};
     float row_sum[2] = {0.f, 0.f};
+    float tile_sums[2] = {0.f, 0.f};  // kTileSums: the rows' sums of P so far, in fp32, at the last tile's max
+    float rs8[4];                     // kTileSums: one tile's, from its own P V (rows g, g + 8)
     float s[SN];
     uint32_t pf[KN][4];
 
@@ -226,8 +236,19 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) flash_fwd_fp8_ws_kernel(co
     auto issue_pv = [&](int j) {
       const uint32_t v_base = sV + slot_of(j) * S::kVTileBytes;
 #pragma unroll
-      for (int kk = 0; kk < KN; ++kk) wgmma_rs_e4m3(o, pf[kk], wgmma_desc_fp8<BN>(v_base + kk * 32), 1);
+      for (int kk = 0; kk < KN; ++kk) {
+        wgmma_rs_e4m3(o, pf[kk], wgmma_desc_fp8<BN>(v_base + kk * 32), 1);
+        if constexpr (S::kTileSums)  // the rows D..D+7 of the slot: ones, then zeros
+          wgmma_rs_e4m3(rs8, pf[kk], wgmma_desc_fp8<BN>(v_base + D * BN + kk * 32), kk > 0 ? 1 : 0);
+      }
       wgmma_commit();
+    };
+    auto take_tile_sums = [&]() {  // the last P V's sums, at its tile's max
+      if constexpr (S::kTileSums) {
+        fence_regs(rs8);
+#pragma unroll
+        for (int r = 0; r < 2; ++r) tile_sums[r] += rs8[2 * r] + rs8[2 * r + 1];
+      }
     };
     auto softmax = [&](int j, float (&alpha)[2], auto mask, float scale_log2) {
       constexpr bool kMask = decltype(mask)::value;
@@ -276,6 +297,9 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) flash_fwd_fp8_ws_kernel(co
       fence_regs(o);
       fence_regs(pf);
       release(v_empty, j - 1);
+      take_tile_sums();  // P_{j-1}'s sums at max j-1, then all of them at max j
+#pragma unroll
+      for (int r = 0; r < 2; ++r) tile_sums[r] *= alpha[r];
 #pragma unroll
       for (int i = 0; i < ON; ++i) o[i] *= i < OD ? alpha_o[(i >> 1) & 1] : alpha[(i >> 1) & 1];
       pack_p();
@@ -307,6 +331,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) flash_fwd_fp8_ws_kernel(co
       wgmma_wait<0>();
       fence_regs(o);
       release(v_empty, n_tiles - 1);
+      take_tile_sums();
     }
     u0 += n_tiles;
     mbar_arrive(q_empty + 8 * qb);  // every S of this item has read its Q
@@ -314,7 +339,11 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) flash_fwd_fp8_ws_kernel(co
     // ---- epilogue, O staged through this warp's own rows of the O buffer
 #pragma unroll
     for (int i = 0; i < OD; ++i) o[i] *= dv_prev;
-    if constexpr (RSUM) {  // column D of row g (r = 0) and g + 8 (r = 1) at the quad's thread 0; the rest 0
+    // (column D of row g (r = 0) and g + 8 (r = 1) at the quad's thread 0; the rest 0)
+    if constexpr (S::kTileSums) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) row_sum[r] = tile_sums[r];
+    } else if constexpr (RSUM) {
 #pragma unroll
       for (int r = 0; r < 2; ++r) row_sum[r] = o[OD + 2 * r] + o[OD + 2 * r + 1];
     }

@@ -79,6 +79,10 @@ __device__ __forceinline__ uint32_t pack_e4m3x4(float x0, float x1, float x2, fl
   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), \
   "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67])
 
+// N = 8: a tile's row sums of P over the row of ones under V^T (flash_fwd_fp8_ws.cuh, RSUM).
+#define FLASHWATT_F8_D4 "{%0, %1, %2, %3}"
+#define FLASHWATT_F8_OUT4 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+
 // m64nNk32, R = N/2 accumulators per thread; OA, OB, OS: the operand numbers after them.
 #define FLASHWATT_WGMMA_SS_E4M3(N, R, DLIST, OUTS, OA, OB, OS)                                          \
   __device__ __forceinline__ void wgmma_ss_e4m3(float (&d)[R], uint64_t a, uint64_t b, int scale_d) {   \
@@ -103,6 +107,7 @@ FLASHWATT_WGMMA_SS_E4M3(64, 32, FLASHWATT_F8_D32, FLASHWATT_F8_OUT32, "32", "33"
 FLASHWATT_WGMMA_SS_E4M3(128, 64, FLASHWATT_F8_D64, FLASHWATT_F8_OUT64, "64", "65", "66")
 FLASHWATT_WGMMA_RS_E4M3(64, 32, FLASHWATT_F8_D32, FLASHWATT_F8_OUT32, "32", "33", "34", "35", "36", "37")
 FLASHWATT_WGMMA_RS_E4M3(128, 64, FLASHWATT_F8_D64, FLASHWATT_F8_OUT64, "64", "65", "66", "67", "68", "69")
+FLASHWATT_WGMMA_RS_E4M3(8, 4, FLASHWATT_F8_D4, FLASHWATT_F8_OUT4, "4", "5", "6", "7", "8", "9")
 FLASHWATT_WGMMA_RS_E4M3(72, 36, FLASHWATT_F8_D36, FLASHWATT_F8_OUT36, "36", "37", "38", "39", "40", "41")
 FLASHWATT_WGMMA_RS_E4M3(136, 68, FLASHWATT_F8_D68, FLASHWATT_F8_OUT68, "68", "69", "70", "71", "72", "73")
 
@@ -116,6 +121,8 @@ FLASHWATT_WGMMA_RS_E4M3(136, 68, FLASHWATT_F8_D68, FLASHWATT_F8_OUT68, "68", "69
 #undef FLASHWATT_F8_OUT36
 #undef FLASHWATT_F8_D68
 #undef FLASHWATT_F8_D36
+#undef FLASHWATT_F8_OUT4
+#undef FLASHWATT_F8_D4
 
 }  // namespace
 }  // namespace flashwatt

@@ -39,7 +39,8 @@ from flashwatt.attention.cell import Cell
 from flashwatt.kernels import fp8_numerics as fn
 from flashwatt.kernels.custom import Custom, flash_forward
 from flashwatt.kernels.custom_fp8 import FP8_CAPABILITY, block_descales, flash_forward_fp8, fp8_kernel_info, quantize
-from flashwatt.kernels.custom_variants import RSUM_MAX_KEYS, TILES, WGMMA_FP8_RSUM, WS_SCHEDULES, parse_variant
+from flashwatt.kernels.custom_variants import (RSUM_MAX_KEYS, TILES, WGMMA_FP8_RSUM, WS_SCHEDULES, parse_variant,
+                                               rsum_in_accumulator)
 from flashwatt.vocabulary import TOLERANCE
 
 pytestmark = [pytest.mark.gpu, pytest.mark.nvcc]  # builds the custom kernels
@@ -86,7 +87,7 @@ def check(q, k, v, causal, variant="", causal_align="top_left", **launch):
     kernel's own operands (<= EMULATION_TOL); rows that see no key exactly 0 with LSE -inf.
     A row-sum tile asked for more keys than it sums accurately refuses, by name."""
     tile = TILES.get(variant)
-    if tile is not None and tile.mma == WGMMA_FP8_RSUM and k.shape[2] > RSUM_MAX_KEYS:
+    if tile is not None and rsum_in_accumulator(tile) and k.shape[2] > RSUM_MAX_KEYS:
         with pytest.raises(ValueError, match=rf"accurate to 1 % up to {RSUM_MAX_KEYS} keys, not {k.shape[2]}"):
             flash_forward_fp8(q, k, v, causal, variant, causal_align=causal_align, **launch)
         return
@@ -175,7 +176,7 @@ def test_matrix(tile, D, causal, L):
         with pytest.raises(ValueError, match=rf"built for head_dim \(64,\), not {D}"):
             flash_forward_fp8(*args, causal, tile)
         return
-    if TILES[tile].mma == WGMMA_FP8_RSUM and L > RSUM_MAX_KEYS:
+    if rsum_in_accumulator(TILES[tile]) and L > RSUM_MAX_KEYS:
         with pytest.raises(ValueError, match=rf"accurate to 1 % up to {RSUM_MAX_KEYS} keys, not {L}"):
             flash_forward_fp8(*args, causal, tile)
         return
