@@ -21,13 +21,11 @@
 //   * RSUM: the row sums of P from the tensor cores. V^T has a row of e4m3 ones under the head
 //     dim's rows (fp8_quantize.cuh), so P times those rows gives each row's sum of P as rounded
 //     to e4m3 (the weights O is made of): the softmax drops its FADD per score. The V^T slots
-//     hold D + 8 rows. With two consumers, a P V of its own, m64n8k32 over the 8 rows, sums
-//     each tile afresh (scale-d 0 at its first k step) and the tiles' sums add up in fp32,
-//     rescaled by alpha there: summed over a whole row in the fp8 wgmma's accumulator, which
-//     keeps fewer bits than fp32 as it adds, a row of 2049 keys was 2 % off (kernels/NOTES.md,
-//     "After the first run"); a tile's 128 keys stay well inside it. Three consumers (160
-//     registers) run O's P V at N = D + 8 instead, the sums in its column D rescaled with O,
-//     and refuse rows longer than that sums accurately.
+//     hold D + 8 rows. A P V of its own, m64n8k32 over the 8 rows, sums each tile afresh
+//     (scale-d 0 at its first k step) and the tiles' sums add up in fp32, rescaled by alpha
+//     there: summed over a whole row in the fp8 wgmma's accumulator (O's P V at N = D + 8, as
+//     first built), which keeps fewer bits than fp32 as it adds, a row of 2049 keys was 2 %
+//     off (kernels/NOTES.md, "After the first run"); a tile's 128 keys stay well inside it.
 //   * O leaves through a buffer of its own ([BM, D] 16-bit: the Q buffer holds 1 byte per
 //     element), each warp staging only its own rows (store_o_rows), so the next item's Q can
 //     land while the consumers still store this one's O.
@@ -72,10 +70,7 @@ struct Fp8WsShape {
   // + 1 KB: the dynamic shared-memory base is rounded up to the 1 KB swizzle atom.
   static constexpr int kSmemBytes = 2 * kQBytes + ST * (kTileBytes + kVTileBytes) + kOBytes + 1024;
   static constexpr int SN = BN / 2;
-  // RSUM: the row sums by a P V of their own, tile by tile (two consumers), or in O's (module comment)
-  static constexpr bool kTileSums = RSUM && NWG == 2;
-  static constexpr int OD = D / 2;      // O accumulators per thread of the output
-  static constexpr int ON = kTileSums ? OD : VROWS / 2;  // O's P V's; with RSUM in it the last 4 hold the row sums
+  static constexpr int OD = D / 2;      // O accumulators per thread
   static constexpr int KD = D / 32;
   static constexpr int KN = BN / 32;
   // setmaxnreg: two consumers take 240 registers each; three (head dim 64 only: S 64, O 32 and
@@ -96,7 +91,7 @@ template <typename T, int D, int BN, int NWG, int ST, bool PP, bool RSUM>
 __global__ void __launch_bounds__(128 * (NWG + 1), 1) flash_fwd_fp8_ws_kernel(const __grid_constant__ Fp8FwdParams f) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using S = Fp8WsShape<D, BN, NWG, ST, PP, RSUM>;
-  constexpr int BM = S::BM, SN = S::SN, ON = S::ON, OD = S::OD, KD = S::KD, KN = S::KN;
+  constexpr int BM = S::BM, SN = S::SN, OD = S::OD, KD = S::KD, KN = S::KN;
   constexpr int CONSUMERS = 128 * S::NWG;
   const FwdParams& p = f.p;
 
@@ -206,13 +201,13 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) flash_fwd_fp8_ws_kernel(co
     float dv_prev = sc.dv[0];  // O's unit: the descale_v of the last P V it holds (flash_fwd_fp8.cuh)
     const uint32_t q_base = sQ + qb * S::kQBytes + cw * 64 * D;
 
-    float o[ON];
+    float o[OD];
 #pragma unroll
-    for (int i = 0; i < ON; ++i) o[i] = 0.f;
+    for (int i = 0; i < OD; ++i) o[i] = 0.f;
     float row_max[2] = {-INFINITY, -INFINITY};
     float row_sum[2] = {0.f, 0.f};
-    float tile_sums[2] = {0.f, 0.f};  // kTileSums: the rows' sums of P so far, in fp32, at the last tile's max
-    float rs8[4];                     // kTileSums: one tile's, from its own P V (rows g, g + 8)
+    float tile_sums[2] = {0.f, 0.f};  // RSUM: the rows' sums of P so far, in fp32, at the last tile's max
+    float rs8[4];                     // RSUM: one tile's, from its own P V (rows g, g + 8)
     float s[SN];
     uint32_t pf[KN][4];
 
@@ -238,13 +233,13 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) flash_fwd_fp8_ws_kernel(co
 #pragma unroll
       for (int kk = 0; kk < KN; ++kk) {
         wgmma_rs_e4m3(o, pf[kk], wgmma_desc_fp8<BN>(v_base + kk * 32), 1);
-        if constexpr (S::kTileSums)  // the rows D..D+7 of the slot: ones, then zeros
+        if constexpr (RSUM)  // the rows D..D+7 of the slot: ones, then zeros
           wgmma_rs_e4m3(rs8, pf[kk], wgmma_desc_fp8<BN>(v_base + D * BN + kk * 32), kk > 0 ? 1 : 0);
       }
       wgmma_commit();
     };
     auto take_tile_sums = [&]() {  // the last P V's sums, at its tile's max
-      if constexpr (S::kTileSums) {
+      if constexpr (RSUM) {
         fence_regs(rs8);
 #pragma unroll
         for (int r = 0; r < 2; ++r) tile_sums[r] += rs8[2 * r] + rs8[2 * r + 1];
@@ -301,7 +296,7 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) flash_fwd_fp8_ws_kernel(co
 #pragma unroll
       for (int r = 0; r < 2; ++r) tile_sums[r] *= alpha[r];
 #pragma unroll
-      for (int i = 0; i < ON; ++i) o[i] *= i < OD ? alpha_o[(i >> 1) & 1] : alpha[(i >> 1) & 1];
+      for (int i = 0; i < OD; ++i) o[i] *= alpha_o[(i >> 1) & 1];
       pack_p();
     };
     {  // tile 0: no P V in flight yet
@@ -339,18 +334,13 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) flash_fwd_fp8_ws_kernel(co
     // ---- epilogue, O staged through this warp's own rows of the O buffer
 #pragma unroll
     for (int i = 0; i < OD; ++i) o[i] *= dv_prev;
-    // (column D of row g (r = 0) and g + 8 (r = 1) at the quad's thread 0; the rest 0)
-    if constexpr (S::kTileSums) {
+    if constexpr (RSUM) {  // (column D of rows g and g + 8 at the quad's thread 0; the rest 0)
 #pragma unroll
       for (int r = 0; r < 2; ++r) row_sum[r] = tile_sums[r];
-    } else if constexpr (RSUM) {
-#pragma unroll
-      for (int r = 0; r < 2; ++r) row_sum[r] = o[OD + 2 * r] + o[OD + 2 * r + 1];
     }
     const float lse_max[2] = {row_max[0] - kPShift, row_max[1] - kPShift};
     __syncwarp();  // this warp's reads of its O rows for the item before are done
-    store_o_rows<T, D, BM>(p, reinterpret_cast<const float(&)[OD]>(o), lse_max, row_sum, sO, b, h, m0, warp_row0,
-                           lane);
+    store_o_rows<T, D, BM>(p, o, lse_max, row_sum, sO, b, h, m0, warp_row0, lane);
   }
   // Consumer 0 takes the turn the last consumer passed after its last wgmma, so no arrival
   // on a named barrier is left pending when the CTA exits.

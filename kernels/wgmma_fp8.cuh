@@ -58,27 +58,6 @@ __device__ __forceinline__ uint32_t pack_e4m3x4(float x0, float x1, float x2, fl
   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
 
-// N = D + 8 for the tiles that take the row sum from the tensor cores (a row of ones under
-// V^T: flash_fwd_fp8_ws.cuh, RSUM).
-#define FLASHWATT_F8_D36 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35}"
-#define FLASHWATT_F8_D68 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67}"
-#define FLASHWATT_F8_OUT36 \
-  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
-  "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
-  "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
-  "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
-  "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35])
-#define FLASHWATT_F8_OUT68 \
-  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
-  "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
-  "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
-  "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
-  "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
-  "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
-  "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
-  "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), \
-  "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67])
-
 // N = 8: a tile's row sums of P over the row of ones under V^T (flash_fwd_fp8_ws.cuh, RSUM).
 #define FLASHWATT_F8_D4 "{%0, %1, %2, %3}"
 #define FLASHWATT_F8_OUT4 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
@@ -108,8 +87,6 @@ FLASHWATT_WGMMA_SS_E4M3(128, 64, FLASHWATT_F8_D64, FLASHWATT_F8_OUT64, "64", "65
 FLASHWATT_WGMMA_RS_E4M3(64, 32, FLASHWATT_F8_D32, FLASHWATT_F8_OUT32, "32", "33", "34", "35", "36", "37")
 FLASHWATT_WGMMA_RS_E4M3(128, 64, FLASHWATT_F8_D64, FLASHWATT_F8_OUT64, "64", "65", "66", "67", "68", "69")
 FLASHWATT_WGMMA_RS_E4M3(8, 4, FLASHWATT_F8_D4, FLASHWATT_F8_OUT4, "4", "5", "6", "7", "8", "9")
-FLASHWATT_WGMMA_RS_E4M3(72, 36, FLASHWATT_F8_D36, FLASHWATT_F8_OUT36, "36", "37", "38", "39", "40", "41")
-FLASHWATT_WGMMA_RS_E4M3(136, 68, FLASHWATT_F8_D68, FLASHWATT_F8_OUT68, "68", "69", "70", "71", "72", "73")
 
 #undef FLASHWATT_WGMMA_RS_E4M3
 #undef FLASHWATT_WGMMA_SS_E4M3
@@ -117,10 +94,6 @@ FLASHWATT_WGMMA_RS_E4M3(136, 68, FLASHWATT_F8_D68, FLASHWATT_F8_OUT68, "68", "69
 #undef FLASHWATT_F8_OUT32
 #undef FLASHWATT_F8_D64
 #undef FLASHWATT_F8_D32
-#undef FLASHWATT_F8_OUT68
-#undef FLASHWATT_F8_OUT36
-#undef FLASHWATT_F8_D68
-#undef FLASHWATT_F8_D36
 #undef FLASHWATT_F8_OUT4
 #undef FLASHWATT_F8_D4
 

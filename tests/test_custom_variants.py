@@ -5,7 +5,7 @@ import pytest
 
 from flashwatt.kernels.custom_variants import (
     DEFAULT_TILE, HOPPER_MATH, LOCKSTEP, PING_PONG, TILES, VARIANTS, WARP_SPECIALIZED, WARP_SPECIALIZED_PING_PONG,
-    RSUM_MAX_KEYS, WGMMA, WGMMA_DEFAULT_TILE, WGMMA_FP8_RSUM, WS_SCHEDULES, default_tile, parse_variant,
+    WGMMA, WGMMA_DEFAULT_TILE, WGMMA_FP8_RSUM, WS_SCHEDULES, default_tile, parse_variant,
 )
 
 HOPPER, AMPERE, ADA = (9, 0), (8, 0), (8, 9)
@@ -107,18 +107,14 @@ def test_refusals_name_the_problem():
         parse_variant("wgmma_m128_n128_s2", "fp32", 64, HOPPER)
 
 
-def test_tiles_summing_rows_in_the_fp8_accumulator_refuse_rows_too_long_for_it():
+def test_tiles_summing_rows_of_p_on_the_tensor_cores_take_rows_of_any_length():
+    """They sum each tile afresh and add the tiles in fp32 (flash_fwd_fp8_ws.cuh, RSUM), where
+    a sum over the whole row in the fp8 accumulator had to refuse rows past 1024 keys."""
     rsum = [name for name, tile in TILES.items() if tile.mma == WGMMA_FP8_RSUM]
-    whole_rows = [name for name in rsum if TILES[name].block_m == 192]
-    assert whole_rows and set(whole_rows) != set(rsum)
-    for name in set(rsum) - set(whole_rows):  # two consumers: tile by tile, added in fp32
-        assert parse_variant(name, "fp8", 64, HOPPER, 65536, True).tile_name == name
-    for name in whole_rows:
-        assert parse_variant(name, "fp8", 64, HOPPER, RSUM_MAX_KEYS, False).tile_name == name
-        with pytest.raises(ValueError, match=f"not {RSUM_MAX_KEYS + 1}; take its tile without _rsum"):
-            parse_variant(name, "fp8", 64, HOPPER, RSUM_MAX_KEYS + 1, True)
-        plain = name.removesuffix("_rsum")
-        assert parse_variant(plain, "fp8", 64, HOPPER, 65536, False).tile_name == plain
+    assert len(rsum) == 2
+    for name in rsum:
+        for causal in (False, True):
+            assert parse_variant(name, "fp8", 64, HOPPER, 65536, causal).tile_name == name
 
 
 def test_ping_pong_tiles_have_what_the_lagging_warpgroup_needs():

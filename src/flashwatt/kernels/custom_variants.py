@@ -220,18 +220,6 @@ def check_variant_name(variant: str) -> None:
     _split_variant(variant)
 
 
-# A row sum of P that adds up over a whole row in the fp8 wgmma's accumulator, which keeps
-# fewer bits than fp32 as it adds, errs more the more keys it sums: on an H100 the RSUM tiles
-# were within 1 % of the emulation of the fp8 arithmetic at 1000 keys and 2.1 % off at 2049
-# without a mask (the other tiles: within 1 % at every length); above this such a tile refuses.
-# With two consumer warpgroups the kernel sums each tile afresh and adds the tiles in fp32
-# (flash_fwd_fp8_ws.cuh, kTileSums): no limit; three (192 rows) have no registers for that.
-RSUM_MAX_KEYS = 1024
-
-
-def rsum_in_accumulator(tile: Tile) -> bool:
-    """Whether the tile sums each row of P over the whole row in the fp8 accumulator."""
-    return tile.mma == WGMMA_FP8_RSUM and tile.block_m == 192
 
 
 @functools.lru_cache(maxsize=512)  # on every call's host path: short kernels are launch-bound
@@ -253,9 +241,6 @@ def parse_variant(variant: str, precision: str, head_dim: int, capability: tuple
         raise ValueError(f"custom variant {variant!r} is built for head_dim {tile.head_dims}, not {head_dim}")
     if precision not in tile.precisions:
         raise ValueError(f"custom variant {variant!r} runs {'/'.join(tile.precisions)}, not {precision}")
-    if rsum_in_accumulator(tile) and len_k is not None and len_k > RSUM_MAX_KEYS:
-        raise ValueError(f"custom variant {variant!r} sums each row of P in the fp8 tensor cores' accumulator, "
-                         f"accurate to 1 % up to {RSUM_MAX_KEYS} keys, not {len_k}; take its tile without _rsum")
     return Launch(tile_name, tile, sm, ctas)
 
 
