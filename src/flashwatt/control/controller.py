@@ -227,9 +227,9 @@ class Controller(AttentionCalls, ModelSteps):
 
     def _step_reading(self, reading: Reading) -> Reading:
         """While a pacing cycle (a step's, or attention calls') is longer than a tick, the power
-        over the last cycles from the energy counter in place of the instant reading, with the duty realized over
-        the same window (flashwatt.control.counter_power): the governor learns and acts on
-        the pair, never on the window's power against the duty set now."""
+        over the last cycles from the energy counter in place of the instant reading, with the
+        duty realized over the same window (flashwatt.control.counter_power): the governor
+        learns and acts on the pair, never on the window's power against the duty set now."""
         self._counter.add(reading.t, reading.energy_mj, self._pacer.idle_s())
         # (a step's own phases, forward, backward, optimizer, draw differently: a step longer
         # than a tick is a cycle too, however finely its pacing points idle it)

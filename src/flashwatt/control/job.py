@@ -105,8 +105,9 @@ def _oracle(cell: ControlCell, spec: dict, telemetry, device, idle_w, record: di
     settings = spec["oracle"]
     duties = {label: [1.0, *(d for d in settings["duties"] if d != 1.0)] if label in settings["paced"] else [1.0]
               for label in settings["configurations"]}
-    table = oracle(scenario_of(cell, spec).workload, telemetry, device, list(settings["configurations"]), duties,
-                   float(settings["seconds"]), idle_w, float(spec.get("pace_cycle_s", 0.0)))
+    scenario = scenario_of(cell, spec)
+    table = oracle(scenario.workload, telemetry, device, list(settings["configurations"]), duties,
+                   float(settings["seconds"]), idle_w, scenario.pace_cycle_s)
     record["oracle"] = table.to_dict("records")
     checked = table.dropna(subset=["check_passed"]) if "check_passed" in table else table.iloc[:0]
     failed = checked[~checked["check_passed"].astype(bool)]

@@ -87,8 +87,8 @@ class Scenario:
     # (flashwatt.control.controller), and the run's final check holds the output to it.
     precision_tolerance: float | None = None
     preheat_s: float = 0.0  # a hot start: the workload at full duty this long before the run
-    pace_cycle_s: float = 0.0  # attention calls paced in whole cycles of this length (0: each 2 ms quantum)
     temp_below_c: float | None = None  # ... and a temperature limit this far under where it left the board
+    pace_cycle_s: float = 0.0  # attention calls paced in whole cycles of this length (0: each 2 ms quantum)
 
     def budget(self) -> BudgetSchedule | None:
         if self.schedule:

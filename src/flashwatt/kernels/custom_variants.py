@@ -129,7 +129,7 @@ DEFAULT_TILE = {
     ("tf32", 128): "tf32",
     # fp8 runs on Hopper only (custom_fp8 refuses other devices before a tile is chosen): the
     # fastest tile of the benches (kernels/NOTES.md, "fp8 forward: measured", "fp8 at head dim
-    # 64: three consumers"): at head dim 64 three consumer warpgroups, 6-24 % ahead of two
+    # 64: three consumers"): at head dim 64 three consumer warpgroups, 4-23 % ahead of two
     # from 2048 keys (under a causal mask to 1024 keys two, WGMMA_DEFAULT_TILE); at 128 the
     # two slots and three are within 1 % of each other but for one shape, and two keep
     # shared memory.
@@ -218,8 +218,6 @@ def check_variant_name(variant: str) -> None:
     """The config-time check: the name follows the grammar; whether it fits a cell's
     precision, head dim and device is decided per cell by parse_variant."""
     _split_variant(variant)
-
-
 
 
 @functools.lru_cache(maxsize=512)  # on every call's host path: short kernels are launch-bound
