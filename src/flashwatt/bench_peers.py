@@ -7,10 +7,13 @@ Python package (`cudnn`, the wheel nvidia-cudnn-frontend; put it in .whl/ for a 
 no network: tests/gpu/run_on_device.sh installs what is there). It takes bf16 inputs as ours
 does and quantises them in the call, with one scale per tensor (cuDNN's fp8 node takes
 scalar descales, not one per head): amax by torch, a scaled cast to e4m3, the graph (built
-once per shape and mask), output in bf16. PyTorch 2.11 exposes no fp8 attention of its own
-(scaled_dot_product_attention takes no float8 tensors), and TransformerEngine's fp8 attention
-needs its torch extension built against the installed torch (it ships as source), so neither
-is a peer here.
+once per shape and mask), output in bf16. On Hopper cuDNN writes this node's output in e4m3
+only (bf16 output needs Blackwell, it says when asked), so there the graph writes e4m3 with
+scale_o = 448 / amax|V| (each output row is a convex combination of V's rows, so |O| <= amax|V|)
+and the call converts it to bf16: that conversion, like the quantisation, is timed. PyTorch
+2.11 exposes no fp8 attention of its own (scaled_dot_product_attention takes no float8
+tensors), and TransformerEngine's fp8 attention needs its torch extension built against the
+installed torch (it ships as source), so neither is a peer here.
 """
 from __future__ import annotations
 
@@ -44,18 +47,22 @@ class CudnnFp8:
         q8, dq = _per_tensor(q)
         k8, dk = _per_tensor(k)
         v8, dv = _per_tensor(v)
-        out = torch.empty(q.shape, dtype=torch.bfloat16, device=q.device)
+        fp8_out = torch.cuda.get_device_capability(q.device)[0] < 10
+        out = torch.empty(q.shape, dtype=torch.float8_e4m3fn if fp8_out else torch.bfloat16, device=q.device)
         graph, tensors, workspace = self._graph(q8, k8, v8, out, bool(call.causal))
         one = torch.ones((1, 1, 1, 1), dtype=torch.float32, device=q.device)
+        # e4m3 output: O scaled by 448 / amax|V| (V's own scale), so the most |O| can be lands on
+        # e4m3's largest value, and read back with V's descale
+        descale_o = dv if fp8_out else one
         amax = torch.empty((2, 1, 1, 1, 1), dtype=torch.float32, device=q.device)
         values = {"q": q8, "k": k8, "v": v8, "descale_q": dq, "descale_k": dk, "descale_v": dv,
-                  "descale_s": one / E4M3_MAX, "scale_s": one * E4M3_MAX, "scale_o": one, "o": out,
+                  "descale_s": one / E4M3_MAX, "scale_s": one * E4M3_MAX, "scale_o": 1.0 / descale_o, "o": out,
                   "amax_s": amax[0], "amax_o": amax[1]}
         import cudnn
 
         cudnn.set_stream(handle=self._handle, stream=torch.cuda.current_stream(q.device).cuda_stream)
         graph.execute({tensors[name]: value for name, value in values.items()}, workspace, handle=self._handle)
-        return out
+        return (out.float() * descale_o).to(q.dtype) if fp8_out else out
 
     def _graph(self, q8, k8, v8, out, causal: bool):
         """The SDPA_FP8 graph of these shapes and mask, built once: (graph, its tensors by name,
@@ -63,7 +70,7 @@ class CudnnFp8:
         import cudnn
         import torch
 
-        key = (tuple(q8.shape), tuple(k8.shape), causal, q8.device.index)
+        key = (tuple(q8.shape), tuple(k8.shape), causal, q8.device.index, out.dtype)
         if key in self._graphs:
             return self._graphs[key]
         if self._handle is None:
@@ -78,7 +85,7 @@ class CudnnFp8:
             descale_v=t["descale_v"], descale_s=t["descale_s"], scale_s=t["scale_s"], scale_o=t["scale_o"],
             generate_stats=False, attn_scale=1.0 / math.sqrt(q8.shape[-1]), use_causal_mask=causal, name="sdpa_fp8")
         o.set_output(True).set_dim(list(out.shape)).set_stride(list(out.stride())).set_data_type(
-            cudnn.data_type.BFLOAT16)
+            cudnn.data_type.FP8_E4M3 if out.dtype == torch.float8_e4m3fn else cudnn.data_type.BFLOAT16)
         for amax in (amax_s, amax_o):
             amax.set_output(True).set_dim([1, 1, 1, 1]).set_stride([1, 1, 1, 1]).set_data_type(cudnn.data_type.FLOAT)
         t.update(o=o, amax_s=amax_s, amax_o=amax_o)
