@@ -31,15 +31,14 @@ def test_hopper_defaults_name_wgmma_tiles_that_fit():
 
 
 def test_the_fp8_default_at_head_dim_64_takes_three_consumers_but_for_short_causal_rows():
-    """Three consumers throughout but under a causal mask to 1024 keys (two); past 1024 keys
-    three stages with the row sums on the tensor cores."""
-    three, two, rsum = "wgmma_fp8_ws_pp_m192_n128_s2", "wgmma_fp8_ws_pp_m128_n128_s3", "wgmma_fp8_ws_pp_m192_n128_s3_rsum"
-    assert DEFAULT_TILE[("fp8", 64)] == three
-    for len_k in (1, 512, 1024, 1025, 4096, 100_000):
-        long = len_k > 1024
-        assert parse_variant("", "fp8", 64, HOPPER, len_k).tile_name == (rsum if long else three)
-        assert parse_variant("", "fp8", 64, HOPPER, len_k, causal=True).tile_name == (rsum if long else two)
+    """Three consumers, three stages and the row sums on the tensor cores but under a causal
+    mask to 1024 keys (two consumers)."""
+    rsum, two = "wgmma_fp8_ws_pp_m192_n128_s3_rsum", "wgmma_fp8_ws_pp_m128_n128_s3"
+    assert DEFAULT_TILE[("fp8", 64)] == rsum
     assert TILES[rsum].mma == WGMMA_FP8_RSUM and TILES[rsum].block_m == 192
+    for len_k in (1, 512, 1024, 1025, 4096, 100_000):
+        assert parse_variant("", "fp8", 64, HOPPER, len_k).tile_name == rsum
+        assert parse_variant("", "fp8", 64, HOPPER, len_k, causal=True).tile_name == (two if len_k <= 1024 else rsum)
     assert parse_variant("", "fp8", 128, HOPPER, 1000, causal=True).tile_name == "wgmma_fp8_ws_pp_m128_n128_s2"
 
 

@@ -10,11 +10,16 @@ Two references, both float64-checked measures ||out - ref|| / ||ref||:
   the bound is twice that.
 - the emulation of the kernel's own arithmetic on the kernel's own e4m3 operands
   (fp8_numerics.emulate_attention, in float32 on the GPU; for the `_rsum` tiles with the row
-  sums of P as rounded to e4m3): bound EMULATION_TOL = 1e-2. What may
-  differ there is summation order (the tensor cores' fp32 accumulation keeps fewer bits over long
-  sums), ex2.approx against exp2 and, rarely, a P that rounds to the neighbouring e4m3 value:
-  well under 1e-2, while a wrong layout (a key order, a swizzle, a descale) is off by tens of
-  per cent. The LSE is held to the emulation's by the same bound.
+  sums of P as rounded to e4m3): bound EMULATION_TOL = 1e-2 over at least FEW_ROWS rows,
+  EMULATION_TOL_FEW_ROWS = 3e-2 over fewer. What may differ there is summation order (the fp8
+  tensor cores accumulate Q K^T in fewer bits than fp32, about 14), ex2.approx against exp2, and
+  so a P that rounds to the neighbouring e4m3 value. Such a flip moves its row by about
+  2^-3 / sqrt(keys) of the row's norm, and at head dim 128 they are not rare: a relative error
+  of 2^-14 to 2^-12 in S, put into the emulation on the CPU, moved 8 rows of 300 keys by up to
+  1.1-2.2 % (norm over the 8 rows; single rows up to 4 %), and an H200 measured 1.02 % on such
+  a case (one row 3 %, the others under 1 %) with every tile alike. Over many rows that averages
+  to well under 1e-2, while a wrong layout (a key order, a swizzle, a descale) is off by tens of
+  per cent at any row count. The LSE is held to the emulation's by the same bounds.
 
 The quantisation step must equal its torch definition bit for bit (fp8_numerics.quantize_blocks,
 transpose_v). Outputs are NaN-filled before each launch, so an unwritten element fails.
@@ -48,6 +53,7 @@ CAPABILITY = torch.cuda.get_device_capability() if torch.cuda.is_available() els
 HOPPER = CAPABILITY == FP8_CAPABILITY
 TOL = TOLERANCE["fp8"]["fwd"]
 EMULATION_TOL = 1e-2
+EMULATION_TOL_FEW_ROWS, FEW_ROWS = 3e-2, 64
 FP8_TILES = [name for name, tile in TILES.items() if "fp8" in tile.precisions]
 
 
@@ -98,9 +104,10 @@ def check(q, k, v, causal, variant="", causal_align="top_left", **launch):
     keep = ~empty
     e_ref, e_emu = rel(got[keep], ref[keep]), rel(got[keep], emu[keep])
     e_lse = rel(lse[keep], emu_lse[keep])
+    bound = EMULATION_TOL if int(keep.sum()) >= FEW_ROWS else EMULATION_TOL_FEW_ROWS
     assert e_ref <= TOL, f"output against float64: rel err {e_ref:.3e} > {TOL:g}"
-    assert e_emu <= EMULATION_TOL, f"output against the emulation: rel err {e_emu:.3e} > {EMULATION_TOL:g}"
-    assert e_lse <= EMULATION_TOL, f"LSE against the emulation: rel err {e_lse:.3e}"
+    assert e_emu <= bound, f"output against the emulation: rel err {e_emu:.3e} > {bound:g} ({int(keep.sum())} rows)"
+    assert e_lse <= bound, f"LSE against the emulation: rel err {e_lse:.3e}"
     return e_ref, e_emu
 
 

@@ -129,11 +129,11 @@ DEFAULT_TILE = {
     ("tf32", 128): "tf32",
     # fp8 runs on Hopper only (custom_fp8 refuses other devices before a tile is chosen): the
     # fastest tile of the benches (kernels/NOTES.md, "fp8 forward: measured", "fp8 at head dim
-    # 64: three consumers"): at head dim 64 three consumer warpgroups, 4-23 % ahead of two
-    # from 2048 keys (under a causal mask to 1024 keys two, WGMMA_DEFAULT_TILE); at 128 the
-    # two slots and three are within 1 % of each other but for one shape, and two keep
-    # shared memory.
-    ("fp8", 64): "wgmma_fp8_ws_pp_m192_n128_s2",
+    # 64: three consumers", "Row sums tile by tile: measured"): at head dim 64 three consumer
+    # warpgroups with the row sums on the tensor cores (under a causal mask to 1024 keys two,
+    # WGMMA_DEFAULT_TILE); at 128 the two slots and three are within 1 % of each other but
+    # for one shape, and two keep shared memory.
+    ("fp8", 64): "wgmma_fp8_ws_pp_m192_n128_s3_rsum",
     ("fp8", 128): "wgmma_fp8_ws_pp_m128_n128_s2",
 }
 
@@ -158,11 +158,11 @@ WGMMA_DEFAULT_TILE.update({
     for precision in ("fp16", "bf16")
 })
 # fp8 at head dim 64 (NOTES, "fp8 at head dim 64: three consumers", "Row sums tile by tile:
-# measured"): three consumer warpgroups but under a causal mask to 1024 keys, where two are
-# 5-6 % faster (they skip more of the masked tiles: 128 query rows a work item against 192);
-# past 1024 keys three stages with the row sums on the tensor cores, 7-12 % ahead of the
-# plain two-stage tile from 4096 keys.
-WGMMA_DEFAULT_TILE[("fp8", 64)] = ((1024, "wgmma_fp8_ws_pp_m192_n128_s2", "wgmma_fp8_ws_pp_m128_n128_s3"),
+# measured"): three consumer warpgroups, three stages, the row sums on the tensor cores (5-12 %
+# ahead of the plain two-stage tile from 1024 keys); under a causal mask to 1024 keys two
+# consumers, as fast as it there and 5-6 % ahead of the plain three (they skip more of the
+# masked tiles: 128 query rows a work item against 192).
+WGMMA_DEFAULT_TILE[("fp8", 64)] = ((1024, "wgmma_fp8_ws_pp_m192_n128_s3_rsum", "wgmma_fp8_ws_pp_m128_n128_s3"),
                                    (None, "wgmma_fp8_ws_pp_m192_n128_s3_rsum", "wgmma_fp8_ws_pp_m192_n128_s3_rsum"))
 
 
