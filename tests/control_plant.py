@@ -473,13 +473,10 @@ class CyclePacing:
         return True
 
     def reading(self, reading: Reading) -> Reading:
+        from flashwatt.control.counter_power import windowed
+
         self.counter.add(reading.t, reading.energy_mj, self.idle_s)
-        if reading.power_w is None or self.cycle_s <= self.period_s:
-            return reading
-        seen = self.counter.window(reading.t, self.cycle_s)
-        if seen is None:
-            return reading
-        return replace(reading, power_w=seen.watts, duty=seen.duty, window_s=seen.seconds)
+        return windowed(self.counter, reading, self.cycle_s, self.period_s)
 
 
 def run(governor: Governor, plant: Plant, seconds: float, budget_schedule=(), shape: tuple = SHAPE,

@@ -128,7 +128,65 @@ def test_a_tenant_that_leaves_while_windows_hold_a_mix_is_let_go():
                                 cycle_s=0.25)
         assert facts.tenants[0]["alone_w"] > 364.0  # the tenant alone is over the budget: the lowest duty
         during = trace[(trace["t"] > 2.0) & (trace["t"] < 3.3)]
-        assert during["offset_w"].max() > 300.0 and during["duty"].min() <= 0.02
+        tenant_w = facts.tenants[0]["alone_w"] - IDLE_W  # the tenant is seen, the duty at its lowest
+        assert during["offset_w"].max() > 0.5 * tenant_w and during["duty"].min() <= 0.02
         after = trace[trace["t"] >= 3.3 + 1.0]
         assert after["offset_w"].max() < 50.0, seed  # let go within a second of leaving
         assert after["duty"].mean() > 0.2, seed
+
+
+def test_a_tick_before_the_counter_holds_a_window_is_marked_mid_cycle():
+    """`windowed`: with cycles longer than a tick, the counter's average over two cycles once
+    it holds them; before that the instant reading marked mid_cycle; as it is without cycles
+    or without the energy counter (nothing to window)."""
+    from flashwatt.control.counter_power import CounterPower, windowed
+    from flashwatt.control.governor import Reading
+
+    counter = CounterPower()
+    first = Reading(0.0, 700.0, energy_mj=0.0)
+    counter.add(0.0, 0.0, 0.0)
+    assert windowed(counter, first, 0.25, 0.1).mid_cycle
+    assert windowed(counter, first, 0.0, 0.1) == first  # no cycles: the instant reading
+    assert windowed(counter, Reading(0.0, 700.0), 0.25, 0.1) == Reading(0.0, 700.0)  # no counter
+    for i in range(1, 6):  # 300 W on average, half the time slept
+        counter.add(0.1 * i, 30_000.0 * i, 0.05 * i)
+    seen = windowed(counter, Reading(0.5, 120.0, energy_mj=150_000.0), 0.25, 0.1)
+    assert not seen.mid_cycle and seen.power_w == pytest.approx(300.0) and seen.duty == pytest.approx(0.5)
+
+
+def test_mid_cycle_ticks_keep_telemetry_alive_without_a_reading():
+    """A governor handed only mid-cycle ticks for longer than its staleness limit stays out
+    of the fallback (telemetry works) and takes none of those watts as another tenant's."""
+    from control_plant import H100_STEADY, IDLE_W, LIMIT_W
+    from flashwatt.control.governor import Governor, Reading, Work
+
+    gov = Governor("budget", list(H100_STEADY), budget_w=300.0, idle_w=IDLE_W, limit_w=LIMIT_W)
+    shape = (4, 16, 4096, 128)
+    for i in range(30):
+        work = Work()
+        work.add(shape, gov.config_for(shape), 65536)
+        row = gov.tick(Reading(0.1 * i, 700.0 if i % 2 else 120.0, energy_mj=1e3 * i, mid_cycle=True), work)
+        assert row["phase"] != "fallback" and row["telemetry_ok"], i
+    assert gov.offset_w == 0.0 and gov.fallback_reason is None
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_busy_phase_before_the_first_window_is_not_another_tenants_watts(seed):
+    """Warm, on cycles of 0.25 s, with no tenant: the instant reading of a busy phase before
+    the counter holds two cycles (the run's first half second) drew a cut to the lowest duty
+    with 289-396 W taken for another tenant's on the simulated board, and 367 W on an H200."""
+    from control_plant import H100_STEADY, H100_WORKLOADS, IDLE_W, LIMIT_W, Plant, simulate
+    from flashwatt.control.governor import Governor
+
+    scenario = {"schedule": [[0.0, 366.0], [0.8, 537.0], [1.4, 306.0]], "seconds": 2.0, "nvml_failures": [],
+                "mix_change": None, "tenants": []}
+    earlier = Governor("budget", list(H100_STEADY), budget_w=366.0, idle_w=IDLE_W, limit_w=LIMIT_W)
+    simulate(dict(scenario, seconds=8.0), earlier, "steady", Plant(H100_STEADY, seed=100 + seed),
+             workloads=H100_WORKLOADS, cycle_s=0.25)
+    gov = Governor("budget", list(H100_STEADY), budget_w=366.0, idle_w=IDLE_W, limit_w=LIMIT_W)
+    gov.model = earlier.model  # what a warm start brings
+    trace, _ = simulate(scenario, gov, "steady", Plant(H100_STEADY, seed=seed), workloads=H100_WORKLOADS,
+                        cycle_s=0.25)
+    first = trace[trace["t"] <= 1.0]
+    assert first["offset_w"].max() == 0.0
+    assert first[first["t"] > 0.2]["duty"].min() > 0.1

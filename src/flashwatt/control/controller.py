@@ -47,7 +47,7 @@ import torch
 from flashwatt.control.attention_calls import AttentionCalls
 from flashwatt.control.configuration import (KEEP_BACKEND, Configuration, ControlError, candidates, check_knobs,
                                              step_allowed, step_candidates)
-from flashwatt.control.counter_power import CounterPower
+from flashwatt.control.counter_power import CounterPower, windowed
 from flashwatt.control.governor import Governor, Reading, Work
 from flashwatt.control.model_steps import ModelSteps
 from flashwatt.control.pacing import CALL_CYCLE_S, DeviceOps, Pacer
@@ -233,13 +233,7 @@ class Controller(AttentionCalls, ModelSteps):
         self._counter.add(reading.t, reading.energy_mj, self._pacer.idle_s())
         # (a step's own phases, forward, backward, optimizer, draw differently: a step longer
         # than a tick is a cycle too, however finely its pacing points idle it)
-        cycle = max(self._pacer.cycle_s, self._pacer.step_s)
-        if reading.power_w is None or cycle <= self.period_s:
-            return reading
-        seen = self._counter.window(reading.t, cycle)
-        if seen is None:
-            return reading
-        return dataclasses.replace(reading, power_w=seen.watts, duty=seen.duty, window_s=seen.seconds)
+        return windowed(self._counter, reading, max(self._pacer.cycle_s, self._pacer.step_s), self.period_s)
 
     # ---- public --------------------------------------------------------------------------
     def set_budget(self, budget_w: float) -> None:

@@ -11,6 +11,13 @@ counter's recent readings and gives that average; the controller hands it to the
 governor in place of the instant reading while a pacing cycle is longer than a sensor
 tick (flashwatt.control.controller).
 
+Until the counter holds a window (a run's first two cycles, and the first two after a gap in
+the readings), the instant reading is a phase of a cycle: a busy phase reads the watts of full
+duty, so a loop acting on it took 300-400 W of them for another tenant's and cut to its lowest
+duty (an H200 at 0.25 s cycles: phantom tenants of 367 and 445 W in one run, at 0.3 s and
+right after an NVML gap). Such a tick is handed on marked `mid_cycle`: telemetry that works,
+with no reading of our watts (`windowed`).
+
 That average is paired with the duty the board ran at over the same window: the share of
 the window not slept by the pacer (its idle time, the sleep in progress included). A
 window of two cycles shows the duty of a second ago as much as the duty now; read against
@@ -63,3 +70,19 @@ class CounterPower:
         seconds = t1 - t0
         duty = min(1.0, max(0.0, 1.0 - (idle1 - idle0) / seconds))
         return WindowPower((j1 - j0) / seconds, duty, seconds)
+
+
+def windowed(counter: CounterPower, reading, cycle_s: float, period_s: float):
+    """The reading the governor acts on for this tick (a flashwatt.control.governor.Reading,
+    already added to `counter`): while a pacing cycle is longer than a tick, the counter's
+    average over the last cycles with the duty realized in it; with no such window yet, the
+    instant reading marked `mid_cycle` (module docstring). As it is without pacing cycles,
+    without a reading, or without the energy counter (nothing to window)."""
+    import dataclasses
+
+    if reading.power_w is None or reading.energy_mj is None or cycle_s <= period_s:
+        return reading
+    seen = counter.window(reading.t, cycle_s)
+    if seen is None:
+        return dataclasses.replace(reading, mid_cycle=True)
+    return dataclasses.replace(reading, power_w=seen.watts, duty=seen.duty, window_s=seen.seconds)

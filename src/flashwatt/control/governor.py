@@ -108,6 +108,10 @@ class Reading:
     # cycles (flashwatt.control.counter_power): the duty realized in it and its seconds.
     duty: float | None = None
     window_s: float | None = None
+    # Set where pacing cycles are longer than a tick but the counter holds no window of them
+    # yet: power_w is the instant reading of one phase of a cycle, telemetry that works but
+    # no reading of our watts (flashwatt.control.counter_power).
+    mid_cycle: bool = False
 
 
 @dataclass
@@ -335,7 +339,7 @@ class Governor(ShapeChoices, PowerHolding, TableError, WindowReadings):
         self._adapt_margin(now, self._counter_joules(now, reading.energy_mj, power))
         if power is not None:
             self.last_valid_t = now
-            if self._waking(now, power):
+            if reading.mid_cycle or self._waking(now, power):
                 power = None  # telemetry works; this reading says nothing of our watts
         if power is not None:
             still = (abs(self.loop.duty - self._last_duty) < 0.03 and abs(self._last_duty - self._prev_duty) < 0.03
