@@ -190,3 +190,25 @@ def test_a_busy_phase_before_the_first_window_is_not_another_tenants_watts(seed)
     first = trace[trace["t"] <= 1.0]
     assert first["offset_w"].max() == 0.0
     assert first[first["t"] > 0.2]["duty"].min() > 0.1
+
+
+def test_a_stalled_read_of_the_counter_ends_no_window():
+    """A read that returns the read before's value (the counter stalled; the next read catches
+    up) holds the energy of a tick ago: a window ending on it read 0 W for that tick, one
+    starting on it counted the tick twice (on the simulated board, after an NVML gap, windows
+    read 330-400 W where the board drew 240-280 W). Windows end and start on reads that moved."""
+    from flashwatt.control.counter_power import CounterPower
+
+    def filled(stall_at: int) -> CounterPower:
+        counter = CounterPower()
+        joules = 0.0
+        for i in range(11):  # 400 W throughout, read every 0.1 s; one read stalls
+            joules += 40.0 * (i > 0)
+            counter.add(0.1 * i, (joules - 40.0 if i == stall_at else joules) * 1e3, 0.0)
+        return counter
+
+    for stall_at in (10, 5):  # at the window's end, at its start (a window of 0.5 s ending at 1.0 s)
+        seen = filled(stall_at).window(1.0, 0.25)
+        assert seen is not None and seen.watts == pytest.approx(400.0), stall_at
+    steady = filled(-1).window(1.0, 0.25)
+    assert steady.watts == pytest.approx(400.0) and steady.seconds == pytest.approx(0.5)

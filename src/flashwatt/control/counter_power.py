@@ -48,23 +48,34 @@ class WindowPower:
 
 class CounterPower:
     def __init__(self):
-        self._history: collections.deque = collections.deque()  # (t, joules, idle seconds paced so far)
+        # (t, joules, idle seconds paced so far) of the reads that moved: a read that returns
+        # the read before's value (the counter stalled: a board never draws 0 W) holds the
+        # energy of a tick ago, and a window ending or starting on it would miss that tick's
+        # joules or count them twice; so a window's ends are reads that moved.
+        self._history: collections.deque = collections.deque()
 
     def add(self, t: float, energy_mj: float | None, idle_s: float = 0.0) -> None:
         if energy_mj is None:
             return
-        self._history.append((t, energy_mj / 1e3, idle_s))
+        joules = energy_mj / 1e3
+        if self._history and joules <= self._history[-1][1]:
+            return  # stalled
+        self._history.append((t, joules, idle_s))
         while self._history and self._history[0][0] < t - MAX_WINDOW_S - 0.5:
             self._history.popleft()
 
     def window(self, t: float, cycle_s: float) -> WindowPower | None:
         """Average power and realized duty over the last CYCLES pacing cycles (at most
-        MAX_WINDOW_S), from the counter; None without two readings that far apart."""
+        MAX_WINDOW_S) up to the last read that moved, from the counter; None without two
+        such reads that far apart."""
         window = min(MAX_WINDOW_S, CYCLES * cycle_s)
-        older = [entry for entry in self._history if entry[0] <= t - window + 1e-9]
-        if not older or not self._history:
+        if not self._history:
             return None
-        (t0, j0, idle0), (t1, j1, idle1) = older[-1], self._history[-1]
+        t1, j1, idle1 = self._history[-1]
+        older = [entry for entry in self._history if entry[0] <= t1 - window + 1e-9]
+        if not older or t - t1 > window:
+            return None
+        t0, j0, idle0 = older[-1]
         if t1 <= t0:
             return None
         seconds = t1 - t0
