@@ -502,3 +502,26 @@ def test_a_generated_scenario_becomes_the_run_it_names():
     failing = scenario_of(ControlCell("g", budgets=((0, 450),), disturbance="nvml_failure", disturbance_at_s=5),
                           {"seconds": 9})
     assert failing.nvml_failures == ((5.0, float("inf")),)
+
+
+def test_an_oracle_warms_the_card_before_its_first_row(monkeypatch):
+    """The oracle's first configuration runs ORACLE_WARMUP_S at full duty, unrecorded and off
+    the warm-start cache, before the first row; then every row in order and the first again
+    (its repeat), each paced as the oracle is."""
+    from flashwatt.control import study
+    from flashwatt.control.workloads import Workload
+
+    calls = []
+
+    def fake_run(scenario, telemetry, device, idle_w=None, cache="default", started=None):
+        calls.append((scenario.configuration, scenario.duty, scenario.seconds, scenario.pace_cycle_s, cache))
+        return {"tokens_per_s": 1.0, "avg_power_w": 400.0, "j_per_token": 400.0, "check_passed": True,
+                "check_rel_err": 1e-3}, None
+
+    monkeypatch.setattr(study, "run_scenario", fake_run)
+    table = study.oracle(Workload(), None, "cpu", ["sdpa_cudnn", "custom"], {"sdpa_cudnn": [1.0, 0.5]}, 2.0, 120.0,
+                         pace_cycle_s=0.25)
+    assert calls[0] == ("sdpa_cudnn", 1.0, study.ORACLE_WARMUP_S, 0.25, None)
+    assert [c[:3] for c in calls[1:]] == [("sdpa_cudnn", 1.0, 2.0), ("sdpa_cudnn", 0.5, 2.0), ("custom", 1.0, 2.0),
+                                          ("sdpa_cudnn", 1.0, 2.0)]
+    assert len(table) == 4 and list(table["repeat"]) == [False, False, False, True]
