@@ -142,16 +142,24 @@ def test_a_tick_before_the_counter_holds_a_window_is_marked_mid_cycle():
     from flashwatt.control.counter_power import CounterPower, windowed
     from flashwatt.control.governor import Reading
 
+    no_counter = CounterPower()
+    no_counter.add(0.0, None, 0.0)
+    assert windowed(no_counter, Reading(0.0, 700.0), 0.25, 0.1) == Reading(0.0, 700.0)  # a board without one
     counter = CounterPower()
     first = Reading(0.0, 700.0, energy_mj=0.0)
     counter.add(0.0, 0.0, 0.0)
     assert windowed(counter, first, 0.25, 0.1).mid_cycle
     assert windowed(counter, first, 0.0, 0.1) == first  # no cycles: the instant reading
-    assert windowed(counter, Reading(0.0, 700.0), 0.25, 0.1) == Reading(0.0, 700.0)  # no counter
     for i in range(1, 6):  # 300 W on average, half the time slept
         counter.add(0.1 * i, 30_000.0 * i, 0.05 * i)
     seen = windowed(counter, Reading(0.5, 120.0, energy_mj=150_000.0), 0.25, 0.1)
     assert not seen.mid_cycle and seen.power_w == pytest.approx(300.0) and seen.duty == pytest.approx(0.5)
+    counter.add(0.6, None, 0.3)  # this tick's counter read failed: the window to the last read
+    failed = windowed(counter, Reading(0.6, 700.0), 0.25, 0.1)
+    assert not failed.mid_cycle and failed.power_w == pytest.approx(300.0)
+    for t in (1.1, 1.6):  # and none once that read is more than a window old
+        counter.add(t, None, 0.0)
+    assert windowed(counter, Reading(1.6, 700.0), 0.25, 0.1).mid_cycle
 
 
 def test_mid_cycle_ticks_keep_telemetry_alive_without_a_reading():

@@ -53,11 +53,13 @@ class CounterPower:
         # energy of a tick ago, and a window ending or starting on it would miss that tick's
         # joules or count them twice; so a window's ends are reads that moved.
         self._history: collections.deque = collections.deque()
+        self.read_once = False  # whether the board's counter ever answered (else nothing to window)
 
     def add(self, t: float, energy_mj: float | None, idle_s: float = 0.0) -> None:
         if energy_mj is None:
             return
         joules = energy_mj / 1e3
+        self.read_once = True
         if self._history and joules <= self._history[-1][1]:
             return  # stalled
         self._history.append((t, joules, idle_s))
@@ -86,12 +88,13 @@ class CounterPower:
 def windowed(counter: CounterPower, reading, cycle_s: float, period_s: float):
     """The reading the governor acts on for this tick (a flashwatt.control.governor.Reading,
     already added to `counter`): while a pacing cycle is longer than a tick, the counter's
-    average over the last cycles with the duty realized in it; with no such window yet, the
-    instant reading marked `mid_cycle` (module docstring). As it is without pacing cycles,
-    without a reading, or without the energy counter (nothing to window)."""
+    average over the last cycles with the duty realized in it (ending at its last read that
+    moved, if this tick's read failed); with no such window, the instant reading marked
+    `mid_cycle` (module docstring). As it is without pacing cycles, without a reading, or on
+    a board whose counter never answered (nothing to window)."""
     import dataclasses
 
-    if reading.power_w is None or reading.energy_mj is None or cycle_s <= period_s:
+    if reading.power_w is None or cycle_s <= period_s or not counter.read_once:
         return reading
     seen = counter.window(reading.t, cycle_s)
     if seen is None:
