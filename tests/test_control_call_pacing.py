@@ -220,3 +220,8 @@ def test_a_stalled_read_of_the_counter_ends_no_window():
         assert seen is not None and seen.watts == pytest.approx(400.0), stall_at
     steady = filled(-1).window(1.0, 0.25)
     assert steady.watts == pytest.approx(400.0) and steady.seconds == pytest.approx(0.5)
+    reset = filled(-1)  # a counter that goes back (a driver reset) starts its windows afresh
+    for i, t in enumerate((1.1, 1.2, 1.3, 1.4, 1.5, 1.6)):
+        reset.add(t, 40_000.0 * i, 0.0)
+        assert (reset.window(t, 0.25) is None) == (t < 1.55)
+    assert reset.window(1.6, 0.25).watts == pytest.approx(400.0)

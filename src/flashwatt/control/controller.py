@@ -37,7 +37,6 @@ flashwatt.control.job_power): the ranks share their readings every tick and pace
 from __future__ import annotations
 
 import collections
-import dataclasses
 import threading
 import time
 from typing import Any, Callable

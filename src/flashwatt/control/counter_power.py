@@ -29,7 +29,7 @@ duty -> power curve whatever the duty did in it, and whatever phase of a cycle i
 from __future__ import annotations
 
 import collections
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 # The average is taken over this many pacing cycles, at most MAX_WINDOW_S.
 CYCLES = 2.0
@@ -60,8 +60,10 @@ class CounterPower:
             return
         joules = energy_mj / 1e3
         self.read_once = True
-        if self._history and joules <= self._history[-1][1]:
+        if self._history and joules == self._history[-1][1]:
             return  # stalled
+        if self._history and joules < self._history[-1][1]:
+            self._history.clear()  # the counter went back (a driver reset): windows start afresh
         self._history.append((t, joules, idle_s))
         while self._history and self._history[0][0] < t - MAX_WINDOW_S - 0.5:
             self._history.popleft()
@@ -92,11 +94,9 @@ def windowed(counter: CounterPower, reading, cycle_s: float, period_s: float):
     moved, if this tick's read failed); with no such window, the instant reading marked
     `mid_cycle` (module docstring). As it is without pacing cycles, without a reading, or on
     a board whose counter never answered (nothing to window)."""
-    import dataclasses
-
     if reading.power_w is None or cycle_s <= period_s or not counter.read_once:
         return reading
     seen = counter.window(reading.t, cycle_s)
     if seen is None:
-        return dataclasses.replace(reading, mid_cycle=True)
-    return dataclasses.replace(reading, power_w=seen.watts, duty=seen.duty, window_s=seen.seconds)
+        return replace(reading, mid_cycle=True)
+    return replace(reading, power_w=seen.watts, duty=seen.duty, window_s=seen.seconds)
