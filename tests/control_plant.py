@@ -37,6 +37,7 @@ import pandas as pd
 
 from flashwatt.control.budget_schedule import BudgetSchedule
 from flashwatt.control.configuration import Configuration
+from flashwatt.control.counter_power import CounterPower, windowed
 from flashwatt.control.governor import Governor, Reading, Work
 from flashwatt.control.scenario_merit import ScenarioFacts
 
@@ -447,8 +448,6 @@ class CyclePacing:
     (flashwatt.control.counter_power), once a cycle is longer than a tick."""
 
     def __init__(self, cycle_s: float, period_s: float):
-        from flashwatt.control.counter_power import CounterPower
-
         self.cycle_s, self.period_s = cycle_s, period_s
         self.owed_busy = 0.0
         self.idle = False
@@ -473,8 +472,6 @@ class CyclePacing:
         return True
 
     def reading(self, reading: Reading) -> Reading:
-        from flashwatt.control.counter_power import windowed
-
         self.counter.add(reading.t, reading.energy_mj, self.idle_s)
         return windowed(self.counter, reading, self.cycle_s, self.period_s)
 
