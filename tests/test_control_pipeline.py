@@ -525,3 +525,24 @@ def test_an_oracle_warms_the_card_before_its_first_row(monkeypatch):
     assert [c[:3] for c in calls[1:]] == [("sdpa_cudnn", 1.0, 2.0), ("sdpa_cudnn", 0.5, 2.0), ("custom", 1.0, 2.0),
                                           ("sdpa_cudnn", 1.0, 2.0)]
     assert len(table) == 4 and list(table["repeat"]) == [False, False, False, True]
+
+
+def test_an_oracle_hands_back_each_rows_trace(monkeypatch):
+    """Each recorded row's ticks come back (the warm-up's do not), named as the row, so the
+    cell's trace file shows the watts of every static row beside the runs they judge."""
+    from flashwatt.control import study
+    from flashwatt.control.workloads import Workload
+
+    def fake_run(scenario, telemetry, device, idle_w=None, cache="default", started=None):
+        trace = pd.DataFrame({"t": [0.0, 0.1], "power_w": [100.0 * scenario.duty, 100.0 * scenario.duty]})
+        return ({"tokens_per_s": 1.0, "avg_power_w": 400.0, "j_per_token": 400.0, "check_passed": True,
+                 "check_rel_err": 1e-3}, trace.assign(scenario=scenario.name))
+
+    monkeypatch.setattr(study, "run_scenario", fake_run)
+    traces: list = []
+    study.oracle(Workload(), None, "cpu", ["sdpa_cudnn"], {"sdpa_cudnn": [1.0, 0.5]}, 2.0, 120.0, traces=traces)
+    frame = pd.concat(traces)
+    assert list(frame.groupby("scenario", sort=False).size().index) == ["static sdpa_cudnn d1", "static sdpa_cudnn d0.5"]
+    assert list(frame["repeat"]) == [False, False, False, False, True, True]
+    assert frame.groupby("scenario")["power_w"].max().to_dict() == {"static sdpa_cudnn d1": 100.0,
+                                                                    "static sdpa_cudnn d0.5": 50.0}

@@ -99,15 +99,17 @@ def _warm_up(cell: ControlCell, spec: dict, device) -> list[dict]:
     return refused
 
 
-def _oracle(cell: ControlCell, spec: dict, telemetry, device, idle_w, record: dict) -> None:
+def _oracle(cell: ControlCell, spec: dict, telemetry, device, idle_w, record: dict) -> list[dict]:
+    """The oracle's table into the record; its rows' traces, tick by tick, returned."""
     from flashwatt.control.study import oracle
 
     settings = spec["oracle"]
     duties = {label: [1.0, *(d for d in settings["duties"] if d != 1.0)] if label in settings["paced"] else [1.0]
               for label in settings["configurations"]}
     scenario = scenario_of(cell, spec)
+    traces: list = []
     table = oracle(scenario.workload, telemetry, device, list(settings["configurations"]), duties,
-                   float(settings["seconds"]), idle_w, scenario.pace_cycle_s)
+                   float(settings["seconds"]), idle_w, scenario.pace_cycle_s, traces=traces)
     record["oracle"] = table.to_dict("records")
     checked = table.dropna(subset=["check_passed"]) if "check_passed" in table else table.iloc[:0]
     failed = checked[~checked["check_passed"].astype(bool)]
@@ -116,6 +118,7 @@ def _oracle(cell: ControlCell, spec: dict, telemetry, device, idle_w, record: di
                       ", ".join(f"{r.config} d{r.duty:g} (rel_err {r.check_rel_err:.3g})" for r in failed.itertuples()))
     else:
         record["status"] = "ok"
+    return [row for trace in traces for row in trace.assign(cell_id=cell.id).to_dict("records")]
 
 
 def _controlled(cell: ControlCell, spec: dict, telemetry, device, idle_w, record: dict, tenants: list) -> list[dict]:
@@ -156,8 +159,7 @@ def run_control_cell(cell: ControlCell, spec: dict) -> CellOutcome:
                 idle_w = idle_power(telemetry, seconds=IDLE_WINDOW_S)
             record["idle_w"] = idle_w
             if cell.mode == "oracle":
-                _oracle(cell, spec, telemetry if telemetry.available else None, device, idle_w, record)
-                return []
+                return _oracle(cell, spec, telemetry if telemetry.available else None, device, idle_w, record)
             return _controlled(cell, spec, telemetry, device, idle_w, record, tenants)
         except ControlError as err:  # a budget or setting this GPU cannot hold
             raise CellSkipped(str(err)) from None

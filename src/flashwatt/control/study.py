@@ -254,14 +254,17 @@ def _with_observer(trace: pd.DataFrame, observed: list, t0: float) -> pd.DataFra
 
 
 def oracle(workload: Workload, telemetry, device: torch.device, configs: list[str], duties: dict[str, list[float]],
-           seconds: float, idle_w: float | None, pace_cycle_s: float = 0.0) -> pd.DataFrame:
+           seconds: float, idle_w: float | None, pace_cycle_s: float = 0.0,
+           traces: list[pd.DataFrame] | None = None) -> pd.DataFrame:
     """Every static configuration at each of its duties: throughput, power, J/token; then the
     first one again (`repeat`), so the card's drift over the oracle (it warms) is measured
     rather than hidden in the comparison. Paced as the runs it judges are (`pace_cycle_s`).
     Before the first row, ORACLE_WARMUP_S of the first configuration at full duty, not
     recorded: a first row measured on a card cooler than the rest drew less than its own
     repeat (the stream's cuDNN row on an H200: 660 W first, 685 W at the end, +3.8 %), and
-    the front then asks the runs for watts the board no longer gives."""
+    the front then asks the runs for watts the board no longer gives. `traces`, where given,
+    gets each row's trace (its `scenario` the row's name), so a row's watts can be read tick
+    by tick beside the runs it judges."""
     rows = []
     runs = [(label, duty) for label in configs for duty in duties.get(label, [1.0])]
     if runs:
@@ -275,7 +278,7 @@ def oracle(workload: Workload, telemetry, device: torch.device, configs: list[st
         scenario = Scenario(f"static {label} d{duty:g}", workload, "static", configuration=label, duty=duty,
                             seconds=seconds, pace_cycle_s=pace_cycle_s)
         try:
-            merit, _ = run_scenario(scenario, telemetry, device, idle_w)
+            merit, trace = run_scenario(scenario, telemetry, device, idle_w)
         except Exception as err:  # a configuration the device refuses is a row, not a crash
             rows.append({"config": label, "duty": duty, "error": f"{type(err).__name__}: {err}",
                          "repeat": i == len(runs)})
@@ -284,6 +287,8 @@ def oracle(workload: Workload, telemetry, device: torch.device, configs: list[st
                      "avg_power_w": merit.get("avg_power_w"), "j_per_token": merit.get("j_per_token"),
                      "check_passed": merit["check_passed"], "check_rel_err": merit["check_rel_err"],
                      "repeat": i == len(runs)})
+        if traces is not None:
+            traces.append(trace.assign(repeat=i == len(runs)))
     return pd.DataFrame(rows)
 
 
