@@ -151,6 +151,37 @@ def test_a_second_run_starts_at_its_operating_point(tmp_path, budget):
     assert tokens_per_s > cold_first["tokens"].sum() / cold_first["t"].iloc[-1]  # where a cold start explores
 
 
+def test_a_run_that_ends_exploring_leaves_the_next_one_less_to_explore(tmp_path):
+    """A run shorter than an exploration saves its probe and the candidates it explored,
+    marked partial; the next explores only the rest, without probing again, and once it
+    has finished, the third starts at its operating point. Saved nothing, every such run
+    began from nothing again (on an H200, 5 of 20 five-second runs in a row)."""
+    first = governor(450.0, WarmStartCache(tmp_path, KEY))
+    run(first, Plant(PROFILES), 1.5)
+    assert first.shapes[SHAPE].exploring
+    first.warm_start.save(first.learned())
+    entry = WarmStartCache(tmp_path, KEY).lookup(SHAPE)
+    assert entry["partial"] and entry["runs"] == 1
+    second = governor(450.0, WarmStartCache(tmp_path, KEY))
+    resumed = run(second, Plant(PROFILES, seed=1), 8.0)
+    events = resumed["event"].dropna()
+    assert events.iloc[0].startswith("warm start: explore 2 of 3 configurations on"), events.iloc[0]
+    assert not events.str.startswith("prune").any()  # no second probe
+    cold = run(governor(450.0, None), Plant(PROFILES, seed=1), 8.0)
+    explored_until = resumed.loc[resumed["phase"] == "explore", "t"].max()
+    assert explored_until < 0.6 * cold.loc[cold["phase"].isin(["probe", "explore"]), "t"].max()
+    assert second.shapes[SHAPE].phase == "exploit"
+    second.warm_start.save(second.learned())
+    assert not WarmStartCache(tmp_path, KEY).lookup(SHAPE)["partial"]
+    third = governor(450.0, WarmStartCache(tmp_path, KEY))
+    warm = run(third, Plant(PROFILES, seed=2), 3.0)
+    assert (warm["phase"] != "explore").all() and warm["event"].dropna().iloc[0].startswith("warm start: 4 configurations")
+    # a run that ends exploring again leaves a whole entry whole
+    fourth = governor(450.0, WarmStartCache(tmp_path, KEY))
+    fourth.warm_start.save({SHAPE: dict(second.learned()[SHAPE], partial=True)})
+    assert not WarmStartCache(tmp_path, KEY).lookup(SHAPE)["partial"]
+
+
 def test_a_jobs_file_and_its_first_gpus_own_keep_each_other(tmp_path):
     """A job on several GPUs keeps its tables under rank 0's GPU in a folder of its own: a
     save removes the files of its folder's other keys (a new driver or build), so in one

@@ -4,7 +4,9 @@ A run that finished exploring a shape knows each configuration's GPU time, its t
 watt at the set point, its joules per token and its duty -> power table. The next run on
 the same GPU with the same software starts from that knowledge at its operating point
 instead of exploring again (it still re-checks the runner-up now and then, so knowledge
-that went stale is corrected; flashwatt.control.governor).
+that went stale is corrected; flashwatt.control.governor). A run that ended while still
+exploring saves what its probe and the candidates it explored measured, marked partial: the
+next run explores on from there instead of from nothing.
 
 Where: `$FLASHWATT_CONTROL_CACHE`, else `results/control-cache` under the current directory
 (the repository root when the workflow runs), as the kernel build cache does. `off` (or an
@@ -112,21 +114,22 @@ class WarmStartCache:
     def lookup(self, shape: tuple) -> dict | None:
         """What was learned for a shape: {"stats": {label: Stats}, "power": {label: PowerTable},
         "refused": {label: reason}, "mixed": whether it ran mixed with other shapes (then
-        "power" holds the mix's table too), "runs": how many runs saved it}."""
+        "power" holds the mix's table too), "partial": whether every run that saved it ended
+        while still exploring it, "runs": how many runs saved it}."""
         entry = self._shapes.get(shape_text(shape))
         if not entry or not entry.get("stats"):
             return None
         return {"stats": {label: stats_from_dict(s) for label, s in entry["stats"].items()},
                 "power": {label: table_from_dict(t) for label, t in entry.get("power", {}).items()},
                 "refused": dict(entry.get("refused", {})), "mixed": bool(entry.get("mixed", False)),
-                "runs": entry.get("runs", 0)}
+                "partial": bool(entry.get("partial", False)), "runs": entry.get("runs", 0)}
 
     def shapes(self) -> list[str]:
         return sorted(self._shapes)
 
     def save(self, learned: dict[tuple, dict]) -> None:
         """Merge what a run learned ({shape: {"stats": {label: Stats}, "power": {label:
-        PowerTable}, "refused": {label: reason}}}) into the file, under its lock;
+        PowerTable}, "refused": {label: reason}, "partial": bool}}) into the file, under its lock;
         configurations this run did not measure keep what the file had."""
         if not learned:
             return
@@ -138,7 +141,11 @@ class WarmStartCache:
         with FileLock(str(self.folder / f"{self.digest}.lock"), timeout=_LOCK_TIMEOUT_S):
             data = self._read() or {"format": FORMAT_VERSION, "key": self.key, "shapes": {}}
             for shape, what in learned.items():
-                entry = data["shapes"].setdefault(shape_text(shape), {"stats": {}, "power": {}, "runs": 0})
+                partial = bool(what.get("partial", False))
+                entry = data["shapes"].setdefault(shape_text(shape), {"stats": {}, "power": {}, "runs": 0,
+                                                                      "partial": partial})
+                # (an entry stays whole once a run finished exploring it)
+                entry["partial"] = bool(entry.get("partial", False)) and partial
                 entry["stats"].update({label: stats_to_dict(s) for label, s in what["stats"].items()})
                 entry["power"].update({label: table_to_dict(t) for label, t in what.get("power", {}).items()})
                 entry.setdefault("refused", {}).update(what.get("refused", {}))
