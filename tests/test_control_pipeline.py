@@ -428,6 +428,8 @@ def test_each_generated_scenario_is_a_row_with_its_whole_scenario(generated):
             assert "alone:" in row["tenants"]  # with the tenants' power measured alone
         assert pd.notna(row["mix_change"]) == bool(scenario["mix_change"])
         assert 0.5 < row["vs_front"] < 1.2 and row["front_tokens"] > 0  # judged against the static front
+        # ... in two: the budget it drew, and what it made of the watts it drew
+        assert 0.8 < row["budget_drawn"] <= 1.03 and 0.5 < row["vs_front_at_drawn"] < 1.2
         assert pd.isna(row["best_static"])  # a moving budget has no one best static row
 
 
@@ -440,6 +442,7 @@ def test_the_pooled_rows_say_which_targets_are_met(generated):
     assert steady["windows_within_pct"] == pytest.approx(expected)
     assert steady["steps"] == sum(len(str(t).split()) for t in runs["step_settle_s"].dropna())
     assert "windows pooled >= 99%" in steady["judged"] and "energy within 3%" not in steady["judged"]
+    assert 0.8 < steady["budget_drawn"] <= 1.03 and 0.5 < steady["vs_front_at_drawn"] < 1.2
     from flashwatt.control.pooled import _judge
 
     bad = _judge(dict(steady, windows_within_pct=90.0, min_windows_within_pct=80.0))
@@ -447,6 +450,8 @@ def test_the_pooled_rows_say_which_targets_are_met(generated):
     from flashwatt.control.pooled import report_sentences
 
     assert "steady-bf16-full: 6 budget runs" in report_sentences(pooled)
+    assert f"{steady['budget_drawn']:.3f} of the budget drawn, at {steady['vs_front_at_drawn']:.3f} of the front" \
+        in report_sentences(pooled)
 
 
 def test_the_runs_that_started_warm_are_pooled_apart(generated):
@@ -462,7 +467,14 @@ def test_the_runs_that_started_warm_are_pooled_apart(generated):
     assert row["runs"] == 2 and row["windows"] == expected["windows"]
     assert row["vs_front"] == pytest.approx(expected["vs_front"])
     assert "energy within 3%" not in row["judged"]
+    # ... and judged on what a warm start promises, its first second (the other rows are not)
+    assert row["first_windows"] == 2 and row["min_first_second_vs_front"] == pytest.approx(
+        warm_runs["first_second_vs_front"].min())
+    assert "warm first second >= 0.95 of front" in row["judged"] and "warm first windows within" in row["judged"]
+    generated_row = pooled[(pooled["group"] == "steady-bf16-full") & (pooled["runs_set"] == "generated")].iloc[0]
+    assert "warm first second" not in generated_row["judged"]
     assert "Of its 6 generated runs, 2 started warm" in report_sentences(pooled)
+    assert f"their first second {row['first_second_vs_front']:.3f} of the front" in report_sentences(pooled)
     # a record that does not say how many shapes it met is not taken for a warm one
     from flashwatt.control.pooled import pooled_table
 

@@ -17,12 +17,18 @@ was on the board, which workload ran when (flashwatt.control.metrics has the run
   NVML failing, or the end) is within budget + 3%, None when that does not happen before
   it; `step_settle_p50_s`/`p95_s` over them (a step that never settled counts as
   infinite).
-- `front_basis`: per workload phase, the seconds, tokens and time-averaged budget of the
-  ticks with no tenant on the board and the controller's telemetry answering. The
+- `front_basis`: per workload phase, the seconds, tokens, time-averaged budget and average
+  power (the energy counter's over the ticks it covered, None where that is under
+  COUNTER_COVER of the phase) of the ticks with no tenant on the board and the controller's
+  telemetry answering. The
   throughput comparison with the static Pareto front (flashwatt.control.summary) reads the
   front of each phase's workload at its time-averaged budget; tenants take GPU time as
   well as watts, and a blind controller holds a frugal fallback on purpose, so neither is
   charged to the controller (their seconds are recorded as `front_excluded_s`).
+- `first_second_basis`, `first_window_within`: the run's first second as `front_basis` has
+  it (None where a tenant or the fallback took more than a tenth of it), and whether its
+  first disjoint 1 s window was within budget + 3% (None where infeasible or unread): what
+  a warm start promises (flashwatt.control.warm_start).
 - `after_5s_j_per_token`: joules per token from 5 s to the end (energy mode's target).
 """
 from __future__ import annotations
@@ -36,6 +42,14 @@ import pandas as pd
 from flashwatt.control.budget_schedule import BudgetSchedule
 from flashwatt.control.metrics import (ENERGY_AFTER_S, OVER, TOLERANCE, budget_steps, energy_column, energy_series,
                                        recovery_time, sliding_windows, window_power)
+
+
+# A phase's average power is known where the energy counter was read through this much of it.
+COUNTER_COVER = 0.8
+# The first second of a run (a warm start's promise), judged where at least this much of it
+# had no tenant on the board and the telemetry answering.
+FIRST_S = 1.0
+FIRST_JUDGED = 0.9
 
 
 @dataclass
@@ -126,6 +140,10 @@ def _front_basis(trace: pd.DataFrame, facts: ScenarioFacts) -> tuple[list[dict],
     judged = ~tenant_on & ~blind
     budget = pd.to_numeric(trace["budget_w"], errors="coerce").to_numpy(dtype=float)
     tokens = pd.to_numeric(trace["tokens"], errors="coerce").fillna(0).to_numpy(dtype=float)
+    column = energy_column(trace)
+    # each tick's joules since the tick before (NaN where either read is missing)
+    joules = (np.diff(pd.to_numeric(trace[column], errors="coerce").to_numpy(dtype=float), prepend=np.nan) / 1e3
+              if column is not None else np.full(len(t), np.nan))
     bounds = [p[0] for p in facts.phases[1:]] + [math.inf]
     basis = []
     for (begin, group), end in zip(facts.phases, bounds):
@@ -134,7 +152,11 @@ def _front_basis(trace: pd.DataFrame, facts: ScenarioFacts) -> tuple[list[dict],
         if seconds <= 0:
             continue
         avg = float((budget[sel] * dt[sel]).sum() / seconds) if np.isfinite(budget[sel]).all() else None
-        basis.append({"group": group, "seconds": seconds, "tokens": float(tokens[sel].sum()), "avg_budget_w": avg})
+        # (over the ticks the counter covered: a run's first has no read before it)
+        read = sel & np.isfinite(joules)
+        power = float(joules[read].sum() / dt[read].sum()) if dt[read].sum() >= COUNTER_COVER * seconds else None
+        basis.append({"group": group, "seconds": seconds, "tokens": float(tokens[sel].sum()), "avg_budget_w": avg,
+                      "avg_power_w": power})
     return basis, float(dt[~judged].sum())
 
 
@@ -154,6 +176,10 @@ def scenario_merit(trace: pd.DataFrame, facts: ScenarioFacts) -> dict:
     if len(trace) < 2:
         return out
     out["front_basis"], out["front_excluded_s"] = _front_basis(trace, facts)
+    first = trace[trace["t"] <= trace["t"].iloc[0] + FIRST_S + 1e-9]
+    first_basis, _ = _front_basis(first, facts) if len(first) >= 2 else ([], 0.0)
+    judged = sum(phase["seconds"] for phase in first_basis)
+    out["first_second_basis"] = first_basis if judged >= FIRST_JUDGED * FIRST_S else None
     out["after_5s_j_per_token"] = _energy_after(trace)
     out["tenants"] = facts.tenants
     if not trace["budget_w"].notna().any():
@@ -168,6 +194,9 @@ def scenario_merit(trace: pd.DataFrame, facts: ScenarioFacts) -> dict:
         if len(feasible) else None
     out["windows_over_10pct"] = int((feasible["power_w"] > feasible["budget_w"] * (1 + OVER)).sum())
     out["infeasible_windows"] = int(disjoint["infeasible"].sum())
+    opening = disjoint[(disjoint["start"] - trace["t"].iloc[0]).abs() < 1e-6]
+    out["first_window_within"] = (bool(opening["power_w"].iloc[0] <= opening["budget_w"].iloc[0] * (1 + TOLERANCE))
+                                  if len(opening) and not opening["infeasible"].iloc[0] else None)
     sliding = _mark(sliding_windows(trace, budget_at=budget_at), trace, facts)
     ok = sliding.dropna(subset=["power_w"])
     ok = ok[~ok["infeasible"]]

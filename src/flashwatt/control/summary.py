@@ -19,6 +19,14 @@ every run's trace, with each run judged against its workload's oracle.
   budget for as long (flashwatt.control.scenario_merit: the ticks with no tenant on the
   board and the telemetry answering; `front_excluded_s` the rest). Below the front's lowest
   point the bar is the line to idle (time-sharing the lowest static run with idling).
+- `budget_drawn` and `vs_front_at_drawn` split `vs_front` in two: the energy the run drew in
+  those ticks over what the budget allowed, and its tokens over what the front gives at the
+  power it drew. Where the front is steep a few per cent of the budget left undrawn cost
+  several times as much throughput; a run below the front at the watts it drew spends them
+  worse than time-sharing two static configurations would.
+- `first_second_vs_front`: the same over the run's first second alone (where a tenant or the
+  fallback left it at least 0.9 s judged), with `first_window_within` from the run's record:
+  a warm start promises both (at least 0.95 of the front, within budget).
 - `energy_gap_pct`: the energy mode's joules per token from 5 s on over the least-energy
   static configuration's, less one, in %.
 
@@ -43,20 +51,21 @@ MERIT_COLUMNS = [
     "steady_avg_power_w", "steady_windows_within_pct", "steady_j_per_token", "final_config", "calls", "slept_s",
     "check_rel_err", "check_tol", "check_passed", "idle_w", "limit_w",
     "windows_over_10pct", "sliding_over_10pct", "worst_sliding_overshoot_pct", "infeasible_windows",
-    "step_settle_p50_s", "step_settle_p95_s", "front_excluded_s", "after_5s_j_per_token",
+    "step_settle_p50_s", "step_settle_p95_s", "front_excluded_s", "after_5s_j_per_token", "first_window_within",
     # a temperature limit (a hot start; flashwatt.control.thermal_merit)
     "preheat_temp_c", "temp_limit_c", "temp_windows", "temp_windows_within_pct", "temp_cooling_windows",
     "temp_cooled_s", "temp_worst_window_c",
 ]
 # What a run's scenario was (flashwatt.control.summary._scenario_columns), and its lists as text.
 SCENARIO_COLUMNS = ["schedule", "tenants", "nvml_failures", "mix_change", "scenario_classes", "tenant_spans",
-                    "failure_spans", "warm_shapes", "shapes", "step_settle_s", "front_basis"]
+                    "failure_spans", "warm_shapes", "shapes", "step_settle_s", "front_basis", "first_second_basis"]
 COMPARISON_COLUMNS = [
     "best_static", "best_static_tokens_per_s", "best_static_power_w", "vs_best_static", "steady_vs_best_static",
     "front_tokens_per_s", "steady_vs_front",
     "best_static_j", "best_static_j_per_token", "vs_best_static_j", "steady_vs_best_static_j",
     "static_default_tokens_per_s", "static_default_power_w", "static_default_j_per_token", "vs_static_default_j",
-    "oracle_same_device", "oracle_drift_pct", "front_tokens", "vs_front", "energy_gap_pct",
+    "oracle_same_device", "oracle_drift_pct", "front_tokens", "vs_front", "budget_drawn", "vs_front_at_drawn",
+    "first_second_vs_front", "first_second_front_tokens", "energy_gap_pct",
 ]
 DEVICE_COLUMNS = ["device", "device_type", "device_uuid"]
 
@@ -134,6 +143,8 @@ def _scenario_columns(cell: ControlCell, spec: dict, merit: dict) -> dict:
         "shapes": (merit.get("warm_start") or {}).get("shapes"),  # the shapes it met (warm or not)
         "step_settle_s": _seconds_text(merit.get("step_settle_s")),
         "front_basis": json.dumps(merit.get("front_basis")) if merit.get("front_basis") is not None else None,
+        "first_second_basis": (json.dumps(merit["first_second_basis"]) if merit.get("first_second_basis") is not None
+                               else None),
     }
 
 
@@ -191,6 +202,27 @@ def vs_front(basis: list[dict] | None, oracle: pd.DataFrame, idle_w: float | Non
         tokens += phase["tokens"]
         bar += front * phase["seconds"]
     return (tokens / bar if bar > 0 else None), bar
+
+
+def front_split(basis: list[dict] | None, oracle: pd.DataFrame,
+                idle_w: float | None) -> tuple[float | None, float | None]:
+    """`vs_front` in two (module docstring): (energy drawn over the budget's, tokens over what
+    the front gives at the power drawn), over the same phases. None where a phase's power,
+    budget or front is not known."""
+    if not basis:
+        return None, None
+    drawn = allowed = tokens = bar = 0.0
+    for phase in basis:
+        power, budget = phase.get("avg_power_w"), phase.get("avg_budget_w")
+        rows = oracle[oracle["group"] == phase["group"]] if "group" in oracle else oracle
+        front = front_at(rows, power, idle_w) if power is not None else None
+        if budget is None or front is None:
+            return None, None
+        drawn += power * phase["seconds"]
+        allowed += budget * phase["seconds"]
+        tokens += phase["tokens"]
+        bar += front * phase["seconds"]
+    return (drawn / allowed if allowed > 0 else None), (tokens / bar if bar > 0 else None)
 
 
 def pareto_front(rows: pd.DataFrame) -> pd.DataFrame:
@@ -265,8 +297,13 @@ def compare_with_oracle(runs: pd.DataFrame, oracle: pd.DataFrame) -> pd.DataFram
                 values.update(front_tokens_per_s=front, steady_vs_front=_ratio(run["steady_tokens_per_s"], front))
         if run["mode"] in ("budget", "random") and isinstance(run["front_basis"], str):
             idle = float(run["idle_w"]) if pd.notna(run["idle_w"]) else None
-            ratio, bar = vs_front(json.loads(run["front_basis"]), suite_rows, idle)
-            values.update(vs_front=ratio, front_tokens=bar)
+            basis = json.loads(run["front_basis"])
+            ratio, bar = vs_front(basis, suite_rows, idle)
+            drawn, at_drawn = front_split(basis, suite_rows, idle)
+            values.update(vs_front=ratio, front_tokens=bar, budget_drawn=drawn, vs_front_at_drawn=at_drawn)
+            if isinstance(run["first_second_basis"], str):
+                ratio, bar = vs_front(json.loads(run["first_second_basis"]), suite_rows, idle)
+                values.update(first_second_vs_front=ratio, first_second_front_tokens=bar)
         frugal = least_energy_static(rows, float(run["budget_w"]) if pd.notna(run["budget_w"]) and run["mode"] == "budget"
                                      else None)
         if frugal is not None:
