@@ -325,3 +325,21 @@ def test_a_tenant_process_starts_waits_and_runs_when_told():
     assert process.proc.returncode == 0
     with pytest.raises(ValueError, match="tenant kind 'sleep'"):
         Tenant("sleep")
+
+
+def test_finishing_a_tenant_that_is_gone_raises_nothing():
+    """A tenant ended under the run (SIGINT reaches the whole process group) leaves bytes in
+    the pipe's buffer; closing it must not raise over the run's own outcome."""
+    import subprocess
+    import sys
+
+    from flashwatt.control.tenants import Tenant, TenantProcess
+
+    process = TenantProcess.__new__(TenantProcess)
+    process.tenant = Tenant("gemm")
+    process.proc = subprocess.Popen([sys.executable, "-c", "pass"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    text=True, bufsize=1)
+    process.proc.wait()
+    process.proc.stdin.write("run 1.0 2.0")  # no newline yet: buffered, so close() flushes it into a closed pipe
+    process.finish(timeout=5)
+    assert process.proc.stdin.closed and process.proc.stdout.closed

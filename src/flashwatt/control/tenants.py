@@ -163,4 +163,10 @@ class TenantProcess:
         finally:
             for stream in (self.proc.stdin, self.proc.stdout):
                 if stream is not None and not stream.closed:
-                    stream.close()
+                    try:
+                        stream.close()
+                    except (BrokenPipeError, OSError):
+                        # Closing flushes what is buffered for a tenant that is gone (a run
+                        # interrupted by SIGINT ends it too); raised here, it replaced the run's
+                        # own outcome in the cell's record.
+                        pass
