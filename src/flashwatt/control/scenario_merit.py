@@ -20,11 +20,11 @@ was on the board, which workload ran when (flashwatt.control.metrics has the run
 - `front_basis`: per workload phase, the seconds, tokens, time-averaged budget and average
   power (the energy counter's over the ticks it covered, None where that is under
   COUNTER_COVER of the phase) of the ticks with no tenant on the board and the controller's
-  telemetry answering. The
-  throughput comparison with the static Pareto front (flashwatt.control.summary) reads the
-  front of each phase's workload at its time-averaged budget; tenants take GPU time as
-  well as watts, and a blind controller holds a frugal fallback on purpose, so neither is
-  charged to the controller (their seconds are recorded as `front_excluded_s`).
+  telemetry answering. The throughput comparison with the static Pareto front
+  (flashwatt.control.summary) reads the front of each phase's workload at its time-averaged
+  budget; tenants take GPU time as well as watts, and a blind controller holds a frugal
+  fallback on purpose, so neither is charged to the controller (their seconds are recorded
+  as `front_excluded_s`).
 - `first_second_basis`, `first_window_within`: the run's first second as `front_basis` has
   it (None where a tenant or the fallback took more than a tenth of it), and whether its
   first disjoint 1 s window was within budget + 3% (None where infeasible or unread): what
