@@ -182,6 +182,23 @@ def test_a_run_that_ends_exploring_leaves_the_next_one_less_to_explore(tmp_path)
     assert not WarmStartCache(tmp_path, KEY).lookup(SHAPE)["partial"]
 
 
+def test_a_partial_save_keeps_what_the_file_measured_better(tmp_path):
+    """A run that ended exploring may have only probed a configuration that the file knows at
+    its operating point: the file keeps the better measured statistics and table; what the
+    partial run measured better, it takes."""
+    cache = WarmStartCache(tmp_path, KEY)
+    cache.save(learned())  # cuDNN with 4 power samples and a table
+    probed = Stats(s_per_call=16384 / 16e6, latency_samples=2, tokens_per_call=16384)
+    cache.save({SHAPE: {"stats": {CUDNN.label: probed}, "power": {CUDNN.label: PowerTable({5: 300.0})},
+                        "refused": {}, "partial": True}})
+    entry = WarmStartCache(tmp_path, KEY).lookup(SHAPE)
+    assert entry["stats"][CUDNN.label].eta_samples == 4 and not entry["partial"]
+    assert entry["power"][CUDNN.label].bins == PowerTable({10: 400.0, 20: 690.0}).bins
+    better = Stats(s_per_call=16384 / 16e6, latency_samples=6, tokens_per_call=16384, eta=2.1e4, eta_samples=9)
+    cache.save({SHAPE: {"stats": {CUDNN.label: better}, "power": {}, "refused": {}, "partial": True}})
+    assert WarmStartCache(tmp_path, KEY).lookup(SHAPE)["stats"][CUDNN.label].eta_samples == 9
+
+
 def test_a_jobs_file_and_its_first_gpus_own_keep_each_other(tmp_path):
     """A job on several GPUs keeps its tables under rank 0's GPU in a folder of its own: a
     save removes the files of its folder's other keys (a new driver or build), so in one

@@ -146,8 +146,13 @@ class WarmStartCache:
                                                                       "partial": partial})
                 # (an entry stays whole once a run finished exploring it)
                 entry["partial"] = bool(entry.get("partial", False)) and partial
-                entry["stats"].update({label: stats_to_dict(s) for label, s in what["stats"].items()})
-                entry["power"].update({label: table_to_dict(t) for label, t in what.get("power", {}).items()})
+                # A run that ended exploring may have only probed a configuration another run
+                # measured at its operating point: it keeps what has more power samples.
+                taken = {label for label, st in what["stats"].items()
+                         if not (partial and entry["stats"].get(label, {}).get("eta_samples", 0) > st.eta_samples)}
+                entry["stats"].update({label: stats_to_dict(st) for label, st in what["stats"].items() if label in taken})
+                entry["power"].update({label: table_to_dict(t) for label, t in what.get("power", {}).items()
+                                       if label in taken or label not in what["stats"]})
                 entry.setdefault("refused", {}).update(what.get("refused", {}))
                 entry["mixed"] = bool(what.get("mixed", False))
                 entry["runs"] = entry.get("runs", 0) + 1
