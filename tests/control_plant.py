@@ -110,6 +110,11 @@ class Profile:
     # and full clocks in the bursts, lower clocks at full duty): the line from idle at this
     # slope meets power_full_w before full duty, and power stays there.
     busy_w: float | None = None
+    # How pacing costs this configuration's calls busy time, where it differs from the board's
+    # (Plant.pace_loss, cubic): busy = duty * (1 - pace_loss * (1 - duty) ** pace_exponent).
+    # Short calls lose more of it to each quantum's drain and sleep (the H200's stream).
+    pace_loss: float | None = None
+    pace_exponent: float = 3.0
 
 
 CUDNN = Configuration("sdpa_cudnn")
@@ -199,6 +204,45 @@ STREAM_READING_NOISE = 0.146
 H100_WORKLOADS = {"steady": SimWorkload("steady", ((SHAPE, H100_STEADY),)),
                   "stream": SimWorkload("stream", _h100_stream_shapes(), reading_noise=STREAM_READING_NOISE)}
 
+# ---- an NVIDIA H200 (700 W limit, driver 580.159.04, torch 2.11.0+cu130) --------------------
+# Fitted to the oracles of two runs of the held-out suite (tests/data/h200_heldout_oracle.csv)
+# and the 2 ms pacing study on the same board (docs/control.md): idle 120-121 W, the limiter
+# holding 684-698 W at full duty. Steady shape: 720 W above idle per busy second, pacing
+# costing busy time as on the H100 (cubic), a little more (0.2). Stream: 675 W above idle per
+# busy second, and pacing costs its short calls much more, nearly in proportion to the idle
+# (0.29 (1 - duty): busy 0.24 of the time at duty 0.3, 0.64 at 0.7, 0.81 at 0.85), so duty 0.85
+# draws nearly what full duty draws for 0.85 of its tokens. Our kernel ties cuDNN on every
+# shape of the mix (the controller chose cuDNN for nearly all of them), unlike the H100's.
+# The CTA caps and the memory-efficient backend were not in the H200's oracle: by the H100's
+# ratios to our kernel and cuDNN.
+H200_IDLE_W = 120.0
+H200_CAP_W = 688.0
+H200_STEADY_BUSY_W = 720.0
+H200_STEADY_PACE_LOSS = 0.2
+H200_STREAM_BUSY_W = 675.0
+H200_STREAM_PACE_LOSS = 0.29
+
+
+def _h200_profiles(custom: float, cudnn: float, flash: float, busy_w: float, pace_loss: float,
+                   exponent: float) -> dict:
+    def paced(tokens: float, full_w: float = 700.0) -> Profile:
+        return Profile(tokens, full_w, busy_w=busy_w, pace_loss=pace_loss, pace_exponent=exponent)
+    return {CUSTOM: paced(custom), CTAS66: paced(0.5 * custom), CTAS33: Profile(0.27 * custom, 480.0),
+            CUDNN: paced(cudnn), FLASH: paced(flash), EFFICIENT: paced(0.3 * cudnn)}
+
+
+H200_STEADY = _h200_profiles(17.84e6, 17.57e6, 10.07e6, H200_STEADY_BUSY_W, H200_STEADY_PACE_LOSS, 3.0)
+H200_WORKLOADS = {
+    "steady": SimWorkload("steady", ((SHAPE, H200_STEADY),)),
+    "stream": SimWorkload("stream", tuple(
+        (shape, _h200_profiles(143.7e6, 145.3e6, 100.1e6, H200_STREAM_BUSY_W, H200_STREAM_PACE_LOSS, 1.0))
+        for shape in (_SHORT, _MID, _LONG)), reading_noise=STREAM_READING_NOISE),
+}
+
+
+def h200_plant(seed: int = 0, **kw) -> "Plant":
+    return Plant(H200_STEADY, idle_w=H200_IDLE_W, cap_w=H200_CAP_W, seed=seed, **kw)
+
 
 @dataclass(frozen=True)
 class SimTenant:
@@ -214,9 +258,9 @@ class SimTenant:
         return self.start <= t < self.start + self.seconds
 
 
-def busy_share(duty: float, pace_loss: float = PACE_LOSS) -> float:
+def busy_share(duty: float, pace_loss: float = PACE_LOSS, exponent: float = 3.0) -> float:
     """The share of time the GPU runs our calls when paced at `duty` (module constants)."""
-    return duty * (1.0 - pace_loss * (1.0 - duty) ** 3)
+    return duty * (1.0 - pace_loss * (1.0 - duty) ** exponent)
 
 
 @dataclass
@@ -290,8 +334,12 @@ class Plant:
     def _share(self, t: float) -> float:
         return min(0.9, sum(tenant.share for tenant in self.tenants if tenant.active(t)))
 
-    def _busy(self, duty: float, t: float) -> float:
-        return busy_share(duty, self.pace_loss) * (1 - self._share(t))  # time a tenant takes we do not draw
+    def _busy(self, duty: float, t: float, prof: Profile | None = None) -> float:
+        if prof is not None and prof.pace_loss is not None:
+            share = busy_share(duty, prof.pace_loss, prof.pace_exponent)
+        else:
+            share = busy_share(duty, self.pace_loss)
+        return share * (1 - self._share(t))  # time a tenant takes we do not draw
 
     def _ours_w(self, prof: Profile, busy: float) -> float:
         return min(prof.power_full_w - self.idle_w, self._drive_w(prof, busy))
@@ -316,14 +364,14 @@ class Plant:
     def uncapped_w(self, config: Configuration, duty: float, t: float, profiles: dict | None = None) -> float:
         """What the board would draw at this duty without its limiter."""
         prof = (profiles or self.profiles)[config]
-        return self.idle_w + self._ours_w(prof, self._busy(duty, t)) + self._extra_w(t)
+        return self.idle_w + self._ours_w(prof, self._busy(duty, t, prof)) + self._extra_w(t)
 
     def drive(self, config: Configuration, duty: float, t: float, profiles: dict | None = None) -> tuple[float, float, float]:
         """(watts before any saturation, the most the board draws with this configuration
         now, busy share): what `Board.step` takes. Noise rides on the first; a board at its
         ceiling (the cap, or the configuration's own full-duty watts) stays there."""
         prof = (profiles or self.profiles)[config]
-        busy = self._busy(duty, t)
+        busy = self._busy(duty, t, prof)
         extra = self._extra_w(t)
         ceiling = min(self.cap_w, prof.power_full_w + extra)
         if t < self.wake_s:
@@ -335,7 +383,7 @@ class Plant:
         alone does not slow it; another tenant's watts that leave less room under the cap
         than we draw alone at full duty do (the board lowers the clocks for both)."""
         prof = (profiles or self.profiles)[config]
-        busy = self._busy(duty, t)
+        busy = self._busy(duty, t, prof)
         ours = self._ours_w(prof, busy)
         extra = self._extra_w(t)
         if extra > 0 and self.idle_w + ours + extra > self.cap_w:
@@ -574,7 +622,7 @@ def replay(plant: Plant, ticks: pd.DataFrame, profiles: dict | None = None) -> p
                 board.t = at
                 board.step(*plant.drive(config, duty[k - 1], at, profiles))
             tokens += plant.throughput(config, duty[k - 1], at, profiles) * boards[0].busy_gain(
-                plant._busy(duty[k - 1], at)) * plant.dt
+                plant._busy(duty[k - 1], at, (profiles or plant.profiles).get(config))) * plant.dt
             now += plant.dt
         noisy, quiet = boards
         rows.append({"t": t[k], "expected_w": sum(quiet._recent) / len(quiet._recent), "reading_w": noisy.reading(),
