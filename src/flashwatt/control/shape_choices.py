@@ -91,8 +91,7 @@ class ShapeChoices:
         otherwise each began from nothing again and saved nothing: on an H200, 5 of 20
         five-second runs with budget steps and NVML gaps in a row."""
         state.phase = EXPLORE
-        timed = [c for c in state.candidates if c not in state.forbidden and c not in state.pruned]
-        timed.sort(key=lambda c: self.model.stats[(shape, c)].tokens_per_s_full, reverse=True)
+        timed = [c for c in self._by_speed(shape, state) if c not in state.pruned]
         state.to_explore = [c for c in timed if self._samples(shape, c) < DWELL_SAMPLES]
         self._events.append(f"warm start: explore {len(state.to_explore)} of {len(timed)} configurations on, "
                             f"from {entry.get('runs', 0)} earlier run(s)")
@@ -125,10 +124,7 @@ class ShapeChoices:
     def _finish_probe(self, shape: tuple, state: ShapeState) -> None:
         """Rank the candidates by GPU time: drop the much slower, explore the rest fastest first."""
         now = self.clock()
-        timed = [c for c in state.candidates if c not in state.forbidden
-                 and self.model.stats.get((shape, c)) is not None
-                 and self.model.stats[(shape, c)].tokens_per_s_full is not None]
-        timed.sort(key=lambda c: self.model.stats[(shape, c)].tokens_per_s_full, reverse=True)
+        timed = self._by_speed(shape, state)
         for config in timed[1:]:
             stats = self.model.stats[(shape, config)]
             if self._too_slow(shape, stats):
@@ -138,6 +134,13 @@ class ShapeChoices:
         state.phase = EXPLORE
         state.to_explore = [c for c in timed if c not in state.pruned]
         self._next_candidate(shape, state, now)
+
+    def _by_speed(self, shape: tuple, state: ShapeState) -> list[Configuration]:
+        """The candidates not forbidden whose GPU time is measured, fastest first."""
+        timed = [c for c in state.candidates if c not in state.forbidden
+                 and self.model.stats.get((shape, c)) is not None
+                 and self.model.stats[(shape, c)].tokens_per_s_full is not None]
+        return sorted(timed, key=lambda c: self.model.stats[(shape, c)].tokens_per_s_full, reverse=True)
 
     def _next_candidate(self, shape: tuple, state: ShapeState, now: float) -> None:
         """Start the next candidate that the power bound allows; end exploration when none is left."""

@@ -187,16 +187,18 @@ def front_at(oracle: pd.DataFrame, power_w: float, idle_w: float | None = None) 
     return float(np.interp(power_w, powers, tokens))
 
 
-def vs_front(basis: list[dict] | None, oracle: pd.DataFrame, idle_w: float | None) -> tuple[float | None, float | None]:
+def vs_front(basis: list[dict] | None, oracle: pd.DataFrame, idle_w: float | None,
+             at: str = "avg_budget_w") -> tuple[float | None, float | None]:
     """A run's tokens over what the static front gives at each workload phase's time-averaged
     budget for as long (flashwatt.control.scenario_merit.front_basis): (ratio, front tokens).
-    None where a phase's workload has no oracle or its budget is not known."""
+    `at="avg_power_w"`: at the power each phase drew instead. None where a phase's workload
+    has no oracle or that budget or power is not known."""
     if not basis:
         return None, None
     tokens = bar = 0.0
     for phase in basis:
         rows = oracle[oracle["group"] == phase["group"]] if "group" in oracle else oracle
-        front = front_at(rows, phase["avg_budget_w"], idle_w) if phase.get("avg_budget_w") is not None else None
+        front = front_at(rows, phase[at], idle_w) if phase.get(at) is not None else None
         if front is None:
             return None, None
         tokens += phase["tokens"]
@@ -209,20 +211,12 @@ def front_split(basis: list[dict] | None, oracle: pd.DataFrame,
     """`vs_front` in two (module docstring): (energy drawn over the budget's, tokens over what
     the front gives at the power drawn), over the same phases. None where a phase's power,
     budget or front is not known."""
-    if not basis:
+    at_drawn, _ = vs_front(basis, oracle, idle_w, at="avg_power_w")
+    if at_drawn is None or any(phase.get("avg_budget_w") is None for phase in basis):
         return None, None
-    drawn = allowed = tokens = bar = 0.0
-    for phase in basis:
-        power, budget = phase.get("avg_power_w"), phase.get("avg_budget_w")
-        rows = oracle[oracle["group"] == phase["group"]] if "group" in oracle else oracle
-        front = front_at(rows, power, idle_w) if power is not None else None
-        if budget is None or front is None:
-            return None, None
-        drawn += power * phase["seconds"]
-        allowed += budget * phase["seconds"]
-        tokens += phase["tokens"]
-        bar += front * phase["seconds"]
-    return (drawn / allowed if allowed > 0 else None), (tokens / bar if bar > 0 else None)
+    drawn = sum(phase["avg_power_w"] * phase["seconds"] for phase in basis)
+    allowed = sum(phase["avg_budget_w"] * phase["seconds"] for phase in basis)
+    return (drawn / allowed if allowed > 0 else None), at_drawn
 
 
 def pareto_front(rows: pd.DataFrame) -> pd.DataFrame:
