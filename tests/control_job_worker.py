@@ -13,7 +13,8 @@ output folder, shared by the cases that name it), `late_rank` (that rank starts 
 `late_s` of real time after the others, as a rank still closing the last one does), `nvml` (rank 1's NVML fails for a while), `die`
 (rank `die_rank` exits at `die_at_s` without a word: its peers must neither hang nor go
 over budget, and end or go on as `on_peer_loss` says), `closes_first` (that rank closes
-while the others still tick).
+while the others still tick), `stall_at_s` (every rank's loop waits `stall_s` on its data
+there, the boards idle).
 """
 from __future__ import annotations
 
@@ -53,8 +54,12 @@ def run_case(rank: int, case: dict, out: Path) -> None:
                          on_peer_loss=case.get("on_peer_loss", "end"), peer_timeout_s=3.0, cache=cache)
     fn = gpu.step_fn(ctl)
     ended = None
+    stall_at = case.get("stall_at_s")
     try:
         while gpu.t < case["seconds"]:
+            if stall_at is not None and gpu.t >= stall_at:
+                gpu.advance(case["stall_s"], None)
+                stall_at = None
             if case.get("die_rank") == rank and gpu.t >= case["die_at_s"]:
                 os._exit(0)  # a rank that dies: no close, no goodbye
             ctl.step(fn, tokens=gpu.tokens_per_step)

@@ -92,6 +92,26 @@ def test_ranks_hold_one_budget_together_at_the_best_uniform_pacing(tmp_path, wor
     assert all(r["fault"] is None and r["ended"] is None for r in ranks)
 
 
+def test_a_stall_of_the_whole_job_teaches_its_governor_nothing(tmp_path):
+    """Every rank's loop waits 1.3 s on its data in the middle of the run, as the four ranks of
+    a 2400 W run on four H200s did: read as the boards', the fall took the share to its floor
+    and the margin to 8 %, and 250-300 W of the job's own watts were taken for another
+    tenant's when the work came back (0.90 of the front there, 0.96 beside it).
+    flashwatt.control.work_stall undoes what the fall taught."""
+    world, budget = 2, 900.0
+    spawn(world, [{"name": "stall", "budget_w": budget, "seconds": 22.0, "stall_at_s": 10.0, "stall_s": 1.3}],
+          tmp_path)
+    ranks = read(tmp_path, "stall", world)
+    rows = pd.DataFrame(ranks[0]["trace"])
+    assert rows["event"].fillna("").str.contains("our work stopped").sum() == 1
+    assert rows["offset_w"].max() <= 5.0, rows["offset_w"].max()
+    assert rows[rows["t"] > 14.0]["margin"].max() <= 0.03, rows[rows["t"] > 14.0]["margin"].max()
+    windows = total_windows(ranks)
+    assert (windows["power_w"] <= budget * 1.03).mean() >= 0.95, windows
+    speed, best = rank0_steps_per_s(ranks[0], 14.0), best_uniform_steps_per_s(world, budget)
+    assert speed >= 0.95 * best, (speed, best)
+
+
 def test_nvml_failing_on_one_rank_and_a_rank_dying_leave_the_others_within_budget(tmp_path):
     world, budget = 4, 1700.0
     cases = [{"name": "nvml", "budget_w": budget, "seconds": 16.0, "nvml_dead_rank": 1, "nvml_dead_s": [5.0, 11.0]},

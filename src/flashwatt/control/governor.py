@@ -64,6 +64,7 @@ from flashwatt.control.shape_state import EXPLOIT, EXPLORE, PROBE, RECHECK, Shap
 from flashwatt.control.table_error import COUNTER_LAG, MIN_ABOVE_W, TableError
 from flashwatt.control.thermal_holding import FLOOR_ABOVE_IDLE_W, ThermalLimit
 from flashwatt.control.window_readings import WindowReadings
+from flashwatt.control.work_stall import WorkStall
 
 MODES = ("budget", "energy", "static")
 # Others' watts over this share of the set point (of the power in energy mode): the model
@@ -130,7 +131,7 @@ class Work:
         return sum(t for _, t in self.by_key.values())
 
 
-class Governor(ShapeChoices, PowerHolding, TableError, WindowReadings):
+class Governor(ShapeChoices, PowerHolding, TableError, WindowReadings, WorkStall):
     def __init__(self, mode: str, candidates: list[Configuration] | Callable[[tuple], list[Configuration]], *,
                  budget_w: float | None = None, idle_w: float | None = None, limit_w: float | None = None,
                  max_slowdown: float | None = None, static_duty: float = 1.0, margin: float = 0.02,
@@ -211,6 +212,7 @@ class Governor(ShapeChoices, PowerHolding, TableError, WindowReadings):
         self._noise_by_mix = {False: ReadingNoise(idle_w), True: ReadingNoise(idle_w, MIX_PRIOR_SHARE)}
         self._init_table_error()
         self._init_window_readings()
+        self._init_work_stall()
         self._last_reading: float | None = None  # the reading before (two in a row over the budget cut)
         self._settled_since: float | None = None
         self.last_valid_t: float | None = None
@@ -336,14 +338,15 @@ class Governor(ShapeChoices, PowerHolding, TableError, WindowReadings):
         self._take_window(reading, work)
         dt = 0.1 if self._last_tick_t is None else max(1e-3, now - self._last_tick_t)
         self._last_tick_t = now
+        self._note_work(now, work, dt, reading.power_w)
         power = reading.power_w
         if self.thermal is not None:
             self.thermal.update(now, reading.temp_c)
         self._adapt_margin(now, self._counter_joules(now, reading.energy_mj, power))
         if power is not None:
             self.last_valid_t = now
-            if reading.mid_cycle or self._waking(now, power):
-                power = None  # telemetry works; this reading says nothing of our watts
+            if reading.mid_cycle or self._waking(now, power) or self._stall_hides(now):
+                power = None  # telemetry works; this reading says nothing of our watts at the duty
         if power is not None:
             still = (abs(self.loop.duty - self._last_duty) < 0.03 and abs(self._last_duty - self._prev_duty) < 0.03
                      and work.tokens > 0 and not self._just_changed())
@@ -517,7 +520,8 @@ class Governor(ShapeChoices, PowerHolding, TableError, WindowReadings):
         # A window over a budget that moved (a ramp) shows how far the loop lags the ramp, not
         # how the board scatters; kept, the lag of one ramp down widened the margin for the rest
         # of the run (on an H200 from 2 % to 6.7 % of a 650 W budget after it: 30 W never drawn).
-        quiet = (self._quiet_since is None or t0 >= self._quiet_since) and t0 >= self._budget_moved_t
+        quiet = (self._quiet_since is None or t0 >= self._quiet_since) and t0 >= self._budget_moved_t \
+            and not self._stall_in(t0, now)  # (a stall of our work is no scatter of the board's either)
         if quiet and now > t0:
             # the window's power about what the loop aimed at (a ramp, a debt move both)
             aimed = statistics.fmean(aim for t, _, aim in self._energy if t > t0)

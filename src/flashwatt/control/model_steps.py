@@ -96,6 +96,7 @@ class ModelSteps:
         `pacing_only`: paced, and nothing of the model changed (an evaluation between
         training steps: it runs on whatever the training steps run)."""
         self._raise_fault()
+        self.governor.watch_stalls = True  # a step is the GPU's whole work (flashwatt.control.work_stall)
         takes_plan = _takes_plan(fn)
         shape = self._step_shape(name, tokens) + (("pacing only",) if pacing_only else ())
         for _ in range(MAX_TRIES):
