@@ -15,7 +15,7 @@ import pytest
 
 from control_plant import CUDNN, IDLE_W, LIMIT_W, SHAPE
 from flashwatt.control.governor import Governor, Reading, Work
-from flashwatt.control.model import DUTY_BINS
+from flashwatt.control.model import DUTY_BINS, PowerTable
 from flashwatt.control.power_bound import most_power
 
 TENANT_W = 540.0
@@ -103,3 +103,39 @@ def test_a_tenant_that_left_is_not_read_again_as_arriving_from_the_counters_wind
     _, trace = drive({0.0: 160.0, 2.0: 150.0, 4.0: 400.0}, tenant=(2.0, 3.5), seconds=5.0)
     after = trace[trace["t"] >= 3.5]
     assert (after["offset_w"] <= 25.0).all(), after[["t", "offset_w", "event"]]
+
+
+def test_a_table_that_has_seen_only_full_duty_is_learned_afresh_where_it_is_needed():
+    """A table learned at full duty only (an energy-mode run's, through the warm start) reads
+    the stretch below along the line from idle, far under a concave curve. Started from it at a
+    450 W budget, the board drew 588 W at duty 0.54 where the line said 431 W (an H200,
+    Llama-3-8B prefill): the 160 W were taken for another tenant's and stayed in the others'
+    watts for the whole run, and nothing was learned while they were there. Now the table is
+    learned afresh at the duty the budget needs (table_error.UNSEEN_BINS)."""
+    budget = 450.0
+
+    def concave(duty: float) -> float:  # the board: steeper near idle than ours() above
+        return IDLE_W + 560.0 * duty ** 0.6
+
+    clock = {"t": 0.0}
+    gov = Governor("budget", lambda shape: [CUDNN], budget_w=budget, idle_w=IDLE_W, limit_w=LIMIT_W,
+                   clock=lambda: clock["t"])
+    gov.model.power[(SHAPE, CUDNN)] = PowerTable(bins={DUTY_BINS: concave(1.0)})
+    joules, rows = 0.0, []
+    for i in range(1, 81):
+        t = round(i * TICK_S, 6)
+        config, duty = gov.config_for(SHAPE), gov.duty
+        power = concave(duty)
+        joules += power * TICK_S
+        work = Work()
+        for _ in range(max(1, round(20 * duty))):
+            work.add(SHAPE, config, 16384)
+        gov.on_latency(SHAPE, config, 0.001, 16384)
+        clock["t"] = t
+        rows.append(gov.tick(Reading(t, power, joules * 1e3), work))
+    trace = pd.DataFrame(rows)
+    assert trace["offset_w"].max() <= 5.0, trace["offset_w"].max()
+    assert trace["event"].fillna("").str.contains("learned afresh").any()
+    late = trace[trace["t"] > 2.0]
+    assert late["power_w"].max() <= budget * 1.03 and late["power_w"].mean() >= 0.95 * budget, late["power_w"].describe()
+    assert min(gov.model.power[(SHAPE, CUDNN)].bins) < 0.6 * DUTY_BINS  # learned where it runs

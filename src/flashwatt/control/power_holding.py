@@ -84,6 +84,11 @@ class PowerHolding:
             # set point; the feed-forward keeps the same compensation from then on.
             duty = self.table_duty(table, room)
             lowest = table.extrapolated_power(self.loop.d_min, self.idle_w)
+            if duty is not None and self.unseen(table, duty):
+                # (its line from idle is no guide there: table_error.UNSEEN_BINS)
+                del self.model.power[(shape, config)]
+                self._events.append(f"{config.label}: its table has seen no duty near {duty:.2f}, learned afresh")
+                table = duty = None
             if duty is not None:
                 if lowest is not None and self.idle_w + self.table_share * (lowest - self.idle_w) > room:
                     return False

@@ -30,6 +30,7 @@ offset, duty and clock.
 """
 from __future__ import annotations
 
+from flashwatt.control.model import DUTY_BINS
 from flashwatt.control.power_bound import most_power
 
 TENANT_STEP_W = 25.0
@@ -86,6 +87,14 @@ MIN_ABOVE_W = 20.0
 # tests/test_control_duty_share.py put windows 3.6% over.
 UNCONFIRMED_PER_DUTY = 0.4
 CONFIRMED_BAND = 0.05  # one bin of a table: the duty moves this much within one operating point
+# A table knows its bins, not the stretch between idle and its lowest one, which it reads along
+# the line from idle, far under a concave curve there: a configuration is not started from its
+# table at a duty more than UNSEEN_BINS bins below the table's lowest (power_holding.
+# _duty_for_switch), the table is learned afresh. On an H200 a Llama-3-8B prefill table learned
+# at full duty only (695 W, an energy-mode run's, through the warm start) read 431 W at duty 0.54
+# where the board drew 588 W: the 160 W were taken for another tenant's at the start of a 450 W
+# run, stayed in the others' watts (85-130 W) for all of it, and nothing was learned meanwhile.
+UNSEEN_BINS = 2
 # How far back from the share's last lesson its duties count: the share drifts over seconds (the
 # board's temperature, its clocks); a gap in the readings teaches nothing and keeps them.
 CONFIRMED_S = 4.0
@@ -166,6 +175,10 @@ class TableError:
         now = self.clock()
         self._confirmed = [(t, d) for t, d in self._confirmed if now - t <= CONFIRMED_S]
         self._confirmed.append((now, duty))
+
+    def unseen(self, table, duty: float) -> bool:
+        """Whether `duty` lies more than UNSEEN_BINS bins below the lowest duty `table` has seen."""
+        return table is not None and bool(table.bins) and duty < (min(table.bins) - UNSEEN_BINS) / DUTY_BINS
 
     def _observe(self, power: float, table, steady: bool) -> bool:
         """Take one reading's innovation into the others' watts or the share. Whether the tick
