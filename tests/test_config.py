@@ -164,3 +164,17 @@ def test_measure_set_on_the_command_line_wins_over_the_suites_own(tmp_path):
     assert measure_settings(layered, "seed")["min_time_ms"] == 7
     last = load_config(configfiles=[overlay], overrides={"measure": {"min_time_ms": 3}})
     assert measure_settings(last, "smoke")["min_time_ms"] == 3  # --config comes after the overlay
+
+
+@pytest.mark.parametrize("overlay", sorted(p.name for p in __import__("pathlib").Path("config/overlays").glob("*.yaml")))
+def test_every_overlay_validates_and_plans_its_suites(overlay):
+    """Each overlay in config/overlays, read over config/config.yaml as its own comment says to
+    run it, is a valid config whose suites it names all plan cells (a key the schema does not
+    know, or a grid that plans nothing, fails here rather than on a GPU)."""
+    from flashwatt.kinds import every_cell
+
+    path = f"config/overlays/{overlay}"
+    config = validate_config(load_config("config/config.yaml", configfiles=[path]))
+    named = yaml.safe_load(open(path)).get("suites", {})
+    for suite in named:
+        assert every_cell(config, suite), f"{path}: suite {suite} plans no cell"

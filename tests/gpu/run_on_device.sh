@@ -57,6 +57,11 @@ if models.exists():
             "avg_power_w", "check_passed", "logits_error", "grad_error", "speedup_vs_sdpa_default",
             "energy_vs_sdpa_default", "compile_s", "oom_stage", "device"]
     print(m[cols].to_string(index=False, float_format=fmt))
+    if "governor" in m and m["governor"].notna().any():  # governed cells against their front
+        cols = ["model", "phase", "gpus", "governor", "control_budget_w", "tokens_per_s", "avg_power_w",
+                "control_windows", "control_windows_within_pct", "vs_front", "steady_vs_front",
+                "vs_static_default_j", "control_fault"]
+        print(m[m["governor"].notna()].reindex(columns=cols).to_string(index=False, float_format=fmt))
 training = Path(f"results/{sys.argv[1]}/training.parquet")
 if training.exists():
     t = pd.read_parquet(training)

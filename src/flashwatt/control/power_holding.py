@@ -85,7 +85,7 @@ class PowerHolding:
             duty = self.table_duty(table, room)
             lowest = table.extrapolated_power(self.loop.d_min, self.idle_w)
             if duty is not None and self.unseen(table, duty):
-                # (its line from idle is no guide there: table_error.UNSEEN_BINS)
+                # (its line from idle is no guide there: table_error.UNSEEN_SHARE)
                 del self.model.power[(shape, config)]
                 self._events.append(f"{config.label}: its table has seen no duty near {duty:.2f}, learned afresh")
                 table = duty = None

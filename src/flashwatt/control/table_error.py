@@ -88,13 +88,15 @@ MIN_ABOVE_W = 20.0
 UNCONFIRMED_PER_DUTY = 0.4
 CONFIRMED_BAND = 0.05  # one bin of a table: the duty moves this much within one operating point
 # A table knows its bins, not the stretch between idle and its lowest one, which it reads along
-# the line from idle, far under a concave curve there: a configuration is not started from its
-# table at a duty more than UNSEEN_BINS bins below the table's lowest (power_holding.
-# _duty_for_switch), the table is learned afresh. On an H200 a Llama-3-8B prefill table learned
-# at full duty only (695 W, an energy-mode run's, through the warm start) read 431 W at duty 0.54
-# where the board drew 588 W: the 160 W were taken for another tenant's at the start of a 450 W
-# run, stayed in the others' watts (85-130 W) for all of it, and nothing was learned meanwhile.
-UNSEEN_BINS = 2
+# the line from idle, under a concave curve there: where power above idle grows as duty ** 0.5
+# (the power prior's exponent) the line is 15 % under it (the share's range) at three quarters of
+# the lowest duty seen, 36 % at a half. A configuration is not started from its table at a duty
+# under UNSEEN_SHARE of the table's lowest (power_holding._duty_for_switch): the table is
+# learned afresh there. On an H200 a Llama-3-8B prefill table learned at full duty only (695 W,
+# an energy-mode run's, through the warm start) read 431 W at duty 0.54 where the board drew
+# 588 W: the 160 W were taken for another tenant's at the start of a 450 W run, stayed in the
+# others' watts (85-130 W) for all of it, and nothing was learned meanwhile.
+UNSEEN_SHARE = 0.75
 # How far back from the share's last lesson its duties count: the share drifts over seconds (the
 # board's temperature, its clocks); a gap in the readings teaches nothing and keeps them.
 CONFIRMED_S = 4.0
@@ -177,8 +179,8 @@ class TableError:
         self._confirmed.append((now, duty))
 
     def unseen(self, table, duty: float) -> bool:
-        """Whether `duty` lies more than UNSEEN_BINS bins below the lowest duty `table` has seen."""
-        return table is not None and bool(table.bins) and duty < (min(table.bins) - UNSEEN_BINS) / DUTY_BINS
+        """Whether `duty` lies under UNSEEN_SHARE of the lowest duty `table` has seen."""
+        return table is not None and bool(table.bins) and duty < UNSEEN_SHARE * min(table.bins) / DUTY_BINS
 
     def _observe(self, power: float, table, steady: bool) -> bool:
         """Take one reading's innovation into the others' watts or the share. Whether the tick
