@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from control_plant import PROFILES, Plant, SimStepGpu, StepProfile, run_steps, sim_controller
-from flashwatt.control.metrics import window_power
+from flashwatt.control.metrics import run_merit, window_power
 from test_control_step import STEP, between_steps_only, steps_per_s, with_counter
 
 STALL_AT, STALL_S = 12.0, 1.3
@@ -73,6 +73,7 @@ def test_a_stall_of_our_work_teaches_nothing_of_the_board(budget, between, profi
     trace, ctl = run_with_stall(budget, between, where, profiles=profiles)
     events = trace["event"].fillna("")
     assert events.str.contains("our work stopped").sum() == 1, events[events != ""]
+    assert run_merit(trace)["stalls"] == 1  # and the run's figures say so
     assert events.str.contains("our work back").sum() == 1, events[events != ""]
     back = trace.loc[events.str.contains("our work back").idxmax(), "t"]
     # (a stall inside steps lengthens the step the credit and the pacing expect for a while:

@@ -33,6 +33,7 @@ import numpy as np
 import pandas as pd
 
 from flashwatt.control.budget_schedule import STEP_MIN_W
+from flashwatt.control.work_stall import STALL_EVENT
 
 TOLERANCE = 0.03  # budget + 3%
 OVER = 0.10  # budget + 10%: never, except where a tenant alone is over budget
@@ -200,6 +201,8 @@ def summarize(trace: pd.DataFrame, calls: int | None = None, tokens: int | None 
         out["settling_max_s"] = (max(s for s in settles if s is not None)
                                  if settles and all(s is not None for s in settles) else None)
     out["switches"] = int((trace["config"].fillna("") != trace["config"].shift().fillna("")).iloc[1:].sum()) if len(trace) > 1 else 0
+    # stalls of the run's own work, which the controller did not learn from (flashwatt.control.work_stall)
+    out["stalls"] = int(trace["event"].fillna("").str.contains(STALL_EVENT).sum()) if "event" in trace else 0
     return out
 
 

@@ -44,6 +44,7 @@ RESUMED_SHARE = 0.6
 RECOVER_S = 1.0
 BELOW_SIGMAS = 2.0
 MAX_SPAN_S = 4.0
+STALL_EVENT = "our work stopped"  # how a stall begins in the trace's events (counted by metrics.summarize)
 SNAPSHOTS_S = MAX_SPAN_S + 0.5  # what a stall's detection may undo
 # What the readings teach tick by tick and a stall's undoes (tables learn only from readings
 # that no step of the others' watts or the share took, which a stall's fall is).
@@ -148,7 +149,7 @@ class WorkStall:
         self._stall_since, self._resumed_t = start, None
         self._counter_seen = []  # no counter window spans the stall
         self._snapshots.clear()
-        self._events.append(f"our work stopped {now - start:.1f} s ago: what its readings taught is undone")
+        self._events.append(f"{STALL_EVENT} {now - start:.1f} s ago: what its readings taught is undone")
 
     def _credit_lag_s(self) -> float | None:
         """How long after the work stopped its ticks may still be credited tokens: the longest

@@ -25,7 +25,7 @@ GOVERNED_COLUMNS = [
     "control_budget_w", "control_schedule", "control_temp_limit_c", "control_windows", "control_windows_within_pct",
     "control_worst_overshoot_pct", "control_settling_max_s", "control_explore_s", "control_run_tokens_per_s",
     "control_run_j_per_token", "control_temp_windows_within_pct", "control_temp_worst_window_c", "control_slept_s",
-    "control_fault", "front_points", "front_same_device", "best_static", "vs_best_static", "steady_vs_best_static",
+    "control_fault", "control_stalls", "front_points", "front_same_device", "best_static", "vs_best_static", "steady_vs_best_static",
     "vs_front", "steady_vs_front", "vs_static_default_j", "steady_vs_static_default_j", "vs_best_static_j",
 ]
 COLUMNS = [
@@ -120,6 +120,7 @@ def _governed(record: dict) -> dict:
             "control_temp_windows_within_pct": merit.get("temp_windows_within_pct"),
             "control_temp_worst_window_c": merit.get("temp_worst_window_c"), "control_slept_s": merit.get("slept_s"),
             "control_fault": f"{fault['kind']}: {fault['action']}" if fault else None,
+            "control_stalls": merit.get("stalls"),
             "control_configurations": _shares(merit.get("calls")) or _shares(control.get("calls"))}
 
 
