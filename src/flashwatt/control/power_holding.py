@@ -88,7 +88,7 @@ class PowerHolding:
                 # (its line from idle is no guide there: table_error.UNSEEN_SHARE)
                 del self.model.power[(shape, config)]
                 self._events.append(f"{config.label}: its table has seen no duty near {duty:.2f}, learned afresh")
-                table = duty = None
+                duty = None  # (started by the power prior below, as a configuration never seen)
             if duty is not None:
                 if lowest is not None and self.idle_w + self.table_share * (lowest - self.idle_w) > room:
                     return False

@@ -184,8 +184,7 @@ class WorkStall:
     def _stall_hides(self, now: float) -> bool:
         """Whether this tick's reading averages a window that holds any of a stall: its idle,
         read at the duty realized in the window, is no reading of our watts at that duty. (An
-        instant reading in a stall comes with a tick of no work, or of part of a step, which
-        the governor learns nothing from but a step's shape of its own.)"""
+        instant reading in a stall comes with a tick of no work, which teaches nothing anyway.)"""
         return self._window is not None and self._stall_in(now - self._window[1], now)
 
     def _stall_in(self, start: float, end: float) -> bool:
