@@ -134,6 +134,31 @@ def test_every_tick_of_a_step_is_credited_its_share_of_the_tokens():
     assert trace["tokens"].sum() == pytest.approx(8192 * ctl.calls, rel=0.01)
 
 
+def test_a_reading_of_a_window_of_pacing_cycles_records_the_duty_realized_in_it():
+    """Steps paced only between steps at 300 W run in cycles longer than a tick: each reading
+    averages the energy counter over whole cycles, and the trace says at which duty (the one
+    realized in the window, which the loop reads it at) and over how long."""
+    gpu = SimStepGpu(Plant(PROFILES), STEP, blocks=8)
+    busy = {"s": 0.0}
+    advance = gpu.advance
+
+    def counted(seconds, busy_w):  # the board's busy seconds after 4 s, as the truth
+        if busy_w is not None and gpu.t >= 4.0:
+            busy["s"] += seconds
+        advance(seconds, busy_w)
+    gpu.advance = counted
+    ctl = sim_controller(gpu, budget_w=300.0)
+    trace = run_steps(ctl, gpu, 12.0, step=between_steps_only(ctl, gpu))
+    late = trace[trace["t"] > 4]
+    windowed = late[late["reading_window_s"].notna()]
+    assert len(windowed) >= 0.9 * len(late)
+    assert (windowed["reading_window_s"] > 0.2).all()  # two cycles of about 0.4-0.6 s
+    # the duty realized, not the one set: about the board's busy share of the late seconds
+    realized = busy["s"] / (gpu.t - 4.0)
+    assert windowed["reading_duty"].mean() == pytest.approx(realized, abs=0.05)
+    assert trace[trace["t"] < 0.5]["reading_duty"].isna().all()  # no cycle measured yet
+
+
 def test_energy_mode_runs_steps_at_full_duty():
     gpu = SimStepGpu(Plant(PROFILES), STEP)
     ctl = sim_controller(gpu, mode="energy", budget_w=None, knobs=KNOBS)

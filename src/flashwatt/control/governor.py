@@ -395,7 +395,9 @@ class Governor(ShapeChoices, PowerHolding, TableError, WindowReadings, WorkStall
             "t": now, "mode": self.mode, "phase": phase, "budget_w": self.budget_w, "setpoint_w": self.setpoint_w,
             "margin": self.margin, "power_w": reading.power_w, "power_filtered_w": self.power_filtered,
             "energy_mj": reading.energy_mj, "temp_c": reading.temp_c, "sm_clock_mhz": reading.sm_clock_mhz,
-            "clock_reasons": reading.clock_reasons, "duty": self.loop.duty, "offset_w": self.offset_w,
+            "clock_reasons": reading.clock_reasons, "duty": self.loop.duty,
+            # (a reading that averages a window of pacing cycles: the duty realized in it, and its length)
+            "reading_duty": reading.duty, "reading_window_s": reading.window_s, "offset_w": self.offset_w,
             "table_share": self.table_share, "noise_share": self.noise.share,
             "aim_w": self._aim_w() if self.mode == "budget" and self.budget_w is not None else None,
             "temp_limit_c": self.thermal.limit_c if self.thermal is not None else None,
