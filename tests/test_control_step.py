@@ -157,6 +157,19 @@ def test_a_reading_of_a_window_of_pacing_cycles_records_the_duty_realized_in_it(
     realized = busy["s"] / (gpu.t - 4.0)
     assert windowed["reading_duty"].mean() == pytest.approx(realized, abs=0.05)
     assert trace[trace["t"] < 0.5]["reading_duty"].isna().all()  # no cycle measured yet
+    # and how the pacer idled: once a step, as long a cycle as a step, one point a step
+    assert late["pace_cycle_s"].median() == pytest.approx(late["step_s"].median(), rel=0.1)
+    assert late["pace_points"].iloc[-1] - late["pace_points"].iloc[0] == pytest.approx(
+        late["calls"].sum(), abs=2)
+
+
+def test_a_step_paced_at_its_blocks_idles_in_cycles_of_milliseconds():
+    gpu = SimStepGpu(Plant(PROFILES), STEP, blocks=16)
+    ctl = sim_controller(gpu, budget_w=300.0)
+    late = run_steps(ctl, gpu, 8.0).query("t > 4")
+    assert late["step_s"].median() > 0.4  # a 0.2 s step at duty about 0.33
+    assert late["pace_cycle_s"].median() < 0.1 * late["step_s"].median()  # (about 40 ms here)
+    assert late["pace_points"].iloc[-1] - late["pace_points"].iloc[0] == pytest.approx(16 * late["calls"].sum(), abs=32)
 
 
 def test_energy_mode_runs_steps_at_full_duty():

@@ -219,6 +219,11 @@ class Controller(AttentionCalls, ModelSteps):
             with self._lock:
                 self._pending[:0] = still
         row = self.governor.tick(reading, work)
+        # (how the pacer idles: the seconds between two of its payments and between two steps'
+        # starts, averaged, and the pacing points reached; a step paced only between steps
+        # shows a cycle as long as its step, one paced at its blocks a cycle of milliseconds)
+        row.update(pace_cycle_s=self._pacer.cycle_s or None, step_s=self._pacer.step_s or None,
+                   pace_points=self._pacer.points)
         if self._shared is not None:
             row.update(self._shared.row())
             self._shared.decided(self)
