@@ -47,6 +47,7 @@ from flashwatt.control.attention_calls import AttentionCalls
 from flashwatt.control.configuration import (KEEP_BACKEND, Configuration, ControlError, candidates, check_knobs,
                                              step_allowed, step_candidates)
 from flashwatt.control.counter_power import CounterPower, windowed
+from flashwatt.control.duty_mix import DutyMix
 from flashwatt.control.governor import Governor, Reading, Work
 from flashwatt.control.model_steps import ModelSteps
 from flashwatt.control.pacing import CALL_CYCLE_S, DeviceOps, Pacer
@@ -62,7 +63,7 @@ class Controller(AttentionCalls, ModelSteps):
                  precision_probe: Callable[[], torch.Tensor] | None = None, temp_limit_c: float | None = None,
                  telemetry: Any = None, idle_w: float | None = None, period_s: float = DEFAULT_PERIOD_S,
                  max_in_flight_s: float = 0.02, pace_quantum_s: float = 0.002, pace_cycle_s: float = CALL_CYCLE_S,
-                 latency_every_s: float = 0.02,
+                 pace_mix: tuple[float, float] | None = None, latency_every_s: float = 0.02,
                  recheck_every: int = 500, cache: Any = "default", group: Any = None, on_peer_loss: str = "end",
                  peer_timeout_s: float | None = None, clock: Callable[[], float] | None = None,
                  sleep: Callable[[float], None] | None = None, device_ops: DeviceOps | None = None,
@@ -77,7 +78,10 @@ class Controller(AttentionCalls, ModelSteps):
         self.recheck_every = recheck_every
         self._clock = clock or time.perf_counter
         self._ops = device_ops or DeviceOps(self.device, self._clock)
-        self._pacer = Pacer(self._ops, lambda: self.governor.duty, pace_quantum_s, max_in_flight_s, self._clock,
+        governed = lambda: self.governor.duty  # noqa: E731
+        # (time-sharing full duty with a lower one in place of one duty between them: opt-in)
+        self._mix = _duty_mix(governed, pace_mix, self._clock) if pace_mix is not None else None
+        self._pacer = Pacer(self._ops, self._mix or governed, pace_quantum_s, max_in_flight_s, self._clock,
                             sleep or time.sleep, target_cycle_s=pace_cycle_s)
 
         owns_telemetry = telemetry is None and mode != "static"
@@ -168,6 +172,8 @@ class Controller(AttentionCalls, ModelSteps):
         key = warm_start_key(self.device, telemetry)
         if self._pacer.target_cycle_s:  # a duty draws other watts at another pacing cycle
             key["pace_cycle_s"] = self._pacer.target_cycle_s
+        if self._mix is not None:  # and time-shared with another
+            key["pace_mix"] = [self._mix.low, self._mix.period_s]
         if self._shared is not None:
             key["job_ranks"] = self._shared.world  # the job's summed power: a table per job size
         return WarmStartCache(root, key)
@@ -237,7 +243,9 @@ class Controller(AttentionCalls, ModelSteps):
         self._counter.add(reading.t, reading.energy_mj, self._pacer.idle_s())
         # (a step's own phases, forward, backward, optimizer, draw differently: a step longer
         # than a tick is a cycle too, however finely its pacing points idle it)
-        return windowed(self._counter, reading, max(self._pacer.cycle_s, self._pacer.step_s), self.period_s)
+        # (a mix of two duties is a cycle of its period)
+        mix_s = self._mix.period_s if self._mix is not None else 0.0
+        return windowed(self._counter, reading, max(self._pacer.cycle_s, self._pacer.step_s, mix_s), self.period_s)
 
     # ---- public --------------------------------------------------------------------------
     def set_budget(self, budget_w: float) -> None:
@@ -367,3 +375,15 @@ def _static_configuration(configuration: Configuration | str | None, tolerance: 
         raise ControlError(f"configuration {fixed.label!r}: {fixed.precision} needs precision_tolerance >= "
                            f"{TOLERANCE[fixed.precision]['fwd']:g} (its error bound), got {tolerance:g}")
     return fixed
+
+
+def _duty_mix(duty: Callable[[], float], pace_mix, clock: Callable[[], float]) -> DutyMix:
+    """The mix `pace_mix` asks for, (lower duty, period in seconds); its error named."""
+    try:
+        low, period_s = (float(v) for v in pace_mix)
+    except (TypeError, ValueError):
+        raise ControlError(f"pace_mix={pace_mix!r}: give (lower duty, period in seconds), e.g. (0.3, 0.5)") from None
+    try:
+        return DutyMix(duty, low, period_s, clock)
+    except ValueError as e:
+        raise ControlError(f"pace_mix={pace_mix!r}: {e}") from None

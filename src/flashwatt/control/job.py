@@ -46,7 +46,8 @@ def scenario_of(cell: ControlCell, spec: dict):
                         seconds=float(generated["seconds"]),
                         tenants=tuple(Tenant.from_spec(t) for t in generated.get("tenants", [])),
                         nvml_failures=tuple((float(a), float(b)) for a, b in generated.get("nvml_failures", [])),
-                        mix_change=mix, pace_cycle_s=float(spec.get("pace_cycle_s", 0.0)))
+                        mix_change=mix, pace_cycle_s=float(spec.get("pace_cycle_s", 0.0)),
+                        pace_mix=_pace_mix(spec))
     tenants = ()
     if cell.disturbance == "colocated":
         load = spec.get("colocated", {})
@@ -66,7 +67,13 @@ def scenario_of(cell: ControlCell, spec: dict):
         tenants=tenants,
         nvml_failures=((float(cell.disturbance_at_s), float("inf")),) if cell.disturbance == "nvml_failure" else (),
         pace_cycle_s=float(spec.get("pace_cycle_s", 0.0)),
+        pace_mix=_pace_mix(spec),
     )
+
+
+def _pace_mix(spec: dict) -> tuple[float, float] | None:
+    mix = spec.get("pace_mix")
+    return (float(mix[0]), float(mix[1])) if mix else None
 
 
 def _configurations_used(cell: ControlCell, spec: dict) -> list[str]:

@@ -157,7 +157,7 @@ def run_scenario(scenario: Scenario, telemetry, device: torch.device, idle_w: fl
                          telemetry=controller_telemetry, idle_w=idle_w, configuration=scenario.configuration,
                          duty=scenario.duty, max_slowdown=scenario.max_slowdown, cache=cache,
                          precision_tolerance=scenario.precision_tolerance, pace_cycle_s=scenario.pace_cycle_s,
-                         temp_limit_c=hot["temp_limit_c"] if hot else None)
+                         pace_mix=scenario.pace_mix, temp_limit_c=hot["temp_limit_c"] if hot else None)
         torch.cuda.synchronize(device)
         t0 = time.monotonic()
         if isinstance(controller_telemetry, FailingTelemetry):

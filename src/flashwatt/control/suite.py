@@ -7,6 +7,7 @@
       hot_start: {below_c: 4}        # runs with disturbance hot_start: the limit this far under the preheat's temperature
       warm_start: true               # runs start from what earlier runs learned (flashwatt.control.warm_start)
       pace_cycle_s: 0.25             # runs and oracles pace in whole cycles (flashwatt.control.pacing); default 0
+      pace_mix: {low: 0.3, period_s: 0.5}  # runs time-share full duty with duty 0.3 (flashwatt.control.duty_mix)
       runs:
         - {mode: budget, budgets_w: [300, 450, 600]}           # one cell per budget
         - {mode: budget, schedule: [[0, 600], [6, 400], [11, 550]], seconds: 16}
@@ -94,12 +95,16 @@ def _runs_cells(name: str, section: dict, seed: int) -> dict[ControlCell, dict]:
     colocated = {**DEFAULT_COLOCATED, **section.get("colocated", {})}
     # every run and oracle of the suite paced alike: a front paced otherwise judges another pacing
     cycle = float(section.get("pace_cycle_s", 0.0))
+    # (the runs alone time-share two duties: the oracle's static rows are the points a mix joins)
+    mix = section.get("pace_mix")
     cells: dict[ControlCell, dict] = {}
     origin: dict[ControlCell, str] = {}
 
     def add(cell: ControlCell, spec: dict, key: str) -> None:
         if cycle:
             spec = {**spec, "pace_cycle_s": cycle}
+        if mix and cell.mode != "oracle":
+            spec = {**spec, "pace_mix": [float(mix["low"]), float(mix["period_s"])]}
         if cell in cells and cells[cell] != spec:
             raise ConfigError(f"config key {key}: names the same cell as {origin[cell]} ({cell.scenario} of "
                                      f"{cell.group}) with other settings; give each run its own name")

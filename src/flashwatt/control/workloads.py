@@ -89,6 +89,7 @@ class Scenario:
     preheat_s: float = 0.0  # a hot start: the workload at full duty this long before the run
     temp_below_c: float | None = None  # ... and a temperature limit this far under where it left the board
     pace_cycle_s: float = 0.0  # attention calls paced in whole cycles of this length (0: each 2 ms quantum)
+    pace_mix: tuple[float, float] | None = None  # (lower duty, period s): time-share it with full duty
 
     def budget(self) -> BudgetSchedule | None:
         if self.schedule:

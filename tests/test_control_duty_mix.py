@@ -1,0 +1,136 @@
+"""Time-sharing full duty with a lower duty in place of one duty between them
+(flashwatt.control.duty_mix, `Controller(pace_mix=(low, period_s))`, a suite's `pace_mix`):
+what the pacer is told over a period, what the board realizes, how the controller reads it and
+where a suite sets it."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from control_plant import PROFILES, Plant, SimStepGpu, StepProfile, run_steps, sim_controller
+from flashwatt.control.configuration import ControlError
+from flashwatt.control.duty_mix import DutyMix
+from flashwatt.control.metrics import window_power
+
+STEP = {"unchanged": StepProfile(0.2, 650.0)}
+
+
+def answers(mix: DutyMix, clock: dict, period_s: float, samples: int = 1000) -> np.ndarray:
+    """What the mix answers at evenly spread instants of one period."""
+    out = []
+    for i in range(samples):
+        clock["t"] = 7.0 * period_s + period_s * (i + 0.5) / samples
+        out.append(mix())
+    return np.array(out)
+
+
+@pytest.mark.parametrize("duty", [0.4, 0.55, 0.7, 0.85, 0.95])
+def test_a_duty_between_low_and_full_is_their_time_sharing_over_each_period(duty):
+    clock = {"t": 0.0}
+    mix = DutyMix(lambda: duty, 0.3, 0.5, lambda: clock["t"])
+    seen = answers(mix, clock, 0.5)
+    assert set(np.round(seen, 9)) <= {1.0, 0.3}  # only the two points
+    assert (seen == 1.0).mean() == pytest.approx((duty - 0.3) / 0.7, abs=0.002)
+    assert seen.mean() == pytest.approx(duty, abs=0.002)  # the busy share the loop asked for
+
+
+@pytest.mark.parametrize("duty", [0.05, 0.2, 0.3, 1.0])
+def test_at_or_under_the_low_duty_and_at_full_duty_the_duty_is_its_own(duty):
+    clock = {"t": 0.0}
+    mix = DutyMix(lambda: duty, 0.3, 0.5, lambda: clock["t"])
+    assert set(answers(mix, clock, 0.5, 50)) == {duty}
+
+
+def test_a_duty_that_moves_within_a_period_moves_the_share_at_once():
+    clock, duty = {"t": 0.0}, {"d": 0.9}
+    mix = DutyMix(lambda: duty["d"], 0.3, 0.5, lambda: clock["t"])
+    clock["t"] = 10.0 + 0.3  # 60 % into a period: at 0.9 (86 % at full duty) still full
+    assert mix() == 1.0
+    duty["d"] = 0.5  # a cut: 29 % at full duty, so this instant is already low
+    assert mix() == 0.3
+
+
+@pytest.mark.parametrize("bad, why", [((1.2, 0.5), "lower duty must lie in"), ((0.3, 0.0), "period must be"),
+                                      ((0.3,), "give (lower duty, period"), ("often", "give (lower duty, period")])
+def test_a_controller_refuses_a_mix_it_cannot_run_and_names_it(bad, why):
+    gpu = SimStepGpu(Plant(PROFILES), STEP)
+    with pytest.raises(ControlError, match=r"pace_mix=") as err:
+        sim_controller(gpu, pace_mix=bad)
+    assert why in str(err.value)
+
+
+def test_a_static_step_at_a_mixed_duty_realizes_it_and_is_read_over_whole_periods():
+    """Duty 0.65 as full duty half of each 0.5 s period and duty 0.3 the rest: the board is
+    busy 0.65 of the time, and the readings average the counter over two periods (1 s), never
+    one phase of a period."""
+    gpu = SimStepGpu(Plant(PROFILES), STEP, blocks=16)
+    busy = {"s": 0.0}
+    advance = gpu.advance
+
+    def counted(seconds, busy_w):
+        if busy_w is not None and gpu.t >= 2.0:
+            busy["s"] += seconds
+        advance(seconds, busy_w)
+    gpu.advance = counted
+    ctl = sim_controller(gpu, "static", None, configuration="unchanged", duty=0.65, pace_mix=(0.3, 0.5))
+    trace = run_steps(ctl, gpu, 10.0)
+    assert busy["s"] / (gpu.t - 2.0) == pytest.approx(0.65, abs=0.03)
+    late = trace[trace["t"] > 2.0]
+    assert late["reading_window_s"].min() >= 0.9  # two periods
+    assert late["reading_duty"].mean() == pytest.approx(0.65, abs=0.03)
+    # the instant power swings between the two points; the windows do not
+    truth = late["true_power_w"]
+    assert truth.max() - truth.min() > 150.0
+    assert late["power_w"].std() < 0.1 * late["power_w"].mean()
+
+
+@pytest.mark.parametrize("budget", [350.0, 450.0, 550.0])
+def test_a_budget_is_held_on_a_mix(budget):
+    gpu = SimStepGpu(Plant(PROFILES), STEP, blocks=16)
+    ctl = sim_controller(gpu, budget_w=budget, pace_mix=(0.3, 0.5))
+    trace = run_steps(ctl, gpu, 20.0)
+    trace["energy_mj"] = trace["true_energy_mj"]
+    steady = window_power(trace).query("start >= 4")["power_w"]
+    assert (steady <= 1.03 * budget).mean() >= 0.95, steady.describe()
+    assert steady.mean() >= 0.93 * budget
+
+
+def test_a_mix_has_warm_start_tables_of_its_own(tmp_path, monkeypatch):
+    """A duty on a mix draws what the line between its two points draws, not what one paced
+    duty does: its tables are kept apart in the warm-start cache, as a pacing cycle's are."""
+    import torch
+
+    from flashwatt.control import controller
+
+    monkeypatch.setattr(controller, "warm_start_key", lambda device, telemetry: {"gpu": "sim", "driver": "1"})
+    keys = []
+    for mix in (None, (0.3, 0.5)):
+        ctl = controller.Controller.__new__(controller.Controller)
+        ctl.device = torch.device("cuda", 0)  # (a key is made for a GPU only; nothing touches it here)
+        ctl._pacer = type("P", (), {"target_cycle_s": 0.0})()
+        ctl._mix = DutyMix(lambda: 1.0, *mix, lambda: 0.0) if mix else None
+        ctl._shared = None
+        keys.append(ctl._open_cache(tmp_path, None))
+    assert "pace_mix" not in keys[0].key and keys[1].key["pace_mix"] == [0.3, 0.5]
+    assert keys[0].path != keys[1].path
+
+
+def test_a_suite_mixes_its_runs_but_not_its_oracles():
+    """`pace_mix` in a suite's control section (config/overlays/control-mix.yaml) reaches each
+    run; the oracle's static rows stay single duties, the points a mix time-shares."""
+    from flashwatt.config import ConfigError, load_config, validate_config
+    from flashwatt.control.job import scenario_of
+    from flashwatt.control.suite import control_runs
+
+    config = validate_config(load_config("config/config.yaml", configfiles=["config/overlays/control-mix.yaml"]))
+    cells = control_runs(config, "control_heldout")
+    runs = {cell: spec for cell, spec in cells.items() if cell.mode != "oracle"}
+    oracles = [spec for cell, spec in cells.items() if cell.mode == "oracle"]
+    assert oracles and all("pace_mix" not in spec for spec in oracles)
+    assert {scenario_of(cell, spec).pace_mix for cell, spec in runs.items()} == {(0.3, 0.5)}
+    plain = control_runs(load_config("config/config.yaml"), "control_heldout")
+    assert all("pace_mix" not in spec for spec in plain.values())
+    bad = load_config("config/config.yaml", configfiles=["config/overlays/control-mix.yaml"])
+    bad["suites"]["control_heldout"]["control"]["pace_mix"]["period_s"] = 0.8  # two periods no longer fit 1 s
+    with pytest.raises(ConfigError, match="pace_mix"):
+        validate_config(bad)
