@@ -97,6 +97,22 @@ def test_a_governor_that_cannot_be_is_refused_with_its_key(changes, message):
         model_runs(validate_config({"suites": {"m": {"models": {"grids": [grid]}}}}), "m")
 
 
+def test_a_mix_of_two_duties_is_a_one_gpu_governor_setting():
+    """`governor.pace_mix` reaches a one-GPU grid's governed cells; a grid on several GPUs is
+    refused by its key (each rank would read the mix's periods from its own clock)."""
+    grid = {"models": ["llama_tiny"], "backends": ["sdpa_default"], "precisions": ["fp32"], "phases": ["train"],
+            "seq_lens": [64], "batches": [2], "governors": [{"mode": "budget", "budgets_w": [300]}],
+            "governor": {"pace_mix": {"low": 0.3, "period_s": 0.5}}}
+    cells = model_runs(validate_config({"suites": {"m": {"models": {"grids": [grid]}}}}), "m")
+    assert [spec["governor"]["pace_mix"] for spec in cells.values()] == [{"low": 0.3, "period_s": 0.5}]
+    several = dict(grid, gpus=[2], strategies=["fsdp"])
+    with pytest.raises(ConfigError, match=r"grids\[0\]\.governor\.pace_mix: runs on one GPU"):
+        model_runs(validate_config({"suites": {"m": {"models": {"grids": [several]}}}}), "m")
+    with pytest.raises(ConfigError, match="pace_mix"):
+        validate_config({"suites": {"m": {"models": {"grids": [dict(grid, governor={"pace_mix": {"low": 1.5,
+                                                                                                 "period_s": 0.5}})]}}}})
+
+
 def test_a_training_run_cannot_be_a_front():
     with pytest.raises(ValueError, match="governor front: a training run is judged against a model cell's"):
         TrainCell("s", "llama_tiny", "sdpa_default", "fp32", "adamw", "cosine", 1e-3, 0.0, 0.1, 4, 64, 6144, 0,
@@ -157,6 +173,24 @@ def test_a_model_cells_front_and_budget_run_are_judged_against_each_other(fake_b
     traces.to_parquet(traces_path)
     write_figure(MODEL_FIGURES["model_governed_power"], {"table": table_path, "governed_traces": traces_path}, out)
     assert out.stat().st_size > 10_000
+
+
+def test_a_model_cells_budget_run_takes_its_mix_to_the_controller_and_the_record(fake_board, monkeypatch):
+    from flashwatt.models.job import run_model_cell
+
+    given = []
+    make = governed_job._controller
+
+    def spy(*args, **options):
+        given.append(options.get("pace_mix"))
+        return make(*args, **options)
+    monkeypatch.setattr(governed_job, "_controller", spy)
+    cell = ModelCell("m", "llama_tiny", "sdpa_default", "fp32", "train", 32, 2, governor="budget450w")
+    spec = model_spec_of(cell)
+    spec["governor"]["pace_mix"] = {"low": 0.3, "period_s": 0.5}
+    record = run_model_cell(cell, spec).record
+    assert record["status"] == "ok", record.get("traceback") or record.get("reason")
+    assert given == [(0.3, 0.5)] and record["control"]["pace_mix"] == [0.3, 0.5]
 
 
 # ---- a training run under a budget -------------------------------------------------------------

@@ -122,13 +122,16 @@ def _governed(cell: ModelCell, setting, settings: dict, model, step, device, tel
     schedule = setting.budget()
     knobs = {"backend": _backends(settings), "micro_batches": list(settings["front"]["micro_batches"]),
              **settings["knobs"]} if not cell.compiled else {}
+    mix = settings.get("pace_mix")
+    pace_mix = (float(mix["low"]), float(mix["period_s"])) if mix else None
     with _controller(cell, setting.controller_mode, schedule.first_w if schedule else None, device, telemetry, idle_w,
-                     model, knobs=knobs, temp_limit_c=setting.temp_limit_c) as ctl:
+                     model, knobs=knobs, temp_limit_c=setting.temp_limit_c, pace_mix=pace_mix) as ctl:
         merit, trace = governed_run(ctl, step.run, cell.tokens, float(settings["seconds"]), schedule, sync=sync)
         learned = ctl.model_table().to_dict("records")
         warm = ctl.warm_start()
     record["control"] = {"setting": cell.governor, "mode": setting.mode, "schedule": merit.pop("schedule"),
                          "temp_limit_c": setting.temp_limit_c, "knobs": knobs, "seconds": settings["seconds"],
+                         "pace_mix": list(pace_mix) if pace_mix else None,
                          "merit": merit, "learned": learned, "warm_start": warm,
                          "paced": "between steps only (compiled)" if cell.compiled else "between and within steps"}
     record["timing"] = {"tokens_per_s": merit.get("steady_tokens_per_s") or merit.get("tokens_per_s"),

@@ -32,6 +32,7 @@
           governor:                      # over the section's `governor` (defaults: step_defaults.GOVERNOR_DEFAULTS)
             seconds: 30                  # each governed run
             knobs: {micro_batches: [1, 2]}   # what the controller may turn (backends: the front's)
+            pace_mix: {low: 0.3, period_s: 0.5}   # one GPU: time-share full duty with 0.3 (flashwatt.control.duty_mix)
             front: {backends: [sdpa_default, sdpa_cudnn, custom], micro_batches: [1, 2],
                     duties: [1.0, 0.8, 0.6, 0.45, 0.3], seconds: 3}
 
@@ -165,6 +166,10 @@ def model_runs(config: dict, suite: str, measure: dict | None = None) -> dict[Mo
                        if s != "none" and not (s == "hybrid" and (g < 4 or g % 2))]
         governors = grid_governors(grid, key)
         governed = governor_settings(section, grid)
+        if governed.get("pace_mix") and governors != [""] and any(g > 1 for g in grid.get("gpus", [1])):
+            # (each rank would read the mix's periods from its own clock)
+            raise ConfigError(f"config key {key}.governor.pace_mix: runs on one GPU; this grid's gpus "
+                              f"{grid.get('gpus')} take several")
         for name, backend, precision, phase, seq_len, batch, recompute, compiled, (gpus, strategy), governor in \
                 itertools.product(grid["models"], grid["backends"], grid["precisions"], grid["phases"], grid["seq_lens"],
                                   grid["batches"], grid_recompute(grid, key), grid.get("compiled", [False]),
