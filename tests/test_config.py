@@ -174,7 +174,17 @@ def test_every_overlay_validates_and_plans_its_suites(overlay):
     from flashwatt.kinds import every_cell
 
     path = f"config/overlays/{overlay}"
-    config = validate_config(load_config("config/config.yaml", configfiles=[path]))
+    # (the files its comment's --configfile names, in order: an overlay may go over another)
+    comment = " ".join(line.lstrip("#") for line in open(path) if line.startswith("#"))
+    named_files = []
+    for word in comment.split("--configfile", 1)[1].split() if "--configfile" in comment else []:
+        word = word.strip("`.,;")
+        if not (word.startswith("config/") and word.endswith(".yaml")):
+            break
+        named_files.append(word)
+    layers = [f for f in named_files if f != "config/config.yaml"] or [path]
+    assert path in layers, f"{path}: its comment's command does not read it"
+    config = validate_config(load_config("config/config.yaml", configfiles=layers))
     named = yaml.safe_load(open(path)).get("suites", {})
     for suite in named:
         assert every_cell(config, suite), f"{path}: suite {suite} plans no cell"
