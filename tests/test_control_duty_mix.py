@@ -127,7 +127,7 @@ def test_a_suite_mixes_its_runs_but_not_its_oracles():
     runs = {cell: spec for cell, spec in cells.items() if cell.mode != "oracle"}
     oracles = [spec for cell, spec in cells.items() if cell.mode == "oracle"]
     assert oracles and all("pace_mix" not in spec for spec in oracles)
-    assert {scenario_of(cell, spec).pace_mix for cell, spec in runs.items()} == {(0.3, 0.5)}
+    assert {scenario_of(cell, spec).pace_mix for cell, spec in runs.items()} == {(0.3, 0.25)}
     plain = control_runs(load_config("config/config.yaml"), "control_heldout")
     assert all("pace_mix" not in spec for spec in plain.values())
     bad = load_config("config/config.yaml", configfiles=["config/overlays/control-mix.yaml"])

@@ -382,7 +382,7 @@ def _duty_mix(duty: Callable[[], float], pace_mix, clock: Callable[[], float]) -
     try:
         low, period_s = (float(v) for v in pace_mix)
     except (TypeError, ValueError):
-        raise ControlError(f"pace_mix={pace_mix!r}: give (lower duty, period in seconds), e.g. (0.3, 0.5)") from None
+        raise ControlError(f"pace_mix={pace_mix!r}: give (lower duty, period in seconds), e.g. (0.3, 0.25)") from None
     try:
         return DutyMix(duty, low, period_s, clock)
     except ValueError as e:

@@ -7,7 +7,7 @@
       hot_start: {below_c: 4}        # runs with disturbance hot_start: the limit this far under the preheat's temperature
       warm_start: true               # runs start from what earlier runs learned (flashwatt.control.warm_start)
       pace_cycle_s: 0.25             # runs and oracles pace in whole cycles (flashwatt.control.pacing); default 0
-      pace_mix: {low: 0.3, period_s: 0.5}  # runs time-share full duty with duty 0.3 (flashwatt.control.duty_mix)
+      pace_mix: {low: 0.3, period_s: 0.25}  # runs time-share full duty with duty 0.3 (flashwatt.control.duty_mix)
       runs:
         - {mode: budget, budgets_w: [300, 450, 600]}           # one cell per budget
         - {mode: budget, schedule: [[0, 600], [6, 400], [11, 550]], seconds: 16}

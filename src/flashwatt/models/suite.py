@@ -32,7 +32,7 @@
           governor:                      # over the section's `governor` (defaults: step_defaults.GOVERNOR_DEFAULTS)
             seconds: 30                  # each governed run
             knobs: {micro_batches: [1, 2]}   # what the controller may turn (backends: the front's)
-            pace_mix: {low: 0.3, period_s: 0.5}   # one GPU: time-share full duty with 0.3 (flashwatt.control.duty_mix)
+            pace_mix: {low: 0.3, period_s: 0.25}   # one GPU: time-share full duty with 0.3 (flashwatt.control.duty_mix)
             front: {backends: [sdpa_default, sdpa_cudnn, custom], micro_batches: [1, 2],
                     duties: [1.0, 0.8, 0.6, 0.45, 0.3], seconds: 3}
 
