@@ -134,3 +134,28 @@ def test_a_suite_mixes_its_runs_but_not_its_oracles():
     bad["suites"]["control_heldout"]["control"]["pace_mix"]["period_s"] = 0.8  # two periods no longer fit 1 s
     with pytest.raises(ConfigError, match="pace_mix"):
         validate_config(bad)
+
+
+@pytest.mark.parametrize("duty", [0.5, 0.85])
+def test_attention_calls_on_a_mix_idle_in_its_low_phases_only(duty):
+    """Calls of 1 ms under the pacer (2 ms quanta): over whole periods the busy share is the
+    duty asked, and every idle falls in a phase at the lower duty."""
+    from flashwatt.control.pacing import DeviceOps, Pacer
+
+    clock = {"t": 0.0}
+    sleeps = []
+
+    def sleep(seconds):
+        sleeps.append((clock["t"], seconds))
+        clock["t"] += seconds
+    mix = DutyMix(lambda: duty, 0.3, 0.25, lambda: clock["t"])
+    pacer = Pacer(DeviceOps(None, lambda: clock["t"]), mix, clock=lambda: clock["t"], sleep=sleep)
+    while clock["t"] < 5.0:
+        clock["t"] += 0.001
+        pacer.after_call(0.001)
+    slept = sum(s for t, s in sleeps if 1.0 <= t < 5.0)
+    assert 1.0 - slept / 4.0 == pytest.approx(duty, abs=0.01)
+    full = mix.full_share(duty)
+    # (a slice starts in a low phase; a tick of its quantum may run past the phase's end)
+    starts = [(t % 0.25) / 0.25 for t, _ in sleeps]
+    assert min(starts) >= full - 0.01
