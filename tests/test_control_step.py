@@ -163,6 +163,36 @@ def test_a_reading_of_a_window_of_pacing_cycles_records_the_duty_realized_in_it(
         late["calls"].sum(), abs=2)
 
 
+@pytest.mark.parametrize("duty", [0.5, 1.0])
+def test_the_hosts_waits_between_drained_steps_are_the_boards_idle(duty):
+    """A loader that waits 0.1 s before each 0.2 s step: at duty 0.5 each step ends drained at
+    its last pacing point, so the wait is idle of the GPU's, in the duty a window is read at
+    (`reading_duty`) and not in the one the pacer realized (`reading_paced_duty`); at full duty
+    nothing is drained (a step may still be running when the host waits) and neither counts it."""
+    gpu = SimStepGpu(Plant(PROFILES), STEP, blocks=16)
+    busy = {"s": 0.0}
+    advance = gpu.advance
+
+    def counted(seconds, busy_w):
+        if busy_w is not None and gpu.t >= 3.0:
+            busy["s"] += seconds
+        advance(seconds, busy_w)
+    gpu.advance = counted
+    ctl = sim_controller(gpu, "static", None, configuration="unchanged", duty=duty)
+    while gpu.t < 10.0:
+        gpu.advance(0.1, None)
+        ctl.step(gpu.step_fn(ctl), tokens=gpu.tokens_per_step)
+    late = ctl.trace().query("t > 3")
+    given = busy["s"] / (gpu.t - 3.0)
+    if duty < 1.0:
+        assert late["reading_duty"].mean() == pytest.approx(given, abs=0.03)
+        # (a cycle: 0.2 s of step, 0.2 s slept, 0.1 s waited)
+        assert given == pytest.approx(0.4, abs=0.03)
+        assert late["reading_paced_duty"].mean() == pytest.approx(given + 0.1 / 0.5, abs=0.03)
+    else:
+        assert given == pytest.approx(2 / 3, abs=0.03) and ctl._pacer.waited_s == 0.0
+
+
 def test_a_step_paced_at_its_blocks_idles_in_cycles_of_milliseconds():
     gpu = SimStepGpu(Plant(PROFILES), STEP, blocks=16)
     ctl = sim_controller(gpu, budget_w=300.0)

@@ -129,3 +129,35 @@ def test_attention_calls_are_not_watched():
     assert ctl.governor.watch_stalls is False
     run_steps(ctl, gpu, 1.0)
     assert ctl.governor.watch_stalls is True
+
+
+def test_work_that_comes_back_slower_after_a_stall_is_read_at_the_duty_it_was_given():
+    """After a 1.3 s stall the loader waits half a step's GPU time before each step for 2.5 s:
+    the work is back at two thirds of its rate, above the share that ends a stall, and the
+    board draws under what the pacer's duty would. The host's waits after a drained step are
+    the GPU's idle in the duty a window is read at, so the board agrees with its table: the
+    share holds and no tenant is seen when the loader is quick again. (Read at the pacer's duty,
+    the share went to its floor and then 90 W were taken for another tenant's; a two-H200 run at
+    1200 W showed the same.) The stall itself is still told, at the duty the pacer set."""
+    budget = 450.0
+    gpu = SimStepGpu(Plant(PROFILES), STEP, blocks=16)
+    ctl = sim_controller(gpu, budget_w=budget)
+    body, slow_until = gpu.step_fn(ctl), None
+    while gpu.t < 22.0:
+        if slow_until is None and gpu.t >= STALL_AT:
+            gpu.advance(STALL_S, None)
+            slow_until = gpu.t + 2.5
+        if slow_until is not None and gpu.t < slow_until:
+            gpu.advance(0.5 * gpu.profiles["unchanged"].seconds, None)  # the loader, still slow
+        ctl.step(body, tokens=gpu.tokens_per_step)
+    trace = with_counter(pd.merge_asof(ctl.trace().sort_values("t"), pd.DataFrame(gpu.rows), on="t",
+                                       direction="nearest"))
+    events = trace["event"].fillna("")
+    assert events.str.contains("our work stopped").sum() == 1, events[events != ""]
+    assert trace["offset_w"].max() <= 5.0, trace[["t", "offset_w", "event"]][trace["offset_w"] > 5.0]
+    after = trace[trace["t"] >= STALL_AT + STALL_S]
+    assert after["table_share"].between(0.95, 1.05).all(), after["table_share"].describe()
+    slow = trace[(trace["t"] > STALL_AT + STALL_S + 1.0) & (trace["t"] < STALL_AT + STALL_S + 2.5)]
+    assert (slow["reading_duty"] < slow["duty"] - 0.05).all()  # read at the duty the GPU was given
+    windows = window_power(trace)
+    assert (windows[windows["start"] >= 6.0]["power_w"] <= budget * 1.03).all(), windows

@@ -240,7 +240,7 @@ class Controller(AttentionCalls, ModelSteps):
         over the last cycles from the energy counter in place of the instant reading, with the
         duty realized over the same window (flashwatt.control.counter_power): the governor
         learns and acts on the pair, never on the window's power against the duty set now."""
-        self._counter.add(reading.t, reading.energy_mj, self._pacer.idle_s())
+        self._counter.add(reading.t, reading.energy_mj, self._pacer.idle_s(), self._pacer.waited_s_now())
         # (a step's own phases, forward, backward, optimizer, draw differently: a step longer
         # than a tick is a cycle too, however finely its pacing points idle it)
         # (a mix of two duties is a cycle of its period)

@@ -19,7 +19,11 @@ right after an NVML gap). Such a tick is handed on marked `mid_cycle`: telemetry
 with no reading of our watts (`windowed`).
 
 That average is paired with the duty the board ran at over the same window: the share of
-the window not slept by the pacer (its idle time, the sleep in progress included). A
+the window the GPU was given work, not slept by the pacer (its idle time, the sleep in progress
+included) nor waited by the host between steps after one that ended drained (a loader, logging;
+flashwatt.control.pacing, `Pacer.step_ended`). The share not slept alone, the host's waits
+counted busy, comes with it (`paced_duty`): a stall of our own work is told against it
+(flashwatt.control.work_stall), as the work the pacer expected. A
 window of two cycles shows the duty of a second ago as much as the duty now; read against
 the duty set now, a table would learn (and the loop would answer) the power of another
 duty, and a loop that climbs while its reading lags swings from the lowest duty to the
@@ -44,6 +48,7 @@ class WindowPower:
     watts: float
     duty: float
     seconds: float
+    paced_duty: float | None = None  # the share of it the pacer did not sleep (the host's own waits counted busy)
 
 
 class CounterPower:
@@ -55,7 +60,7 @@ class CounterPower:
         self._history: collections.deque = collections.deque()
         self.read_once = False  # whether the board's counter ever answered (else nothing to window)
 
-    def add(self, t: float, energy_mj: float | None, idle_s: float = 0.0) -> None:
+    def add(self, t: float, energy_mj: float | None, idle_s: float = 0.0, waited_s: float = 0.0) -> None:
         if energy_mj is None:
             return
         joules = energy_mj / 1e3
@@ -64,7 +69,7 @@ class CounterPower:
             return  # stalled
         if self._history and joules < self._history[-1][1]:
             self._history.clear()  # the counter went back (a driver reset): windows start afresh
-        self._history.append((t, joules, idle_s))
+        self._history.append((t, joules, idle_s, waited_s))
         while self._history and self._history[0][0] < t - MAX_WINDOW_S - 0.5:
             self._history.popleft()
 
@@ -75,16 +80,17 @@ class CounterPower:
         window = min(MAX_WINDOW_S, CYCLES * cycle_s)
         if not self._history:
             return None
-        t1, j1, idle1 = self._history[-1]
+        t1, j1, idle1, waited1 = self._history[-1]
         older = [entry for entry in self._history if entry[0] <= t1 - window + 1e-9]
         if not older or t - t1 > window:
             return None
-        t0, j0, idle0 = older[-1]
+        t0, j0, idle0, waited0 = older[-1]
         if t1 <= t0:
             return None
         seconds = t1 - t0
-        duty = min(1.0, max(0.0, 1.0 - (idle1 - idle0) / seconds))
-        return WindowPower((j1 - j0) / seconds, duty, seconds)
+        paced = min(1.0, max(0.0, 1.0 - (idle1 - idle0) / seconds))
+        duty = min(paced, max(0.0, paced - (waited1 - waited0) / seconds))
+        return WindowPower((j1 - j0) / seconds, duty, seconds, paced)
 
 
 def windowed(counter: CounterPower, reading, cycle_s: float, period_s: float):
@@ -99,4 +105,4 @@ def windowed(counter: CounterPower, reading, cycle_s: float, period_s: float):
     seen = counter.window(reading.t, cycle_s)
     if seen is None:
         return replace(reading, mid_cycle=True)
-    return replace(reading, power_w=seen.watts, duty=seen.duty, window_s=seen.seconds)
+    return replace(reading, power_w=seen.watts, duty=seen.duty, window_s=seen.seconds, paced_duty=seen.paced_duty)

@@ -109,6 +109,9 @@ class Reading:
     # cycles (flashwatt.control.counter_power): the duty realized in it and its seconds.
     duty: float | None = None
     window_s: float | None = None
+    # ... and the share of the window the pacer did not sleep: the duty it set, realized. Less
+    # the host's own waits between steps it is `duty`, the share the GPU was given work.
+    paced_duty: float | None = None
     # Set where pacing cycles are longer than a tick but the counter holds no window of them
     # yet: power_w is the instant reading of one phase of a cycle, telemetry that works but
     # no reading of our watts (flashwatt.control.counter_power).
@@ -397,7 +400,8 @@ class Governor(ShapeChoices, PowerHolding, TableError, WindowReadings, WorkStall
             "energy_mj": reading.energy_mj, "temp_c": reading.temp_c, "sm_clock_mhz": reading.sm_clock_mhz,
             "clock_reasons": reading.clock_reasons, "duty": self.loop.duty,
             # (a reading that averages a window of pacing cycles: the duty realized in it, and its length)
-            "reading_duty": reading.duty, "reading_window_s": reading.window_s, "offset_w": self.offset_w,
+            "reading_duty": reading.duty, "reading_paced_duty": reading.paced_duty,
+            "reading_window_s": reading.window_s, "offset_w": self.offset_w,
             "table_share": self.table_share, "noise_share": self.noise.share,
             "aim_w": self._aim_w() if self.mode == "budget" and self.budget_w is not None else None,
             "temp_limit_c": self.thermal.limit_c if self.thermal is not None else None,

@@ -175,6 +175,7 @@ class ModelSteps:
         self._last_step_end = end
         done = []  # the step's tokens are credited once the queue has drained (or at once at full duty)
         self._pacer.point(drained=lambda: done.append(self._step_done()))
+        self._pacer.step_ended()  # (the host's time until the next step is the GPU's idle, where drained)
         if not done:  # no pacing point here (a capture or a compiled region reported): credit it now
             self._step_done()
         return out

@@ -131,6 +131,10 @@ class Pacer:
         # On a job's ranks: the idle this rank owes at a pacing point -> the idle every rank
         # pays there (the smallest owed), called at every point on every rank alike.
         self.agree: Callable[[float], float] | None = None
+        # The host's own waits between steps (step_ended): the GPU idle, the pacer not sleeping
+        self.waited_s = 0.0
+        self._drained_t: float | None = None
+        self._point_drained = False
 
     def idle_s(self) -> float:
         """Idle time paid so far, the slice being slept included up to now: what a sensor's
@@ -141,6 +145,12 @@ class Pacer:
             return self.slept_s
         start, before = sleeping
         return before + max(0.0, self.clock() - start)
+
+    def waited_s_now(self) -> float:
+        """The host's own waits between steps so far (step_ended), the one going on included:
+        the GPU idle without the pacer sleeping."""
+        waiting = self._drained_t  # (one read: another thread replaces it whole)
+        return self.waited_s + (max(0.0, self.clock() - waiting) if waiting is not None else 0.0)
 
     def _owed_idle_s(self) -> float:
         return self._owed_busy_s * idle_ratio(self.duty())
@@ -174,9 +184,18 @@ class Pacer:
                 self._pay()
 
     # ---- steps -----------------------------------------------------------------------------
+    def step_ended(self) -> None:
+        """A step ended at the point just passed. Where that point drained the queue, the GPU
+        idles from now until the next step starts: time the host spends on its own (a loader,
+        logging), idle that the pacer did not sleep but the board rests in all the same."""
+        self._drained_t = self.clock() if self._point_drained else None
+
     def resume(self) -> None:
         """The GPU is busy from now (a step starts)."""
         self._resumed_t = now = self.clock()
+        waiting, self._drained_t = self._drained_t, None
+        if waiting is not None:
+            self.waited_s += max(0.0, now - waiting)
         if self._step_t is not None:
             self.step_s += 0.3 * ((now - self._step_t) - self.step_s)
         self._step_t = now
@@ -188,6 +207,7 @@ class Pacer:
         if self.capturing():  # first, and nothing else: a compiler tracing this sees no side effect
             return 0.0
         self.points += 1
+        self._point_drained = False
         if self.agree is not None:
             return self._point_together(drained)
         if self.duty() >= 1.0:
@@ -196,6 +216,7 @@ class Pacer:
                 drained()
             return 0.0
         self.ops.sync()
+        self._point_drained = True
         if drained is not None:
             drained()
         self._count_busy()
@@ -216,6 +237,7 @@ class Pacer:
             self._at_full_duty()
         else:
             self.ops.sync()
+            self._point_drained = True
             self._count_busy()
             owed = self._owed_busy_s * idle_ratio(duty)
         if drained is not None:

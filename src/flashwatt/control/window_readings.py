@@ -42,6 +42,7 @@ class WindowReadings:
 
     def _init_window_readings(self) -> None:
         self._window: tuple[float, float] | None = None  # (realized duty, seconds) of this tick's reading
+        self._window_paced: float | None = None
         self._tick_work: collections.deque = collections.deque()  # (t, (shape, config) keys, tokens) per tick
         self._reading_lag = 1  # readings this tick's reading's window spans (1: an instant reading)
 
@@ -50,6 +51,10 @@ class WindowReadings:
         kept for the windows to come."""
         averaged = reading.duty is not None and reading.window_s and reading.power_w is not None
         self._window = (reading.duty, reading.window_s) if averaged else None
+        # (the duty the pacer realized in it, the host's own waits counted busy: what a stall of
+        # our work is told against, flashwatt.control.work_stall)
+        self._window_paced = (reading.paced_duty if reading.paced_duty is not None else reading.duty) \
+            if averaged else None
         self._tick_work.append((reading.t, frozenset(work.by_key), work.tokens))
         while self._tick_work and self._tick_work[0][0] < reading.t - MAX_WINDOW_S - 1.0:
             self._tick_work.popleft()

@@ -175,7 +175,9 @@ class WorkStall:
         be told)."""
         if power is None or self.idle_w is None:
             return False
-        ours = self.table_power(self._running_table(), self._ran_duty())
+        # (at the duty the pacer realized: the host's waits are part of a stall, not its idle)
+        duty = self._window_paced if self._window is not None else self._ran_duty()
+        ours = self.table_power(self._running_table(), duty)
         if ours is None:
             return False
         predicted = ours + max(0.0, self.offset_w)
