@@ -59,6 +59,20 @@ def test_a_controller_refuses_a_mix_it_cannot_run_and_names_it(bad, why):
     assert why in str(err.value)
 
 
+def test_a_mix_and_pacing_cycles_are_one_or_the_other():
+    """A cycle pays its idle a cycle at a time, longer than a mix's low phase: together the
+    idle would come periods late. A controller and a suite each refuse the pair by name."""
+    from flashwatt.config import ConfigError, load_config
+    from flashwatt.control.suite import control_runs
+
+    with pytest.raises(ControlError, match=r"pace_mix=\(0.3, 0.25\) with pace_cycle_s=0.25: give one of them"):
+        sim_controller(SimStepGpu(Plant(PROFILES), STEP), pace_mix=(0.3, 0.25), pace_cycle_s=0.25)
+    config = load_config("config/config.yaml", configfiles=["config/overlays/control-mix.yaml"])
+    config["suites"]["control_heldout"]["control"]["pace_cycle_s"] = 0.25
+    with pytest.raises(ConfigError, match=r"suites\.control_heldout\.control\.pace_mix: .*not both"):
+        control_runs(config, "control_heldout")
+
+
 def test_a_static_step_at_a_mixed_duty_realizes_it_and_is_read_over_whole_periods():
     """Duty 0.65 as full duty half of each 0.5 s period and duty 0.3 the rest: the board is
     busy 0.65 of the time, and the readings average the counter over two periods (1 s), never

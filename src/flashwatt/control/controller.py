@@ -78,6 +78,9 @@ class Controller(AttentionCalls, ModelSteps):
         self.recheck_every = recheck_every
         self._clock = clock or time.perf_counter
         self._ops = device_ops or DeviceOps(self.device, self._clock)
+        if pace_mix is not None and pace_cycle_s:
+            # (a mix's phases are shorter than a cycle's payment: the idle would come whole periods late)
+            raise ControlError(f"pace_mix={pace_mix!r} with pace_cycle_s={pace_cycle_s!r}: give one of them")
         governed = lambda: self.governor.duty  # noqa: E731
         # (time-sharing full duty with a lower one in place of one duty between them: opt-in)
         self._mix = _duty_mix(governed, pace_mix, self._clock) if pace_mix is not None else None

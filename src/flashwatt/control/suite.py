@@ -97,6 +97,9 @@ def _runs_cells(name: str, section: dict, seed: int) -> dict[ControlCell, dict]:
     cycle = float(section.get("pace_cycle_s", 0.0))
     # (the runs alone time-share two duties: the oracle's static rows are the points a mix joins)
     mix = section.get("pace_mix")
+    if mix and cycle:
+        raise ConfigError(f"config key {where}.pace_mix: runs either time-share two duties or pace in cycles "
+                          f"(pace_cycle_s {cycle:g}), not both")
     cells: dict[ControlCell, dict] = {}
     origin: dict[ControlCell, str] = {}
 
