@@ -744,15 +744,24 @@ class SimStepGpu:
         # point sample: a duty cycle of tens of milliseconds shows as its average, not its phase.
         self.sensor_window_s = sensor_window_s
         self._recent: list[tuple[float, float, float]] = []  # (end t, seconds, watts) of each slice
+        self._busy: list[tuple[float, float]] = []  # (start t, seconds) of each stretch of work
 
     def clock(self) -> float:
         return self.t
+
+    def busy_share(self, since: float) -> float:
+        """The share of the time from `since` to now the board computed: the truth a realized
+        duty is checked against."""
+        busy = sum(max(0.0, min(seconds, start + seconds - since)) for start, seconds in self._busy)
+        return busy / (self.t - since)
 
     def sleep(self, seconds: float) -> None:
         self.advance(seconds, None)
 
     def advance(self, seconds: float, busy_w: float | None) -> None:
         end = self.t + max(0.0, seconds)
+        if busy_w is not None:
+            self._busy.append((self.t, end - self.t))
         while self.t < end - 1e-12:
             dt = min(self.plant.dt, end - self.t, self.next_tick - self.t)
             target = self.plant.idle_w if busy_w is None else min(self.plant.cap_w, busy_w)

@@ -78,17 +78,9 @@ def test_a_static_step_at_a_mixed_duty_realizes_it_and_is_read_over_whole_period
     busy 0.65 of the time, and the readings average the counter over two periods (1 s), never
     one phase of a period."""
     gpu = SimStepGpu(Plant(PROFILES), STEP, blocks=16)
-    busy = {"s": 0.0}
-    advance = gpu.advance
-
-    def counted(seconds, busy_w):
-        if busy_w is not None and gpu.t >= 2.0:
-            busy["s"] += seconds
-        advance(seconds, busy_w)
-    gpu.advance = counted
     ctl = sim_controller(gpu, "static", None, configuration="unchanged", duty=0.65, pace_mix=(0.3, 0.5))
     trace = run_steps(ctl, gpu, 10.0)
-    assert busy["s"] / (gpu.t - 2.0) == pytest.approx(0.65, abs=0.03)
+    assert gpu.busy_share(since=2.0) == pytest.approx(0.65, abs=0.03)
     late = trace[trace["t"] > 2.0]
     assert late["reading_window_s"].min() >= 0.9  # two periods
     assert late["reading_duty"].mean() == pytest.approx(0.65, abs=0.03)

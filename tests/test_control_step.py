@@ -139,14 +139,6 @@ def test_a_reading_of_a_window_of_pacing_cycles_records_the_duty_realized_in_it(
     averages the energy counter over whole cycles, and the trace says at which duty (the one
     realized in the window, which the loop reads it at) and over how long."""
     gpu = SimStepGpu(Plant(PROFILES), STEP, blocks=8)
-    busy = {"s": 0.0}
-    advance = gpu.advance
-
-    def counted(seconds, busy_w):  # the board's busy seconds after 4 s, as the truth
-        if busy_w is not None and gpu.t >= 4.0:
-            busy["s"] += seconds
-        advance(seconds, busy_w)
-    gpu.advance = counted
     ctl = sim_controller(gpu, budget_w=300.0)
     trace = run_steps(ctl, gpu, 12.0, step=between_steps_only(ctl, gpu))
     late = trace[trace["t"] > 4]
@@ -154,7 +146,7 @@ def test_a_reading_of_a_window_of_pacing_cycles_records_the_duty_realized_in_it(
     assert len(windowed) >= 0.9 * len(late)
     assert (windowed["reading_window_s"] > 0.2).all()  # two cycles of about 0.4-0.6 s
     # the duty realized, not the one set: about the board's busy share of the late seconds
-    realized = busy["s"] / (gpu.t - 4.0)
+    realized = gpu.busy_share(since=4.0)
     assert windowed["reading_duty"].mean() == pytest.approx(realized, abs=0.05)
     assert trace[trace["t"] < 0.5]["reading_duty"].isna().all()  # no cycle measured yet
     # and how the pacer idled: once a step, as long a cycle as a step, one point a step
@@ -170,20 +162,12 @@ def test_the_hosts_waits_between_drained_steps_are_the_boards_idle(duty):
     (`reading_duty`) and not in the one the pacer realized (`reading_paced_duty`); at full duty
     nothing is drained (a step may still be running when the host waits) and neither counts it."""
     gpu = SimStepGpu(Plant(PROFILES), STEP, blocks=16)
-    busy = {"s": 0.0}
-    advance = gpu.advance
-
-    def counted(seconds, busy_w):
-        if busy_w is not None and gpu.t >= 3.0:
-            busy["s"] += seconds
-        advance(seconds, busy_w)
-    gpu.advance = counted
     ctl = sim_controller(gpu, "static", None, configuration="unchanged", duty=duty)
     while gpu.t < 10.0:
         gpu.advance(0.1, None)
         ctl.step(gpu.step_fn(ctl), tokens=gpu.tokens_per_step)
     late = ctl.trace().query("t > 3")
-    given = busy["s"] / (gpu.t - 3.0)
+    given = gpu.busy_share(since=3.0)
     if duty < 1.0:
         assert late["reading_duty"].mean() == pytest.approx(given, abs=0.03)
         # (a cycle: 0.2 s of step, 0.2 s slept, 0.1 s waited)
