@@ -28,6 +28,10 @@ class DutyMix:
         if period_s <= 0.0:
             raise ValueError(f"the period must be positive, got {period_s} s")
         self.duty, self.low, self.period_s, self.clock = duty, low, period_s, clock
+        # How far the GPU runs behind the host when a full phase ends (the work queued then,
+        # as the pacer finds it drained): the host ends the full phase that much early, so the
+        # GPU's ends on time.
+        self.lag_s = 0.0
 
     def full_share(self, duty: float) -> float:
         """The share of a period at full duty for the busy share `duty` (0 under `low`)."""
@@ -35,9 +39,36 @@ class DutyMix:
             return 0.0
         return min(1.0, (duty - self.low) / (1.0 - self.low))
 
+    def drained(self, seconds: float) -> None:
+        """The pacer drained `seconds` of work queued in a full phase where the low one began."""
+        self.lag_s += 0.3 * (min(seconds, 0.5 * self.period_s) - self.lag_s)
+
+    def _phases(self) -> tuple[float, float] | None:
+        """(start of the low phase on the GPU, end of the period) where the host is in a low
+        phase now, else None."""
+        duty, now = self.duty(), self.clock()
+        if duty <= self.low or duty >= 1.0:
+            return None
+        period_start = now - now % self.period_s
+        low_start = period_start + self.full_share(duty) * self.period_s
+        if now < low_start - self.lag_s:
+            return None
+        return low_start, period_start + self.period_s
+
+    def low_since(self) -> float | None:
+        """When the GPU's low phase began, or begins once the queue has drained (the clock's
+        time), or None outside one: the pacer owes idle for the GPU's work from then on."""
+        phases = self._phases()
+        return phases[0] if phases else None
+
+    def phase_ends(self) -> float | None:
+        """When the low phase in force ends (the next period's start), or None outside one: a
+        sleep that pays its idle stops there, or the full phase would begin idle."""
+        phases = self._phases()
+        return phases[1] if phases else None
+
     def __call__(self) -> float:
         duty = self.duty()
         if duty <= self.low or duty >= 1.0:
             return duty
-        phase = (self.clock() % self.period_s) / self.period_s
-        return 1.0 if phase < self.full_share(duty) else self.low
+        return self.low if self._phases() else 1.0

@@ -36,6 +36,8 @@ import collections
 import time
 from typing import Any, Callable
 
+from flashwatt.control.duty_mix import DutyMix
+
 
 class DeviceOps:
     """The device queue as pacing and timing need it: drain it, stamp a point in it, ask
@@ -114,6 +116,13 @@ class Pacer:
         self.quantum_s = quantum_s
         self.target_cycle_s = target_cycle_s  # attention calls: the pacing cycle paid in one go (0: each quantum)
         self.max_in_flight_s = max_in_flight_s
+        # A duty that time-shares full duty with a lower one (flashwatt.control.duty_mix): at full
+        # duty a step's pacing point waits for the one before it, so the host runs at most one
+        # segment ahead of the GPU, and idle owed in a low phase is carried to the next one
+        self.mix = duty if isinstance(duty, DutyMix) else None
+        self._lead_stamp: Any = None
+        self._queued_at_full = False  # calls: the last was issued at full duty (its queue not owed for)
+        self._full_point_t: float | None = None  # steps: the last pacing point passed at full duty
         self.clock = clock
         self.sleep = sleep
         self.capturing = capturing if capturing is not None else ops.capturing
@@ -169,9 +178,16 @@ class Pacer:
                 queued -= s
         duty = self.duty()
         if duty >= 1.0:
+            self._queued_at_full = True
             if self.target_cycle_s:  # no cycle runs: the next payment starts one afresh
                 self._last_pay_t, self.cycle_s = None, 0.0
         elif gpu_s:
+            if self._queued_at_full:  # the queue issued at full duty runs now, at this duty
+                self._queued_at_full = False
+                while self._in_flight and self.ops.done(self._in_flight[0][0]):
+                    self._in_flight.popleft()
+                backlog = max(0.0, sum(s for _, s in self._in_flight) + self._unmarked_s - gpu_s)
+                self._owed_busy_s += self._ran_in_low_phase(self.clock() + backlog, backlog)
             self._owed_busy_s += gpu_s
             if self._owed_idle_s() >= max(self.quantum_s, self.target_cycle_s * (1.0 - duty)):
                 self.ops.sync()
@@ -212,14 +228,24 @@ class Pacer:
             return self._point_together(drained)
         if self.duty() >= 1.0:
             self._at_full_duty()
+            if self.mix is not None:
+                stamp, self._lead_stamp = self._lead_stamp, self.ops.stamp(timing=False)
+                if stamp is not None:
+                    self.ops.wait(stamp)
             if drained is not None:
                 drained()
             return 0.0
+        self._lead_stamp = None
+        t0 = self.clock()
         self.ops.sync()
         self._point_drained = True
         if drained is not None:
             drained()
         self._count_busy()
+        full_t, self._full_point_t = self._full_point_t, None
+        if full_t is not None:  # the first point since full duty: the queue it drained
+            now = self.clock()
+            self._owed_busy_s += self._ran_in_low_phase(now, now - t0, full_t)
         slept = 0.0
         if self._owed_idle_s() >= self.quantum_s:
             self._mark_payment()
@@ -255,7 +281,20 @@ class Pacer:
     def _at_full_duty(self) -> None:
         """Nothing is owed at full duty, and no pacing cycle runs."""
         self._resumed_t = self._last_pay_t = None
-        self._owed_busy_s = self.cycle_s = 0.0
+        self.cycle_s = 0.0
+        if self.mix is None:
+            self._owed_busy_s = 0.0
+        self._full_point_t = self.clock()
+
+    def _ran_in_low_phase(self, drained_t: float, backlog_s: float, since: float = float("-inf")) -> float:
+        """A mix's low phase found `backlog_s` of work queued at full duty, run until
+        `drained_t`: the mix learns the lag, and what of it ran in the low phase (on the GPU,
+        from its start or `since`, if later) is owed for there. Outside a mix: nothing."""
+        start = self.mix.low_since() if self.mix is not None else None
+        if start is None:
+            return 0.0
+        self.mix.drained(backlog_s)
+        return max(0.0, drained_t - max(start, since))
 
     def _count_busy(self) -> None:
         """The GPU's busy time since it last resumed (the queue drained) is owed idle."""
@@ -276,7 +315,7 @@ class Pacer:
             ratio = idle_ratio(self.duty())
             owed = self._owed_busy_s * ratio
             if ratio <= 0.0 or owed < min(self.quantum_s, 1e-4) or owed <= 0.0:
-                if ratio <= 0.0:
+                if ratio <= 0.0 and self.mix is None:
                     self._owed_busy_s = 0.0
                 break
             took = self._sleep_slice(owed)
@@ -292,8 +331,12 @@ class Pacer:
         return slept
 
     def _sleep_slice(self, seconds: float) -> float:
-        """One sleep of at most MAX_SLICE_S, visible to the sensor while it lasts; its length."""
+        """One sleep of at most MAX_SLICE_S, visible to the sensor while it lasts, and not past
+        the end of a mix's low phase (flashwatt.control.duty_mix); its length."""
         t0 = self.clock()
+        end = self.mix.phase_ends() if self.mix is not None else None
+        if end is not None and end - t0 > 1e-4:
+            seconds = min(seconds, end - t0)
         self._sleeping = (t0, self.slept_s)
         self.sleep(min(seconds, MAX_SLICE_S))
         took = self.clock() - t0
