@@ -346,9 +346,12 @@ class Governor(ShapeChoices, PowerHolding, TableError, WindowReadings, WorkStall
         if self.thermal is not None:
             self.thermal.update(now, reading.temp_c)
         self._adapt_margin(now, self._counter_joules(now, reading.energy_mj, power))
+        floor = None  # a reading a stall hides: a floor of our watts at the duty that ran
         if power is not None:
             self.last_valid_t = now
-            if reading.mid_cycle or self._waking(now, power) or self._stall_hides(now):
+            if not reading.mid_cycle and not self._waking(now, power) and self._stall_hides(now):
+                floor = power
+            if reading.mid_cycle or self._waking(now, power) or floor is not None:
                 power = None  # telemetry works; this reading says nothing of our watts at the duty
         if power is not None:
             still = (abs(self.loop.duty - self._last_duty) < 0.03 and abs(self._last_duty - self._prev_duty) < 0.03
@@ -392,6 +395,10 @@ class Governor(ShapeChoices, PowerHolding, TableError, WindowReadings, WorkStall
                         feed_forward = self._window_duty(power)
                     self.loop.update(self._aim_w(), self.power_filtered, dt, feed_forward)
                     self._cut_overshoot(power, table, ran)
+                elif self.mode == "budget" and floor is not None:
+                    self._cut_on_a_floor(floor, ran)
+                if floor is None:
+                    self._last_floor = None
                 self._tenant_step = False
         dominant = self._dominant(work)
         row = {

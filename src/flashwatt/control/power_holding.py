@@ -213,6 +213,15 @@ class PowerHolding:
         running = self._running()
         return self.model.power.get(running) if running is not None else None
 
+    def _over_budget(self, power: float) -> bool:
+        """Whether a reading is over the budget beyond the readings' noise: CUT_SIGMAS
+        deviations, or CUT_SIGMAS_TWICE in this reading and the one before."""
+        sigma = self.noise.sigma_w(self.power_filtered if self.power_filtered is not None else power)
+        base = self.budget_w * (1 + OVERSHOOT_CUT)
+        twice = self._last_reading is not None and min(power, self._last_reading) > base + CUT_SIGMAS_TWICE * sigma
+        self._last_reading = power
+        return power > base + CUT_SIGMAS * sigma or twice
+
     def _cut_overshoot(self, power: float, table, ran: float) -> None:
         """A reading over the budget beyond the readings' noise (CUT_SIGMAS deviations, or two
         in a row CUT_SIGMAS_TWICE): a tenant arrived or a table is wrong, and the duty that
@@ -220,11 +229,7 @@ class PowerHolding:
         watt it does not explain is taken as another tenant's (flashwatt.control.table_error;
         the feed-forward then holds the duty); without one, the power prior's curve cuts
         (more than any measured curve needs)."""
-        sigma = self.noise.sigma_w(self.power_filtered)
-        base = self.budget_w * (1 + OVERSHOOT_CUT)
-        twice = self._last_reading is not None and min(power, self._last_reading) > base + CUT_SIGMAS_TWICE * sigma
-        self._last_reading = power
-        if self.idle_w is None or power <= self.idle_w or not (power > base + CUT_SIGMAS * sigma or twice):
+        if self.idle_w is None or power <= self.idle_w or not self._over_budget(power):
             return
         if self._just_changed():
             return  # a step or a switch just moved the duty: this reading is from before it

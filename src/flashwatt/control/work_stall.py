@@ -38,12 +38,16 @@ from __future__ import annotations
 import collections
 import copy
 
+from flashwatt.control.power_bound import PRIOR_EXPONENT
+from flashwatt.control.power_holding import OVERSHOOT_CUT
+
 STALL_SPAN_S = 0.3  # three ticks: a step's credit is spread over its expected length
 STALL_SHARE = 0.3  # of the work the duty expects (2 ms pacing on the H200 keeps 0.75 or more)
 RESUMED_SHARE = 0.6
 RECOVER_S = 1.0
 BELOW_SIGMAS = 2.0
 MAX_SPAN_S = 4.0
+FLOOR_SIGMAS = 1.0  # a hidden reading over the budget by this many of the noise's deviations, twice, cuts
 STALL_EVENT = "our work stopped"  # how a stall begins in the trace's events (counted by metrics.summarize)
 SNAPSHOTS_S = MAX_SPAN_S + 0.5  # what a stall's detection may undo
 # What the readings teach tick by tick and a stall's undoes (tables learn only from readings
@@ -64,6 +68,7 @@ class WorkStall:
         self._snapshots: collections.deque = collections.deque()  # (t, what the readings taught before it)
         self._recent_keys: set = set()  # the (shape, configuration)s of the last tick with work
         self._first_done_t: float | None = None  # the first tick with work done
+        self._last_floor: float | None = None  # the last reading a stall hid (_cut_on_a_floor)
 
     def _gpu_seconds(self, work) -> float | None:
         """The GPU time `work` took at full duty: each (shape, configuration)'s tokens at its
@@ -188,6 +193,25 @@ class WorkStall:
         read at the duty realized in the window, is no reading of our watts at that duty. (An
         instant reading in a stall comes with a tick of no work, which teaches nothing anyway.)"""
         return self._window is not None and self._stall_in(now - self._window[1], now)
+
+    def _cut_on_a_floor(self, power: float, ran: float) -> None:
+        """A reading hidden by a stall (`_stall_hides`) is still a floor of our watts at the
+        duty that ran: the stall's idle in its window pulls it down. Over the budget beyond the
+        noise, the work is back drawing more than the duty may (boards cooled by the idle draw
+        more: four H200s 2.55-2.67 kW at full duty after a stall, 2.35-2.45 kW before it, held
+        over a 2.4 kW budget for 1.2 s), and the power prior's curve cuts, more than any
+        measured curve needs; nothing is learned. A floor needs fewer deviations than a
+        reading (FLOOR_SIGMAS, in two of them in a row): it can only be under our watts."""
+        last, self._last_floor = self._last_floor, power
+        if self.idle_w is None or self.setpoint_w is None or power <= self.idle_w or last is None:
+            return
+        sigma = self.noise.sigma_w(self.power_filtered if self.power_filtered is not None else power)
+        if min(power, last) <= self.budget_w * (1 + OVERSHOOT_CUT) + FLOOR_SIGMAS * sigma:
+            return
+        duty = ran * (max(0.0, self.setpoint_w - self.idle_w) / (power - self.idle_w)) ** (1 / PRIOR_EXPONENT)
+        if duty < self.loop.duty:
+            self.loop.reset(duty)
+            self._events.append(f"cut on a stall's readings: {power:.0f} W over the budget, duty {self.loop.duty:.2f}")
 
     def _stall_in(self, start: float, end: float) -> bool:
         """Whether a stall, past or going on, overlaps the window from `start` to `end`."""
