@@ -11,7 +11,8 @@ predict at the duty that ran: the innovation, in units of one reading's noise
   one reading TENANT_SIGMAS deviations (and TENANT_STEP_W) off, or a run of readings whose
   cumulative sum (a CUSUM with slack CUSUM_SLACK deviations per reading) passes CUSUM_ALARM.
   It is taken whole into the others' watts at once, and the duty follows through the
-  feed-forward (a fall below what no tenant explains goes to the share);
+  feed-forward (a fall below the others' watts that left goes to the share, which held them
+  too; a fall with none on the board is our work pausing inside a step, and passes);
 - right after a budget step or a switch a difference is the table's first (TABLE_FIRST_S), but
   no further than a table can be wrong (SHARE_RANGE): what the energy counter measured since
   the change beyond that is a tenant's that arrived with it, taken whole at once (CHANGE_TICKS);
@@ -422,7 +423,13 @@ class TableError:
         taken = step if step > 0 else max(step, -max(0.0, self.offset_w))
         self.offset_w += taken
         rest = step - taken
-        if rest:
+        if rest and taken < 0:
+            # (what falls below the others' watts that left was counted in the share while they
+            # were on: theirs too. Where none were on, a sudden fall is our work pausing inside
+            # a step (a host's hiccup, a rank waiting on a peer), which a share does not do in a
+            # tick: its readings pass, and a drift of the board reaches the share through the
+            # counter. Taken into the share, a 0.3 s hiccup of one of two H200s took it from
+            # 1.01 to its floor in one reading, the duty to full, and the return 160 W over.)
             share = self.table_share * (1.0 + rest / max(MIN_ABOVE_W, ours - self.idle_w))
             self.table_share = min(SHARE_RANGE[1], max(SHARE_RANGE[0], share))
         self._offset_moved_t = self.clock()
