@@ -782,11 +782,21 @@ class SimStepGpu:
         watts = sum(s * w for s, w in spans) / seconds if seconds > 0 else self.power
         return watts + self.rng.gauss(0.0, self.plant.noise_w)
 
+    def _busy_pct(self) -> float:
+        """The share of the last sensor period a step's work ran, in percent: NVML's utilization."""
+        period, busy = self.plant.sensor_period_s, 0.0
+        for start, seconds in reversed(self._busy):
+            if start + seconds <= self.t - period:
+                break
+            busy += min(start + seconds, self.t) - max(start, self.t - period)
+        return 100.0 * busy / period
+
     def _tick(self) -> None:
         dead = any(a <= self.t < b for a, b in self.nvml_dead)
         reading = Reading(self.t, None if dead else self._sensed_w(),
                           None if dead else self.energy_j * 1e3, temp_c=None if dead else round(self.temp),
-                          error="NVMLError_Unknown: simulated sensor failure" if dead else None)
+                          error="NVMLError_Unknown: simulated sensor failure" if dead else None,
+                          gpu_util_pct=None if dead else self._busy_pct())
         self.rows.append({"t": self.t, "true_power_w": self.power, "true_energy_mj": self.energy_j * 1e3,
                           "true_temp_c": self.temp, "steps": self.steps})
         if self.on_tick is not None:

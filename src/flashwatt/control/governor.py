@@ -105,6 +105,9 @@ class Reading:
     sm_clock_mhz: float | None = None
     clock_reasons: int | None = None
     error: str | None = None
+    # NVML's utilization: the share of its last sample period (1/6 to 1 s) in which a kernel
+    # ran, in percent. Not acted on: the driver's own count of the busy time the pacer counts.
+    gpu_util_pct: float | None = None
     # Set where power_w is the energy counter's average over a window of a step's pacing
     # cycles (flashwatt.control.counter_power): the duty realized in it and its seconds.
     duty: float | None = None
@@ -408,7 +411,7 @@ class Governor(ShapeChoices, PowerHolding, TableError, WindowReadings, WorkStall
             "clock_reasons": reading.clock_reasons, "duty": self.loop.duty,
             # (a reading that averages a window of pacing cycles: the duty realized in it, and its length)
             "reading_duty": reading.duty, "reading_paced_duty": reading.paced_duty,
-            "reading_window_s": reading.window_s, "offset_w": self.offset_w,
+            "reading_window_s": reading.window_s, "gpu_util_pct": reading.gpu_util_pct, "offset_w": self.offset_w,
             "table_share": self.table_share, "noise_share": self.noise.share,
             "aim_w": self._aim_w() if self.mode == "budget" and self.budget_w is not None else None,
             "temp_limit_c": self.thermal.limit_c if self.thermal is not None else None,

@@ -169,7 +169,7 @@ class JobPower:
         temps = [s["temp_c"] for s in self._last if int(s["flags"]) & _TEMP]
         error = None if powers else "no rank of the job had a power reading"
         return Reading(reading.t, power, energy, max(temps) if temps else None, reading.sm_clock_mhz,
-                       reading.clock_reasons, error)
+                       reading.clock_reasons, error, gpu_util_pct=reading.gpu_util_pct)  # (this rank's GPU)
 
     def row(self) -> dict:
         """Every GPU's reading beside the job's, for the trace."""

@@ -38,6 +38,7 @@ def read(telemetry: Telemetry, clock: Callable[[], float] = time.monotonic) -> R
         sm_clock_mhz=row.get("sm_clock_mhz"),
         clock_reasons=row.get("clock_reasons"),
         error=None if power is not None else "NVML returned no power value",
+        gpu_util_pct=row.get("gpu_util_pct"),
     )
 
 
