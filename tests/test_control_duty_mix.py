@@ -242,3 +242,34 @@ def test_attention_calls_on_a_mix_idle_in_its_low_phases_only(duty):
     # (a slice starts in a low phase; a tick of its quantum may run past the phase's end)
     starts = [(t % 0.25) / 0.25 for t, _ in sleeps]
     assert min(starts) >= full - 0.01
+
+
+def test_a_mix_carries_no_more_debt_than_a_low_phase_pays_and_none_past_full_duty():
+    """Idle owed when a low phase ends waits for the next low phase, but never more than one
+    low phase pays (a debt grown over seconds of short low phases would idle the board for
+    as long at the next cut), and none once the governor's own duty is full."""
+    gpu, duty = QueuedGpu(), {"d": 0.9}  # (low phases of 36 ms, segments of 20 ms: more is owed than paid)
+    pacer = Pacer(gpu, DutyMix(lambda: duty["d"], 0.3, 0.25, gpu.clock), clock=gpu.clock, sleep=gpu.sleep,
+                  capturing=lambda: False)
+
+    def run(until: float) -> None:
+        while gpu.t < until:
+            pacer.resume()
+            for _ in range(16):
+                pacer.point()
+                gpu.launch(0.02)
+            pacer.point()
+            pacer.step_ended()
+    most = 0.0
+    while gpu.t < 5.0:
+        run(gpu.t + 0.05)
+        most = max(most, pacer._owed_busy_s)
+    assert most <= 0.3 * 0.25 + 1e-9
+    duty["d"] = 1.0
+    run(6.0)
+    assert pacer._owed_busy_s == 0.0
+    duty["d"] = 0.5
+    slept_before, t_before = pacer.slept_s, gpu.t
+    run(t_before + 2.0)
+    # the first second after the cut idles about half the time, not a backlog of debt at once
+    assert (pacer.slept_s - slept_before) / (gpu.t - t_before) == pytest.approx(0.5, abs=0.06)

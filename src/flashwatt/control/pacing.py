@@ -282,8 +282,10 @@ class Pacer:
         """Nothing is owed at full duty, and no pacing cycle runs."""
         self._resumed_t = self._last_pay_t = None
         self.cycle_s = 0.0
-        if self.mix is None:
+        if self.mix is None or self.mix.duty() >= 1.0:
             self._owed_busy_s = 0.0
+        else:  # a mix's full phase: the low phase's debt waits for the next one, no more than it pays
+            self._owed_busy_s = min(self._owed_busy_s, self.mix.low * self.mix.period_s)
         self._full_point_t = self.clock()
 
     def _ran_in_low_phase(self, drained_t: float, backlog_s: float, since: float = float("-inf")) -> float:
@@ -315,7 +317,7 @@ class Pacer:
             ratio = idle_ratio(self.duty())
             owed = self._owed_busy_s * ratio
             if ratio <= 0.0 or owed < min(self.quantum_s, 1e-4) or owed <= 0.0:
-                if ratio <= 0.0 and self.mix is None:
+                if ratio <= 0.0 and (self.mix is None or self.mix.duty() >= 1.0):
                     self._owed_busy_s = 0.0
                 break
             took = self._sleep_slice(owed)
