@@ -130,10 +130,22 @@ class QueuedGpu:
                      / (until - since))
 
 
-def mixed_pacer(gpu: QueuedGpu, duty: float) -> Pacer:
-    """The pacer a controller with `pace_mix=(0.3, 0.25)` builds, at a fixed duty."""
-    mix = DutyMix(lambda: duty, 0.3, 0.25, gpu.clock)
+def mixed_pacer(gpu: QueuedGpu, duty) -> Pacer:
+    """The pacer a controller with `pace_mix=(0.3, 0.25)` builds, at a duty (a number, or what
+    the governor sets: a callable)."""
+    mix = DutyMix(duty if callable(duty) else lambda: duty, 0.3, 0.25, gpu.clock)
     return Pacer(gpu, mix, clock=gpu.clock, sleep=gpu.sleep, capturing=lambda: False)
+
+
+def queued_steps(gpu: QueuedGpu, pacer: Pacer, until: float, segment_s: float) -> None:
+    """Steps of 16 segments (its blocks), a pacing point before each and at the end, until `until`."""
+    while gpu.t < until:
+        pacer.resume()
+        for _ in range(16):
+            pacer.point()
+            gpu.launch(segment_s)
+        pacer.point()
+        pacer.step_ended()
 
 
 @pytest.mark.parametrize("segment_s", [0.004, 0.02])
@@ -144,14 +156,7 @@ def test_steps_on_a_mix_realize_its_busy_share_on_a_gpu_with_a_queue(duty, segme
     whole steps ahead in the full phases, drained them into the low ones and owed nothing for
     them: duty 0.66 realized 0.95.)"""
     gpu = QueuedGpu()
-    pacer = mixed_pacer(gpu, duty)
-    while gpu.t < 20.0:
-        pacer.resume()
-        for _ in range(16):
-            pacer.point()
-            gpu.launch(segment_s)
-        pacer.point()
-        pacer.step_ended()
+    queued_steps(gpu, mixed_pacer(gpu, duty), 20.0, segment_s)
     assert gpu.busy_share(2.0, 19.0) == pytest.approx(duty, abs=0.04)
 
 
@@ -249,27 +254,17 @@ def test_a_mix_carries_no_more_debt_than_a_low_phase_pays_and_none_past_full_dut
     low phase pays (a debt grown over seconds of short low phases would idle the board for
     as long at the next cut), and none once the governor's own duty is full."""
     gpu, duty = QueuedGpu(), {"d": 0.9}  # (low phases of 36 ms, segments of 20 ms: more is owed than paid)
-    pacer = Pacer(gpu, DutyMix(lambda: duty["d"], 0.3, 0.25, gpu.clock), clock=gpu.clock, sleep=gpu.sleep,
-                  capturing=lambda: False)
-
-    def run(until: float) -> None:
-        while gpu.t < until:
-            pacer.resume()
-            for _ in range(16):
-                pacer.point()
-                gpu.launch(0.02)
-            pacer.point()
-            pacer.step_ended()
+    pacer = mixed_pacer(gpu, lambda: duty["d"])
     most = 0.0
     while gpu.t < 5.0:
-        run(gpu.t + 0.05)
+        queued_steps(gpu, pacer, gpu.t + 0.05, 0.02)
         most = max(most, pacer._owed_busy_s)
     assert most <= 0.3 * 0.25 + 1e-9
     duty["d"] = 1.0
-    run(6.0)
+    queued_steps(gpu, pacer, 6.0, 0.02)
     assert pacer._owed_busy_s == 0.0
     duty["d"] = 0.5
     slept_before, t_before = pacer.slept_s, gpu.t
-    run(t_before + 2.0)
-    # the first second after the cut idles about half the time, not a backlog of debt at once
+    queued_steps(gpu, pacer, t_before + 2.0, 0.02)
+    # the seconds after the cut idle about half the time, not a backlog of debt at once
     assert (pacer.slept_s - slept_before) / (gpu.t - t_before) == pytest.approx(0.5, abs=0.06)

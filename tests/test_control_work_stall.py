@@ -21,12 +21,14 @@ SHORT = {"unchanged": StepProfile(0.04, 650.0), "unchanged x2": StepProfile(0.04
 
 
 def run_with_stall(budget: float, between: bool, where: str = "between steps", seconds: float = 24.0,
-                   profiles: dict = STEP):
+                   profiles: dict = STEP, after_stall=None):
     """A governed run whose loop stalls once, after STALL_AT, for STALL_S of idle board:
     between two steps (the loop waits on its data), inside one (its host stalls before it
     launches anything), a slow host (for STALL_S every block of the steps waits five times
     its GPU time for its launches: some work in every tick, at a sixth of its rate), or a slow
-    loader (for STALL_S the loop waits five times a step's GPU time before each step)."""
+    loader (for STALL_S the loop waits five times a step's GPU time before each step).
+    `after_stall(gpu, s)`, where given, runs before every step after a stall between steps,
+    `s` seconds after it ended: what the work does as it comes back."""
     gpu = SimStepGpu(Plant(PROFILES), profiles, blocks=8 if between else 16)
     ctl = sim_controller(gpu, budget_w=budget)
     body = between_steps_only(ctl, gpu) if between else gpu.step_fn(ctl)
@@ -53,9 +55,13 @@ def run_with_stall(budget: float, between: bool, where: str = "between steps", s
             gpu.steps += 1
             return gpu.steps
         return body(plan)
+    ended = None
     while gpu.t < seconds:
         if where == "between steps" and stall_due():
             gpu.advance(STALL_S, None)
+            ended = gpu.t
+        if after_stall is not None and ended is not None:
+            after_stall(gpu, gpu.t - ended)
         if where == "a slow loader" and stall_due():
             slow_until["t"] = gpu.t + STALL_S
         if where == "a slow loader" and gpu.t < slow_until["t"]:
@@ -140,18 +146,11 @@ def test_work_that_comes_back_slower_after_a_stall_is_read_at_the_duty_it_was_gi
     the share went to its floor and then 90 W were taken for another tenant's; a two-H200 run at
     1200 W showed the same.) The stall itself is still told, at the duty the pacer set."""
     budget = 450.0
-    gpu = SimStepGpu(Plant(PROFILES), STEP, blocks=16)
-    ctl = sim_controller(gpu, budget_w=budget)
-    body, slow_until = gpu.step_fn(ctl), None
-    while gpu.t < 22.0:
-        if slow_until is None and gpu.t >= STALL_AT:
-            gpu.advance(STALL_S, None)
-            slow_until = gpu.t + 2.5
-        if slow_until is not None and gpu.t < slow_until:
-            gpu.advance(0.5 * gpu.profiles["unchanged"].seconds, None)  # the loader, still slow
-        ctl.step(body, tokens=gpu.tokens_per_step)
-    trace = with_counter(pd.merge_asof(ctl.trace().sort_values("t"), pd.DataFrame(gpu.rows), on="t",
-                                       direction="nearest"))
+
+    def slow_loader(gpu: SimStepGpu, since: float) -> None:
+        if since < 2.5:
+            gpu.advance(0.5 * gpu.profiles["unchanged"].seconds, None)
+    trace, _ = run_with_stall(budget, False, seconds=22.0, after_stall=slow_loader)
     events = trace["event"].fillna("")
     assert events.str.contains("our work stopped").sum() == 1, events[events != ""]
     assert trace["offset_w"].max() <= 5.0, trace[["t", "offset_w", "event"]][trace["offset_w"] > 5.0]
@@ -171,18 +170,10 @@ def test_work_that_comes_back_drawing_more_after_a_stall_is_cut_while_its_readin
     them down): over the budget, they cut. (Held, four H200s' windows stayed 5-10 % over the
     budget for 1.2 s.)"""
     budget = 600.0
-    gpu = SimStepGpu(Plant(PROFILES), STEP, blocks=16)
-    ctl = sim_controller(gpu, budget_w=budget)
-    body, warm_until = gpu.step_fn(ctl), None
-    while gpu.t < 22.0:
-        if warm_until is None and gpu.t >= STALL_AT:
-            gpu.advance(STALL_S, None)
-            warm_until, gpu.watts_scale = gpu.t + 2.5, 1.1
-        if warm_until is not None and gpu.t >= warm_until:
-            gpu.watts_scale = 1.0
-        ctl.step(body, tokens=gpu.tokens_per_step)
-    trace = with_counter(pd.merge_asof(ctl.trace().sort_values("t"), pd.DataFrame(gpu.rows), on="t",
-                                       direction="nearest"))
+
+    def cooled_boards(gpu: SimStepGpu, since: float) -> None:
+        gpu.watts_scale = 1.1 if since < 2.5 else 1.0
+    trace, _ = run_with_stall(budget, False, seconds=22.0, after_stall=cooled_boards)
     events = trace["event"].fillna("")
     assert events.str.contains("our work stopped").sum() == 1, events[events != ""]
     windows = window_power(trace)
@@ -215,10 +206,7 @@ def test_a_hiccup_inside_a_step_moves_neither_the_share_nor_the_others_watts(hic
             gpu.advance(profile.seconds / gpu.blocks, profile.watts)
         gpu.steps += 1
         return gpu.steps
-    while gpu.t < 20.0:
-        ctl.step(step, tokens=gpu.tokens_per_step)
-    trace = with_counter(pd.merge_asof(ctl.trace().sort_values("t"), pd.DataFrame(gpu.rows), on="t",
-                                       direction="nearest"))
+    trace = with_counter(run_steps(ctl, gpu, 20.0, step=step))
     after = trace[trace["t"] > STALL_AT - 1.0]
     assert after["table_share"].min() >= 0.95, after[["t", "table_share", "duty", "event"]]
     assert trace["offset_w"].max() <= 5.0, trace[["t", "offset_w", "event"]][trace["offset_w"] > 5.0]
