@@ -222,6 +222,11 @@ class PowerHolding:
         self._last_reading = power
         return power > base + CUT_SIGMAS * sigma or twice
 
+    def _prior_cut(self, power: float, ran: float) -> float:
+        """The duty at which the power prior's curve, through `power` read at the duty `ran`,
+        meets the set point: more of a cut than any measured curve needs."""
+        return ran * (max(0.0, self.setpoint_w - self.idle_w) / (power - self.idle_w)) ** (1 / PRIOR_EXPONENT)
+
     def _cut_overshoot(self, power: float, table, ran: float) -> None:
         """A reading over the budget beyond the readings' noise (CUT_SIGMAS deviations, or two
         in a row CUT_SIGMAS_TWICE): a tenant arrived or a table is wrong, and the duty that
@@ -243,7 +248,7 @@ class PowerHolding:
                 self._take_step(excess, ours)
             duty = self._feed_forward(table)
         else:
-            duty = ran * (max(0.0, self.setpoint_w - self.idle_w) / (power - self.idle_w)) ** (1 / PRIOR_EXPONENT)
+            duty = self._prior_cut(power, ran)
         if duty is None or duty >= self.loop.duty:
             return
         self.loop.reset(duty)

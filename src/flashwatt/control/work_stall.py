@@ -38,7 +38,6 @@ from __future__ import annotations
 import collections
 import copy
 
-from flashwatt.control.power_bound import PRIOR_EXPONENT
 from flashwatt.control.power_holding import OVERSHOOT_CUT
 
 STALL_SPAN_S = 0.3  # three ticks: a step's credit is spread over its expected length
@@ -208,7 +207,7 @@ class WorkStall:
         sigma = self.noise.sigma_w(self.power_filtered if self.power_filtered is not None else power)
         if min(power, last) <= self.budget_w * (1 + OVERSHOOT_CUT) + FLOOR_SIGMAS * sigma:
             return
-        duty = ran * (max(0.0, self.setpoint_w - self.idle_w) / (power - self.idle_w)) ** (1 / PRIOR_EXPONENT)
+        duty = self._prior_cut(power, ran)
         if duty < self.loop.duty:
             self.loop.reset(duty)
             self._events.append(f"cut on a stall's readings: {power:.0f} W over the budget, duty {self.loop.duty:.2f}")
