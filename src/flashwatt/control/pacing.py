@@ -121,7 +121,7 @@ class Pacer:
         # segment ahead of the GPU, and idle owed in a low phase is carried to the next one
         self.mix = duty if isinstance(duty, DutyMix) else None
         self._lead_stamp: Any = None
-        self._queued_at_full = False  # calls: the last was issued at full duty (its queue not owed for)
+        self._queued_at_full = False  # calls in a mix: the last was issued in a full phase (its queue not owed for)
         self._full_point_t: float | None = None  # steps: the last pacing point passed at full duty
         self.clock = clock
         self.sleep = sleep
@@ -178,7 +178,7 @@ class Pacer:
                 queued -= s
         duty = self.duty()
         if duty >= 1.0:
-            self._queued_at_full = True
+            self._queued_at_full = self.mix is not None
             if self.target_cycle_s:  # no cycle runs: the next payment starts one afresh
                 self._last_pay_t, self.cycle_s = None, 0.0
         elif gpu_s:
