@@ -67,7 +67,9 @@ constexpr Fp8Entry fp8_ws_entry(int out_dtype) {
       fp8_ws_entry<T, 64, 128, 2, 3, true>(DT), fp8_ws_entry<T, 128, 128, 2, 3, true>(DT),            \
       fp8_ws_entry<T, 64, 128, 3, 2, true>(DT), fp8_ws_entry<T, 64, 128, 3, 3, true>(DT),            \
       fp8_ws_entry<T, 64, 128, 2, 2, true, true>(DT), fp8_ws_entry<T, 128, 128, 2, 2, true, true>(DT), \
-      fp8_ws_entry<T, 64, 128, 3, 3, true, true>(DT)
+      fp8_ws_entry<T, 64, 128, 3, 3, true, true>(DT), fp8_ws_entry<T, 128, 128, 3, 2, true>(DT),      \
+      fp8_ws_entry<T, 128, 128, 3, 3, true>(DT), fp8_ws_entry<T, 64, 128, 2, 2, false>(DT),          \
+      fp8_ws_entry<T, 128, 128, 2, 2, false>(DT)
 
 const Fp8Entry kFp8Entries[] = {
     FLASHWATT_FP8_CONFIGS(__nv_bfloat16, kBf16),

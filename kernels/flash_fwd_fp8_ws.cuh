@@ -8,7 +8,7 @@
 //     always encode: there is no thread-copy variant. The maps' swizzle is the tiles' own
 //     (Q and K rows of D bytes: 128-byte swizzle at head dim 128, 64-byte at 64; V^T rows of
 //     128 keys: 128-byte).
-//   * warpgroups 1 .. NWG (2, or 3 at head dim 64), the consumers, 64 query rows each: S_j = Q K_j^T issued with
+//   * warpgroups 1 .. NWG (2 or 3), the consumers, 64 query rows each: S_j = Q K_j^T issued with
 //     O += P_{j-1} V_{j-1}, P packed to e4m3 straight from the S registers; they release a
 //     slot on its "empty" mbarrier once the wgmma that read it has completed; with PP they
 //     take turns to issue their wgmma (named barriers 1 and 2), so one's softmax runs under
@@ -77,11 +77,15 @@ struct Fp8WsShape {
   // P 16 registers) 160, the producer what is left (flash_fwd_wgmma_ws.cuh's split).
   static constexpr int kProducerRegs = NWG == 2 ? 24 : 32;
   static constexpr int kConsumerRegs = NWG == 2 ? 240 : 160;
+  // Three consumers at head dim 128 (160 registers: S 64, O 64) cannot hold P_{j-1} (16) while
+  // S_j is in flight: each waits for its P V within its turn and issues S_j after it (the
+  // tensor cores stay busy with that P V meanwhile, and two other consumers hide the wait).
+  static constexpr bool kSerialPv = NWG == 3 && D == 128;
   static constexpr int kBarriers = 4 + 4 * ST;
   static_assert(D == 64 || D == 128, "fp8 kernel: head_dim 64 or 128");
   static_assert(BN == 128, "fp8 kernel: block_n 128 (V^T rows of 128 bytes)");
   static_assert(ST >= 2, "fp8 warp-specialised kernel: at least two K/V slots");
-  static_assert(NWG == 2 || (NWG == 3 && D == 64), "fp8 warp-specialised kernel: three consumers at head dim 64 only");
+  static_assert(NWG == 2 || NWG == 3, "fp8 warp-specialised kernel: two or three consumers");
   static_assert(kVTileBytes % 1024 == 0, "fp8 warp-specialised kernel: V^T slots on the swizzle atom");
   static_assert(kSmemBytes <= 227 * 1024, "fp8 warp-specialised kernel: shared memory");
   static_assert(128 * kProducerRegs + 128 * NWG * kConsumerRegs <= 65536, "setmaxnreg: register file");
@@ -271,28 +275,52 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) flash_fwd_fp8_ws_kernel(co
         pf[kk][3] = pack_e4m3x4(q[10], q[11], q[14], q[15]);
       }
     };
+    // The next tile's descales are read a step ahead: read at the top of their own step, the
+    // load was still in flight at the softmax's first multiply (kernels/NOTES.md, "fp8 forward:
+    // the step's latency").
+    float dk_next = sc.dk[min(1, n_tiles - 1)], dv_next = sc.dv[min(1, n_tiles - 1)];
     auto step = [&](int j, auto mask) {
       float alpha[2];
-      const float dk_j = sc.dk[j], dv_j = sc.dv[j];  // read before the waits, used after them
+      const float dk_j = dk_next, dv_j = dv_next;
+      const int j_next = min(j + 1, n_tiles - 1);
+      dk_next = sc.dk[j_next];
+      dv_next = sc.dv[j_next];
+      const float to_unit = dv_prev / dv_j;  // O holds P_{j-1} V_{j-1} in units of dv_prev
+      dv_prev = dv_j;
       wait_full(k_full, j);
       wait_full(v_full, j - 1);
       turn_wait();
       wgmma_fence();
-      issue_s(j);
-      issue_pv(j - 1);
+      if constexpr (S::kSerialPv) {  // P_{j-1} V_{j-1} done before S_j takes registers
+        issue_pv(j - 1);
+        wgmma_wait<0>();
+        fence_regs(o);
+        fence_regs(pf);
+        release(v_empty, j - 1);
+        take_tile_sums();
+        wgmma_fence();
+        issue_s(j);
+      } else {
+        issue_s(j);
+        issue_pv(j - 1);
+      }
       turn_pass();
-      wgmma_wait<1>();
+      if constexpr (S::kSerialPv) {
+        wgmma_wait<0>();
+      } else {
+        wgmma_wait<1>();
+      }
       fence_regs(s);
       release(k_empty, j);
       softmax(j, alpha, mask, sc.q_log2 * dk_j);
-      const float to_unit = dv_prev / dv_j;  // O holds P_{j-1} V_{j-1} in units of dv_prev
-      dv_prev = dv_j;
       const float alpha_o[2] = {alpha[0] * to_unit, alpha[1] * to_unit};  // the row sums take alpha alone
-      wgmma_wait<0>();
-      fence_regs(o);
-      fence_regs(pf);
-      release(v_empty, j - 1);
-      take_tile_sums();  // P_{j-1}'s sums at max j-1, then all of them at max j
+      if constexpr (!S::kSerialPv) {
+        wgmma_wait<0>();
+        fence_regs(o);
+        fence_regs(pf);
+        release(v_empty, j - 1);
+        take_tile_sums();  // P_{j-1}'s sums at max j-1, then all of them at max j
+      }
 #pragma unroll
       for (int r = 0; r < 2; ++r) tile_sums[r] *= alpha[r];
 #pragma unroll

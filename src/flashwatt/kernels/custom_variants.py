@@ -104,11 +104,14 @@ TILES: dict[str, Tile] = {
     # 2 consumer warpgroups taking turns, K and V^T rings of <stages> slots, O staged in a buffer of its own.
     "wgmma_fp8_ws_pp_m128_n128_s2": Tile(128, 128, 12, 2, (64, 128), ("fp8",), "fp8 wgmma warp-specialised ping-pong, persistent: producer warpgroup (TMA) + 2 consumer warpgroups x 64 q rows, 128-key tiles, 2 slots", WGMMA_FP8, WARP_SPECIALIZED_PING_PONG),
     "wgmma_fp8_ws_pp_m128_n128_s3": Tile(128, 128, 12, 3, (64, 128), ("fp8",), "as wgmma_fp8_ws_pp_m128_n128_s2 with 3 K/V slots", WGMMA_FP8, WARP_SPECIALIZED_PING_PONG),
-    # Head dim 64: 3 consumer warpgroups (192 q rows per K/V tile read, 160 registers each), as
+    "wgmma_fp8_ws_m128_n128_s2": Tile(128, 128, 12, 2, (64, 128), ("fp8",), "as wgmma_fp8_ws_pp_m128_n128_s2 with the consumers issuing their wgmma freely (no ping-pong turns)", WGMMA_FP8, WARP_SPECIALIZED),
+    # 3 consumer warpgroups (192 q rows per K/V tile read, 160 registers each), as
     # wgmma_ws_pp_m192_n128_s2 is for 16-bit inputs; blocks start at row 0 (a warpgroup's rows are one
-    # query block of the quantisation), not end-aligned under a causal mask as the 16-bit one's.
-    "wgmma_fp8_ws_pp_m192_n128_s2": Tile(192, 128, 16, 2, (64,), ("fp8",), "fp8 wgmma warp-specialised ping-pong, persistent: producer warpgroup (TMA) + 3 consumer warpgroups x 64 q rows, 128-key tiles, 2 slots", WGMMA_FP8, WARP_SPECIALIZED_PING_PONG),
-    "wgmma_fp8_ws_pp_m192_n128_s3": Tile(192, 128, 16, 3, (64,), ("fp8",), "as wgmma_fp8_ws_pp_m192_n128_s2 with 3 K/V slots", WGMMA_FP8, WARP_SPECIALIZED_PING_PONG),
+    # query block of the quantisation), not end-aligned under a causal mask as the 16-bit one's. At head
+    # dim 128 each consumer finishes its P V within its turn before it issues S (flash_fwd_fp8_ws.cuh,
+    # kSerialPv): S, O and P of two tiles do not fit in 160 registers.
+    "wgmma_fp8_ws_pp_m192_n128_s2": Tile(192, 128, 16, 2, (64, 128), ("fp8",), "fp8 wgmma warp-specialised ping-pong, persistent: producer warpgroup (TMA) + 3 consumer warpgroups x 64 q rows, 128-key tiles, 2 slots", WGMMA_FP8, WARP_SPECIALIZED_PING_PONG),
+    "wgmma_fp8_ws_pp_m192_n128_s3": Tile(192, 128, 16, 3, (64, 128), ("fp8",), "as wgmma_fp8_ws_pp_m192_n128_s2 with 3 K/V slots", WGMMA_FP8, WARP_SPECIALIZED_PING_PONG),
     # The row sums of P from the tensor cores (flash_fwd_fp8_ws.cuh, RSUM): P V with N = D + 8 over the row
     # of ones under V^T, no FADD per score in the softmax; O normalised by the sum of P as rounded to e4m3.
     "wgmma_fp8_ws_pp_m128_n128_s2_rsum": Tile(128, 128, 12, 2, (64, 128), ("fp8",), "as wgmma_fp8_ws_pp_m128_n128_s2 with the row sums of P from the tensor cores (P V over a row of ones under V^T)", WGMMA_FP8_RSUM, WARP_SPECIALIZED_PING_PONG),
