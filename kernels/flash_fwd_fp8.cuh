@@ -105,14 +105,8 @@ __device__ __forceinline__ void load_tile_fp8(uint32_t dst, const uint8_t* __res
 // before it (32 in a row per tile), and in the ping-pong a consumer's warp is often alone on
 // its sub-partition with nothing else to issue meanwhile (kernels/NOTES.md, "fp8 forward:
 // where the time goes"). max is exact in any order; the sum's order moves its last bits.
-// FLASHWATT_FP8_POLY_EXP = n > 0 takes every n-th 8-column group's exponentials on the FMA pipe
-// (exp2_poly) and the rest on the special-function unit; 0, the default, takes all there.
-#ifndef FLASHWATT_FP8_POLY_EXP
-#define FLASHWATT_FP8_POLY_EXP 0
-#endif
 template <int NT, typename At>
 __device__ __forceinline__ float fp8_softmax_row(At&& at, float& row_max, float& row_sum, float scale_log2) {
-  constexpr int kPolyEvery = FLASHWATT_FP8_POLY_EXP;
   constexpr int kChains = NT % 4 == 0 ? 4 : 1;
   float part[kChains];
 #pragma unroll
@@ -132,10 +126,8 @@ __device__ __forceinline__ float fp8_softmax_row(At&& at, float& row_max, float&
   float sums[kChains];
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
-    const bool poly = kPolyEvery > 0 && nt % (kPolyEvery > 0 ? kPolyEvery : 1) == (kPolyEvery > 0 ? kPolyEvery - 1 : 0);
-    const float x0 = fmaf(at(nt, 0), scale_log2, -m_p), x1 = fmaf(at(nt, 1), scale_log2, -m_p);
-    const float p0 = poly ? exp2_poly(x0) : exp2_ftz(x0);
-    const float p1 = poly ? exp2_poly(x1) : exp2_ftz(x1);
+    const float p0 = exp2_ftz(fmaf(at(nt, 0), scale_log2, -m_p));
+    const float p1 = exp2_ftz(fmaf(at(nt, 1), scale_log2, -m_p));
     at(nt, 0) = p0;
     at(nt, 1) = p1;
     sums[nt % kChains] = nt < kChains ? p0 + p1 : sums[nt % kChains] + (p0 + p1);

@@ -76,22 +76,6 @@ __device__ __forceinline__ float exp2_ftz(float x) {
   return y;
 }
 
-// 2^x on the FMA and integer pipes, for x <= 128 (-inf and anything under -127 give at most
-// 2^-126 in magnitude, which every fp8 rounding takes to 0): x = j + f with j = floor(x) from
-// the float add rounded down against 1.5 * 2^23 (its low bits hold j), 2^f by a degree-3
-// polynomial on [0, 1) (largest relative error 9.5e-5, p(0) = 1), and j added into the
-// exponent field. Nine instructions against one of the special-function unit, which does 16
-// lanes a cycle per SM where the FMA pipe does 128 (kernels/NOTES.md, "fp8 forward: the
-// exponentials on two pipes").
-__device__ __forceinline__ float exp2_poly(float x) {
-  constexpr float kMagic = 12582912.f;  // 1.5 * 2^23
-  x = fmaxf(x, -127.f);
-  const float t = __fadd_rd(x, kMagic);
-  const float f = x - (t - kMagic);
-  const float p = fmaf(fmaf(fmaf(0.077142f, f, 0.22765234f), f, 0.69507028f), f, 1.0f);
-  return __int_as_float(__float_as_int(p) + (__float_as_int(t) << 23));
-}
-
 // fp32 -> tf32, rounded to nearest (ties away), in a 32-bit register as mma expects.
 __device__ __forceinline__ uint32_t to_tf32(float x) {
   uint32_t r;

@@ -39,7 +39,17 @@ def test_the_fp8_default_at_head_dim_64_takes_three_consumers_but_for_short_caus
     for len_k in (1, 512, 1024, 1025, 4096, 100_000):
         assert parse_variant("", "fp8", 64, HOPPER, len_k).tile_name == rsum
         assert parse_variant("", "fp8", 64, HOPPER, len_k, causal=True).tile_name == (two if len_k <= 1024 else rsum)
-    assert parse_variant("", "fp8", 128, HOPPER, 1000, causal=True).tile_name == "wgmma_fp8_ws_pp_m128_n128_s2"
+
+
+def test_the_fp8_default_at_head_dim_128_takes_three_consumers_but_for_causal_rows_to_4096_keys():
+    """Three consumers without a mask at every length and under a causal mask from 4097 keys;
+    two under a causal mask to 4096."""
+    three, two = "wgmma_fp8_ws_pp_m192_n128_s2", "wgmma_fp8_ws_pp_m128_n128_s2"
+    assert DEFAULT_TILE[("fp8", 128)] == three
+    assert TILES[three].block_m == 192 and 128 in TILES[three].head_dims
+    for len_k in (1, 1000, 4096, 4097, 100_000):
+        assert parse_variant("", "fp8", 128, HOPPER, len_k).tile_name == three
+        assert parse_variant("", "fp8", 128, HOPPER, len_k, causal=True).tile_name == (two if len_k <= 4096 else three)
 
 
 def test_hopper_default_follows_the_key_length_and_the_mask():
