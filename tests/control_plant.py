@@ -524,15 +524,46 @@ class CyclePacing:
         return windowed(self.counter, reading, self.cycle_s, self.period_s)
 
 
+class MixPacing:
+    """Attention calls on a mix of two duties (flashwatt.control.duty_mix, `pace_mix=(low,
+    period_s)`): for a duty between `low` and full, full duty for the share (d - low) / (1 - low)
+    of each period and `low`, paced as ever, for the rest; other duties as they are; and what
+    the controller then hands the governor, the energy counter's average over the last two
+    periods with the duty realized in it (flashwatt.control.counter_power). The host's queue
+    is not modelled (the pacer's handling of it: tests/test_control_duty_mix.py, QueuedGpu)."""
+
+    def __init__(self, low: float, period_s: float, sensor_period_s: float):
+        self.low, self.period_s, self.sensor_period_s = low, period_s, sensor_period_s
+        self.idle_s = 0.0
+        self.counter = CounterPower()
+
+    def duty(self, duty: float, t: float, dt: float) -> float:
+        """The duty the board runs at for the next `dt` under the governor's `duty`."""
+        if self.low < duty < 1.0:
+            full = (duty - self.low) / (1.0 - self.low)
+            duty = 1.0 if t % self.period_s < full * self.period_s else self.low
+        self.idle_s += dt * (1.0 - duty)
+        return duty
+
+    def reading(self, reading: Reading) -> Reading:
+        self.counter.add(reading.t, reading.energy_mj, self.idle_s)
+        return windowed(self.counter, reading, self.period_s, self.sensor_period_s)
+
+
 def run(governor: Governor, plant: Plant, seconds: float, budget_schedule=(), shape: tuple = SHAPE,
-        workloads: list[tuple[float, SimWorkload]] | None = None, cycle_s: float = 0.0) -> pd.DataFrame:
+        workloads: list[tuple[float, SimWorkload]] | None = None, cycle_s: float = 0.0,
+        mix: tuple[float, float] | None = None) -> pd.DataFrame:
     """Drive the governor for `seconds` of simulated time; its trace, with the board's true
     power and energy (`true_power_w`, `true_energy_mj`) and the counter as read
     (`counter_mj`, also in the governor's readings). `workloads`: (from t, workload) to
     change the shape mix mid-run (default: `shape` alone with the plant's profiles).
-    `cycle_s`: pacing in whole cycles of this length (CyclePacing) instead of at the duty."""
+    `cycle_s`: pacing in whole cycles of this length (CyclePacing) instead of at the duty;
+    `mix`: (low duty, period) of a mix of two duties (MixPacing)."""
+    if cycle_s and mix:
+        raise ValueError("pacing cycles or a mix of duties, not both")
     pacing = CyclePacing(cycle_s, plant.sensor_period_s) if cycle_s else None
-    mix = random.Random(plant.seed + 1)
+    mixing = MixPacing(*mix, plant.sensor_period_s) if mix else None
+    pick = random.Random(plant.seed + 1)  # which shape each call is
     clock = {"t": 0.0}
     governor.clock = lambda: clock["t"]
     board = Board(plant)
@@ -548,11 +579,13 @@ def run(governor: Governor, plant: Plant, seconds: float, budget_schedule=(), sh
         while schedule and schedule[0][0] <= t + 1e-9:
             governor.set_budget(schedule.pop(0)[1])
         workload = [w for start, w in phases if start <= t + 1e-9][-1]
-        call_shape, profiles = workload.shapes[mix.randrange(len(workload.shapes))]
+        call_shape, profiles = workload.shapes[pick.randrange(len(workload.shapes))]
         config = governor.config_for(call_shape)
         duty = governor.duty
         if pacing is not None:
             duty = 1.0 if pacing.busy(duty, plant.dt) else 0.0
+        if mixing is not None:
+            duty = mixing.duty(duty, t, plant.dt)
         share = plant._share(t)
         # latency samples as the controller's CUDA events would give them (slower while
         # another process takes part of the GPU's time)
@@ -569,13 +602,13 @@ def run(governor: Governor, plant: Plant, seconds: float, budget_schedule=(), sh
         board.step(drive_w, ceiling_w, busy)
         if (step + 1) % per_tick == 0:
             clock["t"] = (step + 1) * plant.dt
-            rows.append(_tick(governor, plant, board, work, workload, pacing))
+            rows.append(_tick(governor, plant, board, work, workload, pacing or mixing))
             work = Work()
     return pd.DataFrame(rows)
 
 
 def _tick(governor: Governor, plant: Plant, board: Board, work: Work, workload: SimWorkload,
-          pacing: CyclePacing | None = None) -> dict:
+          pacing: CyclePacing | MixPacing | None = None) -> dict:
     """The sensor's tick: NVML's reading and counter (or their failure) to the governor."""
     t = governor.clock()
     dead = plant.dead(t)
@@ -667,7 +700,7 @@ def oracle_rows(plant: Plant, workload: SimWorkload, duties=ORACLE_DUTIES, paced
 
 
 def simulate(scenario: dict, governor: Governor, workload: str = "steady", plant: Plant | None = None,
-             workloads: dict | None = None, cycle_s: float = 0.0):
+             workloads: dict | None = None, cycle_s: float = 0.0, mix: tuple[float, float] | None = None):
     """Run a generated scenario's budget schedule, tenants, NVML failures and mix change on
     the simulated GPU (`workloads`: the workloads by name, default SIM_WORKLOADS). Returns
     (trace with the counter as read in `energy_mj` and `board_energy_mj`, ScenarioFacts
@@ -681,7 +714,7 @@ def simulate(scenario: dict, governor: Governor, workload: str = "steady", plant
         phases.append((scenario["mix_change"]["at_s"], workloads[scenario["mix_change"]["to"]]))
     schedule = BudgetSchedule.parse(scenario["schedule"])
     governor.set_budget(schedule.first_w)
-    trace = run(governor, plant, scenario["seconds"], schedule, workloads=phases, cycle_s=cycle_s)
+    trace = run(governor, plant, scenario["seconds"], schedule, workloads=phases, cycle_s=cycle_s, mix=mix)
     # The windows are judged by the counter as an independent reader reads it (it answers
     # while the controller's reads fail).
     trace["board_energy_mj"] = trace["counter_mj"]

@@ -130,10 +130,10 @@ def earlier_runs(cache_root, seconds: float = 10.0, budget_w: float = 450.0) -> 
         cache.save(gov.learned())
 
 
-def run_suite(section: dict, cache_root) -> pd.DataFrame:
+def run_suite(section: dict, cache_root, mix: tuple[float, float] | None = None) -> pd.DataFrame:
     """Every generated scenario of a suite's `control.random` section, in order, with one
     warm-start cache, on the simulated H100 (each scenario's plant seeded by its index):
-    one row each."""
+    one row each. `mix`: the runs on a mix of two duties (control_plant.MixPacing)."""
     random = section["random"]
     settings = GeneratorSettings(seconds=float(random["seconds"]),
                                  budget_range_w=tuple(random.get("budget_range_w", (250.0, 650.0))))
@@ -146,7 +146,7 @@ def run_suite(section: dict, cache_root) -> pd.DataFrame:
                 cache = WarmStartCache(cache_root, {"gpu": "sim"})  # one GPU, one build
                 gov = h100_governor(scenario["schedule"][0][1], cache)
                 trace, facts = simulate(scenario, gov, workload, Plant(H100_STEADY, seed=index),
-                                        workloads=H100_WORKLOADS)
+                                        workloads=H100_WORKLOADS, mix=mix)
                 cache.save(gov.learned())
                 merit = {**run_merit(trace), **scenario_merit(trace, facts)}
                 ratio, _ = vs_front(merit["front_basis"], oracle, IDLE_W)
@@ -217,6 +217,29 @@ def test_throughput_is_near_the_static_front_at_the_time_averaged_budget(suite):
     # two, the first tenth of a second idle, the seconds after it left a recovery): not yet
     # 0.90 there (docs/control.md).
     assert ratios.min() >= 0.7, suite.loc[suite["vs_front"].idxmin(), ["workload", "index", "classes"]]
+
+
+@pytest.fixture(scope="module")
+def mixed_suite(tmp_path_factory) -> pd.DataFrame:
+    """The held-out suite on the simulated H100 with its runs on a mix of full duty and duty
+    0.3 in periods of 0.25 s (config/overlays/control-mix.yaml), read over two periods."""
+    config = load_config("config/config.yaml")
+    return run_suite(config["suites"][HELDOUT]["control"], tmp_path_factory.mktemp("control-cache-mix"),
+                     mix=(0.3, 0.25))
+
+
+def test_the_heldout_suite_on_a_mix_of_duties_holds_its_windows_pooled_but_not_yet_in_every_run(mixed_suite):
+    """What the mix holds on the plant, as it does on the H200 (docs/control.md, "Time-sharing
+    two duties"): no window over +10 % and the throughput of the front, but a window in five
+    over budget + 3 % in a run or two of twenty (here after a budget step up and a step down:
+    the readings, two periods long, lag the duty). Over four plant seeds (+0, +100, +200, +300)
+    5 runs of 80 missed so; learning only from windows over a steady duty made it 8."""
+    within = (mixed_suite["windows_within_pct"] * mixed_suite["windows"]).sum() / mixed_suite["windows"].sum()
+    assert within >= 97.0
+    assert (mixed_suite["windows_over_10pct"] + mixed_suite["sliding_over_10pct"]).sum() == 0
+    short = mixed_suite[mixed_suite["windows_within_pct"] < TARGETS["windows_each_pct"]]
+    assert len(short) <= 2, short[["workload", "index", "classes", "windows_within_pct"]]
+    assert pooled_front(mixed_suite) >= FRONT_POOLED_SIM
 
 
 def test_a_step_up_after_a_tenant_left_climbs_to_the_budget(suite):
