@@ -68,3 +68,13 @@ def test_the_summary_prints_the_kernel_the_table_and_the_hottest(tmp_path, capsy
     out = capsys.readouterr().out
     assert out.startswith("void flashwatt::k<(int)128>(flashwatt::P): 1000 warp samples")
     assert "MUFU" in out and "the 3 instructions with the most samples" in out
+
+
+def test_run_names_a_bad_shape_and_a_machine_without_a_gpu(monkeypatch):
+    import torch
+
+    with pytest.raises(SystemExit, match="shape '4x16x4096': expected BxHxLxD"):
+        main(["run", "4x16x4096"])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit, match="no CUDA device here"):
+        main(["run", "1x1x64x64"])

@@ -103,6 +103,8 @@ def run(shape: str, precision: str, variant: str, causal: bool, calls: int) -> N
         B, H, L, D = (int(x) for x in shape.lower().split("x"))
     except ValueError:
         raise SystemExit(f"shape {shape!r}: expected BxHxLxD, e.g. 4x16x4096x128") from None
+    if not torch.cuda.is_available():
+        raise SystemExit("flashwatt.kernel_profile run: no CUDA device here (it runs our kernel for the profiler)")
     torch.manual_seed(0)
     q, k, v = (torch.randn(B, H, L, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     if precision == "fp8":
