@@ -38,6 +38,7 @@ import pandas as pd
 from flashwatt.control.budget_schedule import BudgetSchedule
 from flashwatt.control.configuration import Configuration
 from flashwatt.control.counter_power import CounterPower, windowed
+from flashwatt.control.duty_mix import DutyMix
 from flashwatt.control.governor import Governor, Reading, Work
 from flashwatt.control.scenario_merit import ScenarioFacts
 
@@ -533,15 +534,16 @@ class MixPacing:
     is not modelled (the pacer's handling of it: tests/test_control_duty_mix.py, QueuedGpu)."""
 
     def __init__(self, low: float, period_s: float, sensor_period_s: float):
-        self.low, self.period_s, self.sensor_period_s = low, period_s, sensor_period_s
+        # (the controller's own share of a period at full duty, and its checks of low and period)
+        self.mix = DutyMix(lambda: 1.0, low, period_s, lambda: 0.0)
+        self.period_s, self.sensor_period_s = period_s, sensor_period_s
         self.idle_s = 0.0
         self.counter = CounterPower()
 
     def duty(self, duty: float, t: float, dt: float) -> float:
         """The duty the board runs at for the next `dt` under the governor's `duty`."""
-        if self.low < duty < 1.0:
-            full = (duty - self.low) / (1.0 - self.low)
-            duty = 1.0 if t % self.period_s < full * self.period_s else self.low
+        if self.mix.low < duty < 1.0:
+            duty = 1.0 if t % self.period_s < self.mix.full_share(duty) * self.period_s else self.mix.low
         self.idle_s += dt * (1.0 - duty)
         return duty
 

@@ -6,7 +6,7 @@
     python -m flashwatt.kernel_profile summary prof_sass.csv
 
 `run` calls our forward a few times on random inputs (the profiler picks the launch: `-s`
-skips the warm-up ones) and prints its own timing. `summary` reads the SASS page's export:
+skips the warm-up ones); its rate is the bench's to measure (flashwatt.bench). `summary` reads the SASS page's export:
 for each kind of instruction (the opcode without its modifiers) the share of all warp samples
 taken while a warp stood at one, split by stall reason, and the instructions with the most
 samples. A warp's samples at an instruction are the time it spent there, waiting or issuing,
@@ -94,7 +94,8 @@ def summary(path: Path, top: int = 15) -> str:
 
 
 def run(shape: str, precision: str, variant: str, causal: bool, calls: int) -> None:
-    """Our forward at `shape` (BxHxLxD) on random bf16 inputs, `calls` times, then timed."""
+    """Our forward at `shape` (BxHxLxD) on random inputs, `calls` times (the profiler takes one
+    launch; its rate is the bench's to measure: flashwatt.bench)."""
     import torch
 
     from flashwatt.kernels.custom import flash_forward, flash_forward_fp8
@@ -106,25 +107,14 @@ def run(shape: str, precision: str, variant: str, causal: bool, calls: int) -> N
     if not torch.cuda.is_available():
         raise SystemExit("flashwatt.kernel_profile run: no CUDA device here (it runs our kernel for the profiler)")
     torch.manual_seed(0)
-    q, k, v = (torch.randn(B, H, L, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    if precision == "fp8":
-        call = lambda: flash_forward_fp8(q, k, v, causal, variant)  # noqa: E731
-    else:
-        q, k, v = (x.to(getattr(torch, {"bf16": "bfloat16", "fp16": "float16"}[precision])) for x in (q, k, v))
-        call = lambda: flash_forward(q, k, v, causal, variant)  # noqa: E731
+    dtype = torch.float16 if precision == "fp16" else torch.bfloat16  # fp8: bf16 inputs, quantised in the call
+    q, k, v = (torch.randn(B, H, L, D, device="cuda", dtype=dtype) for _ in range(3))
+    forward = flash_forward_fp8 if precision == "fp8" else flash_forward
     for _ in range(calls):
-        call()
+        forward(q, k, v, causal, variant)
     torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(calls):
-        call()
-    end.record()
-    torch.cuda.synchronize()
-    ms = start.elapsed_time(end) / calls
-    flops = 4 * B * H * L * L * D * (0.5 if causal else 1.0)
     print(f"{torch.cuda.get_device_name()} {precision} {shape} {variant or 'default'} causal={causal}: "
-          f"{ms:.3f} ms a call (quantisation included for fp8), {flops / ms / 1e9:.0f} TFLOP/s")
+          f"{calls} calls of our forward")
 
 
 def main(argv: list[str] | None = None) -> int:
