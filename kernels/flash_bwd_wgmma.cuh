@@ -151,9 +151,14 @@ __global__ void __launch_bounds__(NWG * 128, 1) flash_bwd_wgmma_kernel(const __g
   // K and V rows of this warpgroup (K-major A of S^T, dP^T); K's column block of this
   // warpgroup's dQ columns (N-major B of dQ), and the first 16-key step of the keys its dQ
   // sums over (dS^T rows and K rows alike).
-  const uint32_t k_rows = sK + wg * 64 * 128;
-  const uint32_t v_rows = sV + wg * 64 * 128;
-  const uint32_t k_cols = sK + (S::kDqByKeys ? 0 : (wg * DQN / 64) * BN * 128);
+  // As descriptors (BwdWgStep::k_major, n_major), built once; the step's buffers' are offsets
+  // from their first.
+  const uint64_t k_rows = Step::k_major(sK + wg * 64 * 128);
+  const uint64_t v_rows = Step::k_major(sV + wg * 64 * 128);
+  const uint64_t k_cols = Step::template n_major<BN>(sK + (S::kDqByKeys ? 0 : (wg * DQN / 64) * BN * 128));
+  const uint64_t q_k0 = Step::k_major(sQ), dout_k0 = Step::k_major(sdO);
+  const uint64_t q_n0 = Step::template n_major<BM>(sQ), dout_n0 = Step::template n_major<BM>(sdO);
+  const uint64_t ds_n = Step::template n_major<BN>(sdS);
   const int dq_kk0 = S::kDqByKeys ? wg * (S::DQK / 16) : 0;
   const int dq_col0 = S::kDqByKeys ? 0 : wg * DQN;
 
@@ -171,12 +176,11 @@ __global__ void __launch_bounds__(NWG * 128, 1) flash_bwd_wgmma_kernel(const __g
     if (it + 1 < iters) load_step(h_next, m0_next, (it + 1) & 1);
     cp_async_commit();
     const int stage = it & 1;
-    const uint32_t sQs = sQ + stage * S::kQBytes;
-    const uint32_t sdOs = sdO + stage * S::kQBytes;
+    const uint32_t stage_off = stage * S::kQBytes;
     const float* lse_s = sRows + stage * 2 * BM;
     const float* delta_s = lse_s + BM;
 
-    Step::scores(s, dp, k_rows, v_rows, sQs, sdOs);
+    Step::scores(s, dp, k_rows, v_rows, wgmma_desc_at(q_k0, stage_off), wgmma_desc_at(dout_k0, stage_off));
 
     // ---- P^T: element i is key warp_key0 + g + 8*((i>>1)&1), query (i>>2)*8 + 2t + (i&1)
     // (the same lines in flash_bwd_wgmma_ws.cuh; BwdWgStep says why they are not shared)
@@ -194,9 +198,9 @@ __global__ void __launch_bounds__(NWG * 128, 1) flash_bwd_wgmma_kernel(const __g
       s[i] = exp2_ftz(fmaf(x, scale_log2, -lse_log2_for_p(lse_s[q])));
     }
 
-    Step::dv_gemm(dv, pf, s, dp, sdOs);
+    Step::dv_gemm(dv, pf, s, dp, wgmma_desc_at(dout_n0, stage_off));
     Step::ds(dp, dsf, s, delta_s, sdS, warp_key0, g, t);
-    Step::dk_gemm(dk, dsf, sQs);
+    Step::dk_gemm(dk, dsf, wgmma_desc_at(q_n0, stage_off));
     if constexpr (S::kDqByKeys) {
       named_bar_sync(1 + wg, 128);  // this warpgroup's dS^T written: its dQ reads no other rows
     } else {
@@ -205,7 +209,7 @@ __global__ void __launch_bounds__(NWG * 128, 1) flash_bwd_wgmma_kernel(const __g
     // In the deterministic mode (p.dq_accum null) flash_bwd_dq.cuh computes dQ and this
     // step's is dropped (computed all the same: Step::dq_gemm).
     const bool dq_here = p.dq_accum != nullptr;
-    Step::dq_gemm(dq, dk, dv, pf, dsf, sdS, k_cols, dq_kk0);
+    Step::dq_gemm(dq, dk, dv, pf, dsf, ds_n, k_cols, dq_kk0);
     // (no stage release: the barrier at the top of the next step frees this stage for its copies)
     if (dq_here) Step::reduce_dq(dq, p.dq_accum_map, sDQ, stage, wg, tid, wl, g, t, 1 + wg, dq_col0, m0, h, b);
     h = h_next;

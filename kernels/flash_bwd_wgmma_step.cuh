@@ -122,23 +122,35 @@ struct BwdWgStep {
   static constexpr int KD = D / 16;   // k steps of S^T and dP^T (head dim)
   static constexpr int KQ = BM / 16;  // k steps of dV and dK (queries)
 
+  // Every wgmma's operands are descriptors built once per buffer by the kernel (k_major and
+  // n_major below) plus an offset (wgmma_desc_at): built from the address at every wgmma they
+  // took five uniform instructions each, on the step's chain.
+  //   k_major(addr): a K-major operand (S^T's and dP^T's A and B), leading offset unused;
+  //   n_major<ROWS>(addr): an N-major B of ROWS rows (dV's dO, dK's Q: BM rows; dQ's K: BN),
+  //   and dQ's M-major A (dS^T, BN rows): column blocks ROWS * 128 bytes apart.
+  static __device__ __forceinline__ uint64_t k_major(uint32_t addr) { return wgmma_desc_sw128(addr, 16, 1024); }
+  template <int ROWS>
+  static __device__ __forceinline__ uint64_t n_major(uint32_t addr) {
+    return wgmma_desc_sw128(addr, ROWS * 128, 1024);
+  }
+
   // ---- S^T = K Q^T and dP^T = V dO^T (two commit groups). k_rows, v_rows: the warpgroup's
-  // 64 rows of K and V (K-major A); sQ, sdO: the step's Q and dO tiles [BM, D] (K-major B).
-  static __device__ __forceinline__ void scores(float (&s)[BM / 2], float (&dp)[BM / 2], uint32_t k_rows,
-                                                uint32_t v_rows, uint32_t sQ, uint32_t sdO) {
+  // 64 rows of K and V (K-major A); q, dout: the step's Q and dO tiles [BM, D] (K-major B).
+  static __device__ __forceinline__ void scores(float (&s)[BM / 2], float (&dp)[BM / 2], uint64_t k_rows,
+                                                uint64_t v_rows, uint64_t q, uint64_t dout) {
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < KD; ++kk) {
       const uint32_t off = (kk & 3) * 32;
-      wgmma_ss(s, wgmma_desc_sw128(k_rows + (kk >> 2) * BN * 128 + off, 16, 1024),
-               wgmma_desc_sw128(sQ + (kk >> 2) * BM * 128 + off, 16, 1024), kk > 0 ? 1 : 0, T{});
+      wgmma_ss(s, wgmma_desc_at(k_rows, (kk >> 2) * BN * 128 + off), wgmma_desc_at(q, (kk >> 2) * BM * 128 + off),
+               kk > 0 ? 1 : 0, T{});
     }
     wgmma_commit();
 #pragma unroll
     for (int kk = 0; kk < KD; ++kk) {
       const uint32_t off = (kk & 3) * 32;
-      wgmma_ss(dp, wgmma_desc_sw128(v_rows + (kk >> 2) * BN * 128 + off, 16, 1024),
-               wgmma_desc_sw128(sdO + (kk >> 2) * BM * 128 + off, 16, 1024), kk > 0 ? 1 : 0, T{});
+      wgmma_ss(dp, wgmma_desc_at(v_rows, (kk >> 2) * BN * 128 + off), wgmma_desc_at(dout, (kk >> 2) * BM * 128 + off),
+               kk > 0 ? 1 : 0, T{});
     }
     wgmma_commit();
     wgmma_wait<1>();  // S^T done; dP^T may still run
@@ -158,19 +170,18 @@ struct BwdWgStep {
   }
 
   // ---- acc += A B over the step's BM queries: A from the fragments f, B the step's [BM, D]
-  // tile at sB (dO for dV, Q for dK), N-major. Issued only: the caller fences and commits.
-  static __device__ __forceinline__ void rs_chain(float (&acc)[D / 2], const uint32_t (&f)[KQ][4], uint32_t sB) {
+  // tile (dO for dV, Q for dK), N-major (n_major<BM>). Issued only: the caller fences and commits.
+  static __device__ __forceinline__ void rs_chain(float (&acc)[D / 2], const uint32_t (&f)[KQ][4], uint64_t b) {
 #pragma unroll
-    for (int kk = 0; kk < KQ; ++kk)
-      wgmma_rs(acc, f[kk], wgmma_desc_sw128(sB + kk * 16 * 128, BM * 128, 1024), 1, T{});
+    for (int kk = 0; kk < KQ; ++kk) wgmma_rs(acc, f[kk], wgmma_desc_at(b, kk * 16 * 128), 1, T{});
   }
 
   // ---- dV += P^T dO: P^T (s, after the kernel's P^T lines) packed into the A fragments pf.
   static __device__ __forceinline__ void dv_gemm(float (&dv)[D / 2], uint32_t (&pf)[KQ][4], const float (&s)[BM / 2],
-                                                 float (&dp)[BM / 2], uint32_t sdO) {
+                                                 float (&dp)[BM / 2], uint64_t dout_n) {
     pack_a(pf, s);
     wgmma_fence();
-    rs_chain(dv, pf, sdO);
+    rs_chain(dv, pf, dout_n);
     wgmma_commit();
     wgmma_wait<1>();  // dP^T done; dV may still run
     fence_regs(dp);
@@ -191,11 +202,11 @@ struct BwdWgStep {
   // dS^T stores fenced for the async proxy, as dk_gemm.
   static __device__ __forceinline__ void dkv_gemm(float (&dv)[D / 2], float (&dk)[D / 2], uint32_t (&pf)[KQ][4],
                                                   const uint32_t (&dsf)[KQ][4], const float (&s)[BM / 2],
-                                                  uint32_t sdO, uint32_t sQ) {
+                                                  uint64_t dout_n, uint64_t q_n) {
     pack_a(pf, s);
     wgmma_fence();
-    rs_chain(dv, pf, sdO);
-    rs_chain(dk, dsf, sQ);
+    rs_chain(dv, pf, dout_n);
+    rs_chain(dk, dsf, q_n);
     wgmma_commit();
     fence_proxy_async_smem();
   }
@@ -221,25 +232,25 @@ struct BwdWgStep {
 
   // ---- dK += dS^T Q; then this thread's dS^T stores fenced for the async proxy (dQ's wgmma
   // reads them), ahead of the kernel's barrier that publishes them.
-  static __device__ __forceinline__ void dk_gemm(float (&dk)[D / 2], const uint32_t (&dsf)[KQ][4], uint32_t sQ) {
+  static __device__ __forceinline__ void dk_gemm(float (&dk)[D / 2], const uint32_t (&dsf)[KQ][4], uint64_t q_n) {
     wgmma_fence();
-    rs_chain(dk, dsf, sQ);
+    rs_chain(dk, dsf, q_n);
     wgmma_commit();
     fence_proxy_async_smem();
   }
 
   // ---- dQ (64 queries x DQN columns of this warpgroup) = dS K over its DQK keys, after the
-  // kernel's dS^T barrier: A = dS^T in sdS from 16-key step dq_kk0 on, B = K from k_cols (the
-  // warpgroup's column block). Then every wgmma of the step is waited for, and the registers
+  // kernel's dS^T barrier: A = dS^T (ds: n_major<BN> of its buffer) from 16-key step dq_kk0 on,
+  // B = K (k_cols: n_major<BN> of the warpgroup's column block). Then every wgmma of the step is waited for, and the registers
   // the tensor cores wrote or read are fenced. The kernel computes dQ whether or not it keeps
   // it (reduce_dq): a wgmma under a branch makes ptxas insert warpgroup.arrive and spill.
   static __device__ __forceinline__ void dq_gemm(float (&dq)[DQN / 2], float (&dk)[D / 2], float (&dv)[D / 2],
-                                                 uint32_t (&pf)[KQ][4], uint32_t (&dsf)[KQ][4], uint32_t sdS,
-                                                 uint32_t k_cols, int dq_kk0) {
+                                                 uint32_t (&pf)[KQ][4], uint32_t (&dsf)[KQ][4], uint64_t ds,
+                                                 uint64_t k_cols, int dq_kk0) {
 #pragma unroll
     for (int kk = 0; kk < S::DQK / 16; ++kk)
-      bwd_wgmma_ss_tt(dq, wgmma_desc_sw128(sdS + (dq_kk0 + kk) * 16 * 128, BN * 128, 1024),
-                      wgmma_desc_sw128(k_cols + (dq_kk0 + kk) * 16 * 128, BN * 128, 1024), kk > 0 ? 1 : 0, T{});
+      bwd_wgmma_ss_tt(dq, wgmma_desc_at(ds, (dq_kk0 + kk) * 16 * 128), wgmma_desc_at(k_cols, (dq_kk0 + kk) * 16 * 128),
+                      kk > 0 ? 1 : 0, T{});
     wgmma_commit();
     wgmma_wait<0>();
     fence_regs(dq);

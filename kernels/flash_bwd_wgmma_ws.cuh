@@ -248,13 +248,17 @@ __global__ void __launch_bounds__(BwdWsShape<D, BM_>::kThreads, 1)
   // K and V rows of this consumer (K-major A of S^T, dP^T); K's column block of its dQ
   // columns (N-major B of dQ), and the first 16-key step of the keys its dQ sums over (dS^T
   // rows and K rows alike).
-  const uint32_t k_rows = sK + cw * 64 * 128;
-  const uint32_t v_rows = sV + cw * 64 * 128;
-  const uint32_t k_cols = sK + (S::kDqByCols ? (cw * DQN / 64) * BN * 128 : 0);
+  // As descriptors (BwdWgStep::k_major, n_major), built once; the step's buffers' are offsets
+  // from their first.
+  const uint64_t k_rows = Step::k_major(sK + cw * 64 * 128);
+  const uint64_t v_rows = Step::k_major(sV + cw * 64 * 128);
+  const uint64_t k_cols = Step::template n_major<BN>(sK + (S::kDqByCols ? (cw * DQN / 64) * BN * 128 : 0));
+  const uint64_t q_k0 = Step::k_major(sQ), dout_k0 = Step::k_major(sdO);
+  const uint64_t q_n0 = Step::template n_major<BM>(sQ), dout_n0 = Step::template n_major<BM>(sdO);
   const int dq_kk0 = S::kDqByKeys ? cw * (S::DQK / 16) : 0;
   const int dq_col0 = S::kDqByCols ? cw * DQN : 0;
   // By queries, this consumer's dQ rows: its 64 of the step's queries, dS^T's column block cw.
-  const uint32_t dq_ds_block = S::kDqByQueries ? cw * BN * 128 : 0;
+  const uint64_t ds_n = Step::template n_major<BN>(sdS + (S::kDqByQueries ? cw * BN * 128 : 0));
   const int dq_m0 = S::kDqByQueries ? cw * S::DQM : 0;
 
   mbar_wait(kv_full, 0);
@@ -265,8 +269,7 @@ __global__ void __launch_bounds__(BwdWsShape<D, BM_>::kThreads, 1)
     const int h_next = head_end ? h + 1 : h;
     const int m0_next = head_end ? mb_first * BM : m0 + BM;
     const int stage = it & 1;
-    const uint32_t sQs = sQ + stage * S::kQBytes;
-    const uint32_t sdOs = sdO + stage * S::kQBytes;
+    const uint32_t stage_off = stage * S::kQBytes;
     const uint32_t sdSb = sdS + stage * S::kDsBytes;
     // The block's first row within its LSE and delta boxes (m0 is a multiple of kRowLead).
     const int lead = ((b * p.heads + h) * p.len_q) & (S::kRowLead - 1);
@@ -281,7 +284,7 @@ __global__ void __launch_bounds__(BwdWsShape<D, BM_>::kThreads, 1)
     }
     mbar_wait(full + 8 * stage, (it >> 1) & 1);  // TMA wrote through the async proxy: no fence
 
-    Step::scores(s, dp, k_rows, v_rows, sQs, sdOs);
+    Step::scores(s, dp, k_rows, v_rows, wgmma_desc_at(q_k0, stage_off), wgmma_desc_at(dout_k0, stage_off));
 
     // ---- P^T: element i is key warp_key0 + g + 8*((i>>1)&1), query (i>>2)*8 + 2t + (i&1)
     // (the same lines in flash_bwd_wgmma.cuh; BwdWgStep says why they are not shared)
@@ -302,11 +305,11 @@ __global__ void __launch_bounds__(BwdWsShape<D, BM_>::kThreads, 1)
     if constexpr (S::kDqByQueries) {  // 128 queries: dS^T before dV (BwdWgStep::dp_done says why)
       Step::dp_done(dp);
       Step::ds(dp, dsf, s, delta_s, sdSb, warp_key0, g, t);
-      Step::dkv_gemm(dv, dk, pf, dsf, s, sdOs, sQs);
+      Step::dkv_gemm(dv, dk, pf, dsf, s, wgmma_desc_at(dout_n0, stage_off), wgmma_desc_at(q_n0, stage_off));
     } else {
-      Step::dv_gemm(dv, pf, s, dp, sdOs);
+      Step::dv_gemm(dv, pf, s, dp, wgmma_desc_at(dout_n0, stage_off));
       Step::ds(dp, dsf, s, delta_s, sdSb, warp_key0, g, t);
-      Step::dk_gemm(dk, dsf, sQs);
+      Step::dk_gemm(dk, dsf, wgmma_desc_at(q_n0, stage_off));
     }
     if constexpr (S::kDqStages == 1) {
       // One dQ tile per consumer: the last step's reduction has to have read it before the
@@ -324,7 +327,7 @@ __global__ void __launch_bounds__(BwdWsShape<D, BM_>::kThreads, 1)
     // In the deterministic mode (p.dq_accum null) flash_bwd_dq.cuh computes dQ and this
     // step's is dropped (computed all the same: Step::dq_gemm).
     const bool dq_here = p.dq_accum != nullptr;
-    Step::dq_gemm(dq, dk, dv, pf, dsf, sdSb + dq_ds_block, k_cols, dq_kk0);
+    Step::dq_gemm(dq, dk, dv, pf, dsf, wgmma_desc_at(ds_n, stage * S::kDsBytes), k_cols, dq_kk0);
     mbar_arrive(empty + 8 * stage);  // Q, dO, LSE and delta of this stage read: the producer may refill it
     if (dq_here)
       Step::reduce_dq(dq, p.dq_accum_map, sDQ, S::kDqStages == 2 ? stage : 0, cw, tid, wl, g, t,

@@ -226,23 +226,23 @@ __global__ void __launch_bounds__(128 * (NWG + 1), 1) flash_fwd_fp8_ws_kernel(co
     auto turn_pass = [&]() {
       if constexpr (PP) named_bar_arrive(next_turn, kTurnThreads);
     };
-    // Descriptors from the buffers' first ones plus offsets (wgmma_desc_fp8_at): built from the
+    // Descriptors from the buffers' first ones plus offsets (wgmma_desc_at): built from the
     // address at every wgmma, each took five uniform instructions while the turn was held.
     const uint64_t q_desc = wgmma_desc_fp8<D>(q_base);
     auto issue_s = [&](int j) {
-      const uint64_t k_desc = wgmma_desc_fp8_at(k_desc0, slot_of(j) * S::kTileBytes);
+      const uint64_t k_desc = wgmma_desc_at(k_desc0, slot_of(j) * S::kTileBytes);
 #pragma unroll
       for (int kk = 0; kk < KD; ++kk)
-        wgmma_ss_e4m3(s, wgmma_desc_fp8_at(q_desc, kk * 32), wgmma_desc_fp8_at(k_desc, kk * 32), kk > 0 ? 1 : 0);
+        wgmma_ss_e4m3(s, wgmma_desc_at(q_desc, kk * 32), wgmma_desc_at(k_desc, kk * 32), kk > 0 ? 1 : 0);
       wgmma_commit();
     };
     auto issue_pv = [&](int j) {
-      const uint64_t v_desc = wgmma_desc_fp8_at(v_desc0, slot_of(j) * S::kVTileBytes);
+      const uint64_t v_desc = wgmma_desc_at(v_desc0, slot_of(j) * S::kVTileBytes);
 #pragma unroll
       for (int kk = 0; kk < KN; ++kk) {
-        wgmma_rs_e4m3(o, pf[kk], wgmma_desc_fp8_at(v_desc, kk * 32), 1);
+        wgmma_rs_e4m3(o, pf[kk], wgmma_desc_at(v_desc, kk * 32), 1);
         if constexpr (RSUM)  // the rows D..D+7 of the slot: ones, then zeros
-          wgmma_rs_e4m3(rs8, pf[kk], wgmma_desc_fp8_at(v_desc, D * BN + kk * 32), kk > 0 ? 1 : 0);
+          wgmma_rs_e4m3(rs8, pf[kk], wgmma_desc_at(v_desc, D * BN + kk * 32), kk > 0 ? 1 : 0);
       }
       wgmma_commit();
     };

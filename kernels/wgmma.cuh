@@ -23,6 +23,13 @@ __device__ __forceinline__ uint64_t wgmma_desc_sw128(uint32_t addr, uint32_t lbo
          (static_cast<uint64_t>((sbo & 0x3FFFF) >> 4) << 32) | (1ull << 62);
 }
 
+// The descriptor of the tile `bytes` further on in shared memory, from another's with the same
+// layout: the start address is the low field in 16-byte units, and a CTA's shared memory
+// (under 256 KB) keeps it from carrying into the next field. Building a descriptor from its
+// address at every wgmma took five uniform instructions each (kernels/NOTES.md, "fp8 forward:
+// the step's latency"); from a base built once it is one add.
+__device__ __forceinline__ uint64_t wgmma_desc_at(uint64_t desc, uint32_t bytes) { return desc + (bytes >> 4); }
+
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }

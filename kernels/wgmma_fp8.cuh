@@ -33,11 +33,6 @@ __device__ __forceinline__ uint64_t wgmma_desc_fp8(uint32_t addr) {
          (static_cast<uint64_t>((8 * SWB) >> 4) << 32) | (kLayout << 62);
 }
 
-// The descriptor of the tile `bytes` further on in shared memory, from another's: the start
-// address is the low field in 16-byte units, and a CTA's shared memory (under 256 KB) keeps
-// it from carrying into the next field.
-__device__ __forceinline__ uint64_t wgmma_desc_fp8_at(uint64_t desc, uint32_t bytes) { return desc + (bytes >> 4); }
-
 // Four fp32 values to one register of four e4m3 bytes, x0 in the lowest byte, rounded to
 // nearest and saturated at +-448 (cvt's first source goes to the upper byte).
 __device__ __forceinline__ uint32_t pack_e4m3x4(float x0, float x1, float x2, float x3) {

@@ -78,3 +78,14 @@ def test_run_names_a_bad_shape_and_a_machine_without_a_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(SystemExit, match="no CUDA device here"):
         main(["run", "1x1x64x64"])
+
+
+def test_run_refuses_a_backward_it_has_not_got(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    with pytest.raises(SystemExit, match="fp8 has a forward only"):
+        main(["run", "1x1x64x64", "--precision", "fp8", "--pass", "bwd"])
+    with pytest.raises(SystemExit, match="unknown custom backward tile 'nope'"):
+        main(["run", "1x1x64x64", "--pass", "bwd", "--bwd-tile", "nope"])

@@ -2,11 +2,14 @@
 
     ncu --set full --import-source no -k regex:flash_fwd -s 3 -c 1 -o prof \\
         python -m flashwatt.kernel_profile run 4x16x4096x128 --precision fp8 [--variant TILE] [--causal]
+    ncu ... -k regex:flash_bwd_wgmma -s 3 -c 1 -o prof \\
+        python -m flashwatt.kernel_profile run 2x16x8192x128 --pass bwd [--bwd-tile TILE]
     ncu -i prof.ncu-rep --page source --csv --print-source sass > prof_sass.csv
     python -m flashwatt.kernel_profile summary prof_sass.csv
 
-`run` calls our forward a few times on random inputs (the profiler picks the launch: `-s`
-skips the warm-up ones); its rate is the bench's to measure (flashwatt.bench). `summary` reads the SASS page's export:
+`run` calls our forward (or, with --pass bwd, our backward after one forward) a few times on
+random inputs (the profiler picks the launch: `-s` skips the warm-up ones); its rate is the
+bench's to measure (flashwatt.bench). `summary` reads the SASS page's export:
 for each kind of instruction (the opcode without its modifiers) the share of all warp samples
 taken while a warp stood at one, split by stall reason, and the instructions with the most
 samples. A warp's samples at an instruction are the time it spent there, waiting or issuing,
@@ -93,12 +96,15 @@ def summary(path: Path, top: int = 15) -> str:
     ])
 
 
-def run(shape: str, precision: str, variant: str, causal: bool, calls: int) -> None:
-    """Our forward at `shape` (BxHxLxD) on random inputs, `calls` times (the profiler takes one
-    launch; its rate is the bench's to measure: flashwatt.bench)."""
+def run(shape: str, precision: str, variant: str, causal: bool, calls: int, pass_: str = "fwd",
+        bwd_tile: str = "") -> None:
+    """Our forward at `shape` (BxHxLxD) on random inputs, `calls` times, or with pass_ "bwd" our
+    backward `calls` times after one forward (the profiler takes one launch; its rate is the
+    bench's to measure: flashwatt.bench)."""
     import torch
 
-    from flashwatt.kernels.custom import flash_forward, flash_forward_fp8
+    from flashwatt.kernels.custom import backward_plan, flash_forward, flash_forward_fp8
+    from flashwatt.kernels.custom_backward import flash_backward
 
     try:
         B, H, L, D = (int(x) for x in shape.lower().split("x"))
@@ -106,32 +112,51 @@ def run(shape: str, precision: str, variant: str, causal: bool, calls: int) -> N
         raise SystemExit(f"shape {shape!r}: expected BxHxLxD, e.g. 4x16x4096x128") from None
     if not torch.cuda.is_available():
         raise SystemExit("flashwatt.kernel_profile run: no CUDA device here (it runs our kernel for the profiler)")
+    plan = None
+    if pass_ == "bwd":
+        if precision == "fp8":
+            raise SystemExit("flashwatt.kernel_profile run: fp8 has a forward only (--pass fwd)")
+        try:
+            plan = backward_plan(precision, D, bwd_tile or None, torch.cuda.get_device_capability())
+        except ValueError as e:
+            raise SystemExit(f"flashwatt.kernel_profile run: {e}") from None
     torch.manual_seed(0)
     dtype = torch.float16 if precision == "fp16" else torch.bfloat16  # fp8: bf16 inputs, quantised in the call
     q, k, v = (torch.randn(B, H, L, D, device="cuda", dtype=dtype) for _ in range(3))
-    forward = flash_forward_fp8 if precision == "fp8" else flash_forward
-    for _ in range(calls):
-        forward(q, k, v, causal, variant)
+    if pass_ == "bwd":
+        out, lse = flash_forward(q, k, v, causal, variant)
+        dout = torch.randn_like(out)
+        for _ in range(calls):
+            flash_backward(dout, q, k, v, out, lse, causal, 1.0 / D**0.5, plan)
+        what = f"backward ({plan.tile or plan.path})"
+    else:
+        forward = flash_forward_fp8 if precision == "fp8" else flash_forward
+        for _ in range(calls):
+            forward(q, k, v, causal, variant)
+        what = "forward"
     torch.cuda.synchronize()
     print(f"{torch.cuda.get_device_name()} {precision} {shape} {variant or 'default'} causal={causal}: "
-          f"{calls} calls of our forward")
+          f"{calls} calls of our {what}")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flashwatt.kernel_profile", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    r = sub.add_parser("run", help="call our forward for the profiler")
+    r = sub.add_parser("run", help="call our forward (or backward) for the profiler")
     r.add_argument("shape", help="BxHxLxD, e.g. 4x16x4096x128")
     r.add_argument("--precision", default="bf16", choices=("bf16", "fp16", "fp8"))
     r.add_argument("--variant", default="", help="a tile of flashwatt.kernels.custom_variants (default: the default)")
     r.add_argument("--causal", action="store_true")
     r.add_argument("--calls", type=int, default=10)
+    r.add_argument("--pass", dest="pass_", default="fwd", choices=("fwd", "bwd"))
+    r.add_argument("--bwd-tile", default="", help="a backward tile (flashwatt.kernels.custom_backward.BWD_TILES; "
+                   "default: the default)")
     s = sub.add_parser("summary", help="summarise ncu's SASS source page (CSV)")
     s.add_argument("csv", type=Path)
     s.add_argument("--top", type=int, default=15)
     args = parser.parse_args(argv)
     if args.command == "run":
-        run(args.shape, args.precision, args.variant, args.causal, args.calls)
+        run(args.shape, args.precision, args.variant, args.causal, args.calls, args.pass_, args.bwd_tile)
     else:
         try:
             print(summary(args.csv, args.top))

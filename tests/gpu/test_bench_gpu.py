@@ -75,3 +75,6 @@ def test_the_profile_runner_calls_our_forward(capsys):
         assert kernel_profile.main(["run", "2x4x1024x128", "--precision", precision, "--calls", "3"]) == 0
         out = capsys.readouterr().out
         assert f"{precision} 2x4x1024x128 default causal=False: 3 calls of our forward" in out, out
+    assert kernel_profile.main(["run", "2x4x1024x128", "--pass", "bwd", "--calls", "2", "--causal"]) == 0
+    out = capsys.readouterr().out
+    assert "bf16 2x4x1024x128 default causal=True: 2 calls of our backward (" in out, out
