@@ -186,16 +186,22 @@ __global__ void __launch_bounds__(NWG * 128, 1) flash_bwd_wgmma_kernel(const __g
     // (the same lines in flash_bwd_wgmma_ws.cuh; BwdWgStep says why they are not shared)
     const bool masked = n0 + warp_key0 + 16 > p.len_k || m0 + BM > p.len_q ||
                         (p.causal && n0 + warp_key0 + 15 > m0 + p.causal_offset);
+    // Two loops, not the mask's test in one: under `if (masked)` per element the compiler kept
+    // a branch and its reconvergence at every element of the unmasked steps too (32 a step),
+    // on the chain both consumers run in step with each other.
+    if (masked) {
 #pragma unroll
-    for (int i = 0; i < BM / 2; ++i) {
-      const int q = (i >> 2) * 8 + 2 * t + (i & 1);
-      float x = s[i];
-      if (masked) {
+      for (int i = 0; i < BM / 2; ++i) {
+        const int q = (i >> 2) * 8 + 2 * t + (i & 1);
         const int key = n0 + warp_key0 + g + 8 * ((i >> 1) & 1);
         const int query = m0 + q;
-        if (key >= p.len_k || query >= p.len_q || (p.causal && key > query + p.causal_offset)) x = -INFINITY;
+        const bool hidden = key >= p.len_k || query >= p.len_q || (p.causal && key > query + p.causal_offset);
+        s[i] = exp2_ftz(fmaf(hidden ? -INFINITY : s[i], scale_log2, -lse_log2_for_p(lse_s[q])));
       }
-      s[i] = exp2_ftz(fmaf(x, scale_log2, -lse_log2_for_p(lse_s[q])));
+    } else {
+#pragma unroll
+      for (int i = 0; i < BM / 2; ++i)
+        s[i] = exp2_ftz(fmaf(s[i], scale_log2, -lse_log2_for_p(lse_s[(i >> 2) * 8 + 2 * t + (i & 1)])));
     }
 
     Step::dv_gemm(dv, pf, s, dp, wgmma_desc_at(dout_n0, stage_off));

@@ -219,15 +219,18 @@ struct BwdWgStep {
     for (int i = 0; i < BM / 2; ++i) dp[i] = s[i] * (dp[i] - delta[(i >> 2) * 8 + 2 * t + (i & 1)]);
     pack_a(dsf, dp);
     // dsf[kk][0], [2]: key row warp_key0 + g, queries 16kk + 2t (+1) and 16kk + 8 + 2t (+1)
-    // (16-byte chunks 2kk and 2kk + 1); [1], [3]: key row warp_key0 + g + 8.
-    const int r0 = warp_key0 + g, r1 = r0 + 8;
+    // (16-byte chunks 2kk and 2kk + 1); [1], [3]: key row warp_key0 + g + 8. Those are the
+    // four 8x8 matrices of one stmatrix.x4 (register j of a lane: row g, columns 2t, 2t + 1 of
+    // matrix j), so a k step is one instruction, not four 32-bit stores with their addresses:
+    // lane 8j + r gives row r of matrix j, key row warp_key0 + r + 8 (j & 1), chunk
+    // 2kk + (j >> 1), whose 16 bytes are contiguous under the swizzle.
+    const int lane = 4 * g + t, j = lane >> 3;
+    const int row = warp_key0 + (lane & 7) + 8 * (j & 1);
 #pragma unroll
-    for (int kk = 0; kk < KQ; ++kk) {
-      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sdS + bwd_sw128_off<BN>(r0, 2 * kk) + 4 * t), "r"(dsf[kk][0]));
-      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sdS + bwd_sw128_off<BN>(r1, 2 * kk) + 4 * t), "r"(dsf[kk][1]));
-      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sdS + bwd_sw128_off<BN>(r0, 2 * kk + 1) + 4 * t), "r"(dsf[kk][2]));
-      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sdS + bwd_sw128_off<BN>(r1, 2 * kk + 1) + 4 * t), "r"(dsf[kk][3]));
-    }
+    for (int kk = 0; kk < KQ; ++kk)
+      asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(
+                       sdS + bwd_sw128_off<BN>(row, 2 * kk + (j >> 1))),
+                   "r"(dsf[kk][0]), "r"(dsf[kk][1]), "r"(dsf[kk][2]), "r"(dsf[kk][3]));
   }
 
   // ---- dK += dS^T Q; then this thread's dS^T stores fenced for the async proxy (dQ's wgmma

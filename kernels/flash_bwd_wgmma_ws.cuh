@@ -230,7 +230,10 @@ __global__ void __launch_bounds__(BwdWsShape<D, BM_>::kThreads, 1)
 
   // ------------------------------------------------------------------ consumers
   setmaxnreg_inc<S::kConsumerRegs>();
-  const int cw = wg - 1;          // consumer: keys cw*64 .. cw*64+63 of the block
+  // Consumer cw takes keys cw*64 .. cw*64+63 of the block. Read from lane 0 so the compiler
+  // knows it is the same in the whole warp: the descriptor bases built from it then live in
+  // uniform registers, not in each thread's with a move to a uniform one before every wgmma.
+  const int cw = __shfl_sync(0xffffffffu, wg, 0) - 1;
   const int wl = (tid >> 5) & 3;  // warp within the warpgroup: 16 of those keys
   const int lane = tid & 31;
   const int g = lane >> 2;  // row within an 8-row group of a fragment
@@ -290,16 +293,22 @@ __global__ void __launch_bounds__(BwdWsShape<D, BM_>::kThreads, 1)
     // (the same lines in flash_bwd_wgmma.cuh; BwdWgStep says why they are not shared)
     const bool masked = n0 + warp_key0 + 16 > p.len_k || m0 + BM > p.len_q ||
                         (p.causal && n0 + warp_key0 + 15 > m0 + p.causal_offset);
+    // Two loops, not the mask's test in one: under `if (masked)` per element the compiler kept
+    // a branch and its reconvergence at every element of the unmasked steps too (32 a step),
+    // on the chain both consumers run in step with each other.
+    if (masked) {
 #pragma unroll
-    for (int i = 0; i < BM / 2; ++i) {
-      const int q = (i >> 2) * 8 + 2 * t + (i & 1);
-      float x = s[i];
-      if (masked) {
+      for (int i = 0; i < BM / 2; ++i) {
+        const int q = (i >> 2) * 8 + 2 * t + (i & 1);
         const int key = n0 + warp_key0 + g + 8 * ((i >> 1) & 1);
         const int query = m0 + q;
-        if (key >= p.len_k || query >= p.len_q || (p.causal && key > query + p.causal_offset)) x = -INFINITY;
+        const bool hidden = key >= p.len_k || query >= p.len_q || (p.causal && key > query + p.causal_offset);
+        s[i] = exp2_ftz(fmaf(hidden ? -INFINITY : s[i], scale_log2, -lse_log2_for_p(lse_s[q])));
       }
-      s[i] = exp2_ftz(fmaf(x, scale_log2, -lse_log2_for_p(lse_s[q])));
+    } else {
+#pragma unroll
+      for (int i = 0; i < BM / 2; ++i)
+        s[i] = exp2_ftz(fmaf(s[i], scale_log2, -lse_log2_for_p(lse_s[(i >> 2) * 8 + 2 * t + (i & 1)])));
     }
 
     if constexpr (S::kDqByQueries) {  // 128 queries: dS^T before dV (BwdWgStep::dp_done says why)
