@@ -271,6 +271,10 @@ void backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, con
   p.dout = dout.data_ptr();
   p.lse = lse.data_ptr<float>();
   p.delta = delta.data_ptr<float>();
+  // The LSE in base 2 (BwdParams::lse_log2): a workspace like delta, freed when this call
+  // returns (stream-ordered: the caching allocator hands it out again only to later work).
+  at::Tensor lse_log2 = at::empty_like(delta);
+  p.lse_log2 = lse_log2.data_ptr<float>();
   p.dq_accum = deterministic ? nullptr : dq_accum.data_ptr<float>();  // null: the deterministic dQ pass
   p.dq = dq.data_ptr();
   p.dk = dk.data_ptr();

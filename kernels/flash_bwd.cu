@@ -120,7 +120,10 @@ __global__ void __launch_bounds__(kRowThreads) flash_bwd_preprocess_kernel(const
   }
 #pragma unroll
   for (int off = R::kThreadsPerRow / 2; off > 0; off /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, off);
-  if (row < total && c == 0) p.delta[row] = dot;
+  if (row < total && c == 0) {
+    p.delta[row] = dot;
+    p.lse_log2[row] = lse_log2_for_p(p.lse[row]);
+  }
 }
 
 template <typename T, int D>
@@ -647,7 +650,7 @@ bool encode_ws_maps(BwdWsParams& ws, const BwdParams& p, const BwdConfig& cfg, c
                     cfg.block_n, why, sizeof(why)) &&
       encode_map_4d(ws.v, "v", type, 2, p.v, d, p.len_k, p.kv_heads, p.batch, p.v_sl, p.v_sh, p.v_sb, 64,
                     cfg.block_n, why, sizeof(why)) &&
-      encode_map_1d_f32(ws.lse, "lse", p.lse, rows, row_box, why, sizeof(why)) &&
+      encode_map_1d_f32(ws.lse, "lse", p.lse_log2, rows, row_box, why, sizeof(why)) &&
       encode_map_1d_f32(ws.delta, "delta", p.delta, rows, row_box, why, sizeof(why)) &&
       (p.dq_accum == nullptr || encode_dq_accum_map(ws.p, why, sizeof(why)));
   if (!ok && err && errlen) snprintf(err, errlen, "backward tile %s (TMA copies): %s", tile, why);

@@ -20,6 +20,9 @@ struct BwdParams {
   const void* dout;  // gradient of the loss with respect to o
   const float* lse;  // (batch, heads, len_q), contiguous: the forward's natural-log LSE of scale * q.k
   float* delta;      // (batch, heads, len_q), contiguous workspace: rowsum(dout * o) in fp32
+  float* lse_log2;   // as delta: the LSE in base 2 as P's exponent subtracts it (lse_log2_for_p),
+                     // written by the preprocessing for the warp-specialised tiles (their step
+                     // reads it as it is: FlashAttention-3 scales its LSE once the same way)
   float* dq_accum;   // (batch, heads, len_q, head_dim), contiguous fp32 workspace (zeroed by the kernels);
                      // null: the deterministic mode, dQ in a pass of its own without atomics
   void* dq;

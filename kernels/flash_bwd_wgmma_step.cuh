@@ -87,7 +87,8 @@ __device__ __forceinline__ uint32_t bwd_sw128_off(int r, int c) {
   return static_cast<uint32_t>((c >> 3) * ROWS * 128 + r * 128 + (((c & 7) ^ (r & 7)) << 4));
 }
 
-// The step of one 64-key warpgroup in pieces, in the order a kernel runs them:
+// The step of one 64-key warpgroup in pieces, in the order a kernel runs them. In
+// wgmma_n128_m64_w8 (every warpgroup copies, computes and reduces its own dQ):
 //   scores(s, dp, ..)          S^T and dP^T issued (two commit groups); S^T waited for
 //   P^T into s                 the kernel's own lines (below: kept in the kernels)
 //   dv_gemm(dv, pf, s, dp, ..) P^T packed into A fragments; dV issued; dP^T waited for
@@ -95,8 +96,15 @@ __device__ __forceinline__ uint32_t bwd_sw128_off(int r, int c) {
 //   dk_gemm(dk, dsf, ..)       dK issued; this thread's dS^T stores fenced for the async proxy
 //   the kernel's barrier that publishes dS^T to dQ; dq_here = p.dq_accum != nullptr
 //   dq_gemm(dq, ..)            dQ issued; every wgmma of the step waited for
-//   the kernel's stage release, if any (after this, nothing reads the step's Q, dO, LSE, delta)
 //   reduce_dq(dq, ..)          if dq_here: dQ staged and added by one thread's bulk reductions
+// In the warp-specialised tiles (a warp of the producer warpgroup reduces dQ):
+//   scores, P^T; at 64 queries dv_gemm then ds, at 128 dp_done, ds, dv_issue (dp_done says why)
+//   the kernel's fence of the dS^T stores and its barrier that publishes dS^T to dQ
+//   dq_dk_gemm(dq, dk, ..)     dQ issued, then dK; dQ waited for
+//   stage_dq(dq, ..)           dQ into the warpgroup's staging tile, between the writer's
+//                              barriers, while dK runs
+//   dk_done(..)                every wgmma of the step waited for; then the ring's stage
+//                              release (after this, nothing reads the step's Q, dO, LSE, delta)
 // and after the last step store(dk, dv, ..). S is the kernel's shape: BN keys per CTA, BM
 // queries per step, NWG computing warpgroups, the dQ split (kDqByKeys, and DQN columns over
 // DQK keys per warpgroup) and the dQ staging tiles (kDqBoxBytes, kDqTileBytes).
@@ -134,10 +142,17 @@ struct BwdWgStep {
     return wgmma_desc_sw128(addr, ROWS * 128, 1024);
   }
 
-  // ---- S^T = K Q^T and dP^T = V dO^T (two commit groups). k_rows, v_rows: the warpgroup's
-  // 64 rows of K and V (K-major A); q, dout: the step's Q and dO tiles [BM, D] (K-major B).
+  // ---- S^T = K Q^T and dP^T = V dO^T (two commit groups), then S^T waited for (scores_issue,
+  // s_done). k_rows, v_rows: the warpgroup's 64 rows of K and V (K-major A); q, dout: the
+  // step's Q and dO tiles [BM, D] (K-major B).
   static __device__ __forceinline__ void scores(float (&s)[BM / 2], float (&dp)[BM / 2], uint64_t k_rows,
                                                 uint64_t v_rows, uint64_t q, uint64_t dout) {
+    scores_issue(s, dp, k_rows, v_rows, q, dout);
+    s_done(s);
+  }
+
+  static __device__ __forceinline__ void scores_issue(float (&s)[BM / 2], float (&dp)[BM / 2], uint64_t k_rows,
+                                                      uint64_t v_rows, uint64_t q, uint64_t dout) {
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < KD; ++kk) {
@@ -153,6 +168,9 @@ struct BwdWgStep {
                kk > 0 ? 1 : 0, T{});
     }
     wgmma_commit();
+  }
+
+  static __device__ __forceinline__ void s_done(float (&s)[BM / 2]) {
     wgmma_wait<1>();  // S^T done; dP^T may still run
     fence_regs(s);
   }
@@ -191,24 +209,52 @@ struct BwdWgStep {
   // dP^T hold 64 + 64 registers, and P^T packed for dV beside them (the order above, dV
   // issued before dS^T) needs 32 more than a consumer's 240 with dK, dV and the rest (ptxas
   // spilled and serialised the wgmmas). So dP^T is waited for first (dp_done), dS^T computed
-  // (ds, above), and only then P^T packed and dV issued with dK (dkv_gemm): the dS^T
-  // arithmetic no longer runs under this warpgroup's dV, but under the other consumer's GEMMs.
+  // (ds, below), and only then P^T packed and dV issued (dv_issue): the dS^T arithmetic no
+  // longer runs under this warpgroup's dV, but under the other consumer's GEMMs.
   static __device__ __forceinline__ void dp_done(float (&dp)[BM / 2]) {
     wgmma_wait<0>();  // dP^T done
     fence_regs(dp);
   }
 
-  // ---- dV += P^T dO and dK += dS^T Q, issued together (one commit group); then this thread's
-  // dS^T stores fenced for the async proxy, as dk_gemm.
-  static __device__ __forceinline__ void dkv_gemm(float (&dv)[D / 2], float (&dk)[D / 2], uint32_t (&pf)[KQ][4],
-                                                  const uint32_t (&dsf)[KQ][4], const float (&s)[BM / 2],
-                                                  uint64_t dout_n, uint64_t q_n) {
+  // ---- dV += P^T dO issued alone (128 queries a step, after dS^T: BwdWgStep::dp_done says why);
+  // dK goes with dQ after the dS^T barrier (dq_dk_gemm).
+  static __device__ __forceinline__ void dv_issue(float (&dv)[D / 2], uint32_t (&pf)[KQ][4], const float (&s)[BM / 2],
+                                                  uint64_t dout_n) {
     pack_a(pf, s);
     wgmma_fence();
     rs_chain(dv, pf, dout_n);
+    wgmma_commit();
+  }
+
+  // ---- The warp-specialised step's end (wgmma_ws_ tiles), after the dS^T barrier: dQ issued,
+  // then dK (dK += dS^T Q), two commit groups, and dQ waited for alone, so that the kernel
+  // stages dQ for the reduction while dK still runs (dk_done waits for it). A = dS^T (ds:
+  // n_major<BN> of its buffer) from 16-key step dq_kk0 on, B = K (k_cols: n_major<BN> of the
+  // warpgroup's column block); q_n: the step's Q, n_major<BM>. dQ is computed whether or not
+  // the kernel keeps it: a wgmma under a branch makes ptxas insert warpgroup.arrive and spill.
+  static __device__ __forceinline__ void dq_dk_gemm(float (&dq)[DQN / 2], float (&dk)[D / 2],
+                                                    const uint32_t (&dsf)[KQ][4], uint64_t ds, uint64_t k_cols,
+                                                    int dq_kk0, uint64_t q_n) {
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < S::DQK / 16; ++kk)
+      bwd_wgmma_ss_tt(dq, wgmma_desc_at(ds, (dq_kk0 + kk) * 16 * 128), wgmma_desc_at(k_cols, (dq_kk0 + kk) * 16 * 128),
+                      kk > 0 ? 1 : 0, T{});
+    wgmma_commit();
     rs_chain(dk, dsf, q_n);
     wgmma_commit();
-    fence_proxy_async_smem();
+    wgmma_wait<1>();  // dQ done; dK may still run
+    fence_regs(dq);
+  }
+
+  // ---- every wgmma of the step done (dK last); the registers they wrote or read fenced.
+  static __device__ __forceinline__ void dk_done(float (&dk)[D / 2], float (&dv)[D / 2], uint32_t (&pf)[KQ][4],
+                                                 uint32_t (&dsf)[KQ][4]) {
+    wgmma_wait<0>();
+    fence_regs(dk);
+    fence_regs(dv);
+    fence_regs(pf);
+    fence_regs(dsf);
   }
 
   // ---- dS^T = P^T (dP^T - delta), into dp, packed into dsf (A of dK) and stored to sdS, the
@@ -263,19 +309,13 @@ struct BwdWgStep {
     fence_regs(dsf);
   }
 
-  // ---- dQ into the accumulator: staged into the warpgroup's [BM, DQN] fp32 tile of this
-  // step's parity (sDQ: tile (parity, wg) at + (parity * NWG + wg) * kDqTileBytes), then, after
-  // named barrier dq_barrier of the warpgroup's 128 threads, added by thread tid % 128 == 0's
-  // bulk reductions into rows m0.. of head h, batch b, columns dq_col0.. (map: the
-  // accumulator's tensor map, p.dq_accum_map).
-  // Element i of dq: query wl*16 + g + 8*((i>>1)&1), column dq_col0 + (i>>2)*8 + 2t + (i&1).
+  // ---- dQ of this warpgroup (64 queries x DQN columns, fp32) into its staging tile at `tile`,
+  // then fenced for the async proxy (the bulk reduction reads it).
+  // Element i of dq: query wl*16 + g + 8*((i>>1)&1), column (i>>2)*8 + 2t + (i&1) of its DQN.
   // Staged as float2 at column 8j + 2t of row wl*16 + g + 8r: box j / 4, 16-byte chunk
   // 2 (j % 4) + t / 2 of the row's 128 bytes, swizzled by row % 8 = g, so the 8 rows of a
   // store land on 8 different chunk positions (no bank conflict).
-  static __device__ __forceinline__ void reduce_dq(const float (&dq)[DQN / 2], const void* map, uint32_t sDQ,
-                                                   int parity, int wg, int tid, int wl, int g, int t, int dq_barrier,
-                                                   int dq_col0, int m0, int h, int b) {
-    const uint32_t tile = sDQ + (parity * S::NWG + wg) * S::kDqTileBytes;
+  static __device__ __forceinline__ void stage_dq(const float (&dq)[DQN / 2], uint32_t tile, int wl, int g, int t) {
     const uint32_t row_base = tile + (wl * 16 + g) * 128 + (t & 1) * 8;
 #pragma unroll
     for (int j = 0; j < DQN / 8; ++j) {
@@ -285,14 +325,30 @@ struct BwdWgStep {
         asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(row_base + (j >> 2) * S::kDqBoxBytes + r * 8 * 128 + chunk),
                      "f"(dq[4 * j + 2 * r]), "f"(dq[4 * j + 2 * r + 1]));
     }
-    fence_proxy_async_smem();         // the bulk reduction reads through the async proxy
-    named_bar_sync(dq_barrier, 128);  // this warpgroup's dQ tile staged
-    if ((tid & 127) == 0) {
+    fence_proxy_async_smem();  // the bulk reduction reads through the async proxy
+  }
+
+  // ---- a staged dQ tile added into the accumulator (map: p.dq_accum_map) at rows m0.. of head
+  // h, batch b, columns dq_col0..: one thread's bulk reductions, one commit group.
+  static __device__ __forceinline__ void issue_dq_reduction(const void* map, uint32_t tile, int dq_col0, int m0, int h,
+                                                            int b) {
 #pragma unroll
-      for (int box = 0; box < DQN / 32; ++box)
-        tma_reduce_add_4d(map, tile + box * S::kDqBoxBytes, dq_col0 + box * 32, m0, h, b);
-      bulk_commit();
-    }
+    for (int box = 0; box < DQN / 32; ++box) tma_reduce_add_4d(map, tile + box * S::kDqBoxBytes, dq_col0 + box * 32, m0, h, b);
+    bulk_commit();
+  }
+
+  // ---- dQ into the accumulator from the warpgroup's own threads (wgmma_n128_m64_w8): staged
+  // into its [BM, DQN] fp32 tile of this step's parity (sDQ: tile (parity, wg) at + (parity *
+  // NWG + wg) * kDqTileBytes), then, after named barrier dq_barrier of the warpgroup's 128
+  // threads, added by thread tid % 128 == 0's bulk reductions into rows m0.. of head h, batch b,
+  // columns dq_col0...
+  static __device__ __forceinline__ void reduce_dq(const float (&dq)[DQN / 2], const void* map, uint32_t sDQ,
+                                                   int parity, int wg, int tid, int wl, int g, int t, int dq_barrier,
+                                                   int dq_col0, int m0, int h, int b) {
+    const uint32_t tile = sDQ + (parity * S::NWG + wg) * S::kDqTileBytes;
+    stage_dq(dq, tile, wl, g, t);
+    named_bar_sync(dq_barrier, 128);  // this warpgroup's dQ tile staged
+    if ((tid & 127) == 0) issue_dq_reduction(map, tile, dq_col0, m0, h, b);
   }
 
   // ---- after the last step: dK (times the softmax scale, once here) and dV of this warp's 16

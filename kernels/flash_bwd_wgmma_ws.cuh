@@ -10,18 +10,21 @@
 //   * warpgroup 0 is the producer. One of its threads issues every copy with TMA: K and V
 //     once per CTA (on kv_full), then per query block Q, dO and that block's LSE and
 //     delta into a two-stage ring (full/empty mbarriers per stage, the stage's bytes
-//     expected on full). Its registers go to the consumers (setmaxnreg: 24 for it, 240
-//     for each consumer; 384 threads x 168 at launch).
+//     expected on full). Its warp 1 is the dQ writer: it adds each consumer's staged dQ
+//     tile into the fp32 accumulator by TMA bulk reductions and hands the tile back once
+//     they have read it, on two named barriers per consumer (as FlashAttention-3's
+//     backward does), so no consumer waits on a reduction's issue. The warpgroup's
+//     registers go to the consumers (setmaxnreg: 24 for it, 240 for each consumer; 384
+//     threads x 168 at launch).
 //   * warpgroups 1 and 2 are the consumers: keys 0..63 and 64..127 of the CTA's block
-//     (M = 64 of every key-major wgmma), the two warpgroups of wgmma_n128_m64_w8 running
-//     its step unchanged (the same five GEMMs in the same order, the same P^T and dS^T
-//     arithmetic, dQ staged in shared memory and added by a TMA bulk reduction). dK and dV
-//     come out bit-identical to that tile's. The step is shared with that tile, not copied:
-//     both kernels call the functions of flash_bwd_wgmma_step.cuh, which says what each
-//     kernel still holds itself and why; this file adds the copies, barriers and stage
-//     release around them. Both kernels' PTX is the one they had when the step was a copy
-//     here, the code checked and measured on the GPU (kernels/NOTES.md, "Backward
-//     warp-specialised: measured"; this tile is the Hopper default at head dim 128, and
+//     (M = 64 of every key-major wgmma), each running the step of wgmma_n128_m64_w8 (the
+//     same five GEMMs, the same P^T and dS^T arithmetic), except that dK is issued after
+//     the dS^T barrier, behind dQ, and dQ is staged for the writer while dK runs (kernels/
+//     NOTES.md, "Backward: instructions off the consumers' chain"). dK and dV come out
+//     bit-identical to that tile's. The step is shared with that tile, not copied: both
+//     kernels call the functions of flash_bwd_wgmma_step.cuh, which says what each kernel
+//     still holds itself and why; this file adds the copies, barriers, the dQ hand-off and
+//     the stage release around them (this tile is the Hopper default at head dim 128, and
 //     its form with 128-row query steps at 64: "Backward at head dim 64: 128 queries per
 //     step").
 //   * at head dim 128 the consumers meet once per step, on a named barrier of their 256
@@ -35,6 +38,11 @@
 //   * a stage goes back to the producer (each consumer thread arrives on its empty barrier)
 //     once the step's last wgmma that reads Q or dO (dK) has completed and the thread's
 //     LSE and delta reads are done, i.e. after the step's final wait.
+//   * each consumer has one dQ staging tile. It stages step it's dQ after a sync on
+//     kDqEmpty0 + c (the writer's release of step it - 1's tile, or its release before the
+//     first step) and arrives on kDqFull0 + c; the writer syncs on that, issues the
+//     reductions, waits until they have read both consumers' tiles, and releases them
+//     (not after the last step, so no barrier holds arrivals when the CTA exits).
 // Stage s of the ring holds the query blocks it = s, s + 2, ...: use n = it / 2 completes
 // phase n of full[s] (the producer's one arrival plus the stage's bytes) and of empty[s]
 // (256 arrivals); consumers wait full with parity n & 1, the producer waits empty with
@@ -117,29 +125,33 @@ struct BwdWsShape {
   static constexpr int kOffDO = kOffQ + 2 * kQBytes;
   static constexpr int kOffDS = kOffDO + 2 * kQBytes;
   // dQ staging as flash_bwd_wgmma.cuh: per consumer a [DQM, DQN] fp32 tile, DQN / 32 boxes
-  // of [DQM, 32] in the 128-byte swizzle; kDqStages of them, by step parity where there are
-  // two. With 128 queries per step one set (the two would need 1 KB more than a CTA may
-  // have): a consumer's tile is reused by the next step, after its reduction has read it
-  // (waited for ahead of that step's dS^T barrier, a whole step after the reduction began).
-  static constexpr int kDqStages = kDqByQueries ? 1 : 2;
+  // of [DQM, 32] in the 128-byte swizzle; one per consumer, which its next step stages into
+  // again once the dQ writer has seen the reduction read it (the dQ barriers below).
   static constexpr int kDqBoxBytes = DQM * 32 * 4;
   static constexpr int kDqTileBytes = (DQN / 32) * kDqBoxBytes;
   static constexpr int kOffDQ = kOffDS + 2 * kDsBytes;
-  static constexpr int kOffRows = kOffDQ + kDqStages * NWG * kDqTileBytes;  // per stage: LSE, then delta
+  static constexpr int kOffRows = kOffDQ + NWG * kDqTileBytes;  // per stage: LSE, then delta
   // + 1 KB: the dynamic shared-memory base is rounded up to the 1 KB swizzle atom.
   static constexpr int kSmemBytes = kOffRows + 2 * 2 * kRowSlotBytes + 1024;
   // Bytes a stage's full barrier expects: Q, dO, LSE, delta; K and V on kv_full.
   static constexpr uint32_t kStageBytes = 2 * kQBytes + 2 * kRowBox * 4;
   static constexpr uint32_t kKvBytes = 2 * kKBytes;
   // setmaxnreg (multiples of 8): the launch gives 384 threads 168 registers each (65536 /
-  // 384, rounded down to 8); the producer's one thread only walks the query blocks, the
-  // consumers hold dK, dV (64 + 64), S^T, dP^T (32 + 32) and dQ (32) accumulators.
+  // 384, rounded down to 8); the producer's one thread and the dQ writer's warp only walk the
+  // query blocks, the consumers hold dK, dV (64 + 64), S^T, dP^T (32 + 32) and dQ (32)
+  // accumulators.
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 240;
   // Named barriers: 1 for the consumers' dS^T (256 threads; by keys, each consumer's dQ reads
-  // its own dS^T rows only and meets on its own), 2 + c for consumer c's dQ tile.
+  // its own dS^T rows only and meets on its own, 2 + c). Consumer c's dQ tile between it and
+  // the dQ writer (warp 1 of the producer warpgroup; 128 + 32 threads, the side that only
+  // signals arrives): kDqFull0 + c, staged (the consumer arrives, the writer waits), and
+  // kDqEmpty0 + c, read by its reduction (the writer arrives, the consumer waits).
   static constexpr int kDsBarrier = 1;
   static constexpr int kDqBarrier0 = 2;
+  static constexpr int kDqFull0 = kDqBarrier0 + NWG;
+  static constexpr int kDqEmpty0 = kDqFull0 + NWG;
+  static constexpr int kDqHandoffThreads = 128 + 32;
   static_assert((D == 64 || D == 128) && DQN == 64, "warp-specialised wgmma backward: dQ as m64n64 per consumer");
   static_assert(BM == 64 || (BM == 128 && D == 64), "warp-specialised wgmma backward: 128 queries per step at head dim 64 only");
   static_assert(kDqByQueries || BM == DQM, "dQ rows: a consumer's are the step's, or its own 64 of them");
@@ -191,9 +203,51 @@ __global__ void __launch_bounds__(BwdWsShape<D, BM_>::kThreads, 1)
   const int b = work.b, hk = work.hk, group = work.group, n0 = work.n0;
   const int num_mb = work.num_mb, mb_first = work.mb_first, iters = work.iters;
 
+  // In the deterministic mode (p.dq_accum null) flash_bwd_dq.cuh computes dQ: the consumers
+  // compute and stage theirs all the same (no branch between their wgmmas: BwdWgStep::dq_dk_gemm)
+  // and the writer keeps the barriers' rhythm without reducing.
+  const bool dq_here = p.dq_accum != nullptr;
+
   if (wg == 0) {
-    // ---------------------------------------------------------------- producer
     setmaxnreg_dec<S::kProducerRegs>();
+    if ((tid >> 5) == 1) {
+      // -------------------------------------------------------------- dQ writer
+      // Each step: consumer c's staged tile added into the accumulator by one lane's bulk
+      // reductions as soon as it is staged (kDqFull0 + c); once both have been read, each
+      // consumer may stage into its tile again (kDqEmpty0 + c). The consumers never wait on
+      // a reduction's issue or read, only on a release a whole step old. Its first release is
+      // the arrival before the loop; after the last step none, so no barrier is left with
+      // arrivals pending when the CTA exits.
+      if (iters == 0) return;
+      const int lane = tid & 31;
+#pragma unroll
+      for (int c = 0; c < S::NWG; ++c) named_bar_arrive(S::kDqEmpty0 + c, S::kDqHandoffThreads);
+      int h = hk * group, m0 = mb_first * BM;
+#pragma unroll 1
+      for (int it = 0; it < iters; ++it) {
+#pragma unroll
+        for (int c = 0; c < S::NWG; ++c) {
+          named_bar_sync(S::kDqFull0 + c, S::kDqHandoffThreads);
+          if (dq_here && lane == 0)
+            Step::issue_dq_reduction(p.dq_accum_map, sDQ + c * S::kDqTileBytes, S::kDqByCols ? c * DQN : 0,
+                                     m0 + (S::kDqByQueries ? c * S::DQM : 0), h, b);
+        }
+        if (lane == 0) bulk_wait_read<0>();  // both tiles read (shared memory stays until then)
+        __syncwarp();
+        if (it + 1 < iters) {
+#pragma unroll
+          for (int c = 0; c < S::NWG; ++c) named_bar_arrive(S::kDqEmpty0 + c, S::kDqHandoffThreads);
+        }
+        if (m0 + BM >= num_mb * BM) {
+          ++h;
+          m0 = mb_first * BM;
+        } else {
+          m0 += BM;
+        }
+      }
+      return;
+    }
+    // ---------------------------------------------------------------- producer
     if (tid != 0) return;
     tma_prefetch_map(a.q);
     tma_prefetch_map(a.dout);
@@ -259,10 +313,8 @@ __global__ void __launch_bounds__(BwdWsShape<D, BM_>::kThreads, 1)
   const uint64_t q_k0 = Step::k_major(sQ), dout_k0 = Step::k_major(sdO);
   const uint64_t q_n0 = Step::template n_major<BM>(sQ), dout_n0 = Step::template n_major<BM>(sdO);
   const int dq_kk0 = S::kDqByKeys ? cw * (S::DQK / 16) : 0;
-  const int dq_col0 = S::kDqByCols ? cw * DQN : 0;
   // By queries, this consumer's dQ rows: its 64 of the step's queries, dS^T's column block cw.
   const uint64_t ds_n = Step::template n_major<BN>(sdS + (S::kDqByQueries ? cw * BN * 128 : 0));
-  const int dq_m0 = S::kDqByQueries ? cw * S::DQM : 0;
 
   mbar_wait(kv_full, 0);
   int h = hk * group, m0 = mb_first * BM;
@@ -278,19 +330,27 @@ __global__ void __launch_bounds__(BwdWsShape<D, BM_>::kThreads, 1)
     const int lead = ((b * p.heads + h) * p.len_q) & (S::kRowLead - 1);
     const float* lse_s = sRows + stage * 2 * (S::kRowSlotBytes / 4) + lead;
     const float* delta_s = lse_s + S::kRowSlotBytes / 4;
-    // The dQ tile this step stages into was last reduced two steps ago: its bulk read is
-    // done before the dS^T barrier below lets this consumer's threads overwrite it. Here,
-    // ahead of the step's first wgmma: a branch between a wgmma's issue and its wait made
-    // ptxas inject warpgroup.arrive (C7519).
-    if constexpr (S::kDqStages == 2) {
-      if ((tid & 127) == 0) bulk_wait_read<1>();
-    }
     mbar_wait(full + 8 * stage, (it >> 1) & 1);  // TMA wrote through the async proxy: no fence
 
-    Step::scores(s, dp, k_rows, v_rows, wgmma_desc_at(q_k0, stage_off), wgmma_desc_at(dout_k0, stage_off));
+    Step::scores_issue(s, dp, k_rows, v_rows, wgmma_desc_at(q_k0, stage_off), wgmma_desc_at(dout_k0, stage_off));
+    // The step's LSE (in base 2: BwdParams::lse_log2) read while S^T runs, not after its wait
+    // (as FlashAttention-3 does): element i's query is (i>>2)*8 + 2t + (i&1), so BM / 4 values.
+    // With 128-row steps the 32 registers are not there (ptxas spilled 24 bytes): read after.
+    constexpr bool kLseAhead = BM == 64;
+    float lse_ahead[kLseAhead ? BM / 4 : 1];
+    if constexpr (kLseAhead) {
+#pragma unroll
+      for (int j = 0; j < BM / 4; ++j) lse_ahead[j] = lse_s[(j >> 1) * 8 + 2 * t + (j & 1)];
+    }
+    auto lse_of = [&](int i) {
+      if constexpr (kLseAhead) return lse_ahead[2 * (i >> 2) + (i & 1)];
+      else return lse_s[(i >> 2) * 8 + 2 * t + (i & 1)];
+    };
+    Step::s_done(s);
 
     // ---- P^T: element i is key warp_key0 + g + 8*((i>>1)&1), query (i>>2)*8 + 2t + (i&1)
-    // (the same lines in flash_bwd_wgmma.cuh; BwdWgStep says why they are not shared)
+    // (the lines of flash_bwd_wgmma.cuh, which reads the natural-log LSE; BwdWgStep says why
+    // they are not shared)
     const bool masked = n0 + warp_key0 + 16 > p.len_k || m0 + BM > p.len_q ||
                         (p.causal && n0 + warp_key0 + 15 > m0 + p.causal_offset);
     // Two loops, not the mask's test in one: under `if (masked)` per element the compiler kept
@@ -303,48 +363,39 @@ __global__ void __launch_bounds__(BwdWsShape<D, BM_>::kThreads, 1)
         const int key = n0 + warp_key0 + g + 8 * ((i >> 1) & 1);
         const int query = m0 + q;
         const bool hidden = key >= p.len_k || query >= p.len_q || (p.causal && key > query + p.causal_offset);
-        s[i] = exp2_ftz(fmaf(hidden ? -INFINITY : s[i], scale_log2, -lse_log2_for_p(lse_s[q])));
+        s[i] = exp2_ftz(fmaf(hidden ? -INFINITY : s[i], scale_log2, -lse_of(i)));
       }
     } else {
 #pragma unroll
-      for (int i = 0; i < BM / 2; ++i)
-        s[i] = exp2_ftz(fmaf(s[i], scale_log2, -lse_log2_for_p(lse_s[(i >> 2) * 8 + 2 * t + (i & 1)])));
+      for (int i = 0; i < BM / 2; ++i) s[i] = exp2_ftz(fmaf(s[i], scale_log2, -lse_of(i)));
     }
 
     if constexpr (S::kDqByQueries) {  // 128 queries: dS^T before dV (BwdWgStep::dp_done says why)
       Step::dp_done(dp);
       Step::ds(dp, dsf, s, delta_s, sdSb, warp_key0, g, t);
-      Step::dkv_gemm(dv, dk, pf, dsf, s, wgmma_desc_at(dout_n0, stage_off), wgmma_desc_at(q_n0, stage_off));
+      Step::dv_issue(dv, pf, s, wgmma_desc_at(dout_n0, stage_off));
     } else {
       Step::dv_gemm(dv, pf, s, dp, wgmma_desc_at(dout_n0, stage_off));
       Step::ds(dp, dsf, s, delta_s, sdSb, warp_key0, g, t);
-      Step::dk_gemm(dk, dsf, wgmma_desc_at(q_n0, stage_off));
     }
-    if constexpr (S::kDqStages == 1) {
-      // One dQ tile per consumer: the last step's reduction has to have read it before the
-      // barrier below lets this consumer's threads stage into it. Every thread waits, so no
-      // branch sits between wgmmas in flight (C7519); only the thread that issued the
-      // reduction has a bulk group to wait for.
-      bulk_wait_read<0>();
-    }
-    // dS^T written (both consumers', or by keys this one's); the dQ tile's bulk read done.
+    fence_proxy_async_smem();  // this thread's dS^T stores, for the dQ wgmma's reads (async proxy)
+    // dS^T written (both consumers', or by keys this one's).
     if constexpr (S::kDqByKeys) {
       named_bar_sync(S::kDqBarrier0 + cw, 128);
     } else {
       named_bar_sync(S::kDsBarrier, S::kConsumers);
     }
-    // In the deterministic mode (p.dq_accum null) flash_bwd_dq.cuh computes dQ and this
-    // step's is dropped (computed all the same: Step::dq_gemm).
-    const bool dq_here = p.dq_accum != nullptr;
-    Step::dq_gemm(dq, dk, dv, pf, dsf, wgmma_desc_at(ds_n, stage * S::kDsBytes), k_cols, dq_kk0);
+    // dQ, then dK; dQ staged while dK runs, into the tile the writer released a step ago.
+    Step::dq_dk_gemm(dq, dk, dsf, wgmma_desc_at(ds_n, stage * S::kDsBytes), k_cols, dq_kk0,
+                     wgmma_desc_at(q_n0, stage_off));
+    named_bar_sync(S::kDqEmpty0 + cw, S::kDqHandoffThreads);
+    Step::stage_dq(dq, sDQ + cw * S::kDqTileBytes, wl, g, t);
+    named_bar_arrive(S::kDqFull0 + cw, S::kDqHandoffThreads);
+    Step::dk_done(dk, dv, pf, dsf);
     mbar_arrive(empty + 8 * stage);  // Q, dO, LSE and delta of this stage read: the producer may refill it
-    if (dq_here)
-      Step::reduce_dq(dq, p.dq_accum_map, sDQ, S::kDqStages == 2 ? stage : 0, cw, tid, wl, g, t,
-                      S::kDqBarrier0 + cw, dq_col0, m0 + dq_m0, h, b);
     h = h_next;
     m0 = m0_next;
   }
-  if ((tid & 127) == 0) bulk_wait_read<0>();  // shared memory stays until the last reduction read it
   Step::store(dk, dv, p, b, hk, n0, warp_key0, g, t);
 #else
   __trap();  // built without sm_90a: never launched (the launch table lists it only for sm_90a builds)

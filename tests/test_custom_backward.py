@@ -596,23 +596,48 @@ def _ws_steps(Lq, Lk, group, n0, causal, offset, BM=64):
     return consumer, producer
 
 
+class _NamedBarrier:
+    """bar.sync / bar.arrive on one barrier id with a thread count: a phase completes when that
+    many threads have arrived (arrive counts its warps in and goes on; sync counts them in and
+    waits for the phase to complete)."""
+
+    def __init__(self, threads):
+        self.threads, self.arrived, self.phase = threads, 0, 0
+
+    def arrive(self, threads):
+        self.arrived += threads
+        assert self.arrived <= self.threads, "more arrivals than the barrier's count in one phase"
+        if self.arrived == self.threads:
+            self.arrived, self.phase = 0, self.phase + 1
+        return self.phase
+
+    def sync(self, threads):
+        """A generator: arrives, then yields until the phase it arrived in has completed."""
+        phase = self.phase
+        self.arrive(threads)
+        while self.phase == phase:
+            yield
+
+
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("Lq,Lk,group,causal,offset", [
     (1, 1, 1, False, 0), (64, 128, 1, False, 0), (300, 300, 2, True, 0), (1000, 1000, 4, False, 0),
     (130, 40, 1, True, -90), (40, 130, 2, True, 90), (200, 64, 1, True, 0),
 ])
-@pytest.mark.parametrize("BM,dq_stages", [(64, 2), (128, 1)], ids=["m64", "m128"])
-def test_warp_specialised_ring_protocol(Lq, Lk, group, causal, offset, seed, BM, dq_stages):
+@pytest.mark.parametrize("BM", [64, 128], ids=["m64", "m128"])
+def test_warp_specialised_ring_protocol(Lq, Lk, group, causal, offset, seed, BM):
     """flash_bwd_wgmma_ws.cuh's protocol, played out step by step under random interleavings of
-    the producer's thread, the TMA engine and the two consumers: the parities the kernel
-    waits with, the stage each step reads, the one dS^T barrier per step with dS^T
-    double-buffered, and the dQ staging tiles: with 64-row steps two per consumer, reused two
-    steps later (the reduction of step it - 2 waited for at the top of step it); with 128-row
-    steps one, reused by the next step (its reduction waited for by every thread ahead of the
-    dS^T barrier). Checks that nobody waits forever, that each consumer step reads the query
-    block it computes (the producer walks the same blocks), that no stage is refilled while a
+    the producer's thread, the TMA engine, the two consumers, the dQ writer's warp and the bulk
+    reductions: the parities the kernel waits with, the stage each step reads, the one dS^T
+    barrier per step with dS^T double-buffered, and each consumer's one dQ staging tile handed
+    to the writer (kDqFull0 + c: the consumer arrives with 128 threads, the writer syncs with
+    32) and back once the writer has seen its reduction read it (kDqEmpty0 + c, the other way
+    round; released once before the first step and not after the last). Checks that nobody
+    waits forever, that each consumer step reads the query block it computes and the writer
+    reduces it at that block (all walk the same blocks), that no stage is refilled while a
     consumer still reads it, that no dS^T buffer is overwritten while the other consumer's dQ
-    still reads it, and that no dQ tile is staged into while a reduction still reads it."""
+    still reads it, that no dQ tile is staged into while a reduction still reads it or before
+    the writer took the last one, and that no named barrier holds arrivals when the CTA exits."""
     import random
 
     rnd = random.Random(seed)
@@ -622,12 +647,14 @@ def test_warp_specialised_ring_protocol(Lq, Lk, group, causal, offset, seed, BM,
         iters = len(consumer_steps)
         kv_full, full = _MBarrier(1), [_MBarrier(1), _MBarrier(1)]
         empty = [_MBarrier(2), _MBarrier(2)]  # 256 consumer threads: one arrival per warpgroup here
+        ds_barrier = _NamedBarrier(256)
+        dq_full, dq_empty = [_NamedBarrier(160) for _ in (0, 1)], [_NamedBarrier(160) for _ in (0, 1)]
         stage_block = [None, None]  # what TMA last wrote into each stage
         in_flight = []  # TMA copies issued, not landed: (barrier, stage or None, block)
         readers = [set(), set()]  # consumers reading each stage
         ds_readers = [set(), set()]  # consumers whose dQ reads each dS^T buffer
-        dq_tile_reads = [[], []]  # per consumer: steps whose dQ reduction still reads its tile
-        bar_arrived = {}  # dS^T barrier of step it: consumers that arrived
+        staged = [None, None]  # per consumer: the step whose dQ its tile holds
+        reading = []  # bulk reductions issued whose read of their tile is not done: consumer ids
 
         def producer():
             kv_full.arrive(expect_tx=2)
@@ -655,9 +682,6 @@ def test_warp_specialised_ring_protocol(Lq, Lk, group, causal, offset, seed, BM,
                 yield
             for it in range(iters):
                 stage = it & 1
-                # dQ tile (it & 1): the reduction of step it - 2 has read it (bulk_wait_read<1>).
-                while dq_stages == 2 and len(dq_tile_reads[c]) > 1:
-                    yield
                 while not full[stage].try_wait((it >> 1) & 1):
                     yield
                 readers[stage].add(c)
@@ -666,30 +690,45 @@ def test_warp_specialised_ring_protocol(Lq, Lk, group, causal, offset, seed, BM,
                 buf = it & 1
                 assert not (ds_readers[buf] - {c}), f"dS^T buffer {buf} overwritten while its dQ reads it"
                 yield
-                # One dQ tile: the reduction of step it - 1 has read it (bulk_wait_read<0>).
-                while dq_stages == 1 and dq_tile_reads[c]:
-                    yield
-                bar_arrived.setdefault(it, set()).add(c)
-                while len(bar_arrived[it]) < 2:  # named barrier of the 256 consumer threads
-                    yield
+                yield from ds_barrier.sync(128)
                 ds_readers[buf].add(c)
-                yield  # dQ wgmma in flight
-                ds_readers[buf].discard(c)
+                yield  # dQ wgmma in flight (then dK)
+                ds_readers[buf].discard(c)  # dQ waited for
+                yield from dq_empty[c].sync(128)
+                assert c not in reading, f"consumer {c}'s dQ tile staged into while its reduction reads it"
+                assert staged[c] is None, f"consumer {c}'s dQ of step {staged[c]} overwritten before the writer took it"
+                staged[c] = it
+                dq_full[c].arrive(128)
+                yield  # dK in flight
                 readers[stage].discard(c)
                 empty[stage].arrive()
-                assert all(r % dq_stages != it % dq_stages for r in dq_tile_reads[c]), \
-                    f"dQ tile {it % dq_stages} staged into while the reduction of step {dq_tile_reads[c]} reads it"
-                dq_tile_reads[c].append(it)
+                yield
+
+        def writer():
+            if iters == 0:
+                return
+            for c in (0, 1):
+                dq_empty[c].arrive(32)
+            for it in range(iters):
+                for c in (0, 1):
+                    yield from dq_full[c].sync(32)
+                    assert staged[c] == it, f"the writer reduces step {it} at consumer {c}'s dQ of step {staged[c]}"
+                    staged[c] = None
+                    reading.append(c)  # one lane's bulk reductions, at the block of producer_steps[it]
+                while reading:  # bulk_wait_read<0>
+                    yield
+                if it + 1 < iters:
+                    for c in (0, 1):
+                        dq_empty[c].arrive(32)
                 yield
 
         def reductions():  # the bulk reductions read their tiles in the order issued
             while True:
-                for c in (0, 1):
-                    if dq_tile_reads[c] and rnd.random() < 0.5:
-                        dq_tile_reads[c].pop(0)
+                if reading and rnd.random() < 0.5:
+                    reading.pop(0)
                 yield
 
-        actors = {"producer": producer(), "c0": consumer(0), "c1": consumer(1)}
+        actors = {"producer": producer(), "c0": consumer(0), "c1": consumer(1), "writer": writer()}
         engines = [tma(), reductions()]
         for _ in range(100_000):
             if not actors:
@@ -703,6 +742,9 @@ def test_warp_specialised_ring_protocol(Lq, Lk, group, causal, offset, seed, BM,
                 del actors[name]
         assert not actors, f"n0 {n0}: {sorted(actors)} still waiting after {iters} steps"
         assert not in_flight, "a TMA copy still in flight when the CTA exits"
+        assert not reading, "a dQ reduction still reads shared memory when the CTA exits"
+        pending = [b.arrived for b in (ds_barrier, *dq_full, *dq_empty) if b.arrived]
+        assert not pending, f"named barriers left with arrivals pending at exit: {pending}"
 
 
 def test_deterministic_plan_follows_torch_and_says_how_dq_is_made(monkeypatch):

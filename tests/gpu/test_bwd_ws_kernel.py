@@ -10,8 +10,8 @@ over its own 64 of them) at head dim 64; every test below runs both where they a
   dK and dV bit for bit in both dQ modes; dQ bit for bit in the deterministic mode (both
   tiles then take dQ from the same pass), and within a few units in the last place with the
   dQ reductions, whose fp32 additions land in an order that varies from run to run.
-- The main kernels' resources (168 registers at launch, no local memory, 231936 bytes of
-  dynamic shared memory at head dim 128, 166400 at 64 and 200192 with 128-row steps, one CTA
+- The main kernels' resources (168 registers at launch, no local memory, 199168 bytes of
+  dynamic shared memory at head dim 128, 133632 at 64 and 200192 with 128-row steps, one CTA
   of 384 threads per SM) and a compute-sanitizer memcheck run.
 - Head dims 64 and 128 (at 64 each consumer's dQ sums over its own keys, or with 128-row
   steps over its own queries; dS^T is then computed before dV is issued: the same arithmetic,
@@ -46,7 +46,7 @@ CASES = [(WS, 64), (WS, 128), (WS_M128, 64)]
 # Dynamic shared memory of BwdWsShape<D, BM> (kernels/flash_bwd_wgmma_ws.cuh): at head dim 64
 # the K, V, Q and dO tiles are half as wide, the dS^T and dQ staging the same; with 128-row
 # steps Q, dO and dS^T double, and the dQ staging is one tile per consumer, not two.
-SMEM_BYTES = {(WS, 64): 166400, (WS, 128): 231936, (WS_M128, 64): 200192}
+SMEM_BYTES = {(WS, 64): 133632, (WS, 128): 199168, (WS_M128, 64): 200192}
 CAPABILITY = torch.cuda.get_device_capability() if torch.cuda.is_available() else None
 HOPPER = CAPABILITY == WGMMA_CAPABILITY
 HEADS = {"mha": (4, 4), "gqa": (8, 2), "mqa": (8, 1)}
