@@ -102,8 +102,9 @@ BWD_TILES: dict[str, BwdTile] = {
                                  "all five GEMMs on wgmma", BWD_WGMMA),
     "wgmma_ws_n128_m64_w12": BwdTile(128, 64, 12, (64, 128),
                                      "Hopper, warp-specialised: a producer warpgroup copying by TMA (K, V once; Q, "
-                                     "dO, LSE, delta in a 2-stage mbarrier ring) and 2 consumer warpgroups x 64 "
-                                     "keys running the steps of wgmma_n128_m64_w8 (the Hopper default at head dim 128)",
+                                     "dO, LSE, delta in a 2-stage mbarrier ring) whose second warp adds the "
+                                     "consumers' staged dQ by bulk reductions, and 2 consumer warpgroups x 64 keys "
+                                     "running the steps of wgmma_n128_m64_w8 (the Hopper default at head dim 128)",
                                      BWD_WGMMA, warp_specialised=True),
     "wgmma_ws_n128_m128_w12": BwdTile(128, 128, 12, (64,),
                                       "Hopper, warp-specialised, head dim 64: as wgmma_ws_n128_m64_w12 with 128-row "
