@@ -130,10 +130,11 @@ def earlier_runs(cache_root, seconds: float = 10.0, budget_w: float = 450.0) -> 
         cache.save(gov.learned())
 
 
-def run_suite(section: dict, cache_root, mix: tuple[float, float] | None = None) -> pd.DataFrame:
+def run_suite(section: dict, cache_root, mix: tuple[float, float] | None = None, plant_offset: int = 0) -> pd.DataFrame:
     """Every generated scenario of a suite's `control.random` section, in order, with one
-    warm-start cache, on the simulated H100 (each scenario's plant seeded by its index):
-    one row each. `mix`: the runs on a mix of two duties (control_plant.MixPacing)."""
+    warm-start cache, on the simulated H100 (each scenario's plant seeded by its index, plus
+    `plant_offset`: the same scenarios on a plant drawn anew): one row each. `mix`: the runs
+    on a mix of two duties (control_plant.MixPacing)."""
     random = section["random"]
     settings = GeneratorSettings(seconds=float(random["seconds"]),
                                  budget_range_w=tuple(random.get("budget_range_w", (250.0, 650.0))))
@@ -145,7 +146,7 @@ def run_suite(section: dict, cache_root, mix: tuple[float, float] | None = None)
                 scenario = generate(seed, index, workload, settings)
                 cache = WarmStartCache(cache_root, {"gpu": "sim"})  # one GPU, one build
                 gov = h100_governor(scenario["schedule"][0][1], cache)
-                trace, facts = simulate(scenario, gov, workload, Plant(H100_STEADY, seed=index),
+                trace, facts = simulate(scenario, gov, workload, Plant(H100_STEADY, seed=index + plant_offset),
                                         workloads=H100_WORKLOADS, mix=mix)
                 cache.save(gov.learned())
                 merit = {**run_merit(trace), **scenario_merit(trace, facts)}
@@ -240,6 +241,26 @@ def test_the_heldout_suite_on_a_mix_of_duties_holds_its_windows_pooled_but_not_y
     short = mixed_suite[mixed_suite["windows_within_pct"] < TARGETS["windows_each_pct"]]
     assert len(short) <= 2, short[["workload", "index", "classes", "windows_within_pct"]]
     assert pooled_front(mixed_suite) >= FRONT_POOLED_SIM
+
+
+def test_the_heldout_suite_on_ten_plant_draws_holds_its_windows_but_not_yet_every_sliding_one(tmp_path_factory):
+    """The same scenarios on the plant drawn anew ten times (plant seeds index + 100 .. index +
+    1000; docs/control.md, "Over twenty plant seeds"), 2 ms pacing: what the one-seed tests above
+    see holds on each draw (pooled windows, no disjoint window over +10 %, the front), and how
+    often the rare misses come is held where it is now: at most 3 runs of 200 under 95 % of their
+    windows, and at most 7 with a sliding window over +10 % (a tenant arriving near the board's
+    cap, seen 0.3 s late: scenario 0; the target is none)."""
+    section = load_config("config/config.yaml")["suites"][HELDOUT]["control"]
+    short = sliding = 0
+    for offset in range(100, 1100, 100):
+        runs = run_suite(section, tmp_path_factory.mktemp(f"control-cache-{offset}"), plant_offset=offset)
+        within = (runs["windows_within_pct"] * runs["windows"]).sum() / runs["windows"].sum()
+        assert within >= 98.5, (offset, within)
+        assert runs["windows_over_10pct"].sum() == 0, offset
+        assert pooled_front(runs) >= 0.94, (offset, pooled_front(runs))
+        short += int((runs["windows_within_pct"] < TARGETS["windows_each_pct"]).sum())
+        sliding += int((runs["sliding_over_10pct"] > 0).sum())
+    assert short <= 3 and sliding <= 7, (short, sliding)
 
 
 def test_a_step_up_after_a_tenant_left_climbs_to_the_budget(suite):
