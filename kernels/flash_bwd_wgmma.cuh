@@ -183,7 +183,8 @@ __global__ void __launch_bounds__(NWG * 128, 1) flash_bwd_wgmma_kernel(const __g
     Step::scores(s, dp, k_rows, v_rows, wgmma_desc_at(q_k0, stage_off), wgmma_desc_at(dout_k0, stage_off));
 
     // ---- P^T: element i is key warp_key0 + g + 8*((i>>1)&1), query (i>>2)*8 + 2t + (i&1)
-    // (the same lines in flash_bwd_wgmma_ws.cuh; BwdWgStep says why they are not shared)
+    // (the lines of flash_bwd_wgmma_ws.cuh, which reads the LSE in base 2 and ahead of S^T's
+    // wait; BwdWgStep says why they are not shared)
     const bool masked = n0 + warp_key0 + 16 > p.len_k || m0 + BM > p.len_q ||
                         (p.causal && n0 + warp_key0 + 15 > m0 + p.causal_offset);
     // Two loops, not the mask's test in one: under `if (masked)` per element the compiler kept

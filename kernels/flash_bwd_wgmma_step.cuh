@@ -15,10 +15,11 @@
 // dS^T before dQ (CTA barrier or the consumers' named barrier), the named barrier of each
 // warpgroup's dQ tile, and the ring's stage release after the step's last wait (none in the
 // lockstep tile); those reach the step as arguments, or sit between its calls.
-// Every function is inlined, and the kernels' PTX is exactly the one they had with the copy
-// (every entry of flash_bwd.cu compared for sm_80 and sm_90a, and ptxas's figures): the
-// instructions checked on the GPU are those that run. What could not be shared without
-// changing that PTX stays in the kernels; BwdWgStep says what and why.
+// Every function is inlined. When the step was first shared, the kernels' PTX was exactly the
+// one they had with the copy (every entry of flash_bwd.cu compared for sm_80 and sm_90a), and
+// what could not be shared without changing it stayed in the kernels (BwdWgStep says what);
+// the warp-specialised tile has since moved on (kernels/NOTES.md, "Backward: instructions off
+// the consumers' chain", "Backward: dQ to a writer warp"), its dK and dV still the same bits.
 //
 // The algorithm, per step, for warpgroup w (keys w*64 .. w*64+63 of the CTA's block):
 //   S^T  = K_w Q^T      wgmma SS, m64 n64 (queries) k16 (head dim): A = K rows, B = Q rows,
@@ -112,12 +113,13 @@ __device__ __forceinline__ uint32_t bwd_sw128_off(int r, int c) {
 // wg*64+63 of the block and its warp wl 16 of them, from warp_key0 = wg*64 + wl*16; lane
 // = 4g + t, g the row within an 8-row group of a fragment, t the column pair.
 //
-// Kept in the kernels, the same lines in both, because sharing them changed the kernels' PTX
-// when tried (the functions below did not):
+// Kept in the kernels, because sharing them changed the kernels' PTX when tried (the functions
+// below did not):
 //   * the register arrays (dk, dv, s, dp, dq, pf, dsf), dK and dV's zeroing, and the
 //     descriptor bases (k_rows, v_rows, k_cols, dq_kk0, dq_col0): the functions take the
-//     kernel's arrays by reference and the bases and fragment coordinates as ints. The arrays
-//     or the coordinates held in a struct, or the bases returned in one, gave other PTX.
+//     kernel's arrays by reference, the bases as descriptors (k_major, n_major) and the
+//     fragment coordinates as ints. The arrays or the coordinates held in a struct, or the
+//     bases returned in one, gave other PTX.
 //   * the P^T lines (the mask and exp2): in a function, the mask's loads of p.len_k, p.len_q,
 //     p.causal and p.causal_offset under || and && compiled to other branches and predicates,
 //     with masked computed in the kernel too. A likely reason: cicc simplifies a function's
