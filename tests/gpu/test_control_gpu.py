@@ -207,3 +207,20 @@ def test_the_pacers_count_of_busy_time_is_what_nvml_sees(board):
     print(seen)
     for label, row in seen.items():
         assert row["nvml"] == pytest.approx(row["counted"], abs=0.1), (label, seen)
+
+
+def test_the_judges_meter_times_the_counters_updates_on_this_board(board):
+    """The study's meter of the energy counter (flashwatt.control.counter_meter) on real NVML: it
+    sees the counter move about every 0.1 s, and over a steady run its windows agree with the
+    controller's reads at its ticks, which differ from it only where the power moves."""
+    device, telemetry, idle = board
+    merit, trace = run_scenario(Scenario("metered", Workload(), "static", configuration="sdpa_cudnn", seconds=4.0),
+                                telemetry, device, idle, cache=None)
+    assert merit["meter_updates"] >= 30, merit
+    assert 0.08 <= merit["meter_gap_ms"] / 1e3 <= 0.12, merit
+    assert merit["meter_polls"] < 30 * merit["meter_updates"], merit  # it sleeps through most of each gap
+    metered = window_power(trace)
+    at_reads = window_power(trace.drop(columns="board_energy_mj"))
+    both = metered.merge(at_reads, on="start", suffixes=("_metered", "_reads")).dropna()
+    assert len(both) >= 3
+    assert ((both["power_w_metered"] / both["power_w_reads"] - 1).abs() < 0.03).all(), both

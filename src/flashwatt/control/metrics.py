@@ -24,8 +24,9 @@ For scenarios (flashwatt.control.scenario_generator) it adds, per run:
   (flashwatt.control.summary): per workload phase, the seconds, tokens and time-averaged
   budget of the ticks with no tenant on the board and the telemetry answering;
 - joules per token from 5 s on (the energy mode's target).
-Where the trace has `board_energy_mj` (an independent reader of the energy counter, while
-the controller's own readings failed), windows are judged by it.
+Where the trace has `board_energy_mj` (the study's own reader of the energy counter, which
+times each of the counter's updates: flashwatt.control.counter_meter; it reads on while the
+controller's readings fail), windows are judged by it.
 """
 from __future__ import annotations
 

@@ -39,7 +39,8 @@ TARGETS = {
     "first_second_front": 0.95,
     "energy_gap_pct": 3.0,
 }
-COLUMNS = ["suite", "group", "runs_set", "runs", "windows", "windows_within_pct", "min_windows_within_pct",
+COLUMNS = ["suite", "group", "runs_set", "runs", "windows", "windows_within_pct", "windows_within_pct_at_reads",
+           "min_windows_within_pct",
            "runs_below_95pct", "infeasible_windows", "steps", "step_settle_p50_s", "step_settle_p95_s",
            "steps_not_settled", "windows_over_10pct", "sliding_over_10pct", "vs_front", "min_vs_front",
            "budget_drawn", "vs_front_at_drawn", "first_windows", "first_windows_within_pct",
@@ -61,6 +62,8 @@ def _number(values: pd.Series) -> pd.Series:
 def _pool(budget_runs: pd.DataFrame, energy_runs: pd.DataFrame, warm: bool = False) -> dict:
     windows = _number(budget_runs["windows"]).fillna(0)
     within = _number(budget_runs["windows_within_pct"])
+    # the same windows by the controller's reads of the counter (flashwatt.control.counter_meter)
+    at_reads = _number(budget_runs.get("windows_within_pct_at_reads", pd.Series(np.nan, index=budget_runs.index)))
     settles = _settles(budget_runs["step_settle_s"])
     finite = [s for s in settles if math.isfinite(s)]
     ratio = _number(budget_runs["vs_front"])
@@ -82,6 +85,8 @@ def _pool(budget_runs: pd.DataFrame, energy_runs: pd.DataFrame, warm: bool = Fal
         "runs": len(budget_runs),
         "windows": int(windows.sum()),
         "windows_within_pct": float((within.fillna(0) * windows).sum() / windows.sum()) if windows.sum() else None,
+        "windows_within_pct_at_reads": (float((at_reads.fillna(0) * windows).sum() / windows[at_reads.notna()].sum())
+                                        if at_reads.notna().any() and windows[at_reads.notna()].sum() else None),
         "min_windows_within_pct": float(within.min()) if within.notna().any() else None,
         "runs_below_95pct": int((within < TARGETS["windows_each_pct"]).sum()),
         "infeasible_windows": int(_number(budget_runs["infeasible_windows"]).fillna(0).sum()),

@@ -194,6 +194,15 @@ def scenario_merit(trace: pd.DataFrame, facts: ScenarioFacts) -> dict:
         if len(feasible) else None
     out["windows_over_10pct"] = int((feasible["power_w"] > feasible["budget_w"] * (1 + OVER)).sum())
     out["infeasible_windows"] = int(disjoint["infeasible"].sum())
+    if "board_energy_mj" in trace and energy_column(trace.drop(columns="board_energy_mj")) == "energy_mj":
+        # the same windows from the controller's reads of the counter at its ticks, each the energy
+        # up to the counter's last update before the read (flashwatt.control.counter_meter): beside
+        # the judged figure, what the judge said before it timed the counter's updates
+        at_reads = _mark(window_power(trace.drop(columns="board_energy_mj"), budget_at=budget_at), trace, facts)
+        at_reads = at_reads.dropna(subset=["power_w", "budget_w"])
+        at_reads = at_reads[~at_reads["infeasible"]]
+        out["windows_within_pct_at_reads"] = (
+            float(100 * (at_reads["power_w"] <= at_reads["budget_w"] * (1 + TOLERANCE)).mean()) if len(at_reads) else None)
     opening = disjoint[(disjoint["start"] - trace["t"].iloc[0]).abs() < 1e-6]
     out["first_window_within"] = (bool(opening["power_w"].iloc[0] <= opening["budget_w"].iloc[0] * (1 + TOLERANCE))
                                   if len(opening) and not opening["infeasible"].iloc[0] else None)

@@ -17,6 +17,7 @@ import torch
 
 from flashwatt.control.configuration import Configuration, ControlError
 from flashwatt.control.controller import Controller
+from flashwatt.control.counter_meter import CounterMeter
 from flashwatt.control.metrics import run_merit
 from flashwatt.control.scenario_merit import ScenarioFacts, scenario_merit
 from flashwatt.control.sensor import SensorThread
@@ -152,6 +153,9 @@ def run_scenario(scenario: Scenario, telemetry, device: torch.device, idle_w: fl
     budget = scenario.budget()
     ctl = None
     hot = _preheat(scenario, telemetry, device) if scenario.preheat_s else None
+    # The judge's own reader of the energy counter, with the time of each of its updates
+    # (flashwatt.control.counter_meter): the run's windows are judged by it.
+    meter = CounterMeter(lambda: (telemetry.energy_mj() or [None])[0]).start() if telemetry is not None else None
     try:
         ctl = Controller(scenario.mode, budget.first_w if budget is not None else None, device,
                          telemetry=controller_telemetry, idle_w=idle_w, configuration=scenario.configuration,
@@ -169,6 +173,8 @@ def run_scenario(scenario: Scenario, telemetry, device: torch.device, idle_w: fl
         wall = time.monotonic() - t0
         checks = [check_output(ctl, inputs[workload], workload) for _, workload in scenario.phases()]
     finally:
+        if meter is not None:
+            meter.stop()
         if observer is not None:
             observer.stop()
         if ctl is not None:
@@ -180,7 +186,10 @@ def run_scenario(scenario: Scenario, telemetry, device: torch.device, idle_w: fl
         trace["t"] = trace["t"] - t0
     if observed:
         trace = _with_observer(trace, observed, t0)  # windows are judged by the board's counter
+    if meter is not None and len(meter.samples) >= 2:
+        trace["board_energy_mj"] = meter.energy_at(trace["t"].to_numpy(dtype=float) + t0)
     merit = _merit(scenario, ctl, trace, wall, tenant_facts, idle_w)
+    merit.update(_meter_merit(meter))
     if hot is not None:
         merit.update(hot, **temperature_merit(trace))
     worst = max((c["rel_err"] for c in checks), key=lambda e: float("inf") if e != e else e)
@@ -203,6 +212,18 @@ def _merit(scenario: Scenario, ctl: Controller, trace: pd.DataFrame, wall: float
                  calls=ctl.calls, slept_s=ctl.slept_s, idle_w=ctl.idle_w, limit_w=ctl.limit_w,
                  warm_start=ctl.warm_start())
     return merit
+
+
+def _meter_merit(meter: CounterMeter | None) -> dict:
+    """How the judge's counter was read: its updates seen, their median gap, the polls it took."""
+    if meter is None:
+        return {"meter_updates": 0}
+    if meter.error is not None:
+        raise ControlError(f"the energy counter's meter failed: {type(meter.error).__name__}: {meter.error}")
+    times = [t for t, _ in meter.samples]
+    gaps = np.diff(times)
+    return {"meter_updates": len(times), "meter_gap_ms": float(1e3 * np.median(gaps)) if len(gaps) else None,
+            "meter_polls": meter.polls}
 
 
 def _facts(scenario: Scenario, ctl: Controller, tenant_facts: list[dict], idle_w: float | None) -> ScenarioFacts:

@@ -1,0 +1,112 @@
+"""The judge's meter of the energy counter (flashwatt.control.counter_meter), against a counter
+that updates every 0.1 s as NVML's does: each update placed within a few milliseconds, a 1 s
+window across a budget step down measured as the board drew it where reads at the ticks hold
+the power from before the step, and the judge reporting both."""
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from flashwatt.control.budget_schedule import BudgetSchedule
+from flashwatt.control.counter_meter import CounterMeter
+from flashwatt.control.scenario_merit import ScenarioFacts, scenario_merit
+
+UPDATE_S = 0.1
+
+
+class SteppedBoard:
+    """A board drawing `before_w` until `step_at` seconds after it starts, `after_w` from then,
+    and its energy counter updated every UPDATE_S from `phase_s` on (NVML's: a read returns the
+    energy up to the last update)."""
+
+    def __init__(self, before_w: float, after_w: float, step_at: float, phase_s: float):
+        self.before_w, self.after_w, self.step_at, self.phase_s = before_w, after_w, step_at, phase_s
+        self.t0 = time.monotonic()
+        self.reads = 0
+        self._lock = threading.Lock()
+
+    def energy_mj(self, t: float) -> float:
+        """The energy drawn by `t` seconds after the start, in mJ."""
+        if t <= self.step_at:
+            return 1e3 * self.before_w * t
+        return 1e3 * (self.before_w * self.step_at + self.after_w * (t - self.step_at))
+
+    def last_update(self, t: float) -> float:
+        return self.phase_s + UPDATE_S * np.floor((t - self.phase_s) / UPDATE_S)
+
+    def read(self) -> float:
+        with self._lock:
+            self.reads += 1
+        return self.energy_mj(self.last_update(time.monotonic() - self.t0))
+
+
+def test_the_meter_places_each_update_within_a_few_milliseconds_and_wakes_near_them_only():
+    board = SteppedBoard(500.0, 500.0, step_at=10.0, phase_s=0.037)
+    meter = CounterMeter(board.read).start()
+    time.sleep(1.6)
+    meter.stop()
+    assert meter.error is None
+    times = np.array([t for t, _ in meter.samples]) - board.t0
+    truth = board.last_update(times + 0.02)  # the update each sample stands for (the nearest before it)
+    errors = np.abs(times[1:] - truth[1:])  # (the first value is seen at the first poll, whenever it updated)
+    assert len(errors) >= 12
+    assert np.median(errors) < 0.003 and np.percentile(errors, 90) < 0.02
+    # polling every 2 ms throughout would take 800 polls; the meter sleeps through most of each gap
+    assert meter.polls < 400
+
+
+def test_a_window_across_a_step_down_is_the_energy_of_that_second():
+    """500 W until 1.5 s, 250 W after; the counter updates 10 ms after each tick of the window's
+    ends, so a read at a tick holds the energy up to 90 ms before it: the window [1.0, 2.0] s
+    read at its ticks holds 90 ms more of the 500 W and 90 ms less of the 250 W (+6 % of its
+    375 W), where the meter's interpolation between updates reads it as drawn."""
+    board = SteppedBoard(500.0, 250.0, step_at=1.5, phase_s=0.01)
+    meter = CounterMeter(board.read).start()
+    time.sleep(2.3)
+    meter.stop()
+    start, end = board.t0 + 1.0, board.t0 + 2.0
+    at_reads = (board.energy_mj(board.last_update(2.0)) - board.energy_mj(board.last_update(1.0))) / 1e3
+    metered = np.diff(meter.energy_at([start, end]))[0] / 1e3
+    assert at_reads == pytest.approx(375.0 + 0.09 * 250.0)
+    assert metered == pytest.approx(375.0, rel=0.01)
+    assert np.isnan(meter.energy_at([board.t0 - 1.0])[0])  # before the meter's first update: unknown
+
+
+def test_the_judge_reports_the_metered_windows_beside_the_windows_at_reads():
+    """A trace whose controller reads lag the board by 90 ms and whose meter does not: across a
+    step from 500 W to 250 W at 1.5 s (the board following at once) the window [1, 2] s is
+    within its 375 W of budget by the meter and 6 % over it by the reads at the ticks."""
+    t = np.round(np.arange(0.0, 3.01, 0.1), 3)
+    board = SteppedBoard(500.0, 250.0, step_at=1.5, phase_s=0.0)
+    trace = pd.DataFrame({"t": t, "phase": "hold", "config": "custom", "tokens": 10, "duty": 1.0,
+                          "budget_w": np.where(t < 1.5, 500.0, 250.0), "power_w": 0.0,
+                          "energy_mj": [board.energy_mj(max(0.0, x - 0.09)) for x in t],
+                          "board_energy_mj": [board.energy_mj(x) for x in t]})
+    facts = ScenarioFacts(idle_w=100.0, schedule=BudgetSchedule.parse([[0.0, 500.0], [1.5, 250.0]]))
+    merit = scenario_merit(trace, facts)
+    assert merit["windows"] == 3
+    assert merit["windows_within_pct"] == 100.0
+    assert merit["windows_within_pct_at_reads"] == pytest.approx(100 * 2 / 3)
+    assert "windows_within_pct_at_reads" not in scenario_merit(trace.drop(columns="board_energy_mj"), facts)
+
+
+def test_a_meter_that_cannot_read_records_nothing_and_says_why_it_stopped():
+    meter = CounterMeter(lambda: None, poll_s=0.005).start()
+    time.sleep(0.1)
+    meter.stop()
+    assert meter.samples == [] and meter.error is None and meter.polls >= 5
+    assert np.isnan(meter.energy_at([0.0])).all()
+
+    def broken():
+        raise RuntimeError("NVML gone")
+
+    failing = CounterMeter(broken).start()
+    time.sleep(0.05)
+    failing.stop()
+    assert isinstance(failing.error, RuntimeError)
+    with pytest.raises(ValueError, match="poll"):
+        CounterMeter(lambda: 0.0, poll_s=0.0)
