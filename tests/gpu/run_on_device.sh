@@ -88,7 +88,7 @@ if control.exists():
     print(runs[cols].to_string(index=False, float_format=fmt))
     pooled = Path(f"results/{sys.argv[1]}/control_pooled.parquet")
     if pooled.exists():  # the scheduler's targets, pooled
-        cols = ["group", "runs_set", "runs", "windows_within_pct", "min_windows_within_pct", "windows_over_10pct",
+        cols = ["group", "runs_set", "runs", "windows_within_pct", "windows_within_pct_at_reads", "min_windows_within_pct", "windows_over_10pct",
                 "step_settle_p50_s", "step_settle_p95_s", "vs_front", "min_vs_front", "budget_drawn",
                 "vs_front_at_drawn", "first_windows_within_pct", "first_second_vs_front", "energy_gap_pct", "unmet"]
         print(pd.read_parquet(pooled).reindex(columns=cols).to_string(index=False, float_format=fmt))
