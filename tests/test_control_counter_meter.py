@@ -110,3 +110,15 @@ def test_a_meter_that_cannot_read_records_nothing_and_says_why_it_stopped():
     assert isinstance(failing.error, RuntimeError)
     with pytest.raises(ValueError, match="poll"):
         CounterMeter(lambda: 0.0, poll_s=0.0)
+
+
+def test_stopped_after_a_time_the_meter_has_an_update_past_it():
+    """The study stops the meter after the controller's last tick: it reads on until an update
+    after that tick, so the run's last window is judged too."""
+    board = SteppedBoard(400.0, 400.0, step_at=10.0, phase_s=0.0)
+    meter = CounterMeter(board.read).start()
+    time.sleep(0.45)
+    last_tick = time.monotonic()
+    meter.stop(after=last_tick)
+    assert meter.samples[-1][0] > last_tick
+    assert np.isfinite(meter.energy_at([last_tick])[0])

@@ -54,7 +54,14 @@ class CounterMeter:
         self._thread.start()
         return self
 
-    def stop(self) -> None:
+    def stop(self, after: float | None = None, wait_s: float = 0.5) -> None:
+        """Stop polling; given `after` (a time of the clock), first wait, for at most `wait_s`,
+        until an update later than it has been seen, so that energy_at covers every time up to
+        it (the run's last tick)."""
+        if after is not None:
+            end = self.clock() + wait_s
+            while self._thread.is_alive() and self.clock() < end and not (self.samples and self.samples[-1][0] > after):
+                time.sleep(self.poll_s)
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=5.0)

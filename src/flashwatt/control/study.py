@@ -173,12 +173,13 @@ def run_scenario(scenario: Scenario, telemetry, device: torch.device, idle_w: fl
         wall = time.monotonic() - t0
         checks = [check_output(ctl, inputs[workload], workload) for _, workload in scenario.phases()]
     finally:
-        if meter is not None:
-            meter.stop()
         if observer is not None:
             observer.stop()
         if ctl is not None:
             ctl.close()
+        if meter is not None:
+            # (on until an update after the controller's last tick: the run's last window is judged too)
+            meter.stop(after=time.monotonic())
         for process in tenants:
             process.finish(timeout=max(t.start_s + t.seconds for t in scenario.tenants) + 30.0)
     trace = ctl.trace()
@@ -186,7 +187,7 @@ def run_scenario(scenario: Scenario, telemetry, device: torch.device, idle_w: fl
         trace["t"] = trace["t"] - t0
     if observed:
         trace = _with_observer(trace, observed, t0)  # windows are judged by the board's counter
-    if meter is not None and len(meter.samples) >= 2:
+    if meter is not None and meter.error is None and len(meter.samples) >= 2:
         trace["board_energy_mj"] = meter.energy_at(trace["t"].to_numpy(dtype=float) + t0)
     merit = _merit(scenario, ctl, trace, wall, tenant_facts, idle_w)
     merit.update(_meter_merit(meter))
@@ -218,8 +219,8 @@ def _meter_merit(meter: CounterMeter | None) -> dict:
     """How the judge's counter was read: its updates seen, their median gap, the polls it took."""
     if meter is None:
         return {"meter_updates": 0}
-    if meter.error is not None:
-        raise ControlError(f"the energy counter's meter failed: {type(meter.error).__name__}: {meter.error}")
+    if meter.error is not None:  # the windows are then judged by the controller's reads, as the record says
+        return {"meter_updates": 0, "meter_error": f"{type(meter.error).__name__}: {meter.error}"}
     times = [t for t, _ in meter.samples]
     gaps = np.diff(times)
     return {"meter_updates": len(times), "meter_gap_ms": float(1e3 * np.median(gaps)) if len(gaps) else None,
