@@ -90,7 +90,7 @@ def test_the_judge_reports_the_metered_windows_beside_the_windows_at_reads():
     merit = scenario_merit(trace, facts)
     assert merit["windows"] == 3
     assert merit["windows_within_pct"] == 100.0
-    assert merit["windows_within_pct_at_reads"] == pytest.approx(100 * 2 / 3)
+    assert merit["windows_within_pct_at_reads"] == pytest.approx(100 * 2 / 3) and merit["windows_at_reads"] == 3
     assert "windows_within_pct_at_reads" not in scenario_merit(trace.drop(columns="board_energy_mj"), facts)
 
 
@@ -122,3 +122,15 @@ def test_stopped_after_a_time_the_meter_has_an_update_past_it():
     meter.stop(after=last_tick)
     assert meter.samples[-1][0] > last_tick
     assert np.isfinite(meter.energy_at([last_tick])[0])
+
+
+def test_the_pooled_windows_at_reads_weigh_each_run_by_its_own_windows():
+    from flashwatt.control.pooled import _pool
+
+    runs = pd.DataFrame({"windows": [4, 4], "windows_within_pct": [100.0, 75.0],
+                         "windows_at_reads": [5, 2], "windows_within_pct_at_reads": [80.0, 50.0],
+                         "step_settle_s": ["0.00", "0.10"], "vs_front": [1.0, 0.9], "front_tokens": [1.0, 1.0],
+                         "infeasible_windows": [0, 0], "windows_over_10pct": [0, 0], "sliding_over_10pct": [0, 0]})
+    row = _pool(runs, pd.DataFrame({"energy_gap_pct": []}))
+    assert row["windows_within_pct"] == pytest.approx(87.5)
+    assert row["windows_within_pct_at_reads"] == pytest.approx(100 * (4 + 1) / 7)

@@ -64,6 +64,7 @@ def _pool(budget_runs: pd.DataFrame, energy_runs: pd.DataFrame, warm: bool = Fal
     within = _number(budget_runs["windows_within_pct"])
     # the same windows by the controller's reads of the counter (flashwatt.control.counter_meter)
     at_reads = _number(budget_runs.get("windows_within_pct_at_reads", pd.Series(np.nan, index=budget_runs.index)))
+    at_reads_n = _number(budget_runs.get("windows_at_reads", pd.Series(np.nan, index=budget_runs.index))).fillna(0)
     settles = _settles(budget_runs["step_settle_s"])
     finite = [s for s in settles if math.isfinite(s)]
     ratio = _number(budget_runs["vs_front"])
@@ -85,8 +86,8 @@ def _pool(budget_runs: pd.DataFrame, energy_runs: pd.DataFrame, warm: bool = Fal
         "runs": len(budget_runs),
         "windows": int(windows.sum()),
         "windows_within_pct": float((within.fillna(0) * windows).sum() / windows.sum()) if windows.sum() else None,
-        "windows_within_pct_at_reads": (float((at_reads.fillna(0) * windows).sum() / windows[at_reads.notna()].sum())
-                                        if at_reads.notna().any() and windows[at_reads.notna()].sum() else None),
+        "windows_within_pct_at_reads": (float((at_reads.fillna(0) * at_reads_n).sum() / at_reads_n.sum())
+                                        if at_reads_n.sum() else None),
         "min_windows_within_pct": float(within.min()) if within.notna().any() else None,
         "runs_below_95pct": int((within < TARGETS["windows_each_pct"]).sum()),
         "infeasible_windows": int(_number(budget_runs["infeasible_windows"]).fillna(0).sum()),

@@ -201,6 +201,7 @@ def scenario_merit(trace: pd.DataFrame, facts: ScenarioFacts) -> dict:
         at_reads = _mark(window_power(trace.drop(columns="board_energy_mj"), budget_at=budget_at), trace, facts)
         at_reads = at_reads.dropna(subset=["power_w", "budget_w"])
         at_reads = at_reads[~at_reads["infeasible"]]
+        out["windows_at_reads"] = len(at_reads)
         out["windows_within_pct_at_reads"] = (
             float(100 * (at_reads["power_w"] <= at_reads["budget_w"] * (1 + TOLERANCE)).mean()) if len(at_reads) else None)
     opening = disjoint[(disjoint["start"] - trace["t"].iloc[0]).abs() < 1e-6]
