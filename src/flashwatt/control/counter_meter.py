@@ -13,7 +13,10 @@ what the board drew in it, and a step up as much under. Over steady power the tw
 time is the middle of the last poll that showed the old value and the first that showed the
 new, so each update is placed within half a poll. It polls every `poll_s` near the expected
 update (the median of the last gaps between updates), and sleeps through the rest of the gap,
-so it wakes about ten times per update rather than fifty. `energy_at(times)` interpolates
+so it wakes about ten times per update rather than fifty. An update that came during such a
+sleep (early: the gaps vary by a few milliseconds, rarely by more than EARLY_S) could lie
+anywhere in it: it is counted (`unplaced`) and left out, the updates on either side of it
+spanning its time; so is the value of the first read. `energy_at(times)` interpolates
 between the updates: what the board's counter said at those times, each 1 s window then the
 energy of that second.
 
@@ -32,8 +35,11 @@ import numpy as np
 POLL_S = 0.002
 # How early, before an update is due, the meter starts polling: the gaps between updates vary
 # by a few milliseconds.
-EARLY_S = 0.01
+EARLY_S = 0.02
 GAPS_KEPT = 9
+# An update is placed where the polls around it lie at most this far apart (its time then known
+# to half of it); a thread held up longer (the interpreter's lock, the OS) leaves it unplaced.
+PLACED_WITHIN_S = 0.01
 
 
 class CounterMeter:
@@ -46,6 +52,7 @@ class CounterMeter:
         self.read, self.poll_s, self.clock = read, poll_s, clock
         self.samples: list[tuple[float, float]] = []  # (time of the update, mJ)
         self.polls = 0
+        self.unplaced = 0  # updates seen only after a sleep or at the first read: their time unknown, not used
         self.error: BaseException | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="flashwatt-counter-meter", daemon=True)
@@ -67,32 +74,36 @@ class CounterMeter:
             self._thread.join(timeout=5.0)
 
     def _run(self) -> None:
-        last_value: float | None = None
-        last_t: float | None = None  # the time of the last poll
+        value_seen: float | None = None  # the counter's value at the last poll that read it
+        seen_t: float | None = None  # the time of that poll, where the value is known to have held
         gaps: list[float] = []
         try:
             while not self._stop.is_set():
                 t = self.clock()
                 value = self.read()
                 self.polls += 1
-                if value is not None and value != last_value:
-                    # the update fell between the poll before (which showed the old value) and this one
-                    at = t if last_t is None or last_value is None else 0.5 * (last_t + t)
-                    if self.samples:
-                        gaps = [*gaps[-(GAPS_KEPT - 1):], at - self.samples[-1][0]]
-                    self.samples.append((at, float(value)))
-                    last_value = value
-                    last_t = t
+                if value is None:
+                    value_seen = seen_t = None  # a failed read: the next change's time is not known
+                elif value != value_seen:
+                    # the update fell between the poll that last showed the old value and this one:
+                    # placed in the middle where those polls lie close; after a sleep, or at the
+                    # first read, it may lie anywhere before, and it is not used (the updates on
+                    # either side of it are)
+                    if value_seen is not None and seen_t is not None and t - seen_t <= max(PLACED_WITHIN_S, 2.5 * self.poll_s):
+                        at = 0.5 * (seen_t + t)
+                        if self.samples:
+                            gaps = [*gaps[-(GAPS_KEPT - 1):], at - self.samples[-1][0]]
+                        self.samples.append((at, float(value)))
+                    else:
+                        self.unplaced += 1
+                    value_seen, seen_t = value, t
                     if len(gaps) >= 3:
                         # sleep through the gap to just before the next update is due
-                        due = at + statistics.median(gaps) - EARLY_S
-                        # (an update that came early falls between `t` and the next poll: placed
-                        # in the middle of that, as ever)
+                        due = self.samples[-1][0] + statistics.median(gaps) - EARLY_S
                         self._stop.wait(max(self.poll_s, due - self.clock()))
                         continue
-                elif value is None:
-                    last_value = None  # a failed read: the next value's time is known only to its poll
-                last_t = t
+                else:
+                    seen_t = t
                 self._stop.wait(self.poll_s)
         except BaseException as err:  # noqa: BLE001 - the study reports it with the run
             self.error = err
