@@ -1,5 +1,5 @@
 """The judge's meter of the energy counter (flashwatt.control.counter_meter), against a counter
-that updates every 0.1 s as NVML's does: each update placed within a few milliseconds, a 1 s
+that updates every 0.1 s as NVML's does: each update placed within 4 ms, a 1 s
 window across a budget step down measured as the board drew it where reads at the ticks hold
 the power from before the step, and the judge reporting both."""
 from __future__ import annotations
@@ -51,10 +51,10 @@ def test_the_meter_places_each_update_within_a_few_milliseconds_and_wakes_near_t
     meter.stop()
     assert meter.error is None
     times = np.array([t for t, _ in meter.samples]) - board.t0
-    truth = board.last_update(times + 0.02)  # the update each sample stands for (the nearest before it)
-    errors = np.abs(times[1:] - truth[1:])  # (the first value is seen at the first poll, whenever it updated)
+    truth = board.last_update(times + 0.005)  # the update each sample stands for (placed within 4 ms of it)
+    errors = np.abs(times - truth)
     assert len(errors) >= 12
-    assert np.median(errors) < 0.003 and np.percentile(errors, 90) < 0.02
+    assert np.max(errors) <= 0.0041
     # polling every 2 ms throughout would take 800 polls; the meter sleeps through most of each gap
     assert meter.polls < 400
 
@@ -72,7 +72,7 @@ def test_a_window_across_a_step_down_is_the_energy_of_that_second():
     at_reads = (board.energy_mj(board.last_update(2.0)) - board.energy_mj(board.last_update(1.0))) / 1e3
     metered = np.diff(meter.energy_at([start, end]))[0] / 1e3
     assert at_reads == pytest.approx(375.0 + 0.09 * 250.0)
-    assert metered == pytest.approx(375.0, rel=0.01)
+    assert metered == pytest.approx(375.0, rel=0.015)
     assert np.isnan(meter.energy_at([board.t0 - 1.0])[0])  # before the meter's first update: unknown
 
 
@@ -153,6 +153,6 @@ def test_an_update_that_came_during_the_meters_sleep_is_left_out_not_misplaced()
     time.sleep(1.7)
     meter.stop()
     times = np.array([t for t, _ in meter.samples]) - board.t0
-    truth = np.array([board.last_update(x + 1e-3) for x in times])
+    truth = np.array([board.last_update(x + 0.005) for x in times])
     assert meter.unplaced >= 3
-    assert np.percentile(np.abs(times - truth), 90) < 0.006, np.abs(times - truth)
+    assert np.max(np.abs(times - truth)) <= 0.0041, np.abs(times - truth)

@@ -10,8 +10,8 @@ step from 496 W to 261 W in the middle of a window (378 W of budget over it) rea
 what the board drew in it, and a step up as much under. Over steady power the two agree.
 
 `CounterMeter` polls the counter on a thread of its own and keeps `(t, mJ)` for each change: the
-time is the middle of the last poll that showed the old value and the first that showed the
-new, so each update is placed within half a poll. It polls every `poll_s` near the expected
+time is the middle of the span between the read that last showed the old value and the one
+that first showed the new, so each update is placed within a few milliseconds (PLACED_WITHIN_S). It polls every `poll_s` near the expected
 update (the median of the last gaps between updates), and sleeps through the rest of the gap,
 so it wakes about ten times per update rather than fifty. An update that came during such a
 sleep (early: the gaps vary by a few milliseconds, rarely by more than EARLY_S) could lie
@@ -37,9 +37,10 @@ POLL_S = 0.002
 # by a few milliseconds.
 EARLY_S = 0.02
 GAPS_KEPT = 9
-# An update is placed where the polls around it lie at most this far apart (its time then known
-# to half of it); a thread held up longer (the interpreter's lock, the OS) leaves it unplaced.
-PLACED_WITHIN_S = 0.01
+# An update is placed where the reads around it span at most this long (from the start of the
+# read that showed the old value to the end of the one that showed the new: its time is then
+# known to half of it); a thread held up longer (the interpreter's lock, the OS) leaves it unplaced.
+PLACED_WITHIN_S = 0.008
 
 
 class CounterMeter:
@@ -75,35 +76,36 @@ class CounterMeter:
 
     def _run(self) -> None:
         value_seen: float | None = None  # the counter's value at the last poll that read it
-        seen_t: float | None = None  # the time of that poll, where the value is known to have held
+        seen_t: float | None = None  # the start of that poll: the value held at some time after it
         gaps: list[float] = []
         try:
             while not self._stop.is_set():
-                t = self.clock()
+                before = self.clock()
                 value = self.read()
+                after = self.clock()
                 self.polls += 1
                 if value is None:
                     value_seen = seen_t = None  # a failed read: the next change's time is not known
                 elif value != value_seen:
-                    # the update fell between the poll that last showed the old value and this one:
-                    # placed in the middle where those polls lie close; after a sleep, or at the
-                    # first read, it may lie anywhere before, and it is not used (the updates on
-                    # either side of it are)
-                    if value_seen is not None and seen_t is not None and t - seen_t <= max(PLACED_WITHIN_S, 2.5 * self.poll_s):
-                        at = 0.5 * (seen_t + t)
+                    # the update came after the old value was read (at the earliest, when that
+                    # poll began) and before this read returned: placed in the middle where that
+                    # span is short; after a sleep, a held-up thread or at the first read it may
+                    # lie anywhere in it, and it is not used (the updates on either side of it are)
+                    if value_seen is not None and seen_t is not None and after - seen_t <= PLACED_WITHIN_S:
+                        at = 0.5 * (seen_t + after)
                         if self.samples:
                             gaps = [*gaps[-(GAPS_KEPT - 1):], at - self.samples[-1][0]]
                         self.samples.append((at, float(value)))
                     else:
                         self.unplaced += 1
-                    value_seen, seen_t = value, t
+                    value_seen, seen_t = value, before
                     if len(gaps) >= 3:
                         # sleep through the gap to just before the next update is due
                         due = self.samples[-1][0] + statistics.median(gaps) - EARLY_S
                         self._stop.wait(max(self.poll_s, due - self.clock()))
                         continue
                 else:
-                    seen_t = t
+                    seen_t = before
                 self._stop.wait(self.poll_s)
         except BaseException as err:  # noqa: BLE001 - the study reports it with the run
             self.error = err
