@@ -76,3 +76,18 @@ def test_a_runs_first_second_is_kept_apart_for_the_warm_start_promise():
     assert scenario_merit(trace, ScenarioFacts(idle_w=100.0))["first_window_within"] is False
     tenant = {"start_s": 0.5, "seconds": 2.0, "alone_w": 300.0}
     assert scenario_merit(trace, ScenarioFacts(idle_w=100.0, tenants=[tenant]))["first_second_basis"] is None
+
+
+def test_a_run_whose_first_tick_reads_a_moment_before_its_clock_starts_has_its_first_second_judged():
+    """On a GPU the controller's first tick came 0.3 ms before the run's clock started: the tick
+    after it covers the run's first 0.1 s, and the first second is judged over all of it."""
+    from flashwatt.control.scenario_merit import ScenarioFacts, scenario_merit
+
+    trace = ticks(["hold"] * 51, dt=0.1, watts=500.0)
+    trace["t"] = trace["t"] - 3e-4
+    trace["budget_w"], trace["tokens"] = 600.0, 10
+    merit = scenario_merit(trace, ScenarioFacts(idle_w=100.0))
+    (phase,) = merit["first_second_basis"]
+    assert phase["seconds"] == pytest.approx(1.0) and phase["tokens"] == 100
+    (whole,) = merit["front_basis"]
+    assert whole["seconds"] == pytest.approx(5.0)

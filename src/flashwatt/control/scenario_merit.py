@@ -145,8 +145,12 @@ def _front_basis(trace: pd.DataFrame, facts: ScenarioFacts) -> tuple[list[dict],
     joules = (np.diff(pd.to_numeric(trace[column], errors="coerce").to_numpy(dtype=float), prepend=np.nan) / 1e3
               if column is not None else np.full(len(t), np.nan))
     bounds = [p[0] for p in facts.phases[1:]] + [math.inf]
+    # (the run's clock starts a moment after its first tick, which marks the start: on a GPU the
+    # first tick read -0.3 ms, and the first phase's bound at 0 s left out the tick after it, the
+    # run's first 0.1 s, and with it the first second's judgement)
+    begins = [min(p[0], t[0]) if i == 0 else p[0] for i, p in enumerate(facts.phases)]
     basis = []
-    for (begin, group), end in zip(facts.phases, bounds):
+    for begin, (_, group), end in zip(begins, facts.phases, bounds):
         sel = judged & (start >= begin - 1e-9) & (start < end)
         seconds = float(dt[sel].sum())
         if seconds <= 0:
