@@ -134,6 +134,10 @@ def test_the_pooled_windows_at_reads_weigh_each_run_by_its_own_windows():
     row = _pool(runs, pd.DataFrame({"energy_gap_pct": []}))
     assert row["windows_within_pct"] == pytest.approx(87.5)
     assert row["windows_within_pct_at_reads"] == pytest.approx(100 * (4 + 1) / 7)
+    from flashwatt.control.pooled import ALL_BUDGET_RUNS, report_sentences
+
+    sentence = report_sentences(pd.DataFrame([{**row, "group": "steady", "runs_set": ALL_BUDGET_RUNS}]))
+    assert "87.5% of 8 windows" in sentence and "71.4% by the controller's own reads of the counter" in sentence
 
 
 def test_an_update_that_came_during_the_meters_sleep_is_left_out_not_misplaced():
