@@ -247,9 +247,11 @@ def test_the_heldout_suite_on_ten_plant_draws_holds_its_windows_but_not_yet_ever
     """The same scenarios on the plant drawn anew ten times (plant seeds index + 100 .. index +
     1000; docs/control.md, "Over twenty plant seeds"), 2 ms pacing: what the one-seed tests above
     see holds on each draw (pooled windows, no disjoint window over +10 %, the front), and how
-    often the rare misses come is held where it is now: at most 3 runs of 200 under 95 % of their
-    windows, and at most 7 with a sliding window over +10 % (a tenant arriving near the board's
-    cap, seen 0.3 s late: scenario 0; the target is none)."""
+    often the rare misses come is held where it is now: at most 2 runs of 200 under 95 % of their
+    windows, and at most 2 with a sliding window over +10 % (a tenant arriving near the board's
+    cap, seen 0.3 s late: scenario 0; the target is none). Judged by the board's energy as the
+    meter reads it (control_plant.simulate): 1 and 1; judged by the counter as read at the
+    ticks, 45 ms behind the board, they were 3 and 7."""
     section = load_config("config/config.yaml")["suites"][HELDOUT]["control"]
     short = sliding = 0
     for offset in range(100, 1100, 100):
@@ -260,7 +262,7 @@ def test_the_heldout_suite_on_ten_plant_draws_holds_its_windows_but_not_yet_ever
         assert pooled_front(runs) >= 0.94, (offset, pooled_front(runs))
         short += int((runs["windows_within_pct"] < TARGETS["windows_each_pct"]).sum())
         sliding += int((runs["sliding_over_10pct"] > 0).sum())
-    assert short <= 3 and sliding <= 7, (short, sliding)
+    assert short <= 2 and sliding <= 2, (short, sliding)
 
 
 def test_a_step_up_after_a_tenant_left_climbs_to_the_budget(suite):
