@@ -84,8 +84,8 @@ if control.exists():
             "worst_overshoot_pct", "settling_s", "explore_s", "steady_tokens_per_s", "steady_avg_power_w",
             "best_static", "vs_best_static", "steady_vs_best_static", "j_per_token", "steady_j_per_token",
             "best_static_j", "vs_best_static_j", "vs_static_default_j", "final_config", "check_passed",
-            "oracle_same_device", "device"]
-    print(runs[cols].to_string(index=False, float_format=fmt))
+            "oracle_same_device", "windows_within_pct_at_reads", "meter_gap_ms", "meter_unplaced", "device"]
+    print(runs.reindex(columns=cols).to_string(index=False, float_format=fmt))
     pooled = Path(f"results/{sys.argv[1]}/control_pooled.parquet")
     if pooled.exists():  # the scheduler's targets, pooled
         cols = ["group", "runs_set", "runs", "windows_within_pct", "windows_within_pct_at_reads", "min_windows_within_pct", "windows_over_10pct",

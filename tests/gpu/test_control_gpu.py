@@ -219,6 +219,7 @@ def test_the_judges_meter_times_the_counters_updates_on_this_board(board):
     assert merit["meter_updates"] >= 30, merit
     assert 0.08 <= merit["meter_gap_ms"] / 1e3 <= 0.12, merit
     assert merit["meter_polls"] < 30 * merit["meter_updates"], merit  # it sleeps through most of each gap
+    assert merit["meter_unplaced"] <= 0.2 * merit["meter_updates"], merit  # the counter keeps its period
     metered = window_power(trace)
     at_reads = window_power(trace.drop(columns="board_energy_mj"))
     both = metered.merge(at_reads, on="start", suffixes=("_metered", "_reads")).dropna()

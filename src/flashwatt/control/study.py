@@ -216,7 +216,8 @@ def _merit(scenario: Scenario, ctl: Controller, trace: pd.DataFrame, wall: float
 
 
 def _meter_merit(meter: CounterMeter | None) -> dict:
-    """How the judge's counter was read: its updates seen, their median gap, the polls it took."""
+    """How the judge's counter was read: its updates placed, their median gap, the polls it took
+    and the updates it left out (seen only after a sleep or a held-up read)."""
     if meter is None:
         return {"meter_updates": 0}
     if meter.error is not None:  # the windows are then judged by the controller's reads, as the record says
@@ -224,7 +225,7 @@ def _meter_merit(meter: CounterMeter | None) -> dict:
     times = [t for t, _ in meter.samples]
     gaps = np.diff(times)
     return {"meter_updates": len(times), "meter_gap_ms": float(1e3 * np.median(gaps)) if len(gaps) else None,
-            "meter_polls": meter.polls}
+            "meter_polls": meter.polls, "meter_unplaced": meter.unplaced}
 
 
 def _facts(scenario: Scenario, ctl: Controller, tenant_facts: list[dict], idle_w: float | None) -> ScenarioFacts:

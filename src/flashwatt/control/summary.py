@@ -53,7 +53,7 @@ MERIT_COLUMNS = [
     "windows_over_10pct", "sliding_over_10pct", "worst_sliding_overshoot_pct", "infeasible_windows",
     "step_settle_p50_s", "step_settle_p95_s", "front_excluded_s", "after_5s_j_per_token", "first_window_within",
     # the judge's meter of the energy counter (flashwatt.control.counter_meter), and the windows by the reads
-    "windows_within_pct_at_reads", "windows_at_reads", "meter_updates", "meter_gap_ms", "meter_polls", "meter_error",
+    "windows_within_pct_at_reads", "windows_at_reads", "meter_updates", "meter_gap_ms", "meter_polls", "meter_unplaced", "meter_error",
     # a temperature limit (a hot start; flashwatt.control.thermal_merit)
     "preheat_temp_c", "temp_limit_c", "temp_windows", "temp_windows_within_pct", "temp_cooling_windows",
     "temp_cooled_s", "temp_worst_window_c",
