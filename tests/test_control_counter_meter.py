@@ -163,20 +163,20 @@ def test_an_update_that_came_during_the_meters_sleep_is_left_out_not_misplaced()
 
 
 def test_a_runs_record_says_how_its_counter_was_metered():
-    from flashwatt.control.study import _meter_merit
+    from flashwatt.control.counter_meter import meter_merit
 
     board = SteppedBoard(300.0, 300.0, step_at=10.0, phase_s=0.0)
     meter = CounterMeter(board.read).start()
     time.sleep(0.65)
     meter.stop()
-    merit = _meter_merit(meter)
+    merit = meter_merit(meter)
     assert merit["meter_updates"] >= 4 and merit["meter_gap_ms"] == pytest.approx(100.0, abs=5.0)
     assert merit["meter_polls"] >= merit["meter_updates"] and merit["meter_unplaced"] >= 1  # (the first read)
-    assert _meter_merit(None) == {"meter_updates": 0}
+    assert meter_merit(None) == {"meter_updates": 0}
 
     def broken():
         raise RuntimeError("NVML gone")
 
     failing = CounterMeter(broken).start()
     failing.stop(after=time.monotonic())
-    assert _meter_merit(failing) == {"meter_updates": 0, "meter_error": "RuntimeError: NVML gone"}
+    assert meter_merit(failing) == {"meter_updates": 0, "meter_error": "RuntimeError: NVML gone"}

@@ -158,6 +158,9 @@ def test_a_model_cells_front_and_budget_run_are_judged_against_each_other(fake_b
             control = record["control"]
             assert control["schedule"] == [[0, 450]] and control["merit"]["windows"] >= 1
             assert control["merit"]["windows_within_pct"] == 100.0  # the fake board draws 100 W
+            # judged by the meter of the board's counter (the fake NVML updates it every 20 ms)
+            assert control["merit"]["meter_updates"] >= 5 and 15 <= control["merit"]["meter_gap_ms"] <= 25
+            assert {row["board_energy_mj"] is not None for row in outcome.trace} == {True}
             assert record["check"]["passed"] and set(record["check"]["configurations"]) == {"sdpa_default"}
             assert {row["source"] for row in outcome.trace} == {"controller"}
     table = model_table(paths).set_index("governor")

@@ -119,3 +119,26 @@ class CounterMeter:
         t, e = np.array(self.samples, dtype=float).T
         inside = (times >= t[0]) & (times <= t[-1])
         return np.where(inside, np.interp(times, t, e), np.nan)
+
+
+def meter_merit(meter: CounterMeter | None) -> dict:
+    """How a run's counter was metered, for its record: the updates placed, their median gap, the
+    polls taken and the updates left out (seen only after a sleep or a held-up read); a meter
+    that failed says why (its run is then judged at the controller's reads)."""
+    if meter is None:
+        return {"meter_updates": 0}
+    if meter.error is not None:
+        return {"meter_updates": 0, "meter_error": f"{type(meter.error).__name__}: {meter.error}"}
+    times = [t for t, _ in meter.samples]
+    gaps = np.diff(times)
+    return {"meter_updates": len(times), "meter_gap_ms": float(1e3 * np.median(gaps)) if len(gaps) else None,
+            "meter_polls": meter.polls, "meter_unplaced": meter.unplaced}
+
+
+def judged_by_meter(trace, meter: CounterMeter | None, t0: float):
+    """`trace` (its clock from `t0`, the meter's clock) with the board's energy as `meter` read it
+    at each tick (`board_energy_mj`, by which flashwatt.control.metrics judges the windows), where
+    the meter ran and placed two updates or more."""
+    if meter is not None and meter.error is None and len(meter.samples) >= 2 and len(trace):
+        trace["board_energy_mj"] = meter.energy_at(trace["t"].to_numpy(dtype=float) + t0)
+    return trace

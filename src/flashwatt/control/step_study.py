@@ -19,33 +19,50 @@ from typing import Any, Callable
 
 import pandas as pd
 
+from flashwatt.control.counter_meter import CounterMeter, judged_by_meter, meter_merit
 from flashwatt.control.metrics import run_merit
 from flashwatt.control.thermal_merit import temperature_merit
 
 
 def governed_run(ctl, step: Callable, tokens: int, seconds: float, schedule=None, sync: Callable[[], None] = lambda: None,
                  clock: Callable[[], float] = time.monotonic, name: str | None = None,
-                 agree: Callable[[bool], bool] | None = None) -> tuple[dict, pd.DataFrame]:
+                 agree: Callable[[bool], bool] | None = None,
+                 read_counter: Callable[[], float | None] | None = None) -> tuple[dict, pd.DataFrame]:
     """`step` (fn or fn(plan)) under `ctl` for `seconds`; (merit, trace), the trace's clock
     from the run's start. `agree(go_on)`: on several ranks, every rank's answer to "another
-    step?" made one (rank 0's), so all run as many steps (a step holds collectives). The
-    caller closes the controller."""
+    step?" made one (rank 0's), so all run as many steps (a step holds collectives).
+    `read_counter`: the board's energy counter (mJ), read by a meter of its own that times each
+    update (flashwatt.control.counter_meter), by which the windows are then judged; the run's
+    clock must then be the meter's (time.monotonic). The caller closes the controller."""
+    if read_counter is not None and clock is not time.monotonic:
+        raise ValueError("a metered run keeps the meter's clock (time.monotonic)")
+    meter = CounterMeter(read_counter).start() if read_counter is not None else None
     timeline = schedule.timeline() if schedule is not None else []
     t0 = clock()
     steps = 0
-    while (agree or (lambda go_on: go_on))(clock() - t0 < seconds):
-        now = clock() - t0
-        while timeline and now >= timeline[0][0]:
-            ctl.set_budget(timeline.pop(0)[1])
-        ctl.step(step, tokens=tokens, name=name)
-        steps += 1
-    sync()
+    try:
+        while (agree or (lambda go_on: go_on))(clock() - t0 < seconds):
+            now = clock() - t0
+            while timeline and now >= timeline[0][0]:
+                ctl.set_budget(timeline.pop(0)[1])
+            ctl.step(step, tokens=tokens, name=name)
+            steps += 1
+        sync()
+    except BaseException:
+        if meter is not None:
+            meter.stop()
+        raise
     wall = clock() - t0
+    if meter is not None:
+        meter.stop(after=clock())  # (on until an update after the last tick: the last window is judged too)
     trace = ctl.trace()
     if len(trace):
         trace["t"] = trace["t"] - t0
         trace = trace[trace["t"] >= 0].reset_index(drop=True)
+    trace = judged_by_meter(trace, meter, t0)
     merit = run_merit(trace, tokens=steps * tokens, wall_s=wall)
+    if meter is not None:
+        merit.update(meter_merit(meter))
     merit.update(temperature_merit(trace))
     merit.update(steps=steps, slept_s=ctl.slept_s, choices=ctl.choices(), refusals=ctl.refusals(),
                  calls=ctl.call_counts(), idle_w=ctl.idle_w, limit_w=ctl.limit_w,

@@ -17,7 +17,7 @@ import torch
 
 from flashwatt.control.configuration import Configuration, ControlError
 from flashwatt.control.controller import Controller
-from flashwatt.control.counter_meter import CounterMeter
+from flashwatt.control.counter_meter import CounterMeter, judged_by_meter, meter_merit
 from flashwatt.control.metrics import run_merit
 from flashwatt.control.scenario_merit import ScenarioFacts, scenario_merit
 from flashwatt.control.sensor import SensorThread
@@ -187,10 +187,9 @@ def run_scenario(scenario: Scenario, telemetry, device: torch.device, idle_w: fl
         trace["t"] = trace["t"] - t0
     if observed:
         trace = _with_observer(trace, observed, t0)  # windows are judged by the board's counter
-    if meter is not None and meter.error is None and len(meter.samples) >= 2:
-        trace["board_energy_mj"] = meter.energy_at(trace["t"].to_numpy(dtype=float) + t0)
+    trace = judged_by_meter(trace, meter, t0)
     merit = _merit(scenario, ctl, trace, wall, tenant_facts, idle_w)
-    merit.update(_meter_merit(meter))
+    merit.update(meter_merit(meter))
     if hot is not None:
         merit.update(hot, **temperature_merit(trace))
     worst = max((c["rel_err"] for c in checks), key=lambda e: float("inf") if e != e else e)
@@ -213,19 +212,6 @@ def _merit(scenario: Scenario, ctl: Controller, trace: pd.DataFrame, wall: float
                  calls=ctl.calls, slept_s=ctl.slept_s, idle_w=ctl.idle_w, limit_w=ctl.limit_w,
                  warm_start=ctl.warm_start())
     return merit
-
-
-def _meter_merit(meter: CounterMeter | None) -> dict:
-    """How the judge's counter was read: its updates placed, their median gap, the polls it took
-    and the updates it left out (seen only after a sleep or a held-up read)."""
-    if meter is None:
-        return {"meter_updates": 0}
-    if meter.error is not None:  # the windows are then judged by the controller's reads, as the record says
-        return {"meter_updates": 0, "meter_error": f"{type(meter.error).__name__}: {meter.error}"}
-    times = [t for t, _ in meter.samples]
-    gaps = np.diff(times)
-    return {"meter_updates": len(times), "meter_gap_ms": float(1e3 * np.median(gaps)) if len(gaps) else None,
-            "meter_polls": meter.polls, "meter_unplaced": meter.unplaced}
 
 
 def _facts(scenario: Scenario, ctl: Controller, tenant_facts: list[dict], idle_w: float | None) -> ScenarioFacts:

@@ -94,6 +94,14 @@ def _controller(cell: ModelCell, mode: str, budget_w, device, telemetry, idle_w,
     return ctl
 
 
+def _counter_reader(telemetry):
+    """The board's energy counter (mJ) for the run's judge (flashwatt.control.counter_meter);
+    None without telemetry."""
+    if telemetry is None:
+        return None
+    return lambda: (telemetry.energy_mj() or [None])[0]
+
+
 def _front(cell: ModelCell, settings: dict, model, step, device, telemetry, idle_w, record: dict, sync):
     from flashwatt.control.step_study import front_rows, governed_run
 
@@ -104,7 +112,8 @@ def _front(cell: ModelCell, settings: dict, model, step, device, telemetry, idle
     def run_static(label: str, duty: float):
         with _controller(cell, "static", None, device, telemetry, idle_w, model, configuration=label, duty=duty,
                          cache=None) as ctl:
-            return governed_run(ctl, step.run, cell.tokens, float(front["seconds"]), sync=sync)
+            return governed_run(ctl, step.run, cell.tokens, float(front["seconds"]), sync=sync,
+                                read_counter=_counter_reader(telemetry))
 
     rows, traces = front_rows(run_static, labels, list(front["duties"]))
     record["front"] = rows
@@ -126,7 +135,8 @@ def _governed(cell: ModelCell, setting, settings: dict, model, step, device, tel
     pace_mix = (float(mix["low"]), float(mix["period_s"])) if mix else None
     with _controller(cell, setting.controller_mode, schedule.first_w if schedule else None, device, telemetry, idle_w,
                      model, knobs=knobs, temp_limit_c=setting.temp_limit_c, pace_mix=pace_mix) as ctl:
-        merit, trace = governed_run(ctl, step.run, cell.tokens, float(settings["seconds"]), schedule, sync=sync)
+        merit, trace = governed_run(ctl, step.run, cell.tokens, float(settings["seconds"]), schedule, sync=sync,
+                                    read_counter=_counter_reader(telemetry))
         learned = ctl.model_table().to_dict("records")
         warm = ctl.warm_start()
     record["control"] = {"setting": cell.governor, "mode": setting.mode, "schedule": merit.pop("schedule"),
