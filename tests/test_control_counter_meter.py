@@ -96,9 +96,10 @@ def test_the_judge_reports_the_metered_windows_beside_the_windows_at_reads():
 
 def test_a_meter_that_cannot_read_records_nothing_and_says_why_it_stopped():
     meter = CounterMeter(lambda: None, poll_s=0.005).start()
-    time.sleep(0.1)
+    time.sleep(0.3)
     meter.stop()
-    assert meter.samples == [] and meter.error is None and meter.polls >= 5
+    # nothing to time: it asks again every 50 ms rather than every poll
+    assert meter.samples == [] and meter.error is None and 3 <= meter.polls <= 10
     assert np.isnan(meter.energy_at([0.0])).all()
 
     def broken():

@@ -222,6 +222,7 @@ def test_a_training_run_under_a_budget_records_its_curve_and_its_windows(fake_bo
         if governor:
             control = record["control"]
             assert control["setting"] == "budget300w" and control["merit"]["windows"] >= 1
+            assert control["merit"]["meter_updates"] >= 5  # judged by a meter of the board's counter
             assert control["knobs"] == {"backend": ["unchanged"], "micro_batches": [1, 2]}
             ticks = [row for row in outcome.trace if row.get("source") == "controller"]
             steps = [row for row in outcome.trace if "loss" in row and row.get("source") != "controller"]

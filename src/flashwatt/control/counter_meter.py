@@ -37,6 +37,9 @@ POLL_S = 0.002
 # by a few milliseconds.
 EARLY_S = 0.02
 GAPS_KEPT = 9
+# After a read that gave no value (NVML failing, a board without the counter), the next read
+# waits this long: nothing to time meanwhile.
+UNREAD_WAIT_S = 0.05
 # An update is placed where the reads around it span at most this long (from the start of the
 # read that showed the old value to the end of the one that showed the new: its time is then
 # known to half of it); a thread held up longer (the interpreter's lock, the OS) leaves it unplaced.
@@ -86,6 +89,8 @@ class CounterMeter:
                 self.polls += 1
                 if value is None:
                     value_seen = seen_t = None  # a failed read: the next change's time is not known
+                    self._stop.wait(UNREAD_WAIT_S)  # (no counter to time: asked again now and then)
+                    continue
                 elif value != value_seen:
                     # the update came after the old value was read (at the earliest, when that
                     # poll began) and before this read returned: placed in the middle where that

@@ -155,7 +155,8 @@ def run_scenario(scenario: Scenario, telemetry, device: torch.device, idle_w: fl
     hot = _preheat(scenario, telemetry, device) if scenario.preheat_s else None
     # The judge's own reader of the energy counter, with the time of each of its updates
     # (flashwatt.control.counter_meter): the run's windows are judged by it.
-    meter = CounterMeter(lambda: (telemetry.energy_mj() or [None])[0]).start() if telemetry is not None else None
+    meter = (CounterMeter(lambda: (telemetry.energy_mj() or [None])[0]).start()
+             if getattr(telemetry, "available", False) else None)
     try:
         ctl = Controller(scenario.mode, budget.first_w if budget is not None else None, device,
                          telemetry=controller_telemetry, idle_w=idle_w, configuration=scenario.configuration,

@@ -96,8 +96,8 @@ def _controller(cell: ModelCell, mode: str, budget_w, device, telemetry, idle_w,
 
 def _counter_reader(telemetry):
     """The board's energy counter (mJ) for the run's judge (flashwatt.control.counter_meter);
-    None without telemetry."""
-    if telemetry is None:
+    None without working telemetry."""
+    if not getattr(telemetry, "available", False):
         return None
     return lambda: (telemetry.energy_mj() or [None])[0]
 

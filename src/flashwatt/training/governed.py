@@ -8,13 +8,15 @@ its plan says where the knobs allow; evaluations are paced as well and change no
 default the run keeps its own backend and only pacing moves. A schedule's budget follows
 the seconds since the run began. When the run ends, the controller's ticks join the
 cell's trace (`source` "controller") and the record's `control` holds the run judged
-against its budget: 1 s windows from the energy counter, the worst overshoot, settling,
-and the temperature limit's windows where one was held.
+against its budget: 1 s windows from the energy counter as a meter of its own reads it
+(flashwatt.control.counter_meter), the worst overshoot, settling, and the temperature
+limit's windows where one was held.
 """
 from __future__ import annotations
 
 import time
 
+from flashwatt.control.counter_meter import CounterMeter, judged_by_meter, meter_merit
 from flashwatt.control.governor_setting import GovernorSetting
 from flashwatt.training.cell import TrainCell
 
@@ -36,6 +38,9 @@ class GovernedRun:
                                      temp_limit_c=self.setting.temp_limit_c)
         self.controller.attach(model, precision=cell.precision, train=True)
         self._timeline = self.schedule.timeline() if self.schedule is not None else []
+        # the judge's own reader of the board's energy counter (flashwatt.control.counter_meter)
+        self.meter = (CounterMeter(lambda: (telemetry.energy_mj() or [None])[0]).start()
+                      if getattr(telemetry, "available", False) else None)
         self.t0 = time.monotonic()
 
     def before_step(self) -> None:
@@ -51,12 +56,17 @@ class GovernedRun:
 
         wall = time.monotonic() - self.t0
         self.controller.close()
+        if self.meter is not None:
+            self.meter.stop(after=time.monotonic())  # (on past the last tick: the last window is judged too)
         trace = self.controller.trace()
         if len(trace):
             trace["t"] = trace["t"] - self.t0
             trace = trace[trace["t"] >= 0].reset_index(drop=True)
+        trace = judged_by_meter(trace, self.meter, self.t0)
         merit = run_merit(trace, tokens=tokens, wall_s=wall)
         merit.update(temperature_merit(trace))
+        if self.meter is not None:
+            merit.update(meter_merit(self.meter))
         ctl = self.controller
         control = {"setting": self.setting.token, "mode": self.setting.mode,
                    "schedule": self.schedule.as_lists() if self.schedule is not None else None,
