@@ -126,6 +126,20 @@ class CounterMeter:
         return np.where(inside, np.interp(times, t, e), np.nan)
 
 
+def first_counter(telemetry) -> Callable[[], float | None] | None:
+    """A read of the energy counter (mJ) of `telemetry`'s first GPU, for a meter; None without
+    working telemetry (no meter starts then)."""
+    if not getattr(telemetry, "available", False):
+        return None
+    return lambda: (telemetry.energy_mj() or [None])[0]
+
+
+def meter_for(telemetry) -> CounterMeter | None:
+    """A started meter of `telemetry`'s first GPU's counter; None without working telemetry."""
+    read = first_counter(telemetry)
+    return CounterMeter(read).start() if read is not None else None
+
+
 def meter_merit(meter: CounterMeter | None) -> dict:
     """How a run's counter was metered, for its record: the updates placed, their median gap, the
     polls taken and the updates left out (seen only after a sleep or a held-up read); a meter

@@ -199,8 +199,7 @@ def report_sentences(pooled: pd.DataFrame) -> str:
             f"within budget + 3% (fewest in one run {fmt(row.min_windows_within_pct, '{:.0f}')}%, "
             f"{row.infeasible_windows} infeasible"
             + (f"; {fmt(row.windows_within_pct_at_reads, '{:.1f}')}% by the controller's own reads of the counter"
-               if row.windows_within_pct_at_reads is not None and row.windows_within_pct_at_reads == row.windows_within_pct_at_reads
-               else "") + "); settling after {row.steps} steps p50 "
+               if pd.notna(row.windows_within_pct_at_reads) else "") + "); settling after {row.steps} steps p50 "
             f"{fmt(row.step_settle_p50_s, '{:.2f}')} s, p95 {fmt(row.step_settle_p95_s, '{:.2f}')} s; "
             f"{row.windows_over_10pct} windows over +10%; throughput {fmt(row.vs_front, '{:.3f}')} of the static "
             f"front (lowest {fmt(row.min_vs_front, '{:.3f}')}: {fmt(row.budget_drawn, '{:.3f}')} of the budget "

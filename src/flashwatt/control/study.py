@@ -17,7 +17,7 @@ import torch
 
 from flashwatt.control.configuration import Configuration, ControlError
 from flashwatt.control.controller import Controller
-from flashwatt.control.counter_meter import CounterMeter, judged_by_meter, meter_merit
+from flashwatt.control.counter_meter import judged_by_meter, meter_for, meter_merit
 from flashwatt.control.metrics import run_merit
 from flashwatt.control.scenario_merit import ScenarioFacts, scenario_merit
 from flashwatt.control.sensor import SensorThread
@@ -155,8 +155,7 @@ def run_scenario(scenario: Scenario, telemetry, device: torch.device, idle_w: fl
     hot = _preheat(scenario, telemetry, device) if scenario.preheat_s else None
     # The judge's own reader of the energy counter, with the time of each of its updates
     # (flashwatt.control.counter_meter): the run's windows are judged by it.
-    meter = (CounterMeter(lambda: (telemetry.energy_mj() or [None])[0]).start()
-             if getattr(telemetry, "available", False) else None)
+    meter = meter_for(telemetry)
     try:
         ctl = Controller(scenario.mode, budget.first_w if budget is not None else None, device,
                          telemetry=controller_telemetry, idle_w=idle_w, configuration=scenario.configuration,

@@ -94,15 +94,8 @@ def _controller(cell: ModelCell, mode: str, budget_w, device, telemetry, idle_w,
     return ctl
 
 
-def _counter_reader(telemetry):
-    """The board's energy counter (mJ) for the run's judge (flashwatt.control.counter_meter);
-    None without working telemetry."""
-    if not getattr(telemetry, "available", False):
-        return None
-    return lambda: (telemetry.energy_mj() or [None])[0]
-
-
 def _front(cell: ModelCell, settings: dict, model, step, device, telemetry, idle_w, record: dict, sync):
+    from flashwatt.control.counter_meter import first_counter
     from flashwatt.control.step_study import front_rows, governed_run
 
     front = settings["front"]
@@ -113,7 +106,7 @@ def _front(cell: ModelCell, settings: dict, model, step, device, telemetry, idle
         with _controller(cell, "static", None, device, telemetry, idle_w, model, configuration=label, duty=duty,
                          cache=None) as ctl:
             return governed_run(ctl, step.run, cell.tokens, float(front["seconds"]), sync=sync,
-                                read_counter=_counter_reader(telemetry))
+                                read_counter=first_counter(telemetry))
 
     rows, traces = front_rows(run_static, labels, list(front["duties"]))
     record["front"] = rows
@@ -126,6 +119,7 @@ def _front(cell: ModelCell, settings: dict, model, step, device, telemetry, idle
 
 
 def _governed(cell: ModelCell, setting, settings: dict, model, step, device, telemetry, idle_w, record: dict, sync):
+    from flashwatt.control.counter_meter import first_counter
     from flashwatt.control.step_study import governed_run
 
     schedule = setting.budget()
@@ -136,7 +130,7 @@ def _governed(cell: ModelCell, setting, settings: dict, model, step, device, tel
     with _controller(cell, setting.controller_mode, schedule.first_w if schedule else None, device, telemetry, idle_w,
                      model, knobs=knobs, temp_limit_c=setting.temp_limit_c, pace_mix=pace_mix) as ctl:
         merit, trace = governed_run(ctl, step.run, cell.tokens, float(settings["seconds"]), schedule, sync=sync,
-                                    read_counter=_counter_reader(telemetry))
+                                    read_counter=first_counter(telemetry))
         learned = ctl.model_table().to_dict("records")
         warm = ctl.warm_start()
     record["control"] = {"setting": cell.governor, "mode": setting.mode, "schedule": merit.pop("schedule"),

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 
-from flashwatt.control.counter_meter import CounterMeter, judged_by_meter, meter_merit
+from flashwatt.control.counter_meter import judged_by_meter, meter_for, meter_merit
 from flashwatt.control.governor_setting import GovernorSetting
 from flashwatt.training.cell import TrainCell
 
@@ -39,8 +39,7 @@ class GovernedRun:
         self.controller.attach(model, precision=cell.precision, train=True)
         self._timeline = self.schedule.timeline() if self.schedule is not None else []
         # the judge's own reader of the board's energy counter (flashwatt.control.counter_meter)
-        self.meter = (CounterMeter(lambda: (telemetry.energy_mj() or [None])[0]).start()
-                      if getattr(telemetry, "available", False) else None)
+        self.meter = meter_for(telemetry)
         self.t0 = time.monotonic()
 
     def before_step(self) -> None:
